@@ -1,0 +1,41 @@
+# One entry point for set-up, the demo, tests, lint and benchmarks. Everything installs into ./.venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Workers started by msrun look for `python` on PATH: the venv's must come first.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway
+
+.PHONY: install demo test lint bench debian-packages clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,otlp]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/ms-exporter demo
+
+debian-packages:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: install debian-packages
+	$(BIN)/ruff check ms_exporter tests examples
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: install
+	$(BIN)/ruff check ms_exporter tests examples
+
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) monitor_output .pytest_cache

@@ -1,0 +1,3 @@
+"""The package version, kept apart so that importing it costs nothing."""
+
+__version__ = "0.1.0"

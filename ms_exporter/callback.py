@@ -1,0 +1,333 @@
+"""TrainingMonitor: the MindSpore Callback that reads cb_params once per step and hands a sample to probes."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mindspore.train import Callback
+
+from ms_exporter.config import MonitorConfig, load_config
+from ms_exporter.errors import ErrorSink
+from ms_exporter.probes.base import Probe
+from ms_exporter.probes.evaluation import EvalProbe
+from ms_exporter.probes.identity import publish_identity
+from ms_exporter.probes.learning_rate import LearningRateProbe
+from ms_exporter.probes.loss import LossProbe
+from ms_exporter.probes.memory import MemoryProbe
+from ms_exporter.probes.progress import ProgressProbe
+from ms_exporter.probes.step_time import StepTimeProbe
+from ms_exporter.probes.throughput import ThroughputProbe
+from ms_exporter.ranks import RankInfo, detect_rank
+from ms_exporter.sample import BatchCounter, StepSample, read_loss
+from ms_exporter.sinks.jsonl import JsonlWriter, series_key
+from ms_exporter.sinks.prometheus import PrometheusEndpoint
+from ms_exporter.store import HistogramSeries, MetricStore, Series
+from ms_exporter.thresholds import ThresholdWatcher
+
+logger = logging.getLogger("ms_exporter")
+
+HOOK_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
+HOOKS = ("train_begin", "step_begin", "step_end", "train_end", "eval_end")
+# Per-step values that go into each JSONL step record besides the sample itself.
+STEP_COLUMN_FAMILIES = ("mindspore_train_loss_smoothed", "mindspore_train_loss_consecutive_increases",
+                        "mindspore_train_learning_rate", "mindspore_train_samples_per_second",
+                        "mindspore_train_tokens_per_second")
+
+
+class TrainingMonitor(Callback):
+    """Serves this rank's training health on /metrics (and JSON Lines with the `local` backend).
+
+    `config` is a YAML path, a dict, a MonitorConfig or None; keyword arguments override it
+    (precedence: defaults < file < MS_EXPORTER_* environment < keywords). Construction validates everything
+    and raises ConfigError; after that no hook raises into training.
+    """
+
+    def __init__(self, config: Any = None, **overrides: Any) -> None:
+        super().__init__()
+        self.config: MonitorConfig = load_config(config, **overrides)
+        self._enabled = self.config.enable
+        self._endpoint: PrometheusEndpoint | None = None
+        self._jsonl: JsonlWriter | None = None
+        self._closed = False
+        if not self._enabled:
+            return
+        logger.setLevel(self.config.log_level)
+        self.rank: RankInfo = detect_rank()
+        self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
+        self._build_probes()
+        self._errors = ErrorSink(self.store, ("callback", "sampler", *(p.name for p in self._step_probes),
+                                              *(s for s in self.config.backend)))
+        hooks = self.store.histogram("mindspore_exporter_callback_duration_seconds",
+                                     "The monitor's own cost per hook call.", HOOK_BUCKETS)
+        self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
+        self._thresholds = ThresholdWatcher(self.store, self.config.warn_on_value, self.config.warmup_steps)
+        self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column)
+        self._reset_step_state()
+        self._sampler_stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        if "local" in self.config.backend:
+            self._jsonl = JsonlWriter(self.store, self.config.save_dir, self.rank.rank, self.config.project,
+                                      self.config.interval, self.config.max_file_mb, self.config.max_files,
+                                      self._errors.absorb)
+        if "prometheus" in self.config.backend:
+            port = self.config.port + self.rank.local_rank if self.config.port else 0
+            self._endpoint = PrometheusEndpoint(self.store, self.config.bind_address, port, self._errors.absorb)
+            logger.info("ms_exporter: rank %d serves metrics at %s", self.rank.rank, self._endpoint.url)
+        atexit.register(self.close)
+
+    # -- construction helpers ------------------------------------------------------------------------
+    def _build_probes(self) -> None:
+        config, store = self.config, self.store
+        if config.wants("global_rank"):
+            import mindspore
+
+            publish_identity(store, self.rank, str(mindspore.get_context("device_target")), mindspore.__version__,
+                             config.tags)
+        probes: list[Probe] = [ProgressProbe(store)]
+        if config.wants("loss"):
+            probes.append(LossProbe(store, config.loss_window))
+        if config.wants("lr"):
+            probes.append(LearningRateProbe(store))
+        if config.wants("step_time"):
+            probes.append(StepTimeProbe(store))
+        if config.wants("samples_per_second") or config.wants("tokens_per_second"):
+            probes.append(ThroughputProbe(store, config.wants("samples_per_second"), config.wants("tokens_per_second")))
+        self._memory: MemoryProbe | None = None
+        if config.wants("memory_usage"):
+            self._memory = MemoryProbe(store, config.warmup_steps, config.memory_window)
+            probes.append(self._memory)
+        self._eval = EvalProbe(store) if config.wants("eval") else None
+        self._step_probes = probes
+
+    def _reset_step_state(self) -> None:
+        self._last_step = 0
+        self._steps_done = 0
+        self._step_began: float | None = None
+        self._previous_end: float | None = None
+        self._data_wait: float | None = None
+        self._columns: tuple[tuple[str, Series], ...] = ()
+        self._columns_version = -1
+
+    # -- public ------------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str | None:
+        """The actual http://host:port/metrics of this rank (None when disabled or without prometheus)."""
+        return self._endpoint.url if self._endpoint is not None else None
+
+    @property
+    def jsonl_path(self) -> str | None:
+        return str(self._jsonl.path) if self._jsonl is not None else None
+
+    def close(self) -> None:
+        """Stop the threads, flush the JSONL file and stop serving. Safe to call twice; runs at exit."""
+        if self._closed or not self._enabled:
+            return
+        self._closed = True
+        self._stop_sampler()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._endpoint is not None:
+            self._endpoint.close()
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    def on_train_begin(self, run_context: Any) -> None:
+        if not self._enabled:
+            return
+        with self._cost("train_begin", "callback"):
+            cb_params = run_context.original_args()
+            self._reset_step_state()
+            self._last_step = int(cb_params.get("cur_step_num", 0) or 0)
+            self._batch.bind(cb_params.get("train_dataset"))
+            for probe in self._step_probes:
+                self._guard(probe.name, probe.on_train_begin, cb_params)
+            if self._jsonl is not None:
+                self._jsonl.record_event("train_begin", step=self._last_step)
+                self._jsonl.start()
+            self._start_sampler()
+            self._install_signal_handlers()
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        if not self._enabled:
+            return
+        began = time.perf_counter()
+        self._step_began = began
+        if self._previous_end is not None:
+            self._data_wait = began - self._previous_end
+        self._hook_cost["step_begin"].observe(time.perf_counter() - began)
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        if not self._enabled:
+            return
+        entered = time.perf_counter()
+        try:
+            cb_params = run_context.original_args()
+            reading = time.perf_counter()
+            loss = read_loss(cb_params.net_outputs)
+            # The loss read synchronises the device (GRAPH mode does not), so the step ends here.
+            ended = time.perf_counter()
+            entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
+            step = int(cb_params.cur_step_num)
+            steps = step - self._last_step if step > self._last_step else 1
+            self._last_step = step
+            self._steps_done += steps
+            samples, tokens = self._batch.count(cb_params.get("train_dataset_element"), steps)
+            began = self._step_began if self._step_began is not None else entered
+            sample = StepSample(step, int(cb_params.cur_epoch_num), steps, loss, ended - began, self._data_wait,
+                                samples, tokens, time.time(), ended)
+            for probe in self._step_probes:
+                try:
+                    probe.on_step(sample)
+                except Exception as exc:
+                    self._errors.absorb(probe.name, exc)
+            self._thresholds.check_step(self._steps_done)
+            if self._jsonl is not None:
+                self._jsonl.record_step(sample, self._column_values())
+        except Exception as exc:
+            self._errors.absorb("callback", exc)
+        finally:
+            self._step_began = None
+            self._data_wait = None
+            self._previous_end = now = time.perf_counter()
+            self._hook_cost["step_end"].observe(now - entered)
+
+    def on_train_end(self, run_context: Any) -> None:
+        if not self._enabled:
+            return
+        with self._cost("train_end", "callback"):
+            self._finish_run()
+
+    def on_eval_end(self, run_context: Any) -> None:
+        if not self._enabled or self._eval is None:
+            return
+        with self._cost("eval_end", "eval"):
+            cb_params = run_context.original_args()
+            results = cb_params.get("eval_results") or cb_params.get("metrics")
+            if isinstance(results, dict):
+                self._eval.on_eval(results)
+                if self._jsonl is not None:
+                    self._jsonl.record_event("eval", step=self._last_step,
+                                             metrics={str(k): _plain(v) for k, v in results.items()})
+
+    def __exit__(self, *exc_info: Any) -> None:
+        # MindSpore leaves the callback context on every exit from training, also when training raised
+        # (on_train_end is not called then): flush and stop threads either way.
+        if self._enabled and exc_info and exc_info[0] is not None:
+            self._guard("callback", self._finish_run)
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _finish_run(self) -> None:
+        for probe in self._step_probes:
+            self._guard(probe.name, probe.on_train_end)
+        self._stop_sampler()
+        self._restore_signal_handlers()
+        if self._jsonl is not None:
+            self._jsonl.record_event("train_end", step=self._last_step)
+            self._jsonl.stop()
+
+    def _column_values(self) -> tuple[tuple[str, float], ...]:
+        if self._columns_version != self.store.version:
+            self._columns_version = self.store.version
+            columns = []
+            for name in STEP_COLUMN_FAMILIES:
+                family = self.store.get(name)
+                for child in family.children() if family is not None else ():
+                    if isinstance(child, Series):
+                        columns.append((series_key(name, child), child))
+            self._columns = tuple(columns)
+        return tuple((key, series.value) for key, series in self._columns)
+
+    def _guard(self, component: str, func: Callable[..., Any], *args: Any) -> None:
+        try:
+            func(*args)
+        except Exception as exc:
+            self._errors.absorb(component, exc)
+
+    def _cost(self, hook: str, component: str) -> _HookTimer:
+        return _HookTimer(self._hook_cost[hook], self._errors, component)
+
+    # -- slow sampling thread --------------------------------------------------------------------------
+    def _start_sampler(self) -> None:
+        if self._memory is None or (self._sampler is not None and self._sampler.is_alive()):
+            return
+        self._sampler_stop.clear()
+        self._sampler = threading.Thread(target=self._sample_loop, name="ms_exporter-sampler", daemon=True)
+        self._sampler.start()
+
+    def _stop_sampler(self) -> None:
+        self._sampler_stop.set()
+        if self._sampler is not None:
+            self._sampler.join(5.0)
+            self._sampler = None
+
+    def _sample_loop(self) -> None:
+        memory = self._memory
+        while memory is not None:
+            self._guard("memory", memory.sample)
+            self._guard("sampler", self._thresholds.check_slow)
+            if self._sampler_stop.wait(self.config.interval):
+                return
+
+    # -- signals ---------------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        if self._jsonl is None or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous = signal.getsignal(signum)
+                signal.signal(signum, self._on_signal)
+                self._previous_handlers[signum] = previous
+            except (ValueError, OSError) as exc:  # e.g. an embedding interpreter that owns signals
+                self._errors.absorb("callback", exc)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in list(self._previous_handlers.items()):
+            if signal.getsignal(signum) == self._on_signal:
+                signal.signal(signum, previous)
+            del self._previous_handlers[signum]
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """Flush what is queued, then do what the previous handler would have done."""
+        if self._jsonl is not None:
+            self._jsonl.record_event("signal", signal=signal.Signals(signum).name, step=self._last_step)
+            self._jsonl.flush()
+        previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+class _HookTimer:
+    """Times a non-step hook into the cost histogram and absorbs anything it raises."""
+
+    def __init__(self, histogram: HistogramSeries, errors: ErrorSink, component: str) -> None:
+        self._histogram = histogram
+        self._errors = errors
+        self._component = component
+
+    def __enter__(self) -> None:
+        self._began = time.perf_counter()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self._histogram.observe(time.perf_counter() - self._began)
+        if isinstance(exc, Exception):
+            self._errors.absorb(self._component, exc)
+        return isinstance(exc, Exception)
+
+
+def _plain(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,0 +1,461 @@
+"""YAML, dict, environment and keyword configuration -> one frozen MonitorConfig; every problem in one ConfigError."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+ENV_PREFIX = "MS_EXPORTER_"
+
+# Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
+# 9464 OpenTelemetry ...), below Linux's ephemeral range (32768+), so that base + 7 local ranks stay clear.
+DEFAULT_PORT = 19420
+
+BACKENDS = ("prometheus", "otlp", "local")
+IMPLEMENTED_BACKENDS = ("prometheus", "local")
+
+# Names allowed in `metrics`: each switches on one group of series (docs/metrics.md lists them).
+METRIC_GROUPS = (
+    "loss",
+    "lr",
+    "step_time",
+    "samples_per_second",
+    "tokens_per_second",
+    "memory_usage",
+    "global_rank",
+    "eval",
+)
+
+# warn_on_value keys and which way a bare number bounds them.
+WATCHABLE: dict[str, Literal["max", "min"]] = {
+    "loss": "max",
+    "loss_smoothed": "max",
+    "tokens_per_second": "min",
+    "samples_per_second": "min",
+    "memory_growth_ratio": "max",
+}
+
+# The `metrics` group that must be on for a warn_on_value key to see values.
+WATCH_GROUP = {"loss": "loss", "loss_smoothed": "loss", "tokens_per_second": "tokens_per_second",
+               "samples_per_second": "samples_per_second", "memory_growth_ratio": "memory_usage"}
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# Labels the exporter sets itself; a tag may not reuse them.
+RESERVED_LABELS = frozenset(
+    {
+        "rank",
+        "project",
+        "world_size",
+        "local_rank",
+        "device_target",
+        "mindspore_version",
+        "exporter_version",
+        "kind",
+        "group",
+        "name",
+        "metric",
+        "hook",
+        "component",
+        "le",
+        "job",
+        "instance",
+    }
+)
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_MAX_LABEL_VALUE = 128
+
+
+class ConfigError(ValueError):
+    """Raised at construction with every problem found; `problems` holds them one per item."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n  - ".join(self.problems)
+        super().__init__(f"invalid monitor_config ({len(self.problems)} problem(s)):\n  - {lines}")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One warn_on_value entry: the value must stay at or below `max`, or at or above `min`."""
+
+    direction: Literal["max", "min"]
+    value: float
+
+    def breached(self, observed: float) -> bool:
+        if self.direction == "max":
+            return observed > self.value or math.isnan(observed)
+        return observed < self.value
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """The effective configuration. Field names are the YAML keys and the MS_EXPORTER_<KEY> suffixes."""
+
+    enable: bool = True
+    backend: tuple[str, ...] = ("prometheus",)
+    project: str = "default"
+    interval: float = 30.0
+    save_dir: str = "./monitor_output"
+    port: int = DEFAULT_PORT
+    bind_address: str = "127.0.0.1"
+    metrics: tuple[str, ...] = METRIC_GROUPS
+    loss_window: int = 50
+    warn_on_value: Mapping[str, Bound] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    log_level: str = "INFO"
+    # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
+    warmup_steps: int = 10
+    max_file_mb: float = 100.0
+    max_files: int = 5
+    attention_mask_column: str = "attention_mask"
+    input_ids_column: str = "input_ids"
+    memory_window: int = 10
+
+    def wants(self, group: str) -> bool:
+        return group in self.metrics
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif f.name == "warn_on_value":
+                value = {k: {b.direction: b.value} for k, b in value.items()}
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+
+KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig))
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None,
+                **overrides: Any) -> MonitorConfig:
+    """Build the effective config: defaults < file/dict < MS_EXPORTER_* environment < keyword overrides."""
+    problems: list[str] = []
+    raw: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if isinstance(source, MonitorConfig):
+        raw.update(source.to_dict())
+    elif isinstance(source, Mapping):
+        raw.update(_unwrap(dict(source), "the given dict", problems))
+    elif source is not None:
+        raw.update(_read_file(Path(source), problems))
+    for key in raw:
+        origin[key] = "monitor_config"
+    for key, text in _env_values().items():
+        raw[key] = text
+        origin[key] = f"environment variable {ENV_PREFIX}{key.upper()}"
+    for key, value in overrides.items():
+        raw[key] = value
+        origin[key] = f"keyword argument {key}="
+    config = _validate(raw, origin, problems)
+    if problems or config is None:
+        raise ConfigError(problems)
+    return config
+
+
+def _read_file(path: Path, problems: list[str]) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        problems.append(f"cannot read config file {path}: {exc.strerror or exc}")
+        return {}
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problems.append(f"{path} is not valid YAML: {exc}")
+        return {}
+    if data is None:
+        return {}
+    return _unwrap(data, str(path), problems)
+
+
+def _unwrap(data: Any, where: str, problems: list[str]) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        problems.append(f"{where}: expected a mapping with a monitor_config key (or a bare mapping of its keys), "
+                        f"got {type(data).__name__}")
+        return {}
+    if "monitor_config" in data:
+        extra = [k for k in data if k != "monitor_config"]
+        if extra:
+            problems.append(f"{where}: only the top-level key monitor_config is read; "
+                            f"unexpected {sorted(map(str, extra))}")
+        inner = data["monitor_config"]
+        if inner is None:
+            return {}
+        if not isinstance(inner, Mapping):
+            problems.append(f"{where}: monitor_config must be a mapping, got {type(inner).__name__}")
+            return {}
+        return {str(k): v for k, v in inner.items()}
+    return {str(k): v for k, v in data.items()}
+
+
+def _env_values() -> dict[str, str]:
+    values = {}
+    for key in KEYS:
+        text = os.environ.get(ENV_PREFIX + key.upper())
+        if text is not None:
+            values[key] = text
+    return values
+
+
+def _validate(raw: dict[str, Any], origin: dict[str, str], problems: list[str]) -> MonitorConfig | None:
+    checker = _Checker(origin, problems)
+    values: dict[str, Any] = {}
+    for key in raw:
+        if key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            problems.append(f"monitor_config.{key}: unknown key ({origin.get(key, 'monitor_config')}); {hint}"
+                            f"allowed keys: {', '.join(KEYS)}")
+    for key in KEYS:
+        if key in raw:
+            value = checker.check(key, raw[key])
+            if value is not _INVALID:
+                values[key] = value
+    if problems:
+        return None
+    config = MonitorConfig(**values)
+    for metric in config.warn_on_value:
+        group = WATCH_GROUP[metric]
+        if group not in config.metrics:
+            problems.append(f"monitor_config.warn_on_value.{metric}: watches a metric that is switched off; "
+                            f"add '{group}' to monitor_config.metrics or drop the bound")
+    if problems:
+        return None
+    if config.port and config.port > 65535 - 7:
+        # base + local rank must stay a valid port on an 8-rank node.
+        problems.append(f"monitor_config.port: {config.port} leaves no room for base + local rank (up to +7); "
+                        f"use 0 (any free port) or a base port from 1 to {65535 - 7}")
+        return None
+    return config
+
+
+_INVALID = object()
+
+
+class _Checker:
+    """Per-key validation; each method returns the clean value or records a problem and returns _INVALID."""
+
+    def __init__(self, origin: dict[str, str], problems: list[str]) -> None:
+        self._origin = origin
+        self._problems = problems
+
+    def check(self, key: str, value: Any) -> Any:
+        from_env = self._origin.get(key, "").startswith("environment")
+        if from_env and isinstance(value, str):
+            value = _parse_env(key, value)
+        return getattr(self, f"_{key}")(key, value)
+
+    def _fail(self, key: str, message: str, value: Any) -> Any:
+        where = self._origin.get(key, "monitor_config")
+        shown = value if not isinstance(value, str) else repr(value)
+        self._problems.append(f"monitor_config.{key}: {message}, got {shown} (from {where})")
+        return _INVALID
+
+    # -- scalar helpers -------------------------------------------------------------------------------
+    def _bool(self, key: str, value: Any) -> Any:
+        if isinstance(value, bool):
+            return value
+        return self._fail(key, "must be true or false", value)
+
+    def _int(self, key: str, value: Any, low: int, high: int | None = None) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return self._fail(key, f"must be an integer{_range_text(low, high)}", value)
+        if value < low or (high is not None and value > high):
+            return self._fail(key, f"must be an integer{_range_text(low, high)}", value)
+        return value
+
+    def _positive_float(self, key: str, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            return self._fail(key, "must be a number greater than 0", value)
+        return float(value)
+
+    def _text(self, key: str, value: Any, allow_empty: bool = False) -> Any:
+        if not isinstance(value, str) or (not allow_empty and not value.strip()):
+            return self._fail(key, "must be a non-empty string", value)
+        return value
+
+    def _names(self, key: str, value: Any, allowed: tuple[str, ...]) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            return self._fail(key, f"must be a name or a list of names from {list(allowed)}", value)
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            hints = [f"'{b}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(b, allowed, n=1))
+                     else f"'{b}'" for b in bad]
+            return self._fail(key, f"unknown name(s) {', '.join(hints)}; allowed: {list(allowed)}", value)
+        return tuple(dict.fromkeys(items))
+
+    # -- one method per key ---------------------------------------------------------------------------
+    def _enable(self, key: str, value: Any) -> Any:
+        return self._bool(key, value)
+
+    def _backend(self, key: str, value: Any) -> Any:
+        names = self._names(key, value, BACKENDS)
+        if names is _INVALID:
+            return names
+        if not names:
+            return self._fail(key, f"needs at least one of {list(BACKENDS)}", value)
+        missing = [n for n in names if n not in IMPLEMENTED_BACKENDS]
+        if missing:
+            return self._fail(key, f"{missing} is not available in this version yet (OTLP export is planned); "
+                                   f"available: {list(IMPLEMENTED_BACKENDS)}", value)
+        return names
+
+    def _project(self, key: str, value: Any) -> Any:
+        text = self._text(key, value)
+        if text is _INVALID:
+            return text
+        if len(text) > _MAX_LABEL_VALUE:
+            return self._fail(key, f"must be at most {_MAX_LABEL_VALUE} characters (it is a label value)", value)
+        return text
+
+    def _interval(self, key: str, value: Any) -> Any:
+        return self._positive_float(key, value)
+
+    def _save_dir(self, key: str, value: Any) -> Any:
+        return self._text(key, value)
+
+    def _port(self, key: str, value: Any) -> Any:
+        return self._int(key, value, 0, 65535)
+
+    def _bind_address(self, key: str, value: Any) -> Any:
+        text = self._text(key, value)
+        if text is _INVALID:
+            return text
+        if text == "localhost":
+            return text
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            return self._fail(key, "must be an IP address such as 127.0.0.1, 0.0.0.0 or ::, or localhost", value)
+        return text
+
+    def _metrics(self, key: str, value: Any) -> Any:
+        return self._names(key, value, METRIC_GROUPS)
+
+    def _loss_window(self, key: str, value: Any) -> Any:
+        return self._int(key, value, 1, 1_000_000)
+
+    def _warn_on_value(self, key: str, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            return self._fail(key, f"must be a mapping of metric to bound, metrics from {list(WATCHABLE)}", value)
+        bounds: dict[str, Bound] = {}
+        ok = True
+        for metric, spec in value.items():
+            if metric not in WATCHABLE:
+                close = difflib.get_close_matches(str(metric), WATCHABLE, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                self._fail(key, f"unknown metric '{metric}'{hint}; allowed: {list(WATCHABLE)}", value)
+                ok = False
+                continue
+            bound = _bound(spec, WATCHABLE[metric])
+            if bound is None:
+                self._fail(key, f"bound for '{metric}' must be a number (a {WATCHABLE[metric]} bound), "
+                                "{max: x} or {min: y}", spec)
+                ok = False
+                continue
+            bounds[str(metric)] = bound
+        return bounds if ok else _INVALID
+
+    def _tags(self, key: str, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            return self._fail(key, "must be a mapping of label name to value", value)
+        tags: dict[str, str] = {}
+        ok = True
+        for name, tag in value.items():
+            if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
+                self._fail(key, f"tag name {name!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)",
+                           value)
+                ok = False
+            elif name in RESERVED_LABELS:
+                self._fail(key, f"tag name '{name}' is set by the exporter itself; "
+                                f"reserved: {sorted(RESERVED_LABELS)}", value)
+                ok = False
+            elif isinstance(tag, bool) or not isinstance(tag, (str, int, float)):
+                self._fail(key, f"tag '{name}' must be a string or number", value)
+                ok = False
+            elif len(str(tag)) > _MAX_LABEL_VALUE:
+                self._fail(key, f"tag '{name}' must be at most {_MAX_LABEL_VALUE} characters", value)
+                ok = False
+            else:
+                tags[name] = str(tag)
+        return tags if ok else _INVALID
+
+    def _log_level(self, key: str, value: Any) -> Any:
+        if isinstance(value, str) and value.upper() in LOG_LEVELS:
+            return value.upper()
+        return self._fail(key, f"must be one of {list(LOG_LEVELS)}", value)
+
+    def _warmup_steps(self, key: str, value: Any) -> Any:
+        return self._int(key, value, 0)
+
+    def _max_file_mb(self, key: str, value: Any) -> Any:
+        return self._positive_float(key, value)
+
+    def _max_files(self, key: str, value: Any) -> Any:
+        return self._int(key, value, 1, 1000)
+
+    def _attention_mask_column(self, key: str, value: Any) -> Any:
+        return self._text(key, value)
+
+    def _input_ids_column(self, key: str, value: Any) -> Any:
+        return self._text(key, value)
+
+    def _memory_window(self, key: str, value: Any) -> Any:
+        return self._int(key, value, 2, 10_000)
+
+
+def _bound(spec: Any, default_direction: Literal["max", "min"]) -> Bound | None:
+    if isinstance(spec, Mapping) and len(spec) == 1:
+        ((direction, number),) = spec.items()
+        if direction in ("max", "min") and _is_number(number):
+            return Bound(direction, float(number))
+        return None
+    if _is_number(spec):
+        return Bound(default_direction, float(spec))
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _range_text(low: int, high: int | None) -> str:
+    return f" from {low} to {high}" if high is not None else f" of at least {low}"
+
+
+_STRING_KEYS = ("project", "save_dir", "bind_address", "attention_mask_column", "input_ids_column")
+
+
+def _parse_env(key: str, text: str) -> Any:
+    """Environment values are YAML scalars or flow collections; list keys also take `a,b`."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if key in ("backend", "metrics") and isinstance(value, str) and "," in value:
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if key in _STRING_KEYS and value is not None:
+        return text  # keep strings verbatim: a project named "1e3" stays a string
+    return value

@@ -1,0 +1,165 @@
+"""The demo job: a small Transformer encoder classifier on synthetic padded token data, with the monitor on."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+DEMO_CONFIG = {
+    "backend": ["prometheus", "local"],
+    "project": "ms-exporter-demo",
+    "interval": 5,
+    "tags": {"model": "transformer-demo"},
+}
+VOCAB = 1000
+SEQ_LEN = 32
+BATCH = 16
+
+
+class PaddedTokens:
+    """Random-access synthetic data: ids padded with 0 after a random length, a mask, and a learnable label.
+
+    The label is 1 when the mean id of the real tokens is above the middle of the vocabulary, so the loss
+    really falls as the model learns.
+    """
+
+    def __init__(self, size: int = 4096, seq_len: int = SEQ_LEN, vocab: int = VOCAB, min_len: int = 8,
+                 seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(min_len, seq_len + 1, size=size)
+        self.ids = np.zeros((size, seq_len), dtype=np.int32)
+        self.mask = np.zeros((size, seq_len), dtype=np.int32)
+        for row, length in enumerate(lengths):
+            self.ids[row, :length] = rng.integers(1, vocab, size=length)
+            self.mask[row, :length] = 1
+        real_mean = (self.ids * self.mask).sum(1) / self.mask.sum(1)
+        self.labels = (real_mean > vocab / 2).astype(np.int32)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray, np.int32]:
+        return self.ids[index], self.mask[index], self.labels[index]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def synthetic_dataset(size: int = 4096, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0) -> Any:
+    """A MindSpore dataset with columns input_ids, attention_mask, label."""
+    import mindspore.dataset as ds
+
+    source = PaddedTokens(size=size, seq_len=seq_len, seed=seed)
+    dataset = ds.GeneratorDataset(source, ["input_ids", "attention_mask", "label"], shuffle=False)
+    return dataset.batch(batch, drop_remainder=True)
+
+
+def build_network(layers: int = 2, d_model: int = 64, heads: int = 4, seq_len: int = SEQ_LEN) -> Any:
+    """Transformer encoder classifier with its loss: construct(input_ids, attention_mask, label) -> loss."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    class TokenClassifierWithLoss(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, d_model)
+            self.position = ms.Parameter(ms.Tensor(np.random.default_rng(1).normal(0, 0.02, (1, seq_len, d_model)),
+                                                   ms.float32), name="position")
+            layer = nn.TransformerEncoderLayer(d_model, heads, d_model * 2, dropout=0.0, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, layers)
+            self.head = nn.Dense(d_model, 2)
+            self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+        def construct(self, input_ids: Any, attention_mask: Any, label: Any) -> Any:
+            hidden = self.embed(input_ids) + self.position
+            hidden = self.encoder(hidden, src_key_padding_mask=attention_mask == 0)
+            weights = ops.expand_dims(attention_mask.astype(ms.float32), -1)
+            pooled = (hidden * weights).sum(1) / weights.sum(1)
+            return self.loss(self.head(pooled), label)
+
+    return TokenClassifierWithLoss()
+
+
+def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, decay_steps: int = 2000) -> Any:
+    """A mindspore Model over the demo network with AdamW and a cosine-decaying learning rate."""
+    from mindspore import nn
+    from mindspore.train import Model
+
+    network = build_network(layers=layers, d_model=d_model)
+    if learning_rate is None:
+        learning_rate = nn.CosineDecayLR(1e-4, 1e-3, decay_steps)
+    optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=learning_rate)
+    return Model(network, optimizer=optimizer)
+
+
+def _stopper(steps: int | None, seconds: float) -> Any:
+    from mindspore.train import Callback
+
+    class StopWhenDone(Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started = time.monotonic()
+
+        def on_train_step_end(self, run_context: Any) -> None:
+            cb_params = run_context.original_args()
+            done = cb_params.cur_step_num >= steps if steps else time.monotonic() - self.started >= seconds
+            if done:
+                run_context.request_stop()
+
+    return StopWhenDone()
+
+
+def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
+    from mindspore.train import Callback
+
+    def value(name: str) -> float:
+        family = monitor.store.get(name)
+        children = family.children() if family is not None else []
+        return float(children[0].value) if children else float("nan")
+
+    class Progress(Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_print = time.monotonic() + every_seconds
+
+        def on_train_step_end(self, run_context: Any) -> None:
+            if time.monotonic() < self.next_print:
+                return
+            self.next_print = time.monotonic() + every_seconds
+            print(f"step {int(value('mindspore_train_global_step')):>6} | loss {value('mindspore_train_loss'):.4f} "
+                  f"(smoothed {value('mindspore_train_loss_smoothed'):.4f}) | "
+                  f"lr {value('mindspore_train_learning_rate'):.2e}"
+                  f" | {value('mindspore_train_tokens_per_second'):,.0f} tokens/s | "
+                  f"{value('mindspore_train_samples_per_second'):,.0f} samples/s", flush=True)
+
+    return Progress()
+
+
+def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None = None, config: str | None = None,
+             mode: str = "graph", save_dir: str | None = None) -> int:
+    import mindspore as ms
+
+    from ms_exporter.callback import TrainingMonitor
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    overrides: dict[str, Any] = {}
+    if port is not None:
+        overrides["port"] = port
+    if save_dir is not None:
+        overrides["save_dir"] = save_dir
+    monitor = TrainingMonitor(config if config is not None else DEMO_CONFIG, **overrides)
+    print(f"metrics: {monitor.url}", flush=True)
+    if monitor.jsonl_path:
+        print(f"JSON Lines: {monitor.jsonl_path}", flush=True)
+    limit = f"{steps} steps" if steps else f"about {seconds:.0f} s"
+    print(f"training a {mode.upper()}-mode Transformer classifier for {limit} ...", flush=True)
+    model = build_model(decay_steps=max(steps or 0, 2000))
+    dataset = synthetic_dataset()
+    model.train(100_000, dataset, callbacks=[monitor, _stopper(steps, seconds), _progress(monitor)],
+                dataset_sink_mode=False)
+    steps_done = monitor.store.get("mindspore_train_steps_total")
+    total = int(steps_done.children()[0].value) if steps_done is not None else 0
+    print(f"done: {total} steps; final metrics were served at {monitor.url}", flush=True)
+    if monitor.jsonl_path:
+        print(f"JSON Lines left at {monitor.jsonl_path}", flush=True)
+    monitor.close()
+    return 0

@@ -1,0 +1,1 @@
+"""One measured quantity per module; each writes to the MetricStore only."""

@@ -1,0 +1,31 @@
+"""The latest evaluation's metrics (Model.fit with a valid_dataset, or Model.eval inside training)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ms_exporter.probes.base import Probe
+from ms_exporter.store import MetricStore
+
+
+class EvalProbe(Probe):
+    """| mindspore_train_eval_metric | gauge | name | the metric's own unit |"""
+
+    name = "eval"
+
+    def __init__(self, store: MetricStore) -> None:
+        self._family = store.gauge("mindspore_train_eval_metric", "Each metric of the latest evaluation.")
+
+    def on_eval(self, metrics: Mapping[str, Any] | None) -> None:
+        for name, value in (metrics or {}).items():
+            number = _number(value)
+            if number is not None:
+                self._family.series(name=str(name)).value = number
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # a confusion matrix or a dict: not one number, so not a gauge
+        return None

@@ -1,0 +1,118 @@
+"""Memory by kind (host RSS, device allocated/reserved/peak) and how it grows; sampled off the hot path."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import psutil
+
+from ms_exporter.probes.base import Probe
+from ms_exporter.sample import StepSample
+from ms_exporter.store import MetricStore, Series
+
+MIB = 1024 * 1024
+
+
+def _device_readers() -> dict[str, Callable[[], int]]:
+    """MindSpore's runtime memory API; on CPU it returns 0, and a kind that never reported is not exported."""
+    try:
+        from mindspore import runtime
+    except Exception:
+        return {}
+    readers = {}
+    for kind, attr in (("device_allocated", "memory_allocated"), ("device_reserved", "memory_reserved"),
+                       ("device_peak", "max_memory_allocated")):
+        func = getattr(runtime, attr, None)
+        if callable(func):
+            readers[kind] = func
+    return readers
+
+
+class _KindState:
+    """Growth bookkeeping for one memory kind."""
+
+    def __init__(self, store_series: dict[str, Series], window: int) -> None:
+        self.series = store_series
+        self.baseline: float | None = None
+        self.previous: float | None = None
+        self.points: deque[tuple[float, float]] = deque(maxlen=window)
+
+
+class MemoryProbe(Probe):
+    """Sampled every `interval` seconds by the monitor's sampler thread, never on the training thread.
+
+    The growth baseline is the first sample after `warmup_steps` steps, so graph compilation and the
+    first allocations do not count as growth.
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_memory_bytes | gauge | kind | bytes |
+    | mindspore_train_memory_growth_ratio | gauge | kind | ratio (0.3 = 30% above baseline) |
+    | mindspore_train_memory_growth_bytes_per_second | gauge | kind | bytes/s (least-squares slope) |
+    | mindspore_train_memory_consecutive_increases | gauge | kind | samples that grew by > 1 MiB in a row |
+    """
+
+    name = "memory"
+
+    def __init__(self, store: MetricStore, warmup_steps: int, window: int,
+                 device_readers: dict[str, Callable[[], int]] | None = None) -> None:
+        self._bytes = store.gauge("mindspore_train_memory_bytes", "Memory in use, by kind.")
+        self._ratio = store.gauge("mindspore_train_memory_growth_ratio",
+                                  "(current - baseline) / baseline, baseline taken after warm-up.")
+        self._slope = store.gauge("mindspore_train_memory_growth_bytes_per_second",
+                                  "Memory growth rate over the recent samples.")
+        self._increases = store.gauge("mindspore_train_memory_consecutive_increases",
+                                      "Samples in a row that grew by more than 1 MiB.")
+        self._warmup_steps = warmup_steps
+        self._window = window
+        self._process = psutil.Process()
+        self._device = _device_readers() if device_readers is None else device_readers
+        self._kinds: dict[str, _KindState] = {}
+        self._steps_seen = 0
+
+    def on_step(self, sample: StepSample) -> None:
+        self._steps_seen += sample.steps
+
+    def sample(self) -> None:
+        """One slow sample; called from the sampler thread."""
+        now = time.monotonic()
+        warmed_up = self._steps_seen >= self._warmup_steps
+        self._record("host_rss", float(self._process.memory_info().rss), now, warmed_up)
+        for kind, read in self._device.items():
+            value = float(read())
+            if value > 0 or kind in self._kinds:
+                self._record(kind, value, now, warmed_up)
+
+    def _record(self, kind: str, value: float, now: float, warmed_up: bool) -> None:
+        state = self._kinds.get(kind)
+        if state is None:
+            state = _KindState({"bytes": self._bytes.series(kind=kind)}, self._window)
+            self._kinds[kind] = state
+        state.series["bytes"].value = value
+        state.points.append((now, value))
+        if warmed_up and state.baseline is None and value > 0:
+            state.baseline = value
+            state.series["ratio"] = self._ratio.series(kind=kind)
+            state.series["slope"] = self._slope.series(kind=kind)
+            state.series["increases"] = self._increases.series(kind=kind)
+        if state.baseline is not None:
+            state.series["ratio"].value = (value - state.baseline) / state.baseline
+            state.series["slope"].value = _slope(state.points)
+            grew = state.previous is not None and value - state.previous > MIB
+            state.series["increases"].value = state.series["increases"].value + 1 if grew else 0
+        state.previous = value
+
+
+def _slope(points: deque[tuple[float, float]]) -> float:
+    """Least-squares slope of value over time; 0 until there are two points."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return 0.0
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var

@@ -1,0 +1,37 @@
+"""Wall time per step and the gap between steps (data loading and host work)."""
+
+from __future__ import annotations
+
+from ms_exporter.probes.base import Probe
+from ms_exporter.sample import StepSample
+from ms_exporter.store import MetricStore
+
+# 1 ms to 10 min for a step; the wait starts lower because a healthy loader hides in microseconds.
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0, 600.0)
+WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, *STEP_BUCKETS)
+
+
+class StepTimeProbe(Probe):
+    """In sink mode one hook call covers `steps` steps: each is recorded with the call's mean duration.
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_step_duration_seconds | histogram | | seconds |
+    | mindspore_train_data_wait_seconds | histogram | | seconds |
+    """
+
+    name = "step_time"
+
+    def __init__(self, store: MetricStore) -> None:
+        self._duration = store.histogram("mindspore_train_step_duration_seconds",
+                                         "Wall time per step, measured after the loss was read.",
+                                         STEP_BUCKETS).histogram()
+        self._wait = store.histogram("mindspore_train_data_wait_seconds",
+                                     "Time from one step's end to the next step's begin (data loading, host work).",
+                                     WAIT_BUCKETS).histogram()
+
+    def on_step(self, sample: StepSample) -> None:
+        self._duration.observe(sample.duration / sample.steps, sample.steps)
+        if sample.data_wait is not None:
+            self._wait.observe(sample.data_wait)

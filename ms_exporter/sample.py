@@ -1,0 +1,131 @@
+"""Reads cb_params once per step into a small immutable StepSample that every probe derives from."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("ms_exporter")
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """What one call of the step-end hook saw. In sink mode one call covers `steps` steps."""
+
+    step: int  # cb_params.cur_step_num after this call
+    epoch: int
+    steps: int  # steps completed by this call (sink size in sink mode, else 1)
+    loss: float | None  # None when the network returned nothing readable
+    duration: float  # seconds from step begin to step end, measured after the loss read
+    data_wait: float | None  # seconds from the previous step's end to this step's begin
+    samples: int  # samples consumed by this call
+    tokens: int  # non-padding tokens consumed by this call (0 when the data has no token column)
+    wall_time: float  # unix time the call ended
+    monotonic: float  # perf_counter at the end, for rates
+
+
+def read_loss(outputs: Any) -> float | None:
+    """The loss as a Python float: Tensor, numpy value, float, or a tuple/list whose first item is the loss."""
+    while isinstance(outputs, (tuple, list)):
+        if not outputs:
+            return None
+        outputs = outputs[0]
+    if outputs is None:
+        return None
+    if isinstance(outputs, (float, int)) and not isinstance(outputs, bool):
+        return float(outputs)
+    array = _to_numpy(outputs)
+    if array is None or array.size == 0:
+        return None
+    if array.size == 1:
+        return float(array.reshape(-1)[0])
+    # A per-sample loss vector: the mean is what the optimiser minimises.
+    return float(np.mean(array, dtype=np.float64))
+
+
+def _to_numpy(value: Any) -> np.ndarray | None:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    asnumpy = getattr(value, "asnumpy", None)
+    if asnumpy is None:
+        return None
+    if value.dtype == _bfloat16():
+        # numpy has no bfloat16: widen on the device side first, which is exact.
+        import mindspore
+
+        return np.asarray(value.astype(mindspore.float32).asnumpy())
+    return np.asarray(asnumpy())
+
+
+@functools.cache
+def _bfloat16() -> Any:
+    try:
+        import mindspore
+
+        return mindspore.bfloat16
+    except (ImportError, AttributeError):
+        return None
+
+
+class BatchCounter:
+    """Samples and non-padding tokens of a batch, resolved once against the dataset's column names."""
+
+    def __init__(self, mask_column: str, ids_column: str) -> None:
+        self._mask_column = mask_column
+        self._ids_column = ids_column
+        self._mask_index: int | None = None
+        self._ids_index = 0
+        self._dataset_batch = 0
+        self._dataset_tokens_per_sample = 0
+
+    def bind(self, dataset: Any) -> None:
+        """Look up column positions and the static batch shape once, at train begin."""
+        self._mask_index = None
+        self._ids_index = 0
+        self._dataset_batch = 0
+        self._dataset_tokens_per_sample = 0
+        if dataset is None:
+            return
+        try:
+            names = list(dataset.get_col_names())
+        except Exception:
+            names = []
+        if self._mask_column in names:
+            self._mask_index = names.index(self._mask_column)
+        if self._ids_column in names:
+            self._ids_index = names.index(self._ids_column)
+        try:
+            self._dataset_batch = int(dataset.get_batch_size())
+            shapes = dataset.output_shapes()
+            shape = shapes[self._ids_index] if shapes else []
+            self._dataset_tokens_per_sample = int(shape[1]) if len(shape) >= 2 else 0
+        except Exception:  # shapes are only a fallback for sink mode; a dataset without them is fine
+            pass
+
+    def count(self, element: Any, steps: int) -> tuple[int, int]:
+        """(samples, tokens) for `steps` steps; `element` is the batch's tensors in non-sink mode, else None."""
+        if not element:
+            # Sink mode: the hook does not see the batch, so use the dataset's static shape (padding included).
+            return self._dataset_batch * steps, self._dataset_batch * self._dataset_tokens_per_sample * steps
+        ids = element[self._ids_index] if self._ids_index < len(element) else element[0]
+        shape = tuple(ids.shape)
+        samples = int(shape[0]) if shape else 1
+        if self._mask_index is not None and self._mask_index < len(element):
+            mask = _to_numpy(element[self._mask_index])
+            tokens = int(np.count_nonzero(mask)) if mask is not None else 0
+        elif len(shape) >= 2:
+            tokens = samples * int(shape[1])
+        else:
+            tokens = 0
+        return samples * steps, tokens * steps
+
+
+def is_finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

@@ -1,0 +1,1 @@
+"""Where numbers go. Sinks read the MetricStore; probes never import them."""

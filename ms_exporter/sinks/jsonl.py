@@ -1,0 +1,163 @@
+"""The `local` backend: JSON Lines per rank, written and flushed by a background thread, rotated by size."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from ms_exporter.sample import StepSample
+from ms_exporter.store import HistogramSeries, MetricStore, Series
+
+logger = logging.getLogger("ms_exporter")
+
+QUEUE_CAP = 100_000  # step records held between flushes; older ones are dropped (and counted) past this
+STEP_FIELDS = ("step", "epoch", "steps", "loss", "duration", "data_wait", "samples", "tokens", "wall_time")
+_FIELD_NAMES = {"duration": "step_duration_seconds", "data_wait": "data_wait_seconds", "wall_time": "time"}
+
+
+def _json_number(value: float | int | None) -> float | int | str | None:
+    """Strict JSON has no NaN/Inf: write them as the strings "NaN", "Inf", "-Inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
+    return value
+
+
+def series_key(family_name: str, series: Series | HistogramSeries) -> str:
+    short = family_name.removeprefix("mindspore_train_")
+    if not series.labels:
+        return short
+    return short + "{" + ",".join(f'{k}="{v}"' for k, v in series.labels) + "}"
+
+
+class JsonlWriter:
+    """Hot path: `record()` appends to a bounded deque. The thread drains it every `interval` seconds.
+
+    Lines: {"type": "step", ...} per step; {"type": "snapshot", "metrics": {...}} with every series at each
+    flush; {"type": "event", "event": ...} for train begin/end and evaluations.
+    """
+
+    def __init__(self, store: MetricStore, save_dir: str, rank: int, project: str, interval: float,
+                 max_file_mb: float, max_files: int, on_error: Callable[[str, BaseException], None]) -> None:
+        self._store = store
+        self.path = Path(save_dir) / f"metrics-rank{rank}.jsonl"
+        self._identity = {"rank": rank, "project": project}
+        self._interval = interval
+        self._max_bytes = int(max_file_mb * 1024 * 1024)
+        self._max_files = max_files
+        self._queue: deque[tuple[str, Any]] = deque(maxlen=QUEUE_CAP)
+        self._dropped = store.counter("mindspore_exporter_dropped_samples_total",
+                                      "Records a sink dropped because it fell behind.").series(sink="local")
+        self._file: IO[str] | None = None
+        self._lock = threading.Lock()  # one flush at a time: the thread, train end and signal handlers
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._on_error = on_error
+
+    # -- training thread -----------------------------------------------------------------------------
+    def record_step(self, sample: StepSample, columns: tuple[tuple[str, float], ...]) -> None:
+        queue = self._queue
+        if len(queue) == QUEUE_CAP:
+            self._dropped.value += 1
+        queue.append(("step", (sample, columns)))
+
+    def record_event(self, event: str, **fields: Any) -> None:
+        self._queue.append(("event", {"event": event, "time": time.time(), **fields}))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ms_exporter-jsonl", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.flush()
+
+    def close(self) -> None:
+        self.stop()
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write everything queued plus a snapshot line, then flush the file to the OS."""
+        with self._lock:
+            try:
+                lines = [self._line(kind, payload) for kind, payload in self._drain()]
+                lines.append(self._snapshot_line())
+                self._write("".join(lines))
+            except Exception as exc:  # a full disk must not reach training: counted, logged once, dropped
+                self._on_error("local", exc)
+
+    def _drain(self) -> list[tuple[str, Any]]:
+        items = []
+        queue = self._queue
+        while queue:
+            items.append(queue.popleft())
+        return items
+
+    def _line(self, kind: str, payload: Any) -> str:
+        if kind == "step":
+            sample, columns = payload
+            record: dict[str, Any] = {"type": "step", **self._identity}
+            for name in STEP_FIELDS:
+                record[_FIELD_NAMES.get(name, name)] = _json_number(getattr(sample, name))
+            for key, value in columns:
+                record[key] = _json_number(value)
+        else:
+            record = {"type": kind, **self._identity, **payload}
+        return json.dumps(record, separators=(",", ":")) + "\n"
+
+    def _snapshot_line(self) -> str:
+        metrics: dict[str, Any] = {}
+        for family in self._store.families():
+            for child in family.children:
+                key = series_key(family.name, child)
+                if isinstance(child, HistogramSeries):
+                    _, count, total = child.cumulative()
+                    metrics[key] = {"count": count, "sum": _json_number(total)}
+                else:
+                    metrics[key] = _json_number(child.value)
+        record = {"type": "snapshot", "time": time.time(), **self._identity, "metrics": metrics}
+        return json.dumps(record, separators=(",", ":")) + "\n"
+
+    def _write(self, text: str) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across flushes
+        self._file.write(text)
+        self._file.flush()
+        if self._file.tell() >= self._max_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """metrics-rank0.jsonl -> .1 -> .2 ...; the oldest beyond max_files is deleted."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        oldest = self.path.with_name(f"{self.path.name}.{self._max_files}")
+        if oldest.exists():
+            oldest.unlink()
+        for index in range(self._max_files - 1, 0, -1):
+            source = self.path.with_name(f"{self.path.name}.{index}")
+            if source.exists():
+                os.replace(source, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))

@@ -1,0 +1,101 @@
+"""Renders the store at scrape time on a per-rank HTTP endpoint, through prometheus_client."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from ms_exporter.store import FamilySnapshot, HistogramSeries, MetricStore
+
+logger = logging.getLogger("ms_exporter")
+
+
+class StoreCollector(Collector):
+    """Turns the store into prometheus_client Metric objects; the library does the text format."""
+
+    def __init__(self, store: MetricStore, on_error: Callable[[str, BaseException], None]) -> None:
+        self._store = store
+        self._on_error = on_error
+
+    def describe(self) -> list[Metric]:
+        return []  # series appear during training; nothing to pre-declare
+
+    def collect(self) -> Iterator[Metric]:
+        constant = dict(self._store.constant_labels)
+        for family in self._store.families():
+            try:
+                yield _render(family, constant)
+            except Exception as exc:  # one broken family costs its series, never the whole scrape
+                self._on_error("prometheus", exc)
+
+
+def _render(family: FamilySnapshot, constant: dict[str, str]) -> Metric:
+    if family.kind == "counter":
+        base = family.name[: -len("_total")] if family.name.endswith("_total") else family.name
+        metric = Metric(base, family.help, "counter")
+        for child in family.children:
+            metric.add_sample(base + "_total", {**constant, **dict(child.labels)}, float(child.value))  # type: ignore[union-attr]
+        return metric
+    metric = Metric(family.name, family.help, family.kind)
+    for child in family.children:
+        labels = {**constant, **dict(child.labels)}
+        if isinstance(child, HistogramSeries):
+            buckets, count, total = child.cumulative()
+            for bound, cumulative in buckets:
+                le = "+Inf" if math.isinf(bound) else repr(float(bound))
+                metric.add_sample(family.name + "_bucket", {**labels, "le": le}, float(cumulative))
+            metric.add_sample(family.name + "_count", labels, float(count))
+            metric.add_sample(family.name + "_sum", labels, float(total))
+        else:
+            metric.add_sample(family.name, labels, float(child.value))
+    return metric
+
+
+class PrometheusEndpoint:
+    """A private registry served on bind_address:port; a taken port falls back to any free one."""
+
+    def __init__(self, store: MetricStore, bind_address: str, port: int,
+                 on_error: Callable[[str, BaseException], None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = StoreCollector(store, on_error)
+        self.registry.register(self.collector)
+        self._server: Any = None
+        self._thread: Any = None
+        self.requested_port = port
+        self.bind_address = bind_address
+        self.port = self._start(bind_address, port)
+
+    def _start(self, address: str, port: int) -> int:
+        try:
+            self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
+        except OSError as exc:
+            if port == 0:
+                raise
+            self._server, self._thread = start_http_server(0, addr=address, registry=self.registry)
+            actual = int(self._server.server_address[1])
+            logger.warning("ms_exporter: port %d on %s is not available (%s); serving metrics on port %d instead",
+                           port, address, exc.strerror or exc, actual)
+            return actual
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self.bind_address
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

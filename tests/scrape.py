@@ -1,0 +1,36 @@
+"""Test helper: a real HTTP scrape parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class Scrape:
+    """Samples of one scrape, looked up by name and labels (rank/project may be left out)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def find(self, name: str, **labels: str) -> list[float]:
+        return [s.value for s in self.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self.find(name, **labels)
+        if len(found) != 1:
+            raise AssertionError(f"expected one sample {name}{labels}, found {len(found)}")
+        return found[0]
+
+    def labels_of(self, name: str) -> list[dict[str, str]]:
+        return [dict(s.labels) for s in self.samples if s.name == name]
+
+    def has(self, name: str, **labels: str) -> bool:
+        return bool(self.find(name, **labels))
+
+
+def scrape(url: str, timeout: float = 5.0) -> Scrape:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return Scrape(response.read().decode("utf-8"))

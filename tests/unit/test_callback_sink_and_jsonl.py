@@ -1,0 +1,134 @@
+"""The callback driven by hand-made cb_params: sink-mode accounting and the JSON Lines file.
+
+Sink mode on CPU falls back to one hook per step, so the once-per-sink call that Ascend makes is
+reproduced here with cb_params whose cur_step_num jumps by the sink size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore.train.callback import RunContext, _InternalCallbackParam
+
+from ms_exporter import TrainingMonitor
+from tests.scrape import scrape
+
+
+class SinkDataset:
+    def get_col_names(self) -> list[str]:
+        return ["input_ids", "attention_mask", "label"]
+
+    def get_batch_size(self) -> int:
+        return 4
+
+    def output_shapes(self) -> list[list[int]]:
+        return [[4, 8], [4, 8], [4]]
+
+
+def context(step: int, loss: float, sink_size: int | None = None, element: list | None = None) -> RunContext:
+    params = _InternalCallbackParam()
+    params.cur_step_num = step
+    params.cur_epoch_num = 1
+    params.net_outputs = ms.Tensor(np.float32(loss))
+    params.train_dataset = SinkDataset()
+    params.optimizer = None
+    params.dataset_sink_mode = sink_size is not None
+    if sink_size is not None:
+        params.sink_size = sink_size
+    if element is not None:
+        params.train_dataset_element = element
+    return RunContext(params)
+
+
+def test_sink_mode_counts_every_step_of_a_sink(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=60,
+                              metrics=["loss", "step_time", "samples_per_second", "tokens_per_second"])
+    try:
+        monitor.on_train_begin(context(0, 0.0, sink_size=10))
+        for sink in (1, 2, 3):
+            monitor.on_train_step_begin(context(sink * 10, 0.0, sink_size=10))
+            monitor.on_train_step_end(context(sink * 10, 1.0 / sink, sink_size=10))
+        metrics = scrape(monitor.url)
+        assert metrics.value("mindspore_train_global_step") == 30
+        assert metrics.value("mindspore_train_steps_total") == 30
+        assert metrics.value("mindspore_train_samples_total") == 30 * 4
+        assert metrics.value("mindspore_train_tokens_total") == 30 * 4 * 8
+        assert metrics.value("mindspore_train_step_duration_seconds_count") == 30
+        assert metrics.value("mindspore_train_loss") == pytest.approx(1.0 / 3)
+        monitor.on_train_end(context(30, 0.0, sink_size=10))
+    finally:
+        monitor.close()
+    steps = [json.loads(line) for line in Path(monitor.jsonl_path).read_text().splitlines()]
+    step_records = [r for r in steps if r["type"] == "step"]
+    assert [r["step"] for r in step_records] == [10, 20, 30]
+    assert all(r["steps"] == 10 and r["samples"] == 40 for r in step_records)
+
+
+def test_jsonl_records_nonfinite_as_strings_and_flushes_on_train_end(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=3600)
+    mask = ms.Tensor(np.array([[1, 1, 0, 0]], np.int32))
+    batch = [ms.Tensor(np.ones((1, 4), np.int32)), mask, ms.Tensor(np.zeros(1, np.int32))]
+    try:
+        assert monitor.url is None  # no prometheus backend, no port
+        monitor.on_train_begin(context(0, 0.0))
+        for step, loss in enumerate([0.5, float("nan"), float("inf")], start=1):
+            monitor.on_train_step_begin(context(step, loss, element=batch))
+            monitor.on_train_step_end(context(step, loss, element=batch))
+        # The interval is an hour: nothing has been written yet, train end must flush.
+        assert not Path(monitor.jsonl_path).exists() or "step" not in Path(monitor.jsonl_path).read_text()
+        monitor.on_train_end(context(3, 0.0))
+        records = [json.loads(line) for line in Path(monitor.jsonl_path).read_text().splitlines()]
+    finally:
+        monitor.close()
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["loss"] for r in steps] == [0.5, "NaN", "Inf"]
+    assert [r["tokens"] for r in steps] == [2, 2, 2]
+    assert {r["rank"] for r in records} == {0}
+    assert records[0]["event"] == "train_begin" and records[-2]["event"] == "train_end"
+    snapshot = records[-1]
+    assert snapshot["type"] == "snapshot" and snapshot["metrics"]["nonfinite_loss_total"] == 2
+
+
+def test_jsonl_rotates_at_max_file_mb(tmp_path: Path) -> None:
+    from ms_exporter.sinks.jsonl import JsonlWriter
+    from ms_exporter.store import MetricStore
+
+    store = MetricStore()
+    store.gauge("mindspore_train_loss", "l").series().value = 1.0
+    errors: list = []
+    writer = JsonlWriter(store, str(tmp_path), 0, "p", 60, max_file_mb=0.001, max_files=2,
+                         on_error=lambda c, e: errors.append(e))
+    for _ in range(30):
+        writer.record_event("filler", text="x" * 200)
+        writer.flush()
+    writer.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["metrics-rank0.jsonl", "metrics-rank0.jsonl.1", "metrics-rank0.jsonl.2"]
+    assert all(p.stat().st_size < 4096 for p in tmp_path.iterdir())
+    assert errors == []
+
+
+def test_unwritable_save_dir_is_counted_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(blocker / "sub"), interval=60)
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        monitor.on_train_step_end(context(1, 0.5))
+        monitor.on_train_end(context(1, 0.5))
+        assert scrape(monitor.url).value("mindspore_exporter_errors_total", component="local") >= 1
+    finally:
+        monitor.close()
+
+
+def test_disabled_monitor_is_a_no_op() -> None:
+    monitor = TrainingMonitor(enable=False, port=1)
+    monitor.on_train_begin(context(0, 0.0))
+    monitor.on_train_step_end(context(1, 0.5))
+    monitor.on_train_end(context(1, 0.5))
+    assert monitor.url is None
+    monitor.close()

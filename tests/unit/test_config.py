@@ -1,0 +1,180 @@
+"""The monitor_config loader: every pinned key, the sources and their precedence, and every error path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ms_exporter import ConfigError, MonitorConfig, load_config
+from ms_exporter.config import DEFAULT_PORT, METRIC_GROUPS, Bound
+
+PINNED_EXAMPLE = """
+monitor_config:
+  enable: true
+  backend: [prometheus, local]
+  project: bert-large-wwm-pretrain
+  interval: 30
+  save_dir: ./monitor_output
+  port: 19500
+  bind_address: 127.0.0.1
+  metrics: [loss, lr, tokens_per_second, memory_usage, global_rank]
+  loss_window: 50
+  warn_on_value: {loss: 50.0, tokens_per_second: 1000}
+  tags: {dataset: wiki-v3, model_size: 340M}
+  log_level: INFO
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "monitor.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_pinned_example_loads_every_key(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, PINNED_EXAMPLE))
+    assert config.enable is True
+    assert config.backend == ("prometheus", "local")
+    assert config.project == "bert-large-wwm-pretrain"
+    assert config.interval == 30.0
+    assert config.save_dir == "./monitor_output"
+    assert config.port == 19500
+    assert config.bind_address == "127.0.0.1"
+    assert config.metrics == ("loss", "lr", "tokens_per_second", "memory_usage", "global_rank")
+    assert config.loss_window == 50
+    # A bare number is an upper bound for loss and a lower bound for throughput.
+    assert config.warn_on_value == {"loss": Bound("max", 50.0), "tokens_per_second": Bound("min", 1000.0)}
+    assert config.tags == {"dataset": "wiki-v3", "model_size": "340M"}
+    assert config.log_level == "INFO"
+
+
+def test_defaults_and_bare_mapping(tmp_path: Path) -> None:
+    assert load_config(None) == MonitorConfig()
+    assert load_config(None).port == DEFAULT_PORT
+    assert load_config(None).metrics == METRIC_GROUPS
+    bare = load_config(write(tmp_path, "project: x\nport: 0\n"))
+    assert (bare.project, bare.port) == ("x", 0)
+    assert load_config(write(tmp_path, "")) == MonitorConfig()
+
+
+def test_single_string_backend_and_explicit_bounds() -> None:
+    bounds = {"loss": {"min": 0.001}, "samples_per_second": {"max": 5}}
+    config = load_config({"backend": "local", "warn_on_value": bounds})
+    assert config.backend == ("local",)
+    assert config.warn_on_value["loss"] == Bound("min", 0.001)
+    assert config.warn_on_value["samples_per_second"] == Bound("max", 5.0)
+
+
+def test_precedence_file_env_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "monitor_config: {port: 19500, project: from-file, interval: 5}")
+    monkeypatch.setenv("MS_EXPORTER_PORT", "19600")
+    monkeypatch.setenv("MS_EXPORTER_PROJECT", "from-env")
+    monkeypatch.setenv("MS_EXPORTER_BACKEND", "prometheus,local")
+    monkeypatch.setenv("MS_EXPORTER_WARN_ON_VALUE", "{loss: 7}")
+    monkeypatch.setenv("MS_EXPORTER_ENABLE", "false")
+    config = load_config(path, project="from-keyword")
+    assert config.port == 19600  # env beats the file
+    assert config.project == "from-keyword"  # keywords beat env
+    assert config.interval == 5.0  # untouched file value stays
+    assert config.backend == ("prometheus", "local")
+    assert config.warn_on_value == {"loss": Bound("max", 7.0)}
+    assert config.enable is False
+
+
+def test_env_strings_stay_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_EXPORTER_PROJECT", "1e3")
+    assert load_config(None).project == "1e3"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({"prot": 1, "port": -1, "interval": "soon", "backend": ["prometheus", "grafana"],
+                     "metrics": ["loss", "los"], "loss_window": 0, "log_level": "LOUD", "enable": "yes",
+                     "bind_address": "my host", "warn_on_value": {"accuracy": 1}, "tags": {"rank": "0"}})
+    problems = info.value.problems
+    text = str(info.value)
+    assert len(problems) == 11, problems
+    assert "prot: unknown key" in text and "did you mean 'port'" in text
+    assert "port: must be an integer from 0 to 65535, got -1" in text
+    assert "interval: must be a number greater than 0" in text
+    assert "'grafana'" in text and "allowed: ['prometheus', 'otlp', 'local']" in text
+    assert "'los' (did you mean 'loss'?)" in text
+    assert "loss_window: must be an integer from 1" in text
+    assert "log_level: must be one of" in text
+    assert "enable: must be true or false" in text
+    assert "bind_address: must be an IP address" in text
+    assert "unknown metric 'accuracy'" in text
+    assert "tag name 'rank' is set by the exporter itself" in text
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"port": True}, "port: must be an integer"),
+        ({"port": 65535}, "leaves no room for base + local rank"),
+        ({"interval": 0}, "interval: must be a number greater than 0"),
+        ({"interval": float("nan")}, "interval: must be a number greater than 0"),
+        ({"project": ""}, "project: must be a non-empty string"),
+        ({"project": "x" * 200}, "at most 128 characters"),
+        ({"save_dir": 3}, "save_dir: must be a non-empty string"),
+        ({"backend": []}, "needs at least one of"),
+        ({"backend": ["otlp"]}, "not available in this version yet"),
+        ({"metrics": "loss,lr"}, "unknown name(s)"),
+        ({"warn_on_value": [1]}, "must be a mapping of metric to bound"),
+        ({"warn_on_value": {"loss": "high"}}, "bound for 'loss' must be a number"),
+        ({"warn_on_value": {"loss": {"above": 3}}}, "bound for 'loss' must be a number"),
+        ({"warn_on_value": {"tokens_per_second": 10}, "metrics": ["loss"]}, "add 'tokens_per_second' to"),
+        ({"tags": {"9bad": "x"}}, "not a valid Prometheus label name"),
+        ({"tags": {"ok": ["list"]}}, "must be a string or number"),
+        ({"max_files": 0}, "max_files: must be an integer from 1"),
+        ({"max_file_mb": -1}, "max_file_mb: must be a number greater than 0"),
+        ({"warmup_steps": -1}, "warmup_steps: must be an integer of at least 0"),
+    ],
+)
+def test_each_error_path(raw: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(raw)
+    assert fragment in str(info.value)
+
+
+def test_file_errors_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "monitor_config: [unclosed"))
+    with pytest.raises(ConfigError, match="monitor_config must be a mapping"):
+        load_config(write(tmp_path, "monitor_config: 3"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_env_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_EXPORTER_PORT", "eighty")
+    with pytest.raises(ConfigError, match="MS_EXPORTER_PORT"):
+        load_config(None)
+
+
+def test_config_round_trips_through_its_dict() -> None:
+    config = load_config({"warn_on_value": {"loss": 3, "tokens_per_second": 5}, "tags": {"a": 1}})
+    assert load_config(config.to_dict()) == config
+    assert load_config(config) == config
+
+
+def test_check_config_cli(tmp_path: Path) -> None:
+    good = write(tmp_path, PINNED_EXAMPLE)
+    run = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(good)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    printed = yaml.safe_load(run.stdout)["monitor_config"]
+    assert printed["project"] == "bert-large-wwm-pretrain"
+    assert printed["warn_on_value"] == {"loss": {"max": 50.0}, "tokens_per_second": {"min": 1000.0}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("monitor_config: {port: -5, colour: red}")
+    run = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(bad)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 1
+    assert "port: must be an integer" in run.stderr and "colour: unknown key" in run.stderr

@@ -1,0 +1,117 @@
+"""Each probe's arithmetic, fed samples directly (the integration tests feed them from real training)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+from ms_exporter.config import Bound
+from ms_exporter.probes.loss import LossProbe
+from ms_exporter.probes.memory import MIB, MemoryProbe
+from ms_exporter.probes.throughput import ThroughputProbe
+from ms_exporter.sample import StepSample
+from ms_exporter.store import MetricStore
+from ms_exporter.thresholds import ThresholdWatcher
+
+
+def sample(step: int, loss: float | None = 1.0, *, steps: int = 1, duration: float = 0.1, samples: int = 8,
+           tokens: int = 0, t: float = 0.0, wait: float | None = None) -> StepSample:
+    return StepSample(step, 1, steps, loss, duration, wait, samples, tokens, 1e9 + t, t)
+
+
+def value(store: MetricStore, name: str, **labels: str) -> float:
+    family = store.get(name)
+    assert family is not None, name
+    return family.series(**labels).value
+
+
+def test_loss_smoothing_rising_and_nonfinite() -> None:
+    store = MetricStore()
+    probe = LossProbe(store, window=3)
+    for step, loss in enumerate([4.0, 3.0, 3.5, 3.6, float("nan"), 3.7, 1.0], start=1):
+        probe.on_step(sample(step, loss))
+        if step == 4:
+            assert value(store, "mindspore_train_loss_smoothed") == pytest.approx((3.0 + 3.5 + 3.6) / 3)
+            assert value(store, "mindspore_train_loss_consecutive_increases") == 2
+        if step == 5:
+            assert math.isnan(value(store, "mindspore_train_loss"))
+        if step == 6:  # NaN neither broke nor extended the streak; 3.7 > 3.6 extends it
+            assert value(store, "mindspore_train_loss_consecutive_increases") == 3
+    assert value(store, "mindspore_train_loss") == 1.0
+    assert value(store, "mindspore_train_loss_consecutive_increases") == 0
+    assert value(store, "mindspore_train_nonfinite_loss_total") == 1
+    assert value(store, "mindspore_train_loss_smoothed") == pytest.approx((3.6 + 3.7 + 1.0) / 3)
+
+
+def test_throughput_over_window_and_token_series_only_with_tokens() -> None:
+    store = MetricStore()
+    probe = ThroughputProbe(store, samples=True, tokens=True)
+    probe.on_step(sample(1, samples=10, t=1.0, duration=1.0))
+    assert value(store, "mindspore_train_samples_per_second") == pytest.approx(10.0)
+    assert store.get("mindspore_train_tokens_per_second") is None  # image-like data: no token series at all
+    for step in range(2, 6):
+        probe.on_step(sample(step, samples=10, tokens=100, t=float(step), duration=0.5, wait=0.5))
+    assert value(store, "mindspore_train_samples_total") == 50
+    assert value(store, "mindspore_train_tokens_total") == 400
+    assert value(store, "mindspore_train_samples_per_second") == pytest.approx(50 / 5)
+    # 400 tokens over 5 s of window, counting from the first step's begin.
+    assert value(store, "mindspore_train_tokens_per_second") == pytest.approx(400 / 5)
+
+
+def test_throughput_window_forgets_old_points() -> None:
+    store = MetricStore()
+    probe = ThroughputProbe(store, samples=True, tokens=False)
+    for step in range(1, 40):
+        # slow at first (1 sample/s), then 100 samples/s
+        probe.on_step(sample(step, samples=1 if step < 20 else 100, t=float(step), duration=1.0))
+    assert value(store, "mindspore_train_samples_per_second") == pytest.approx(100, rel=0.01)
+
+
+def test_memory_kinds_growth_and_zero_device_omitted() -> None:
+    store = MetricStore()
+    device = {"value": 0}
+    probe = MemoryProbe(store, warmup_steps=2, window=5,
+                        device_readers={"device_allocated": lambda: device["value"], "device_peak": lambda: 0})
+    probe.sample()
+    family = store.get("mindspore_train_memory_bytes")
+    assert family is not None
+    kinds = {dict(s.labels)["kind"] for s in family.children()}
+    assert kinds == {"host_rss"}  # device readers returning 0 (CPU) export nothing
+    ratio = store.get("mindspore_train_memory_growth_ratio")
+    assert ratio is not None and ratio.children() == []  # no baseline, so no series, before warm-up
+    probe.on_step(sample(1, steps=2))
+    device["value"] = 100 * MIB
+    probe.sample()  # baseline
+    for grow in (102, 104, 106):
+        device["value"] = grow * MIB
+        probe.sample()
+    assert value(store, "mindspore_train_memory_bytes", kind="device_allocated") == 106 * MIB
+    assert value(store, "mindspore_train_memory_growth_ratio", kind="device_allocated") == pytest.approx(0.06)
+    assert value(store, "mindspore_train_memory_consecutive_increases", kind="device_allocated") == 3
+    assert value(store, "mindspore_train_memory_growth_bytes_per_second", kind="device_allocated") > 0
+    device["value"] = 106 * MIB + 1000  # grew, but by less than 1 MiB: the streak ends
+    probe.sample()
+    assert value(store, "mindspore_train_memory_consecutive_increases", kind="device_allocated") == 0
+    assert "device_peak" not in {dict(s.labels)["kind"] for s in family.children()}
+
+
+def test_threshold_breach_warns_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:
+    store = MetricStore()
+    loss = store.gauge("mindspore_train_loss", "l").series()
+    tokens = store.gauge("mindspore_train_tokens_per_second", "t").series()
+    watcher = ThresholdWatcher(store, {"loss": Bound("max", 5.0), "tokens_per_second": Bound("min", 100.0)},
+                               warmup_steps=3)
+    caplog.set_level(logging.WARNING, logger="ms_exporter")
+    tokens.value = 1.0  # low during warm-up: not a breach yet
+    for steps_done, loss_value in enumerate([1.0, 6.0, 7.0, 8.0, 2.0, 9.0], start=1):
+        loss.value = loss_value
+        watcher.check_step(steps_done)
+    breaches = store.get("mindspore_train_threshold_breaches_total")
+    assert breaches is not None
+    assert breaches.series(metric="loss").value == 2  # episodes 6-8 and 9
+    assert breaches.series(metric="tokens_per_second").value == 1  # one long episode after warm-up
+    loss_warnings = [r for r in caplog.records if "loss =" in r.getMessage()]
+    assert len(loss_warnings) == 2
+    assert "max 5" in loss_warnings[0].getMessage()
