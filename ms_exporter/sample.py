@@ -84,6 +84,7 @@ class BatchCounter:
         self._ids_index = 0
         self._dataset_batch = 0
         self._dataset_tokens_per_sample = 0
+        self._ids_are_tokens: bool | None = None
 
     def bind(self, dataset: Any) -> None:
         """Look up column positions and the static batch shape once, at train begin."""
@@ -91,6 +92,7 @@ class BatchCounter:
         self._ids_index = 0
         self._dataset_batch = 0
         self._dataset_tokens_per_sample = 0
+        self._ids_are_tokens = None
         if dataset is None:
             return
         try:
@@ -106,6 +108,9 @@ class BatchCounter:
             shapes = dataset.output_shapes()
             shape = shapes[self._ids_index] if shapes else []
             self._dataset_tokens_per_sample = int(shape[1]) if len(shape) >= 2 else 0
+            types = dataset.output_types()
+            if types and not np.issubdtype(np.dtype(types[self._ids_index]), np.integer):
+                self._dataset_tokens_per_sample = 0  # float features: no tokens
         except Exception:  # shapes are only a fallback for sink mode; a dataset without them is fine
             pass
 
@@ -120,11 +125,23 @@ class BatchCounter:
         if self._mask_index is not None and self._mask_index < len(element):
             mask = _to_numpy(element[self._mask_index])
             tokens = int(np.count_nonzero(mask)) if mask is not None else 0
-        elif len(shape) >= 2:
+        elif len(shape) >= 2 and self._integer_ids(ids):
             tokens = samples * int(shape[1])
         else:
             tokens = 0
         return samples * steps, tokens * steps
+
+
+    def _integer_ids(self, ids: Any) -> bool:
+        """Token ids are integers; a float feature matrix has a second axis too but holds no tokens."""
+        if self._ids_are_tokens is None:
+            try:
+                from mindspore import dtype_to_nptype
+
+                self._ids_are_tokens = bool(np.issubdtype(dtype_to_nptype(ids.dtype), np.integer))
+            except Exception:
+                self._ids_are_tokens = bool(np.issubdtype(np.asarray(ids).dtype, np.integer))
+        return self._ids_are_tokens
 
 
 def is_finite(value: float | None) -> bool:

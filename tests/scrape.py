@@ -14,21 +14,21 @@ class Scrape:
         self.text = text
         self.samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
 
-    def find(self, name: str, **labels: str) -> list[float]:
+    def find(self, metric: str, /, **labels: str) -> list[float]:
         return [s.value for s in self.samples
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+                if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())]
 
-    def value(self, name: str, **labels: str) -> float:
-        found = self.find(name, **labels)
+    def value(self, metric: str, /, **labels: str) -> float:
+        found = self.find(metric, **labels)
         if len(found) != 1:
-            raise AssertionError(f"expected one sample {name}{labels}, found {len(found)}")
+            raise AssertionError(f"expected one sample {metric}{labels}, found {len(found)}")
         return found[0]
 
     def labels_of(self, name: str) -> list[dict[str, str]]:
         return [dict(s.labels) for s in self.samples if s.name == name]
 
-    def has(self, name: str, **labels: str) -> bool:
-        return bool(self.find(name, **labels))
+    def has(self, metric: str, /, **labels: str) -> bool:
+        return bool(self.find(metric, **labels))
 
 
 def scrape(url: str, timeout: float = 5.0) -> Scrape:

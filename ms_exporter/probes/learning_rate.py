@@ -22,8 +22,8 @@ class LearningRateProbe(Probe):
     """Evaluates a LearningRateSchedule for 1024 steps in one call and looks the step up on the host.
 
     Evaluating a schedule cell costs 0.3 ms (GRAPH) to 3 ms (PYNATIVE) per call, too much for every step;
-    MindSpore's schedules (and list LRs, which become a gather) are element-wise in the step, so one call
-    over a vector of steps gives the same numbers. The first table is checked against a scalar call; a
+    MindSpore's schedules are element-wise in the step, so one call over a vector of steps gives the same
+    numbers. A list LR is read once as the array it is. The first table is checked against a scalar call; a
     schedule that is not element-wise falls back to a scalar call at most once a second.
 
     | name | type | labels | unit |
@@ -85,6 +85,16 @@ class _FixedReader(_Reader):
             self._series.value = float(np.asarray(self._parameter.asnumpy()).reshape(-1)[0])
 
 
+class _ListReader(_Reader):
+    def __init__(self, values: np.ndarray, series: Series) -> None:
+        self._values = values
+        self._series = series
+
+    def update(self, step: int, now: float) -> None:
+        if 0 <= step < len(self._values):
+            self._series.value = float(self._values[step])
+
+
 class _ScheduleReader(_Reader):
     def __init__(self, schedule: Any, series: Series) -> None:
         self._schedule = schedule
@@ -140,6 +150,11 @@ class _ScheduleReader(_Reader):
 def _reader_for(rate: Any, series: Series) -> _Reader:
     from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+    values = getattr(rate, "learning_rate", None)
+    if type(rate).__name__ == "_IteratorLearningRate" and values is not None:
+        # A list LR: the whole list is one Parameter. Read it once; evaluating the gather past its end would
+        # raise inside MindSpore asynchronously, in whatever call synchronises next.
+        return _ListReader(np.asarray(values.asnumpy(), dtype=np.float64).reshape(-1), series)
     if isinstance(rate, LearningRateSchedule):
         return _ScheduleReader(rate, series)
     return _FixedReader(rate, series)

@@ -16,9 +16,17 @@ MIB = 1024 * 1024
 
 
 def _device_readers() -> dict[str, Callable[[], int]]:
-    """MindSpore's runtime memory API; on CPU it returns 0, and a kind that never reported is not exported."""
+    """MindSpore's runtime memory API for Ascend/GPU; a kind that never reported a value is not exported.
+
+    On CPU the API is documented to return 0, and calling it also surfaces errors pending from other
+    MindSpore calls in this thread's place: it is not called at all there.
+    """
     try:
+        import mindspore
         from mindspore import runtime
+
+        if str(mindspore.get_context("device_target")).upper() == "CPU":
+            return {}
     except Exception:
         return {}
     readers = {}

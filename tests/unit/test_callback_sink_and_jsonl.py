@@ -28,6 +28,9 @@ class SinkDataset:
     def output_shapes(self) -> list[list[int]]:
         return [[4, 8], [4, 8], [4]]
 
+    def output_types(self) -> list[np.dtype]:
+        return [np.dtype(np.int32)] * 3
+
 
 def context(step: int, loss: float, sink_size: int | None = None, element: list | None = None) -> RunContext:
     params = _InternalCallbackParam()

@@ -58,6 +58,9 @@ class FakeDataset:
     def output_shapes(self) -> list[list[int]]:
         return self._shapes
 
+    def output_types(self) -> list[np.dtype]:
+        return [np.dtype(np.float32 if name == "features" else np.int32) for name in self._names]
+
 
 def test_tokens_exclude_padding_with_a_mask_column() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
@@ -84,3 +87,9 @@ def test_sink_mode_uses_dataset_shape_times_sink_size() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["input_ids", "attention_mask", "label"], 16, [[16, 32], [16, 32], [16]]))
     assert counter.count(None, 10) == (160, 16 * 32 * 10)
+
+
+def test_sink_mode_float_features_are_not_tokens() -> None:
+    counter = BatchCounter("attention_mask", "input_ids")
+    counter.bind(FakeDataset(["features", "label"], 16, [[16, 4], [16]]))
+    assert counter.count(None, 2) == (32, 0)

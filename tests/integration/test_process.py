@@ -1,0 +1,88 @@
+"""Whole processes: the demo command, the example script, and a SIGTERM in the middle of training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.scrape import scrape
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "ms_exporter", "demo", "--steps", "40", "--port", "0",
+                          "--save-dir", str(tmp_path)], capture_output=True, text=True, env=env(), timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    first = run.stdout.splitlines()[0]
+    assert first.startswith("metrics: http://127.0.0.1:")  # the URL comes first
+    assert "done: 40 steps" in run.stdout
+    records = read_jsonl(tmp_path / "metrics-rank0.jsonl")
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 41))
+    assert steps[-1]["loss"] < steps[0]["loss"]  # the demo model really learns
+    assert steps[0]["tokens"] < 16 * 32  # padding excluded
+
+
+def wait_for_step(url_holder: list[str], proc: subprocess.Popen, minimum: int, deadline: float) -> float:
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "training ended before the signal"
+        if url_holder:
+            try:
+                step = scrape(url_holder[0], timeout=2).value("mindspore_train_global_step")
+                if step >= minimum:
+                    return step
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"no step {minimum} before the deadline")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_signal_flushes_jsonl_up_to_the_last_step(tmp_path: Path, signum: int) -> None:
+    config = tmp_path / "monitor.yaml"
+    # An hour between flushes: everything in the file after the signal was written by the signal handler.
+    config.write_text(yaml.safe_dump({"monitor_config": {"backend": ["prometheus", "local"], "port": 0,
+                                                         "interval": 3600, "save_dir": str(tmp_path)}}))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_with_monitor.py"), "--config",
+                             str(config), "--epochs", "1000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env())
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("metrics: "), line
+        url = [line.split(" ", 1)[1].strip()]
+        seen = wait_for_step(url, proc, 30, time.monotonic() + 120)
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code != 0  # the previous handler still ran: the default action / KeyboardInterrupt ended the run
+    records = read_jsonl(tmp_path / "metrics-rank0.jsonl")
+    steps = [r["step"] for r in records if r["type"] == "step"]
+    assert steps == list(range(1, len(steps) + 1))  # complete, in order
+    assert steps[-1] >= seen
+    events = [r for r in records if r["type"] == "event"]
+    assert events[0]["event"] == "train_begin"
+    # MindSpore's runtime turns Ctrl+C (SIGINT) into a SIGTERM of its own, so either may be the one recorded.
+    assert events[-1]["event"] == "signal" and events[-1]["signal"] in {"SIGTERM", signal.Signals(signum).name}
+    assert records[-1]["type"] == "snapshot"
