@@ -35,7 +35,7 @@ lint: install
 	$(BIN)/ruff check ms_exporter tests examples
 
 bench: install
-	$(BIN)/python -m benchmarks.run
+	@echo "make bench: the benchmark suite is not written yet (issue 5); nothing was measured." >&2; exit 2
 
 clean:
 	rm -rf $(VENV) monitor_output .pytest_cache

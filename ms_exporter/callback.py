@@ -78,9 +78,7 @@ class TrainingMonitor(Callback):
                                       self.config.interval, self.config.max_file_mb, self.config.max_files,
                                       self._errors.absorb)
         if "prometheus" in self.config.backend:
-            port = self.config.port + self.rank.local_rank if self.config.port else 0
-            self._endpoint = PrometheusEndpoint(self.store, self.config.bind_address, port, self._errors.absorb)
-            logger.info("ms_exporter: rank %d serves metrics at %s", self.rank.rank, self._endpoint.url)
+            self._endpoint = self._serve()
         atexit.register(self.close)
 
     # -- construction helpers ------------------------------------------------------------------------
@@ -106,6 +104,19 @@ class TrainingMonitor(Callback):
             probes.append(self._memory)
         self._eval = EvalProbe(store) if config.wants("eval") else None
         self._step_probes = probes
+
+    def _serve(self) -> PrometheusEndpoint | None:
+        port = self.config.port + self.rank.local_rank if self.config.port else 0
+        try:
+            endpoint = PrometheusEndpoint(self.store, self.config.bind_address, port, self._errors.absorb)
+        except OSError as exc:
+            # Not even a free port on this address: training goes on without an endpoint.
+            self._errors.absorb("prometheus", exc)
+            logger.error("ms_exporter: cannot serve metrics on %s (%s); training continues without /metrics",
+                         self.config.bind_address, exc.strerror or exc)
+            return None
+        logger.info("ms_exporter: rank %d serves metrics at %s", self.rank.rank, endpoint.url)
+        return endpoint
 
     def _reset_step_state(self) -> None:
         self._last_step = 0

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import functools
-import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-logger = logging.getLogger("ms_exporter")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +139,3 @@ class BatchCounter:
                 self._ids_are_tokens = bool(np.issubdtype(np.asarray(ids).dtype, np.integer))
         return self._ids_are_tokens
 
-
-def is_finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

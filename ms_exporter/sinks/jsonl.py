@@ -56,7 +56,9 @@ class JsonlWriter:
         self._dropped = store.counter("mindspore_exporter_dropped_samples_total",
                                       "Records a sink dropped because it fell behind.").series(sink="local")
         self._file: IO[str] | None = None
-        self._lock = threading.Lock()  # one flush at a time: the thread, train end and signal handlers
+        # One flush at a time (the thread, train end, signal handlers); re-entrant because a signal handler may
+        # interrupt the training thread while it is itself flushing at train end.
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_error = on_error

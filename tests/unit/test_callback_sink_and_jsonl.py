@@ -135,3 +135,18 @@ def test_disabled_monitor_is_a_no_op() -> None:
     monitor.on_train_end(context(1, 0.5))
     assert monitor.url is None
     monitor.close()
+
+
+def test_an_address_that_cannot_be_bound_leaves_training_without_endpoint(caplog: pytest.LogCaptureFixture) -> None:
+    # 192.0.2.1 is TEST-NET-1: never an address of this machine, so even "any free port" cannot be bound.
+    monitor = TrainingMonitor(bind_address="192.0.2.1", port=0, backend=["prometheus"])
+    try:
+        assert monitor.url is None
+        assert "cannot serve metrics on 192.0.2.1" in caplog.text
+        monitor.on_train_begin(context(0, 0.0))
+        monitor.on_train_step_end(context(1, 0.5))
+        errors = monitor.store.get("mindspore_exporter_errors_total")
+        assert errors is not None and errors.series(component="prometheus").value == 1
+        assert monitor.store.get("mindspore_train_loss").series().value == 0.5
+    finally:
+        monitor.close()
