@@ -22,11 +22,12 @@ class PaddedTokens:
     """Random-access synthetic data: ids padded with 0 after a random length, a mask, and a learnable label.
 
     The label is 1 when the mean id of the real tokens is above the middle of the vocabulary, so the loss
-    really falls as the model learns.
+    really falls as the model learns; `label_noise` of the labels are flipped so that it levels off above zero
+    and keeps moving, as a real loss does.
     """
 
     def __init__(self, size: int = 4096, seq_len: int = SEQ_LEN, vocab: int = VOCAB, min_len: int = 8,
-                 seed: int = 0) -> None:
+                 seed: int = 0, label_noise: float = 0.1) -> None:
         rng = np.random.default_rng(seed)
         lengths = rng.integers(min_len, seq_len + 1, size=size)
         self.ids = np.zeros((size, seq_len), dtype=np.int32)
@@ -36,6 +37,8 @@ class PaddedTokens:
             self.mask[row, :length] = 1
         real_mean = (self.ids * self.mask).sum(1) / self.mask.sum(1)
         self.labels = (real_mean > vocab / 2).astype(np.int32)
+        flip = rng.random(size) < label_noise
+        self.labels[flip] = 1 - self.labels[flip]
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray, np.int32]:
         return self.ids[index], self.mask[index], self.labels[index]
@@ -141,6 +144,7 @@ def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None 
     from ms_exporter.callback import TrainingMonitor
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_seed(0)  # the same run every time: a demo that behaves differently on each try confuses
     overrides: dict[str, Any] = {}
     if port is not None:
         overrides["port"] = port
@@ -152,7 +156,8 @@ def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None 
         print(f"JSON Lines: {monitor.jsonl_path}", flush=True)
     limit = f"{steps} steps" if steps else f"about {seconds:.0f} s"
     print(f"training a {mode.upper()}-mode Transformer classifier for {limit} ...", flush=True)
-    model = build_model(decay_steps=max(steps or 0, 2000))
+    # Decay over the whole run (about 75 steps a second on 2 cores in GRAPH mode) so the LR keeps moving.
+    model = build_model(decay_steps=steps or max(int(seconds * 75), 100))
     dataset = synthetic_dataset()
     model.train(100_000, dataset, callbacks=[monitor, _stopper(steps, seconds), _progress(monitor)],
                 dataset_sink_mode=False)

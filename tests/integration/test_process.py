@@ -28,17 +28,18 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "ms_exporter", "demo", "--steps", "40", "--port", "0",
+    run = subprocess.run([sys.executable, "-m", "ms_exporter", "demo", "--steps", "200", "--port", "0",
                           "--save-dir", str(tmp_path)], capture_output=True, text=True, env=env(), timeout=300,
                          check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     first = run.stdout.splitlines()[0]
     assert first.startswith("metrics: http://127.0.0.1:")  # the URL comes first
-    assert "done: 40 steps" in run.stdout
+    assert "done: 200 steps" in run.stdout
     records = read_jsonl(tmp_path / "metrics-rank0.jsonl")
     steps = [r for r in records if r["type"] == "step"]
-    assert [r["step"] for r in steps] == list(range(1, 41))
-    assert steps[-1]["loss"] < steps[0]["loss"]  # the demo model really learns
+    assert [r["step"] for r in steps] == list(range(1, 201))
+    first, last = [r["loss"] for r in steps[:20]], [r["loss"] for r in steps[-20:]]
+    assert sum(last) < 0.8 * sum(first)  # the demo model really learns
     assert steps[0]["tokens"] < 16 * 32  # padding excluded
 
 
