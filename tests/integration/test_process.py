@@ -39,7 +39,7 @@ def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
     steps = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 201))
     first, last = [r["loss"] for r in steps[:20]], [r["loss"] for r in steps[-20:]]
-    assert sum(last) < 0.8 * sum(first)  # the demo model really learns
+    assert sum(last) < 0.9 * sum(first)  # the demo model really learns
     assert steps[0]["tokens"] < 16 * 32  # padding excluded
 
 
