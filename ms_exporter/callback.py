@@ -15,15 +15,20 @@ from mindspore.train import Callback
 
 from ms_exporter.config import MonitorConfig, load_config
 from ms_exporter.errors import ErrorSink
+from ms_exporter.outputs import LayoutResolver
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.evaluation import EvalProbe
+from ms_exporter.probes.grad_norm import GradNormProbe
 from ms_exporter.probes.identity import publish_identity
+from ms_exporter.probes.layernorm import LayerNormProbe
 from ms_exporter.probes.learning_rate import LearningRateProbe
 from ms_exporter.probes.loss import LossProbe
+from ms_exporter.probes.loss_scale import LossScaleProbe
 from ms_exporter.probes.memory import MemoryProbe
 from ms_exporter.probes.progress import ProgressProbe
 from ms_exporter.probes.step_time import StepTimeProbe
 from ms_exporter.probes.throughput import ThroughputProbe
+from ms_exporter.probes.weight_norm import WeightNormProbe
 from ms_exporter.ranks import RankInfo, detect_rank
 from ms_exporter.sample import BatchCounter, StepSample, read_loss
 from ms_exporter.sinks.jsonl import JsonlWriter, series_key
@@ -67,7 +72,8 @@ class TrainingMonitor(Callback):
         hooks = self.store.histogram("mindspore_exporter_callback_duration_seconds",
                                      "The monitor's own cost per hook call.", HOOK_BUCKETS)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
-        self._thresholds = ThresholdWatcher(self.store, self.config.warn_on_value, self.config.warmup_steps)
+        self._thresholds = ThresholdWatcher(self.store, self.config.all_bounds(), self.config.warmup_steps)
+        self._layouts = LayoutResolver()
         self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column)
         self._reset_step_state()
         self._sampler_stop = threading.Event()
@@ -98,6 +104,13 @@ class TrainingMonitor(Callback):
             probes.append(StepTimeProbe(store))
         if config.wants("samples_per_second") or config.wants("tokens_per_second"):
             probes.append(ThroughputProbe(store, config.wants("samples_per_second"), config.wants("tokens_per_second")))
+        probes.append(LossScaleProbe(store, config.grad_norm.every_n_steps))
+        if config.grad_norm.enable:
+            probes.append(GradNormProbe(store, config.grad_norm))
+        if config.weight_norm:
+            probes.append(WeightNormProbe(store, config.grad_norm))
+        if config.layernorm.enable:
+            probes.append(LayerNormProbe(store, config.layernorm))
         self._memory: MemoryProbe | None = None
         if config.wants("memory_usage"):
             self._memory = MemoryProbe(store, config.warmup_steps, config.memory_window)
@@ -157,6 +170,7 @@ class TrainingMonitor(Callback):
             self._reset_step_state()
             self._last_step = int(cb_params.get("cur_step_num", 0) or 0)
             self._batch.bind(cb_params.get("train_dataset"))
+            self._layouts.bind(cb_params.get("train_network"))
             for probe in self._step_probes:
                 self._guard(probe.name, probe.on_train_begin, cb_params)
             if self._jsonl is not None:
@@ -181,7 +195,8 @@ class TrainingMonitor(Callback):
         try:
             cb_params = run_context.original_args()
             reading = time.perf_counter()
-            loss = read_loss(cb_params.net_outputs)
+            outputs = cb_params.net_outputs
+            loss = read_loss(outputs)
             # The loss read synchronises the device (GRAPH mode does not), so the step ends here.
             ended = time.perf_counter()
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
@@ -192,7 +207,7 @@ class TrainingMonitor(Callback):
             samples, tokens = self._batch.count(cb_params.get("train_dataset_element"), steps)
             began = self._step_began if self._step_began is not None else entered
             sample = StepSample(step, int(cb_params.cur_epoch_num), steps, loss, ended - began, self._data_wait,
-                                samples, tokens, time.time(), ended)
+                                samples, tokens, time.time(), ended, outputs, self._layouts.resolve(outputs))
             for probe in self._step_probes:
                 try:
                     probe.on_step(sample)

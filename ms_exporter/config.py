@@ -91,11 +91,40 @@ class Bound:
 
     direction: Literal["max", "min"]
     value: float
+    absolute: bool = False  # compare |value|: a drift ratio breaches in either direction
 
     def breached(self, observed: float) -> bool:
+        if self.absolute:
+            observed = abs(observed)
         if self.direction == "max":
             return observed > self.value or math.isnan(observed)
         return observed < self.value
+
+
+@dataclass(frozen=True)
+class GradNormConfig:
+    """monitor_config.grad_norm: gradient norms read from the real training step."""
+
+    enable: bool = True
+    every_n_steps: int = 10
+    layers: tuple[str, ...] = ()  # regexes matched (from the start) against layer names
+    top_k: int = 5
+    max_series: int = 20
+    threshold: float | None = 10.0
+    clip: float | None = None
+
+
+@dataclass(frozen=True)
+class LayerNormConfig:
+    """monitor_config.layernorm: statistics of every LayerNorm scale (gamma)."""
+
+    enable: bool = True
+    every_n_steps: int = 10
+    window: int = 100
+    drift_threshold: float | None = 0.3
+
+
+SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig}
 
 
 @dataclass(frozen=True)
@@ -121,9 +150,21 @@ class MonitorConfig:
     attention_mask_column: str = "attention_mask"
     input_ids_column: str = "input_ids"
     memory_window: int = 10
+    grad_norm: GradNormConfig = field(default_factory=GradNormConfig)
+    layernorm: LayerNormConfig = field(default_factory=LayerNormConfig)
+    weight_norm: bool = False
 
     def wants(self, group: str) -> bool:
         return group in self.metrics
+
+    def all_bounds(self) -> dict[str, Bound]:
+        """warn_on_value plus the thresholds of the grad_norm and layernorm sections, keyed by watched metric."""
+        bounds = dict(self.warn_on_value)
+        if self.grad_norm.enable and self.grad_norm.threshold is not None:
+            bounds["grad_norm"] = Bound("max", self.grad_norm.threshold)
+        if self.layernorm.enable and self.layernorm.drift_threshold is not None:
+            bounds["layernorm_scale_drift_ratio"] = Bound("max", self.layernorm.drift_threshold, absolute=True)
+        return bounds
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`)."""
@@ -134,6 +175,8 @@ class MonitorConfig:
                 value = list(value)
             elif f.name == "warn_on_value":
                 value = {k: {b.direction: b.value} for k, b in value.items()}
+            elif f.name in SECTIONS:
+                value = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(value).items()}
             elif isinstance(value, Mapping):
                 value = dict(value)
             out[f.name] = value
@@ -158,15 +201,23 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     for key in raw:
         origin[key] = "monitor_config"
     for key, text in _env_values().items():
-        raw[key] = text
+        _merge(raw, key, _parse_env(key, text))
         origin[key] = f"environment variable {ENV_PREFIX}{key.upper()}"
     for key, value in overrides.items():
-        raw[key] = value
+        _merge(raw, key, value)
         origin[key] = f"keyword argument {key}="
     config = _validate(raw, origin, problems)
     if problems or config is None:
         raise ConfigError(problems)
     return config
+
+
+def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
+    """A later source replaces a key; for the nested sections it replaces the sub-keys it names."""
+    if key in SECTIONS and isinstance(raw.get(key), Mapping) and isinstance(value, Mapping):
+        raw[key] = {**raw[key], **value}
+    else:
+        raw[key] = value
 
 
 def _read_file(path: Path, problems: list[str]) -> dict[str, Any]:
@@ -257,13 +308,10 @@ class _Checker:
         self._problems = problems
 
     def check(self, key: str, value: Any) -> Any:
-        from_env = self._origin.get(key, "").startswith("environment")
-        if from_env and isinstance(value, str):
-            value = _parse_env(key, value)
         return getattr(self, f"_{key}")(key, value)
 
     def _fail(self, key: str, message: str, value: Any) -> Any:
-        where = self._origin.get(key, "monitor_config")
+        where = self._where(key)
         shown = value if not isinstance(value, str) else repr(value)
         self._problems.append(f"monitor_config.{key}: {message}, got {shown} (from {where})")
         return _INVALID
@@ -424,6 +472,90 @@ class _Checker:
 
     def _memory_window(self, key: str, value: Any) -> Any:
         return self._int(key, value, 2, 10_000)
+
+    def _weight_norm(self, key: str, value: Any) -> Any:
+        return self._bool(key, value)
+
+    def _grad_norm(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, GradNormConfig)
+        checks = {
+            "enable": lambda k, v: self._bool(k, v),
+            "every_n_steps": lambda k, v: self._int(k, v, 1, 1_000_000),
+            "layers": self._regexes,
+            "top_k": lambda k, v: self._int(k, v, 0, 1000),
+            "max_series": lambda k, v: self._int(k, v, 1, 1000),
+            "threshold": self._optional_positive,
+            "clip": self._optional_positive,
+        }
+        clean = self._check_fields(key, fields, checks)
+        if clean is _INVALID or not known:
+            return _INVALID
+        section = GradNormConfig(**clean)
+        if section.top_k > section.max_series:
+            return self._fail(f"{key}.top_k", f"must not exceed max_series ({section.max_series})", section.top_k)
+        return section
+
+    def _layernorm(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, LayerNormConfig)
+        checks = {
+            "enable": lambda k, v: self._bool(k, v),
+            "every_n_steps": lambda k, v: self._int(k, v, 1, 1_000_000),
+            "window": lambda k, v: self._int(k, v, 1, 10_000_000),
+            "drift_threshold": self._optional_positive,
+        }
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else LayerNormConfig(**clean)
+
+    # -- section helpers ---------------------------------------------------------------------------------
+    def _section(self, key: str, value: Any, kind: type) -> tuple[dict[str, Any], bool]:
+        """The known sub-keys to check, and whether the section had no other problem."""
+        if value is None:
+            return {}, True
+        if isinstance(value, kind):
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(kind)}, True
+        if not isinstance(value, Mapping):
+            self._fail(key, "must be a mapping", value)
+            return {}, False
+        allowed = [f.name for f in dataclasses.fields(kind)]
+        ok = True
+        for sub_key in value:
+            if sub_key not in allowed:
+                close = difflib.get_close_matches(str(sub_key), allowed, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                self._problems.append(f"monitor_config.{key}.{sub_key}: unknown key ({self._where(key)}); {hint}"
+                                      f"allowed keys: {', '.join(allowed)}")
+                ok = False
+        return {k: v for k, v in value.items() if k in allowed}, ok
+
+    def _check_fields(self, key: str, fields: dict[str, Any], checks: dict[str, Any]) -> Any:
+        clean = {}
+        ok = True
+        for name, value in fields.items():
+            checked = checks[name](f"{key}.{name}", value)
+            if checked is _INVALID:
+                ok = False
+            else:
+                clean[name] = checked
+        return clean if ok else _INVALID
+
+    def _where(self, key: str) -> str:
+        return self._origin.get(key.split(".")[0], "monitor_config")
+
+    def _optional_positive(self, key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        return self._positive_float(key, value)
+
+    def _regexes(self, key: str, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            return self._fail(key, "must be a regular expression or a list of them", value)
+        for pattern in items:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                return self._fail(key, f"'{pattern}' is not a valid regular expression ({exc})", value)
+        return tuple(items)
 
 
 def _bound(spec: Any, default_direction: Literal["max", "min"]) -> Bound | None:

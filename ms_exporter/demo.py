@@ -12,6 +12,7 @@ DEMO_CONFIG = {
     "project": "ms-exporter-demo",
     "interval": 5,
     "tags": {"model": "transformer-demo"},
+    "grad_norm": {"layers": ["head"], "threshold": 10.0},
 }
 VOCAB = 1000
 SEQ_LEN = 32
@@ -82,15 +83,21 @@ def build_network(layers: int = 2, d_model: int = 64, heads: int = 4, seq_len: i
     return TokenClassifierWithLoss()
 
 
-def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, decay_steps: int = 2000) -> Any:
-    """A mindspore Model over the demo network with AdamW and a cosine-decaying learning rate."""
+def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, decay_steps: int = 2000,
+                grad_norm: bool = True) -> Any:
+    """A mindspore Model over the demo network with AdamW, a cosine-decaying LR and (by default) the train cell
+    that reports gradient norms."""
     from mindspore import nn
     from mindspore.train import Model
+
+    from ms_exporter.train_cells import GradNormTrainOneStepCell
 
     network = build_network(layers=layers, d_model=d_model)
     if learning_rate is None:
         learning_rate = nn.CosineDecayLR(1e-4, 1e-3, decay_steps)
     optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=learning_rate)
+    if grad_norm:
+        return Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=5.0))
     return Model(network, optimizer=optimizer)
 
 
@@ -131,6 +138,7 @@ def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
             print(f"step {int(value('mindspore_train_global_step')):>6} | loss {value('mindspore_train_loss'):.4f} "
                   f"(smoothed {value('mindspore_train_loss_smoothed'):.4f}) | "
                   f"lr {value('mindspore_train_learning_rate'):.2e}"
+                  f" | grad norm {value('mindspore_train_grad_norm'):.3f}"
                   f" | {value('mindspore_train_tokens_per_second'):,.0f} tokens/s | "
                   f"{value('mindspore_train_samples_per_second'):,.0f} samples/s", flush=True)
 

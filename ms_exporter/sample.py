@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter.outputs import SCALAR, OutputLayout
+
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
@@ -23,6 +25,8 @@ class StepSample:
     tokens: int  # non-padding tokens consumed by this call (0 when the data has no token column)
     wall_time: float  # unix time the call ended
     monotonic: float  # perf_counter at the end, for rates
+    outputs: Any = None  # the train cell's net_outputs, for probes that read more than the loss
+    layout: OutputLayout = SCALAR  # what each item of `outputs` is
 
 
 def read_loss(outputs: Any) -> float | None:
@@ -31,11 +35,16 @@ def read_loss(outputs: Any) -> float | None:
         if not outputs:
             return None
         outputs = outputs[0]
-    if outputs is None:
+    return read_scalar(outputs)
+
+
+def read_scalar(value: Any) -> float | None:
+    """A Tensor, numpy value or Python number as a float (a vector: its mean; a bool: 0.0 or 1.0)."""
+    if value is None:
         return None
-    if isinstance(outputs, (float, int)) and not isinstance(outputs, bool):
-        return float(outputs)
-    array = _to_numpy(outputs)
+    if isinstance(value, (float, int)):
+        return float(value)
+    array = to_numpy(value)
     if array is None or array.size == 0:
         return None
     if array.size == 1:
@@ -44,7 +53,9 @@ def read_loss(outputs: Any) -> float | None:
     return float(np.mean(array, dtype=np.float64))
 
 
-def _to_numpy(value: Any) -> np.ndarray | None:
+
+def to_numpy(value: Any) -> np.ndarray | None:
+    """A Tensor (bfloat16 included) or numpy value as a numpy array; None for anything else."""
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, np.generic):
@@ -119,7 +130,7 @@ class BatchCounter:
         shape = tuple(ids.shape)
         samples = int(shape[0]) if shape else 1
         if self._mask_index is not None and self._mask_index < len(element):
-            mask = _to_numpy(element[self._mask_index])
+            mask = to_numpy(element[self._mask_index])
             tokens = int(np.count_nonzero(mask)) if mask is not None else 0
         elif len(shape) >= 2 and self._integer_ids(ids):
             tokens = samples * int(shape[1])

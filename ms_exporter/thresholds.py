@@ -19,6 +19,8 @@ WATCHED_FAMILIES = {
     "tokens_per_second": "mindspore_train_tokens_per_second",
     "samples_per_second": "mindspore_train_samples_per_second",
     "memory_growth_ratio": "mindspore_train_memory_growth_ratio",
+    "grad_norm": "mindspore_train_grad_norm",
+    "layernorm_scale_drift_ratio": "mindspore_train_layernorm_scale_drift_ratio",
 }
 # Checked by the memory sampler thread rather than at step end.
 SLOW_KEYS = frozenset({"memory_growth_ratio"})
@@ -70,6 +72,7 @@ class ThresholdWatcher:
             if breached and not was:
                 watch.counter.value += 1
                 where = "".join(f" {k}={v}" for k, v in series.labels)
-                logger.warning("ms_exporter: %s%s = %.6g breaches warn_on_value (%s %.6g); warning once until it "
-                               "comes back", watch.key, where, series.value, watch.bound.direction, watch.bound.value)
+                logger.warning("ms_exporter: %s%s = %.6g breaches its threshold (%s %s%.6g); warning once until "
+                               "it comes back", watch.key, where, series.value, watch.bound.direction,
+                               "|value| " if watch.bound.absolute else "", watch.bound.value)
             watch.in_breach[series.labels] = breached

@@ -1,0 +1,168 @@
+"""Gradient norms from the real training step: global, per watched layer and the top-k layers."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from ms_exporter.config import GradNormConfig
+from ms_exporter.probes.base import Probe
+from ms_exporter.sample import StepSample, read_scalar, to_numpy
+from ms_exporter.store import MetricStore, Series
+
+logger = logging.getLogger("ms_exporter")
+
+# 1e-4 to 1e4 in half-decades: vanishing and exploding gradients both land in a bucket of their own.
+NORM_BUCKETS = tuple(10.0 ** (k / 2) for k in range(-8, 9))
+
+
+def layer_of(parameter_name: str) -> str:
+    """The cell that owns a parameter: `encoder.layers.0.norm1.gamma` -> `encoder.layers.0.norm1`."""
+    head, _, _ = parameter_name.rpartition(".")
+    return head or parameter_name
+
+
+class LayerIndex:
+    """Parameter positions grouped by layer, with the layers that the user's regexes watch."""
+
+    def __init__(self, parameter_names: list[str], patterns: tuple[str, ...], max_watched: int) -> None:
+        self.names = parameter_names
+        self.layers: dict[str, list[int]] = {}
+        for index, name in enumerate(parameter_names):
+            self.layers.setdefault(layer_of(name), []).append(index)
+        compiled = [re.compile(p) for p in patterns]
+        watched = [layer for layer, members in self.layers.items()
+                   if any(c.match(layer) or any(c.match(parameter_names[i]) for i in members) for c in compiled)]
+        if len(watched) > max_watched:
+            logger.warning("ms_exporter: grad_norm.layers matches %d layers; watching the first %d (max_series)",
+                           len(watched), max_watched)
+        self.watched = watched[:max_watched]
+
+    def layer_norms(self, parameter_norms: np.ndarray) -> dict[str, float]:
+        squares = np.square(parameter_norms.astype(np.float64))
+        return {layer: math.sqrt(float(squares[members].sum())) for layer, members in self.layers.items()}
+
+
+class GradNormProbe(Probe):
+    """Reads norms that the train cell computed in-graph; device-to-host only every `every_n_steps` steps.
+
+    Sources, by what the train cell returns (see ms_exporter.outputs): a global norm item (GradNormTrainOneStepCell,
+    MindSpore Transformers' cells), per-parameter norms (GradNormTrainOneStepCell, the 7-tuple), or the gradients
+    themselves (`return_grad=True`: norms computed on the host at sampled steps only).
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_grad_norm | gauge | | L2 norm |
+    | mindspore_train_grad_norm_distribution | histogram | | L2 norm, buckets 1e-4 .. 1e4 |
+    | mindspore_train_grad_norm_clipped_total | counter | | sampled steps above the clip threshold |
+    | mindspore_train_layer_grad_norm | gauge | layer | L2 norm |
+    | mindspore_train_layer_grad_zero_total | counter | layer | sampled steps with an exactly zero norm |
+    """
+
+    name = "grad_norm"
+
+    def __init__(self, store: MetricStore, config: GradNormConfig) -> None:
+        self._config = config
+        self._store = store
+        self._norm = store.gauge("mindspore_train_grad_norm", "Global L2 norm of the gradients (before clipping) "
+                                 "at the last sampled step.")
+        self._distribution = store.histogram("mindspore_train_grad_norm_distribution",
+                                             "Global gradient norm at sampled steps.", NORM_BUCKETS)
+        self._layer_norm = store.gauge("mindspore_train_layer_grad_norm",
+                                       "L2 norm of a layer's gradients at the last sampled step.")
+        self._layer_zero = store.counter("mindspore_train_layer_grad_zero_total",
+                                         "Sampled steps where a watched layer's gradient norm was exactly zero.")
+        self._clipped: Series | None = None
+        self._clip: float | None = None
+        self._index: LayerIndex | None = None
+        self._top: set[str] = set()
+        self._next_step = config.every_n_steps
+        self._warned_no_source = False
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        train_network = cb_params.get("train_network")
+        weights = getattr(train_network, "weights", None)
+        if weights is None:
+            optimizer = cb_params.get("optimizer")
+            weights = getattr(optimizer, "parameters", None)
+        names = [p.name for p in weights] if weights is not None else []
+        self._index = LayerIndex(names, self._config.layers, self._config.max_series - self._config.top_k)
+        for layer in self._index.watched:
+            self._layer_zero.series(layer=layer)
+        self._clip = self._config.clip if self._config.clip is not None else getattr(train_network, "clip_norm", None)
+        if self._clip is not None and self._clipped is None:
+            self._clipped = self._store.counter(
+                "mindspore_train_grad_norm_clipped_total",
+                "Sampled steps whose gradient norm exceeded the clip threshold.").series()
+        step = int(cb_params.get("cur_step_num", 0) or 0)
+        every = self._config.every_n_steps
+        self._next_step = (step // every + 1) * every
+
+    def on_step(self, sample: StepSample) -> None:
+        if sample.step < self._next_step:
+            return
+        every = self._config.every_n_steps
+        self._next_step = (sample.step // every + 1) * every
+        layout, outputs = sample.layout, sample.outputs
+        parameter_norms = None
+        global_norm = None
+        if layout.parameter_norms is not None:
+            parameter_norms = _vector(outputs[layout.parameter_norms], self._index)
+        if layout.global_norm is not None:
+            global_norm = read_scalar(outputs[layout.global_norm])
+        elif layout.grads is not None:
+            parameter_norms = self._norms_from_grads(outputs[layout.grads])
+        if global_norm is None and parameter_norms is not None:
+            global_norm = math.sqrt(float(np.square(parameter_norms.astype(np.float64)).sum()))
+        if global_norm is None:
+            if not self._warned_no_source:
+                self._warned_no_source = True
+                logger.info("ms_exporter: the train cell reports no gradient norm; wrap it with "
+                               "ms_exporter.GradNormTrainOneStepCell to export mindspore_train_grad_norm")
+            return
+        self._norm.series().value = global_norm
+        self._distribution.histogram().observe(global_norm)
+        if self._clipped is not None and self._clip is not None and global_norm > self._clip:
+            self._clipped.value += 1
+        if parameter_norms is not None and self._index is not None:
+            self._export_layers(self._index.watched, self._index.layer_norms(parameter_norms))
+
+    def _norms_from_grads(self, grads: dict[str, Any]) -> np.ndarray | None:
+        if self._index is None:
+            return None
+        norms = np.zeros(len(self._index.names))
+        position = {name: i for i, name in enumerate(self._index.names)}
+        for name, grad in grads.items():
+            array = to_numpy(grad)
+            if name in position and array is not None:
+                norms[position[name]] = float(np.linalg.norm(array.astype(np.float64).ravel()))
+        return norms
+
+    def _export_layers(self, watched: list[str], norms: dict[str, float]) -> None:
+        for layer in watched:
+            value = norms.get(layer)
+            if value is None:
+                continue
+            self._layer_norm.series(layer=layer).value = value
+            if value == 0.0:
+                self._layer_zero.series(layer=layer).value += 1
+        candidates = sorted((v, k) for k, v in norms.items() if k not in watched)
+        top = {layer for _, layer in candidates[-self._config.top_k:]} if self._config.top_k else set()
+        for layer in self._top - top:
+            self._layer_norm.remove(layer=layer)  # fell out of the top k: its series goes stale
+        for layer in top:
+            self._layer_norm.series(layer=layer).value = norms[layer]
+        self._top = top
+
+
+def _vector(value: Any, index: LayerIndex | None) -> np.ndarray | None:
+    array = to_numpy(value)
+    if array is None or index is None:
+        return None
+    array = array.reshape(-1)
+    # Local norms that do not line up with the parameters cannot be named: use only the global norm then.
+    return array if len(array) == len(index.names) else None

@@ -1,0 +1,102 @@
+"""LayerNorm scale (gamma) statistics and their drift, read from the parameters at sampled steps."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ms_exporter.config import LayerNormConfig
+from ms_exporter.probes.base import Probe
+from ms_exporter.probes.grad_norm import layer_of
+from ms_exporter.sample import StepSample, to_numpy
+from ms_exporter.store import MetricStore, Series
+
+
+def find_layernorm_scales(network: Any) -> list[tuple[str, Any]]:
+    """(layer name, gamma Parameter) for every LayerNorm-like cell: nn.LayerNorm and cells named *LayerNorm/*RMSNorm."""
+    found = []
+    seen = set()
+    for _, cell in network.cells_and_names():
+        kind = type(cell).__name__
+        if not (kind.endswith("LayerNorm") or kind.endswith("RMSNorm")):
+            continue
+        gamma = getattr(cell, "gamma", None)
+        if gamma is None:
+            gamma = getattr(cell, "weight", None)
+        name = getattr(gamma, "name", None)
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        found.append((layer_of(name), gamma))
+    return found
+
+
+class _Scale:
+    def __init__(self, layer: str, parameter: Any, mean: Series, std: Series, drift: Series) -> None:
+        self.layer = layer
+        self.parameter = parameter
+        self.mean = mean
+        self.std = std
+        self.drift = drift
+        self.history: deque[tuple[int, float]] = deque()
+
+
+class LayerNormProbe(Probe):
+    """Every `every_n_steps` steps on the training thread (a parameter read must not race the optimizer).
+
+    Drift = (mean now - mean `window` steps ago) / |mean then|, using the oldest sample inside the window.
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_layernorm_scale_mean | gauge | layer | gamma units |
+    | mindspore_train_layernorm_scale_std | gauge | layer | gamma units |
+    | mindspore_train_layernorm_scale_drift_ratio | gauge | layer | ratio (0.3 = moved 30%) |
+    """
+
+    name = "layernorm"
+
+    def __init__(self, store: MetricStore, config: LayerNormConfig) -> None:
+        self._config = config
+        self._mean = store.gauge("mindspore_train_layernorm_scale_mean", "Mean of a LayerNorm scale (gamma).")
+        self._std = store.gauge("mindspore_train_layernorm_scale_std", "Standard deviation of a LayerNorm scale.")
+        self._drift = store.gauge("mindspore_train_layernorm_scale_drift_ratio",
+                                  "Relative change of the LayerNorm scale mean over the last `window` steps.")
+        self._scales: list[_Scale] = []
+        self._next_step = 0
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        network = cb_params.get("train_network") or cb_params.get("network")
+        known = {scale.layer: scale for scale in self._scales}
+        self._scales = []
+        for layer, gamma in find_layernorm_scales(network) if network is not None else []:
+            scale = known.get(layer) or _Scale(layer, gamma, self._mean.series(layer=layer),
+                                              self._std.series(layer=layer), self._drift.series(layer=layer))
+            scale.parameter = gamma
+            self._scales.append(scale)
+        self._next_step = int(cb_params.get("cur_step_num", 0) or 0)
+        self.sample(self._next_step)  # the values before training moved them
+        self._next_step += self._config.every_n_steps
+
+    def on_step(self, sample: StepSample) -> None:
+        if sample.step >= self._next_step:
+            self._next_step = sample.step + self._config.every_n_steps
+            self.sample(sample.step)
+
+    def sample(self, step: int) -> None:
+        window = self._config.window
+        for scale in self._scales:
+            values = to_numpy(scale.parameter)
+            if values is None:
+                continue
+            values = values.astype(np.float64)
+            mean = float(values.mean())
+            scale.mean.value = mean
+            scale.std.value = float(values.std())
+            history = scale.history
+            history.append((step, mean))
+            while len(history) > 1 and history[1][0] <= step - window:
+                history.popleft()
+            then = history[0][1]
+            scale.drift.value = (mean - then) / abs(then) if then != 0 else 0.0

@@ -1,0 +1,50 @@
+"""Optional (`weight_norm: true`): L2 norm of the watched layers' weights at sampled steps."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ms_exporter.config import GradNormConfig
+from ms_exporter.probes.base import Probe
+from ms_exporter.probes.grad_norm import LayerIndex
+from ms_exporter.sample import StepSample, to_numpy
+from ms_exporter.store import MetricStore
+
+
+class WeightNormProbe(Probe):
+    """Watches the layers that `grad_norm.layers` names, every `grad_norm.every_n_steps` steps.
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_weight_norm | gauge | layer | L2 norm |
+    """
+
+    name = "weight_norm"
+
+    def __init__(self, store: MetricStore, config: GradNormConfig) -> None:
+        self._config = config
+        self._family = store.gauge("mindspore_train_weight_norm", "L2 norm of a watched layer's weights.")
+        self._layers: list[tuple[str, list[Any]]] = []
+        self._next_step = 0
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        optimizer = cb_params.get("optimizer")
+        parameters = list(getattr(optimizer, "parameters", None) or [])
+        index = LayerIndex([p.name for p in parameters], self._config.layers, self._config.max_series)
+        self._layers = [(layer, [parameters[i] for i in index.layers[layer]]) for layer in index.watched]
+        self._next_step = int(cb_params.get("cur_step_num", 0) or 0) + self._config.every_n_steps
+
+    def on_step(self, sample: StepSample) -> None:
+        if sample.step < self._next_step:
+            return
+        self._next_step = sample.step + self._config.every_n_steps
+        for layer, parameters in self._layers:
+            total = 0.0
+            for parameter in parameters:
+                values = to_numpy(parameter)
+                if values is not None:
+                    total += float(np.square(values.astype(np.float64)).sum())
+            self._family.series(layer=layer).value = math.sqrt(total)

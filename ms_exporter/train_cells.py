@@ -1,0 +1,111 @@
+"""Train-one-step cells that hand the monitor what it cannot see from outside the step.
+
+`GradNormTrainOneStepCell` is the one-line way for `Model(network, loss_fn, optimizer)` users to get gradient
+norms from the real step: it returns `(loss, global_norm, parameter_norms)` computed in-graph from the very
+gradients it applies. `LossScaleTrainOneStepCell` scales the loss, detects overflow in-graph with
+`ops.isfinite`, skips the update on overflow and adjusts the scale, returning `(loss, overflow, scale)`: the
+shape of MindSpore's `TrainOneStepWithLossScaleCell`, which cannot run on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+_square_sum = ops.MultitypeFuncGraph("_square_sum")
+_all_finite = ops.MultitypeFuncGraph("_all_finite")
+_scale_by = ops.MultitypeFuncGraph("_scale_by")
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad: Tensor) -> Tensor:
+    grad = grad.astype(ms.float32)
+    return ops.reduce_sum(grad * grad)
+
+
+@_all_finite.register("Tensor")
+def _all_finite_tensor(grad: Tensor) -> Tensor:
+    return ops.isfinite(grad).all()
+
+
+@_scale_by.register("Tensor", "Tensor")
+def _scale_by_tensor(factor: Tensor, grad: Tensor) -> Tensor:
+    return grad * factor.astype(grad.dtype)
+
+
+class GradNormTrainOneStepCell(nn.TrainOneStepCell):
+    """TrainOneStepCell that also returns the global L2 gradient norm (before clipping) and one norm per parameter.
+
+    `clip_norm` (optional) clips the applied gradients by that global norm. Outputs:
+    `(loss, global_norm, parameter_norms)`; `parameter_norms[i]` belongs to `optimizer.parameters[i]`.
+    The monitor reads them to the host only every `grad_norm.every_n_steps` steps.
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None = None,
+                 clip_norm: float | None = None) -> None:
+        super().__init__(network, optimizer, sens)
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be a number greater than 0 or None, got {clip_norm!r}")
+        self.clip_norm = clip_norm
+        self._clip = clip_norm is not None
+        self._clip_value = Tensor(clip_norm if clip_norm is not None else 1.0, ms.float32)
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, *inputs: Any) -> Any:
+        loss = self.network(*inputs)
+        sens = ops.fill(loss.dtype, loss.shape, self.sens)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.grad_reducer(grads)
+        squares = ops.stack(self.hyper_map(_square_sum, grads))
+        global_norm = ops.sqrt(squares.sum())
+        if self._clip:
+            factor = self._clip_value / ops.maximum(global_norm, self._clip_value)
+            grads = self.hyper_map(ops.partial(_scale_by, factor), grads)
+        loss = ops.depend(loss, self.optimizer(grads))
+        return loss, global_norm, ops.sqrt(squares)
+
+
+class LossScaleTrainOneStepCell(nn.Cell):
+    """Dynamic loss scaling that runs on CPU: scale, unscale, `ops.isfinite` over the gradients, skip on overflow.
+
+    On overflow the scale is divided by `scale_factor` (not below 1); after `scale_window` clean steps it is
+    multiplied by it. Outputs `(loss, overflow, scale)` like `nn.TrainOneStepWithLossScaleCell`.
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, init_scale: float = 2.0**16,
+                 scale_factor: float = 2.0, scale_window: int = 1000) -> None:
+        super().__init__(auto_prefix=False)
+        if not init_scale >= 1 or not scale_factor > 1 or scale_window < 1:
+            raise ValueError("init_scale must be >= 1, scale_factor > 1 and scale_window >= 1; got "
+                             f"{init_scale!r}, {scale_factor!r}, {scale_window!r}")
+        self.network = network
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.hyper_map = ops.HyperMap()
+        self.scale = Parameter(Tensor(init_scale, ms.float32), name="loss_scale")
+        self.good_steps = Parameter(Tensor(0, ms.int32), name="loss_scale_good_steps")
+        self.scale_factor = Tensor(scale_factor, ms.float32)
+        self.scale_window = Tensor(scale_window, ms.int32)
+        self.one = Tensor(1.0, ms.float32)
+
+    def construct(self, *inputs: Any) -> Any:
+        loss = self.network(*inputs)
+        scale = self.scale.value()
+        sens = ops.fill(loss.dtype, loss.shape, scale.astype(loss.dtype))
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.hyper_map(ops.partial(_scale_by, self.one / scale), grads)
+        overflow = ops.logical_not(ops.stack(self.hyper_map(_all_finite, grads)).all())
+        good = ops.select(overflow, ops.zeros_like(self.good_steps), self.good_steps + 1)
+        grow = good >= self.scale_window
+        new_scale = ops.select(overflow, ops.maximum(scale / self.scale_factor, self.one),
+                               ops.select(grow, scale * self.scale_factor, scale))
+        good = ops.select(grow, ops.zeros_like(good), good)
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        loss = ops.depend(loss, ops.assign(self.good_steps, good))
+        loss = ops.depend(loss, ops.assign(self.scale, new_scale))
+        return loss, overflow, scale
