@@ -178,3 +178,32 @@ def test_check_config_cli(tmp_path: Path) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 1
     assert "port: must be an integer" in run.stderr and "colour: unknown key" in run.stderr
+
+
+def test_gradient_sections_defaults_merge_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ms_exporter.config import GradNormConfig, LayerNormConfig
+
+    assert load_config(None).grad_norm == GradNormConfig()
+    assert load_config(None).layernorm == LayerNormConfig(window=100, drift_threshold=0.3)
+    path = write(tmp_path, "monitor_config:\n  grad_norm: {layers: ['encoder.layers.11.*'], clip: 1.0}\n"
+                           "  layernorm: {window: 20}\n  weight_norm: true\n")
+    monkeypatch.setenv("MS_EXPORTER_GRAD_NORM", "{every_n_steps: 5}")
+    config = load_config(path, layernorm={"drift_threshold": None})
+    assert config.grad_norm.layers == ("encoder.layers.11.*",)  # the file's sub-key survives the env's
+    assert config.grad_norm.every_n_steps == 5 and config.grad_norm.clip == 1.0
+    assert config.layernorm == LayerNormConfig(window=20, drift_threshold=None)
+    assert config.weight_norm is True
+    assert set(config.all_bounds()) == {"grad_norm"}  # drift threshold switched off
+    monkeypatch.delenv("MS_EXPORTER_GRAD_NORM")
+    with pytest.raises(ConfigError) as info:
+        load_config({"grad_norm": {"evry_n_steps": 2, "layers": ["("], "top_k": -1, "threshold": 0},
+                     "layernorm": "on", "weight_norm": 1})
+    text = str(info.value)
+    assert "grad_norm.evry_n_steps: unknown key" in text and "did you mean 'every_n_steps'" in text
+    assert "grad_norm.layers: '(' is not a valid regular expression" in text
+    assert "grad_norm.top_k: must be an integer from 0 to 1000" in text
+    assert "grad_norm.threshold: must be a number greater than 0" in text
+    assert "monitor_config.layernorm: must be a mapping" in text
+    assert "weight_norm: must be true or false" in text
+    with pytest.raises(ConfigError, match="top_k: must not exceed max_series"):
+        load_config({"grad_norm": {"top_k": 8, "max_series": 4}})
