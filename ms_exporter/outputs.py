@@ -5,7 +5,7 @@
 | TrainOneStepCell | loss |
 | TrainOneStepWithLossScaleCell, LossScaleTrainOneStepCell | (loss, overflow, scale) |
 | TrainOneStepCell(return_grad=True) | (loss, {parameter name: grad}) |
-| GradNormTrainOneStepCell | (loss, global_norm, parameter_norms) |
+| GradNormTrainOneStepCell | loss; every n-th step (loss, global_norm, parameter_norms) |
 | MindSpore Transformers' train cells | (loss, overflow, scaling_sens, lr, global_norm) |
 | the same with local norms | (loss, overflow, scaling_sens, lr, global_norm, local_norms, sizes) |
 """
@@ -25,6 +25,7 @@ class OutputLayout:
     global_norm: int | None = None
     parameter_norms: int | None = None
     grads: int | None = None
+    measured_by_cell: bool = False  # the cell returns norms only on the steps it measured: read them all
 
 
 SCALAR = OutputLayout()
@@ -33,7 +34,7 @@ _BY_LENGTH = {
     5: OutputLayout(overflow=1, scale=2, global_norm=4),
     7: OutputLayout(overflow=1, scale=2, global_norm=4, parameter_norms=5),
 }
-_GRAD_NORM_CELL = OutputLayout(global_norm=1, parameter_norms=2)
+_GRAD_NORM_CELL = OutputLayout(global_norm=1, parameter_norms=2, measured_by_cell=True)
 _RETURN_GRAD = OutputLayout(grads=1)
 
 

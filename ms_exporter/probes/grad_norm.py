@@ -34,6 +34,11 @@ class LayerIndex:
         self.layers: dict[str, list[int]] = {}
         for index, name in enumerate(parameter_names):
             self.layers.setdefault(layer_of(name), []).append(index)
+        self.layer_names = list(self.layers)
+        # Parameter position -> layer position, so that one bincount sums the squares of every layer.
+        self._layer_of_parameter = np.zeros(len(parameter_names), dtype=np.intp)
+        for position, members in enumerate(self.layers.values()):
+            self._layer_of_parameter[members] = position
         compiled = [re.compile(p) for p in patterns]
         watched = [layer for layer, members in self.layers.items()
                    if any(c.match(layer) or any(c.match(parameter_names[i]) for i in members) for c in compiled)]
@@ -41,10 +46,16 @@ class LayerIndex:
             logger.warning("ms_exporter: grad_norm.layers matches %d layers; watching the first %d (max_series)",
                            len(watched), max_watched)
         self.watched = watched[:max_watched]
+        position = {layer: i for i, layer in enumerate(self.layer_names)}
+        self.watched_positions = np.asarray([position[layer] for layer in self.watched], dtype=np.intp)
+        others = np.ones(len(self.layer_names), dtype=bool)
+        others[self.watched_positions] = False
+        self.other_positions = np.flatnonzero(others)
 
-    def layer_norms(self, parameter_norms: np.ndarray) -> dict[str, float]:
+    def layer_norms(self, parameter_norms: np.ndarray) -> np.ndarray:
+        """One norm per layer, in `layer_names` order."""
         squares = np.square(parameter_norms.astype(np.float64))
-        return {layer: math.sqrt(float(squares[members].sum())) for layer, members in self.layers.items()}
+        return np.sqrt(np.bincount(self._layer_of_parameter, weights=squares, minlength=len(self.layer_names)))
 
 
 class GradNormProbe(Probe):
@@ -94,6 +105,11 @@ class GradNormProbe(Probe):
         for layer in self._index.watched:
             self._layer_zero.series(layer=layer)
         self._clip = self._config.clip if self._config.clip is not None else getattr(train_network, "clip_norm", None)
+        from ms_exporter.train_cells import GradNormTrainOneStepCell
+
+        if isinstance(train_network, GradNormTrainOneStepCell):
+            # The cell measures exactly the steps the monitor wants.
+            train_network.every_n_steps = self._config.every_n_steps
         if self._clip is not None and self._clipped is None:
             self._clipped = self._store.counter(
                 "mindspore_train_grad_norm_clipped_total",
@@ -103,11 +119,12 @@ class GradNormProbe(Probe):
         self._next_step = (step // every + 1) * every
 
     def on_step(self, sample: StepSample) -> None:
-        if sample.step < self._next_step:
-            return
-        every = self._config.every_n_steps
-        self._next_step = (sample.step // every + 1) * every
         layout, outputs = sample.layout, sample.outputs
+        if not layout.measured_by_cell:  # the cell measured this step: read it, whatever the step number
+            if sample.step < self._next_step:
+                return
+            every = self._config.every_n_steps
+            self._next_step = (sample.step // every + 1) * every
         parameter_norms = None
         global_norm = None
         if layout.parameter_norms is not None:
@@ -129,7 +146,7 @@ class GradNormProbe(Probe):
         if self._clipped is not None and self._clip is not None and global_norm > self._clip:
             self._clipped.value += 1
         if parameter_norms is not None and self._index is not None:
-            self._export_layers(self._index.watched, self._index.layer_norms(parameter_norms))
+            self._export_layers(self._index, self._index.layer_norms(parameter_norms))
 
     def _norms_from_grads(self, grads: dict[str, Any]) -> np.ndarray | None:
         if self._index is None:
@@ -142,20 +159,22 @@ class GradNormProbe(Probe):
                 norms[position[name]] = float(np.linalg.norm(array.astype(np.float64).ravel()))
         return norms
 
-    def _export_layers(self, watched: list[str], norms: dict[str, float]) -> None:
-        for layer in watched:
-            value = norms.get(layer)
-            if value is None:
-                continue
+    def _export_layers(self, index: LayerIndex, norms: np.ndarray) -> None:
+        for layer, value in zip(index.watched, norms[index.watched_positions].tolist(), strict=True):
             self._layer_norm.series(layer=layer).value = value
             if value == 0.0:
                 self._layer_zero.series(layer=layer).value += 1
-        candidates = sorted((v, k) for k, v in norms.items() if k not in watched)
-        top = {layer for _, layer in candidates[-self._config.top_k:]} if self._config.top_k else set()
+        top: set[str] = set()
+        k = min(self._config.top_k, len(index.other_positions))
+        if k:
+            others = norms[index.other_positions]
+            best = index.other_positions[np.argpartition(others, len(others) - k)[-k:]]
+            for position, value in zip(best.tolist(), norms[best].tolist(), strict=True):
+                layer = index.layer_names[position]
+                top.add(layer)
+                self._layer_norm.series(layer=layer).value = value
         for layer in self._top - top:
             self._layer_norm.remove(layer=layer)  # fell out of the top k: its series goes stale
-        for layer in top:
-            self._layer_norm.series(layer=layer).value = norms[layer]
         self._top = top
 
 

@@ -60,8 +60,8 @@ def test_layer_grouping_and_watch_patterns() -> None:
     index = LayerIndex(NAMES, ("block\\.1", "head"), max_watched=5)
     assert index.watched == ["block.1.attn", "head"]
     assert index.layers["block.0.attn"] == [1, 2]
-    norms = index.layer_norms(np.array([1.0, 3.0, 4.0, 0.0, 6.0, 8.0]))
-    assert norms["block.0.attn"] == 5.0 and norms["head"] == 10.0
+    norms = dict(zip(index.layer_names, index.layer_norms(np.array([1.0, 3.0, 4.0, 0.0, 6.0, 8.0])), strict=True))
+    assert norms == {"embed": 1.0, "block.0.attn": 5.0, "block.1.attn": 0.0, "head": 10.0}
 
 
 def test_sampling_every_n_steps_top_k_and_zero_layers() -> None:

@@ -1,0 +1,138 @@
+"""Step time of real training with each kind of callback, interleaved round by round on the same models."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.stats import summary
+
+BATCH = 16
+
+
+@dataclass
+class Case:
+    label: str
+    grad_cell: bool  # train with GradNormTrainOneStepCell (the graph then computes the norms)
+    callbacks: Callable[[str], list[Any]]  # given a scratch directory
+
+
+class StepTimer:
+    """Last in the callback list: reads the loss (as any real loop does, and as GRAPH mode needs for an honest
+    time) and records the time between consecutive step ends."""
+
+    def __init__(self) -> None:
+        from mindspore.train import Callback
+
+        timer = self
+
+        class _Timer(Callback):
+            def on_train_step_end(self, run_context: Any) -> None:
+                outputs = run_context.original_args().net_outputs
+                loss = outputs[0] if isinstance(outputs, tuple) else outputs
+                loss.asnumpy()
+                now = time.perf_counter()
+                if timer.last is not None:
+                    timer.times.append(now - timer.last)
+                timer.last = now
+
+        self.callback = _Timer()
+        self.times: list[float] = []
+        self.last: float | None = None
+
+
+def cases(quick: bool) -> list[Case]:
+    from mindspore.train import LossMonitor, SummaryCollector, TimeMonitor
+
+    from ms_exporter import TrainingMonitor
+
+    def monitor(**options: Any) -> Callable[[str], list[Any]]:
+        return lambda scratch: [TrainingMonitor(port=0, save_dir=scratch, **options)]
+
+    everything = {"backend": ["prometheus", "local"], "interval": 1, "weight_norm": True,
+                  "grad_norm": {"every_n_steps": 10, "layers": ["head", "encoder.layers.0.linear1"]}}
+    all_cases = [
+        Case("no callbacks", False, lambda scratch: []),
+        Case("no callbacks (again: the noise floor)", False, lambda scratch: []),
+        Case("LossMonitor + TimeMonitor", False, lambda scratch: [LossMonitor(), TimeMonitor()]),
+        Case("SummaryCollector collect_freq=1", False,
+             lambda scratch: [SummaryCollector(os.path.join(scratch, "s1"), collect_freq=1)]),
+        Case("SummaryCollector collect_freq=10", False,
+             lambda scratch: [SummaryCollector(os.path.join(scratch, "s10"), collect_freq=10)]),
+        Case("TrainingMonitor, defaults", False, monitor()),
+        Case("TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10 steps", True, monitor()),
+        Case("TrainingMonitor + GradNormTrainOneStepCell, grad norm every step", True,
+             monitor(grad_norm={"every_n_steps": 1})),
+        Case("TrainingMonitor, everything on (local backend, weight norm, LayerNorm, 1 s interval)", True,
+             monitor(**everything)),
+    ]
+    if quick:
+        return [all_cases[0], all_cases[5], all_cases[6]]
+    return all_cases
+
+
+@contextlib.contextmanager
+def _stdout_to(path: str) -> Iterator[None]:
+    """LossMonitor prints every step: send it to a file, as a training log would be."""
+    saved = os.dup(1)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, quick: bool) -> list[dict[str, Any]]:
+    """Each round trains every case for `steps` steps, in a rotating order; the first 3 steps of a round
+    (dataset start-up) are dropped. Returns per-case step-time statistics and the ratio to no callbacks."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    from ms_exporter.demo import build_network, synthetic_dataset
+    from ms_exporter.train_cells import GradNormTrainOneStepCell
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    scratch = tempfile.mkdtemp(prefix="ms_exporter_bench_")
+    runs = []
+    for case in cases(quick):
+        ms.set_seed(0)
+        network = build_network(layers=layers, d_model=d_model, heads=4)
+        optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=nn.CosineDecayLR(1e-5, 1e-4, 10_000))
+        model = Model(GradNormTrainOneStepCell(network, optimizer)) if case.grad_cell else Model(network,
+                                                                                                 optimizer=optimizer)
+        runs.append((case, model, case.callbacks(scratch), StepTimer()))
+    log = os.path.join(scratch, "train.log")
+    with _stdout_to(log):
+        for _, model, callbacks, timer in runs:  # compile and warm up every model before timing any
+            model.train(1, synthetic_dataset(size=BATCH * 5, batch=BATCH), callbacks=[*callbacks, timer.callback],
+                        dataset_sink_mode=False)
+            timer.times.clear()
+        for round_index in range(rounds):
+            order = runs[round_index % len(runs):] + runs[:round_index % len(runs)]
+            for _, model, callbacks, timer in order:
+                before = len(timer.times)
+                timer.last = None
+                model.train(1, synthetic_dataset(size=BATCH * steps, batch=BATCH, seed=round_index),
+                            callbacks=[*callbacks, timer.callback], dataset_sink_mode=False)
+                del timer.times[before:before + 2]  # with the missing first interval: 3 steps dropped
+    for _, _, callbacks, _ in runs:
+        for callback in callbacks:
+            close = getattr(callback, "close", None)
+            if callable(close):
+                close()
+    bare = None
+    rows = []
+    for case, _, _, timer in runs:
+        stats = summary(timer.times)
+        if bare is None:
+            bare = stats["median"]
+        rows.append({"case": case.label, **stats, "ratio": stats["median"] / bare})
+    return rows
