@@ -137,7 +137,8 @@ class TrainingMonitor(Callback):
         self._step_began: float | None = None
         self._previous_end: float | None = None
         self._data_wait: float | None = None
-        self._columns: tuple[tuple[str, Series], ...] = ()
+        self._column_keys: tuple[str, ...] = ()
+        self._columns: tuple[Series, ...] = ()
         self._columns_version = -1
 
     # -- public ------------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class TrainingMonitor(Callback):
                     self._errors.absorb(probe.name, exc)
             self._thresholds.check_step(self._steps_done)
             if self._jsonl is not None:
-                self._jsonl.record_step(sample, self._column_values())
+                self._jsonl.record_step(sample, *self._column_values())
         except Exception as exc:
             self._errors.absorb("callback", exc)
         finally:
@@ -258,7 +259,8 @@ class TrainingMonitor(Callback):
             self._jsonl.record_event("train_end", step=self._last_step)
             self._jsonl.stop()
 
-    def _column_values(self) -> tuple[tuple[str, float], ...]:
+    def _column_values(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """(keys, values) of the per-step series; the keys tuple is shared until a series appears."""
         if self._columns_version != self.store.version:
             self._columns_version = self.store.version
             columns = []
@@ -267,8 +269,9 @@ class TrainingMonitor(Callback):
                 for child in family.children() if family is not None else ():
                     if isinstance(child, Series):
                         columns.append((series_key(name, child), child))
-            self._columns = tuple(columns)
-        return tuple((key, series.value) for key, series in self._columns)
+            self._column_keys = tuple(key for key, _ in columns)
+            self._columns = tuple(series for _, series in columns)
+        return self._column_keys, tuple([series.value for series in self._columns])
 
     def _guard(self, component: str, func: Callable[..., Any], *args: Any) -> None:
         try:

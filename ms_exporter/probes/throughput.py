@@ -9,10 +9,12 @@ from ms_exporter.sample import StepSample
 from ms_exporter.store import MetricStore
 
 WINDOW_SECONDS = 10.0
+WINDOW_POINTS = 1024  # and at most this many step ends, so that very fast steps cannot grow the window's memory
 
 
 class ThroughputProbe(Probe):
-    """Rates are (count now - count at the window's start) / elapsed, over about the last 10 seconds.
+    """Rates are (count now - count at the window's start) / elapsed, over about the last 10 seconds or the
+    last 1,024 step ends, whichever is shorter.
 
     | name | type | labels | unit |
     |---|---|---|---|
@@ -35,7 +37,7 @@ class ThroughputProbe(Probe):
         # Token series appear only once a batch with a token column was seen: image data has none.
         self._tokens_total = None
         self._tokens_rate = None
-        self._points: deque[tuple[float, int, int]] = deque()
+        self._points: deque[tuple[float, int, int]] = deque(maxlen=WINDOW_POINTS)
         self._samples = 0
         self._tokens = 0
 

@@ -19,6 +19,7 @@ from ms_exporter.store import HistogramSeries, MetricStore, Series
 logger = logging.getLogger("ms_exporter")
 
 QUEUE_CAP = 100_000  # step records held between flushes; older ones are dropped (and counted) past this
+FLUSH_AT = 5_000  # a backlog this long wakes the writer before its interval: bounds memory on fast steps
 STEP_FIELDS = ("step", "epoch", "steps", "loss", "duration", "data_wait", "samples", "tokens", "wall_time")
 _FIELD_NAMES = {"duration": "step_duration_seconds", "data_wait": "data_wait_seconds", "wall_time": "time"}
 
@@ -59,16 +60,21 @@ class JsonlWriter:
         # One flush at a time (the thread, train end, signal handlers); re-entrant because a signal handler may
         # interrupt the training thread while it is itself flushing at train end.
         self._lock = threading.RLock()
-        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._on_error = on_error
 
     # -- training thread -----------------------------------------------------------------------------
-    def record_step(self, sample: StepSample, columns: tuple[tuple[str, float], ...]) -> None:
+    def record_step(self, sample: StepSample, keys: tuple[str, ...], values: tuple[float, ...]) -> None:
         queue = self._queue
-        if len(queue) == QUEUE_CAP:
-            self._dropped.value += 1
-        queue.append(("step", (sample, columns)))
+        backlog = len(queue)
+        if backlog >= FLUSH_AT:
+            if backlog == QUEUE_CAP:
+                self._dropped.value += 1
+            if not self._wake.is_set():
+                self._wake.set()
+        queue.append(("step", (sample, keys, values)))
 
     def record_event(self, event: str, **fields: Any) -> None:
         self._queue.append(("event", {"event": event, "time": time.time(), **fields}))
@@ -77,12 +83,14 @@ class JsonlWriter:
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
-        self._stop.clear()
+        self._stopping = False
+        self._wake.clear()
         self._thread = threading.Thread(target=self._run, name="ms_exporter-jsonl", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+        self._stopping = True
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -96,7 +104,11 @@ class JsonlWriter:
                 self._file = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stopping:
+                return  # stop() flushes once more itself
             self.flush()
 
     def flush(self) -> None:
@@ -118,11 +130,11 @@ class JsonlWriter:
 
     def _line(self, kind: str, payload: Any) -> str:
         if kind == "step":
-            sample, columns = payload
+            sample, keys, values = payload
             record: dict[str, Any] = {"type": "step", **self._identity}
             for name in STEP_FIELDS:
                 record[_FIELD_NAMES.get(name, name)] = _json_number(getattr(sample, name))
-            for key, value in columns:
+            for key, value in zip(keys, values, strict=True):
                 record[key] = _json_number(value)
         else:
             record = {"type": kind, **self._identity, **payload}

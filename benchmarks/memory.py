@@ -1,0 +1,48 @@
+"""RSS the monitor adds over 10,000 steps, measured in fresh processes with and without it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+_PROBE = """
+import json, sys, psutil
+from benchmarks.harness import SyntheticRun
+steps, with_monitor = int(sys.argv[1]), sys.argv[2] == "1"
+run = SyntheticRun("tuple")
+process = psutil.Process()
+monitor = None
+if with_monitor:
+    from ms_exporter import TrainingMonitor
+    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=sys.argv[3], interval=1,
+                              grad_norm={"every_n_steps": 10, "layers": ["block.1"]})
+    run.begin(monitor)
+rss = {"start": process.memory_info().rss}
+for step in range(1, steps + 1):
+    run.cb_params.cur_step_num = step
+    if monitor is not None:
+        monitor.on_train_step_begin(run.run_context)
+        monitor.on_train_step_end(run.run_context)
+    else:
+        run.loss_tensor.asnumpy()
+    if step in (1000, steps // 2, steps):
+        rss[str(step)] = process.memory_info().rss
+if monitor is not None:
+    monitor.close()
+print(json.dumps(rss))
+"""
+
+
+def measure(steps: int, scratch: str) -> list[dict[str, Any]]:
+    rows = []
+    for with_monitor in (False, True):
+        out = subprocess.run([sys.executable, "-c", _PROBE, str(steps), "1" if with_monitor else "0", scratch],
+                             capture_output=True, text=True, check=True)
+        rss = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append({"case": "TrainingMonitor (prometheus + local, grad norm every 10)" if with_monitor
+                     else "the same loop without the monitor",
+                     "start_mb": rss["start"] / 2**20, "after_1000_mb": rss["1000"] / 2**20,
+                     "end_mb": rss[str(steps)] / 2**20, "steps": steps})
+    return rows

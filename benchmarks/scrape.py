@@ -1,0 +1,104 @@
+"""What a scrape costs: /metrics latency and size, and training step time while being scraped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from benchmarks.harness import SyntheticRun
+from benchmarks.stats import summary
+
+# A separate process scrapes at a fixed rate for a bounded time, like Prometheus would.
+_SCRAPER = """
+import sys, time, urllib.request
+url, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+end = time.monotonic() + seconds
+count = 0
+while time.monotonic() < end:
+    began = time.monotonic()
+    urllib.request.urlopen(url, timeout=5).read()
+    count += 1
+    time.sleep(max(0.0, 1.0 / rate - (time.monotonic() - began)))
+print(count)
+"""
+
+
+def latency(scrapes: int) -> list[dict[str, Any]]:
+    """p50/p99 of sequential GETs on loopback, after 200 synthetic steps filled the store."""
+    from ms_exporter import TrainingMonitor
+
+    rows = []
+    cases = [("defaults, 1 rank", "scalar", {}),
+             ("20 layer series (15 watched + top 5)", "tuple",
+              {"grad_norm": {"every_n_steps": 1, "layers": ["block"], "top_k": 5, "max_series": 20}})]
+    for label, outputs, options in cases:
+        run = SyntheticRun(outputs)
+        monitor = TrainingMonitor(port=0, **options)
+        try:
+            run.begin(monitor)
+            for _ in range(200):
+                run.step(monitor)
+            times, size = [], 0
+            for _ in range(scrapes):
+                began = time.perf_counter()
+                with urllib.request.urlopen(monitor.url, timeout=5) as response:
+                    size = len(response.read())
+                times.append(time.perf_counter() - began)
+            layer_series = sum(1 for line in urllib.request.urlopen(monitor.url).read().decode().splitlines()
+                               if line.startswith("mindspore_train_layer_grad_norm{"))
+        finally:
+            monitor.close()
+        rows.append({"case": label, **summary(times), "bytes": size, "layer_series": layer_series})
+    return rows
+
+
+def during_training(rates: list[float], rounds: int, steps: int) -> list[dict[str, Any]]:
+    """Demo model in GRAPH mode with the default monitor; each round trains `steps` steps per scrape rate."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    from benchmarks.training import StepTimer
+    from ms_exporter import TrainingMonitor
+    from ms_exporter.demo import build_network, synthetic_dataset
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    network = build_network()
+    model = Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
+    monitor = TrainingMonitor(port=0)
+    timers = {rate: StepTimer() for rate in rates}
+    scrapes = {rate: 0 for rate in rates}
+    try:
+        model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)
+        for round_index in range(rounds):
+            for rate in rates:
+                timer = timers[rate]
+                timer.last = None
+                before = len(timer.times)
+                scraper = None
+                if rate > 0:
+                    # Long enough to cover the round; stopped when the round ends.
+                    scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, monitor.url or "", str(rate), "120"],
+                                               stdout=subprocess.PIPE, text=True)
+                    time.sleep(0.3)
+                model.train(1, synthetic_dataset(size=16 * steps, seed=round_index),
+                            callbacks=[monitor, timer.callback], dataset_sink_mode=False)
+                del timer.times[before:before + 2]
+                if scraper is not None:
+                    scraper.terminate()
+                    scraper.wait(10)
+                    scrapes[rate] += 1
+    finally:
+        monitor.close()
+    base = None
+    rows = []
+    for rate in rates:
+        stats = summary(timers[rate].times)
+        base = base or stats["median"]
+        rows.append({"case": "not scraped" if rate == 0 else f"scraped {rate:g}/s from another process", **stats,
+                     "ratio": stats["median"] / base})
+    return rows
