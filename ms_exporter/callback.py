@@ -63,7 +63,7 @@ class TrainingMonitor(Callback):
         self._closed = False
         if not self._enabled:
             return
-        logger.setLevel(self.config.log_level)
+        _configure_logging(self.config.log_level)
         self.rank: RankInfo = detect_rank()
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self._build_probes()
@@ -79,6 +79,8 @@ class TrainingMonitor(Callback):
         self._sampler_stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self._previous_handlers: dict[int, Any] = {}
+        self._signal_pid = os.getpid()
+        self._in_signal = False
         if "local" in self.config.backend:
             self._jsonl = JsonlWriter(self.store, self.config.save_dir, self.rank.rank, self.config.project,
                                       self.config.interval, self.config.max_file_mb, self.config.max_files,
@@ -308,9 +310,12 @@ class TrainingMonitor(Callback):
     def _install_signal_handlers(self) -> None:
         if self._jsonl is None or threading.current_thread() is not threading.main_thread():
             return
+        self._signal_pid = os.getpid()
         for signum in (signal.SIGTERM, signal.SIGINT):
             try:
                 previous = signal.getsignal(signum)
+                if previous == self._on_signal:
+                    continue  # already ours (a train() inside train()): never chain to ourselves
                 signal.signal(signum, self._on_signal)
                 self._previous_handlers[signum] = previous
             except (ValueError, OSError) as exc:  # e.g. an embedding interpreter that owns signals
@@ -326,15 +331,35 @@ class TrainingMonitor(Callback):
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """Flush what is queued, then do what the previous handler would have done."""
-        if self._jsonl is not None:
-            self._jsonl.record_event("signal", signal=signal.Signals(signum).name, step=self._last_step)
-            self._jsonl.flush()
-        previous = self._previous_handlers.get(signum, signal.SIG_DFL)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        if self._in_signal:
+            # A handler installed after ours chained back to us: the outer call is already handling it.
+            return
+        self._in_signal = True
+        try:
+            # A process forked from the training process (a data-loader or summary worker) inherits this
+            # handler; only the process that owns the file writes to it.
+            if self._jsonl is not None and os.getpid() == self._signal_pid:
+                self._jsonl.record_event("signal", signal=signal.Signals(signum).name, step=self._last_step)
+                self._jsonl.flush()
+            previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+        finally:
+            self._in_signal = False
+
+
+def _configure_logging(level: str) -> None:
+    """log_level applies to the `ms_exporter` logger. A training script rarely configures Python logging (MindSpore
+    logs through its own channel), so without any handler our INFO lines would vanish: give them stderr then."""
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(levelname)s] %(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 class _HookTimer:

@@ -1,4 +1,4 @@
-"""The `ms-exporter` command: check-config and demo."""
+"""The `ms-exporter` command: check-config, rules, dashboard and demo."""
 
 from __future__ import annotations
 
@@ -27,13 +27,54 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
     demo.add_argument("--save-dir", default=None, help="where the JSONL file goes (default: the config's save_dir)")
 
+    rules = commands.add_parser("rules", help="print the Prometheus recording and alerting rules")
+    rules.add_argument("--config", default=None, help="take thresholds from this monitor_config file")
+    rules.add_argument("--timing", choices=("default", "test"), default="default",
+                       help="'test' shrinks every window and for: to seconds (integration tests, demos)")
+    rules.add_argument("--job-regex", default=".*mindspore.*", help="Prometheus job(s) whose `up` RankDown watches")
+    rules.add_argument("--runbook-base", default="docs/alerts.md",
+                       help="where the runbook lives; each alert links to its section (default: docs/alerts.md)")
+    rules.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+
+    dashboard = commands.add_parser("dashboard", help="print the Grafana dashboard JSON")
+    dashboard.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+
     args = parser.parse_args(argv)
+    if args.command == "dashboard":
+        from ms_exporter.dashboard import render_dashboard, render_json
+
+        _write(render_json(render_dashboard()), args.output)
+        return 0
     if args.command == "check-config":
         return _check_config(args.file)
+    if args.command == "rules":
+        return _rules(args)
     from ms_exporter.demo import run_demo
 
     return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
                     save_dir=args.save_dir)
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from ms_exporter.rules import TEST_TIMING, Timing, render_rules, render_yaml, thresholds_from_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+    text = render_yaml(render_rules(thresholds_from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
+                                    job_regex=args.job_regex, runbook_base=args.runbook_base))
+    _write(text, args.output)
+    return 0
+
+
+def _write(text: str, path: str | None) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        print(text, end="")
 
 
 def _check_config(path: str) -> int:

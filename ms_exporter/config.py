@@ -308,7 +308,27 @@ class _Checker:
         self._problems = problems
 
     def check(self, key: str, value: Any) -> Any:
+        simple = self._simple_rules().get(key)
+        if simple is not None:
+            return simple(key, value)
         return getattr(self, f"_{key}")(key, value)
+
+    def _simple_rules(self) -> dict[str, Any]:
+        """Keys checked by type and range alone."""
+        return {
+            "enable": self._bool,
+            "weight_norm": self._bool,
+            "interval": self._positive_float,
+            "max_file_mb": self._positive_float,
+            "save_dir": self._text,
+            "attention_mask_column": self._text,
+            "input_ids_column": self._text,
+            "port": lambda k, v: self._int(k, v, 0, 65535),
+            "loss_window": lambda k, v: self._int(k, v, 1, 1_000_000),
+            "warmup_steps": lambda k, v: self._int(k, v, 0),
+            "max_files": lambda k, v: self._int(k, v, 1, 1000),
+            "memory_window": lambda k, v: self._int(k, v, 2, 10_000),
+        }
 
     def _fail(self, key: str, message: str, value: Any) -> Any:
         where = self._where(key)
@@ -351,9 +371,6 @@ class _Checker:
         return tuple(dict.fromkeys(items))
 
     # -- one method per key ---------------------------------------------------------------------------
-    def _enable(self, key: str, value: Any) -> Any:
-        return self._bool(key, value)
-
     def _backend(self, key: str, value: Any) -> Any:
         names = self._names(key, value, BACKENDS)
         if names is _INVALID:
@@ -374,15 +391,6 @@ class _Checker:
             return self._fail(key, f"must be at most {_MAX_LABEL_VALUE} characters (it is a label value)", value)
         return text
 
-    def _interval(self, key: str, value: Any) -> Any:
-        return self._positive_float(key, value)
-
-    def _save_dir(self, key: str, value: Any) -> Any:
-        return self._text(key, value)
-
-    def _port(self, key: str, value: Any) -> Any:
-        return self._int(key, value, 0, 65535)
-
     def _bind_address(self, key: str, value: Any) -> Any:
         text = self._text(key, value)
         if text is _INVALID:
@@ -397,9 +405,6 @@ class _Checker:
 
     def _metrics(self, key: str, value: Any) -> Any:
         return self._names(key, value, METRIC_GROUPS)
-
-    def _loss_window(self, key: str, value: Any) -> Any:
-        return self._int(key, value, 1, 1_000_000)
 
     def _warn_on_value(self, key: str, value: Any) -> Any:
         if value is None:
@@ -455,31 +460,10 @@ class _Checker:
             return value.upper()
         return self._fail(key, f"must be one of {list(LOG_LEVELS)}", value)
 
-    def _warmup_steps(self, key: str, value: Any) -> Any:
-        return self._int(key, value, 0)
-
-    def _max_file_mb(self, key: str, value: Any) -> Any:
-        return self._positive_float(key, value)
-
-    def _max_files(self, key: str, value: Any) -> Any:
-        return self._int(key, value, 1, 1000)
-
-    def _attention_mask_column(self, key: str, value: Any) -> Any:
-        return self._text(key, value)
-
-    def _input_ids_column(self, key: str, value: Any) -> Any:
-        return self._text(key, value)
-
-    def _memory_window(self, key: str, value: Any) -> Any:
-        return self._int(key, value, 2, 10_000)
-
-    def _weight_norm(self, key: str, value: Any) -> Any:
-        return self._bool(key, value)
-
     def _grad_norm(self, key: str, value: Any) -> Any:
         fields, known = self._section(key, value, GradNormConfig)
         checks = {
-            "enable": lambda k, v: self._bool(k, v),
+            "enable": self._bool,
             "every_n_steps": lambda k, v: self._int(k, v, 1, 1_000_000),
             "layers": self._regexes,
             "top_k": lambda k, v: self._int(k, v, 0, 1000),
@@ -498,7 +482,7 @@ class _Checker:
     def _layernorm(self, key: str, value: Any) -> Any:
         fields, known = self._section(key, value, LayerNormConfig)
         checks = {
-            "enable": lambda k, v: self._bool(k, v),
+            "enable": self._bool,
             "every_n_steps": lambda k, v: self._int(k, v, 1, 1_000_000),
             "window": lambda k, v: self._int(k, v, 1, 10_000_000),
             "drift_threshold": self._optional_positive,

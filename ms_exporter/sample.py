@@ -141,12 +141,8 @@ class BatchCounter:
 
     def _integer_ids(self, ids: Any) -> bool:
         """Token ids are integers; a float feature matrix has a second axis too but holds no tokens."""
-        if self._ids_are_tokens is None:
-            try:
-                from mindspore import dtype_to_nptype
-
-                self._ids_are_tokens = bool(np.issubdtype(dtype_to_nptype(ids.dtype), np.integer))
-            except Exception:
-                self._ids_are_tokens = bool(np.issubdtype(np.asarray(ids).dtype, np.integer))
+        if self._ids_are_tokens is None:  # decided once per run: the read below is a one-off
+            array = to_numpy(ids)
+            self._ids_are_tokens = array is not None and bool(np.issubdtype(array.dtype, np.integer))
         return self._ids_are_tokens
 

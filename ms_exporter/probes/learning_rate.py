@@ -29,6 +29,7 @@ class LearningRateProbe(Probe):
     | name | type | labels | unit |
     |---|---|---|---|
     | mindspore_train_learning_rate | gauge | group (only with several groups) | LR |
+    | mindspore_train_learning_rate_scheduled | gauge | group (likewise) | 1 for a schedule or list, 0 for a fixed LR |
     """
 
     name = "learning_rate"
@@ -36,6 +37,8 @@ class LearningRateProbe(Probe):
     def __init__(self, store: MetricStore) -> None:
         self._family = store.gauge("mindspore_train_learning_rate",
                                    "Learning rate the optimizer used for the last step.")
+        self._scheduled = store.gauge("mindspore_train_learning_rate_scheduled",
+                                      "1 when the learning rate is a schedule (it should change), 0 when fixed.")
         self._readers: list[_Reader] = []
         self._optimizer: Any = None
         self._offset: int | None = None
@@ -50,8 +53,10 @@ class LearningRateProbe(Probe):
         rates = self._optimizer.learning_rate
         groups = list(rates) if getattr(self._optimizer, "is_group_lr", False) else [rates]
         for index, rate in enumerate(groups):
-            series = self._family.series(group=str(index)) if len(groups) > 1 else self._family.series()
-            self._readers.append(_reader_for(rate, series))
+            labels = {"group": str(index)} if len(groups) > 1 else {}
+            reader = _reader_for(rate, self._family.series(**labels))
+            self._scheduled.series(**labels).value = 0.0 if isinstance(reader, _FixedReader) else 1.0
+            self._readers.append(reader)
 
     def on_step(self, sample: StepSample) -> None:
         if not self._readers:

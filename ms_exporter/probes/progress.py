@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from ms_exporter.probes.base import Probe
 from ms_exporter.sample import StepSample
 from ms_exporter.store import MetricStore
@@ -15,7 +18,8 @@ class ProgressProbe(Probe):
     | mindspore_train_global_step | gauge | | steps |
     | mindspore_train_epoch | gauge | | epochs |
     | mindspore_train_steps_total | counter | | steps |
-    | mindspore_train_last_step_timestamp_seconds | gauge | | unix seconds |
+    | mindspore_train_last_step_timestamp_seconds | gauge | | unix seconds (train begin until the first step) |
+    | mindspore_train_planned_steps | gauge | | global step at which the current Model.train call ends |
     """
 
     name = "progress"
@@ -26,7 +30,19 @@ class ProgressProbe(Probe):
         self._epoch = store.gauge("mindspore_train_epoch", "Current epoch (cb_params.cur_epoch_num).").series()
         self._steps = store.counter("mindspore_train_steps_total", "Steps this process completed.").series()
         self._last = store.gauge("mindspore_train_last_step_timestamp_seconds",
-                                 "Unix time the last step ended.").series()
+                                 "Unix time the last step ended (train begin, before the first step).").series()
+        self._planned = store.gauge("mindspore_train_planned_steps",
+                                    "Global step at which the current training call ends, when known.")
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        # A hang in the very first step (graph compilation, the first batch) must look like a stall too.
+        self._last.value = time.time()
+        # MindSpore sets epoch_num to the epochs of this call and batch_num to the steps per epoch (the sink size
+        # in sink mode).
+        epochs = int(cb_params.get("epoch_num", 0) or 0)
+        per_epoch = int(cb_params.get("batch_num", 0) or 0)
+        if epochs > 0 and per_epoch > 0:
+            self._planned.series().value = int(cb_params.get("cur_step_num", 0) or 0) + epochs * per_epoch
 
     def on_step(self, sample: StepSample) -> None:
         self._step.value = sample.step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -167,11 +168,10 @@ class JsonlWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-        oldest = self.path.with_name(f"{self.path.name}.{self._max_files}")
-        if oldest.exists():
-            oldest.unlink()
+        self.path.with_name(f"{self.path.name}.{self._max_files}").unlink(missing_ok=True)
         for index in range(self._max_files - 1, 0, -1):
-            source = self.path.with_name(f"{self.path.name}.{index}")
-            if source.exists():
-                os.replace(source, self.path.with_name(f"{self.path.name}.{index + 1}"))
-        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+            with contextlib.suppress(FileNotFoundError):  # gaps in the numbering are fine
+                os.replace(self.path.with_name(f"{self.path.name}.{index}"),
+                           self.path.with_name(f"{self.path.name}.{index + 1}"))
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))

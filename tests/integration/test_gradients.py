@@ -67,7 +67,8 @@ def test_global_and_layer_norms_match_an_independent_reference(mode: int) -> Non
     optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
     # A clip far below the real norm: clipping changes what is applied, not the norm reported (pre-clip).
     model = Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=0.01))
-    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2})
+    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2,
+                                                 "threshold": 1e-3})
     recorder = RecordSteps(monitor, network)
     try:
         model.train(1, dataset(4), callbacks=[monitor, recorder], dataset_sink_mode=False)
@@ -81,6 +82,8 @@ def test_global_and_layer_norms_match_an_independent_reference(mode: int) -> Non
         assert final.value("mindspore_train_grad_norm_distribution_count") == 4
         assert final.value("mindspore_train_grad_norm_clipped_total") == 4
         assert final.value("mindspore_train_layer_grad_zero_total", layer="head") == 0
+        # Every norm is above the 1e-3 threshold: one long episode, counted once.
+        assert final.value("mindspore_train_threshold_breaches_total", metric="grad_norm") == 1
     finally:
         monitor.close()
 

@@ -99,6 +99,8 @@ def test_real_training_is_reported_step_by_step(mode: int, sink: bool) -> None:
         assert sum(final.find("mindspore_exporter_errors_total")) == 0
         assert final.value("mindspore_exporter_callback_duration_seconds_count", hook="step_end") == STEPS
         assert math.isfinite(final.value("mindspore_train_last_step_timestamp_seconds"))
+        assert final.value("mindspore_train_planned_steps") == STEPS
+        assert final.value("mindspore_train_learning_rate_scheduled") == 1
     finally:
         monitor.close()
 

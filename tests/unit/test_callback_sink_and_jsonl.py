@@ -7,6 +7,8 @@ reproduced here with cb_params whose cur_step_num jumps by the sink size.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import mindspore as ms
@@ -149,4 +151,51 @@ def test_an_address_that_cannot_be_bound_leaves_training_without_endpoint(caplog
         assert errors is not None and errors.series(component="prometheus").value == 1
         assert monitor.store.get("mindspore_train_loss").series().value == 0.5
     finally:
+        monitor.close()
+
+
+def read_records(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()] if Path(path).exists() else []
+
+
+def test_a_forked_child_does_not_write_the_parents_file(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=3600)
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        monitor.on_train_step_end(context(1, 0.5))
+        pid = os.fork()
+        if pid == 0:  # a data-loader-like worker that inherited the handler gets SIGTERM
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(3)  # not reached: the default action ends the child
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert read_records(monitor.jsonl_path) == []  # the child wrote nothing
+        monitor.on_train_end(context(1, 0.5))
+        steps = [r for r in read_records(monitor.jsonl_path) if r["type"] == "step"]
+        assert [r["step"] for r in steps] == [1]
+    finally:
+        monitor.close()
+
+
+def test_a_handler_that_chains_back_to_ours_does_not_recurse(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=3600)
+    original = signal.getsignal(signal.SIGINT)
+    calls: list[int] = []
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        ours = signal.getsignal(signal.SIGINT)
+
+        def foreign(signum: int, frame: object) -> None:  # installed after ours, and calls ours
+            calls.append(signum)
+            ours(signum, frame)
+
+        signal.signal(signal.SIGINT, foreign)
+        monitor.on_train_end(context(0, 0.0))  # ours is no longer on top: nothing restored
+        monitor.on_train_begin(context(0, 0.0))  # ours again, now chaining to foreign -> ours
+        os.kill(os.getpid(), signal.SIGINT)
+        monitor.on_train_end(context(0, 0.0))
+        events = [r for r in read_records(monitor.jsonl_path) if r.get("event") == "signal"]
+        assert len(events) == 1 and calls == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, original)
         monitor.close()

@@ -1,0 +1,182 @@
+"""The Grafana dashboard, built as data so that every query can be tested against a real Prometheus.
+
+`ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json` writes the committed file.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DASHBOARD_FILE = "deploy/grafana/dashboards/mindspore-training.json"
+UID = "ms-exporter-training"
+SELECTOR = 'project=~"$project", rank=~"$rank"'
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+class _Layout:
+    """Places panels on Grafana's 24-column grid, row by row."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self._y = 0
+        self._x = 0
+        self._row_height = 0
+        self._id = 0
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self._id += 1
+        self.panels.append({"type": "row", "title": title, "id": self._id, "collapsed": False,
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self._y}, "panels": []})
+        self._y += 1
+
+    def add(self, panel: dict[str, Any], width: int, height: int) -> None:
+        if self._x + width > 24:
+            self._newline()
+        self._id += 1
+        panel["id"] = self._id
+        panel["gridPos"] = {"h": height, "w": width, "x": self._x, "y": self._y}
+        self.panels.append(panel)
+        self._x += width
+        self._row_height = max(self._row_height, height)
+
+    def _newline(self) -> None:
+        if self._x:
+            self._y += self._row_height
+        self._x = 0
+        self._row_height = 0
+
+
+def _targets(queries: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    return [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": expr, "legendFormat": legend}
+            for i, (expr, legend) in enumerate(queries)]
+
+
+def timeseries(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> dict[str, Any]:
+    return {"type": "timeseries", "title": title, "description": description, "datasource": DATASOURCE,
+            "fieldConfig": {"defaults": {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 0}},
+                            "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+            "targets": _targets(queries)}
+
+
+def stat(title: str, unit: str, expr: str, description: str = "") -> dict[str, Any]:
+    return {"type": "stat", "title": title, "description": description, "datasource": DATASOURCE,
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "value", "graphMode": "none"},
+            "targets": _targets([(expr, "")])}
+
+
+def render_dashboard() -> dict[str, Any]:
+    s = SELECTOR
+    rate = "$__rate_interval"
+    step_mean = "rank:mindspore_train_step_duration_seconds:mean"
+    layout = _Layout()
+
+    layout.row("Overview")
+    layout.add(stat("Global step", "none", f"max(mindspore_train_global_step{{{s}}})"), 4, 4)
+    layout.add(stat("ETA", "s",
+                    f"(max(mindspore_train_planned_steps{{{s}}}) - max(mindspore_train_global_step{{{s}}}))"
+                    f" / clamp_min(avg(rate(mindspore_train_steps_total{{{s}}}[{rate}])), 1e-9)",
+                    "Time left in the current Model.train call at the current step rate."), 4, 4)
+    layout.add(stat("Last step age", "s", f"max(time() - mindspore_train_last_step_timestamp_seconds{{{s}}})",
+                    "Seconds since the slowest rank finished a step."), 4, 4)
+    layout.add(stat("Ranks reporting", "none", f"count(mindspore_train_info{{{s}}})"), 4, 4)
+    layout.add(stat("World size", "none", f"max(mindspore_train_world_size{{{s}}})"), 4, 4)
+    layout.add(stat("Alerts firing", "none",
+                    'count(ALERTS{alertstate="firing", project=~"$project"}) or vector(0)'), 4, 4)
+
+    layout.row("Loss")
+    layout.add(timeseries("Loss per rank", "none", [(f"mindspore_train_loss{{{s}}}", "rank {{rank}}")]), 8, 8)
+    layout.add(timeseries("Smoothed loss", "none", [(f"mindspore_train_loss_smoothed{{{s}}}", "rank {{rank}}")]),
+               8, 8)
+    layout.add(timeseries("Non-finite losses", "none",
+                          [(f"increase(mindspore_train_nonfinite_loss_total{{{s}}}[{rate}])", "rank {{rank}}")]), 8, 8)
+
+    layout.row("Learning rate")
+    layout.add(timeseries("Learning rate", "none",
+                          [(f"mindspore_train_learning_rate{{{s}}}", "rank {{rank}} {{group}}")]), 24, 7)
+
+    layout.row("Throughput")
+    layout.add(timeseries("Tokens per second", "suffix: tokens/s",
+                          [(f"mindspore_train_tokens_per_second{{{s}}}", "rank {{rank}}")]), 6, 8)
+    layout.add(timeseries("Samples per second", "suffix: samples/s",
+                          [(f"mindspore_train_samples_per_second{{{s}}}", "rank {{rank}}")]), 6, 8)
+    step_buckets = f"sum by (le, rank) (rate(mindspore_train_step_duration_seconds_bucket{{{s}}}[{rate}]))"
+    wait_buckets = f"sum by (le, rank) (rate(mindspore_train_data_wait_seconds_bucket{{{s}}}[{rate}]))"
+    layout.add(timeseries("Step time p50 / p95", "s", [
+        (f"histogram_quantile(0.5, {step_buckets})", "p50 rank {{rank}}"),
+        (f"histogram_quantile(0.95, {step_buckets})", "p95 rank {{rank}}")]), 6, 8)
+    layout.add(timeseries("Data wait p95", "s", [(f"histogram_quantile(0.95, {wait_buckets})", "rank {{rank}}")],
+                          "Time between steps: a stalled data loader shows here first."), 6, 8)
+
+    layout.row("Gradients")
+    layout.add(timeseries("Global gradient norm", "none", [(f"mindspore_train_grad_norm{{{s}}}", "rank {{rank}}")]),
+               6, 8)
+    layout.add(timeseries("Top layer gradient norms", "none",
+                          [(f"topk(5, mindspore_train_layer_grad_norm{{{s}}})", "{{layer}} rank {{rank}}")]), 6, 8)
+    layout.add(timeseries("Loss scale and overflows", "none", [
+        (f"mindspore_train_loss_scale{{{s}}}", "scale rank {{rank}}"),
+        (f"increase(mindspore_train_overflow_steps_total{{{s}}}[{rate}])", "overflows rank {{rank}}")]), 6, 8)
+    layout.add(timeseries("LayerNorm scale drift", "percentunit",
+                          [(f"mindspore_train_layernorm_scale_drift_ratio{{{s}}}", "{{layer}} rank {{rank}}")]), 6, 8)
+
+    layout.row("Memory")
+    layout.add(timeseries("Memory by kind", "bytes",
+                          [(f"mindspore_train_memory_bytes{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
+    layout.add(timeseries("Growth over baseline", "percentunit",
+                          [(f"mindspore_train_memory_growth_ratio{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
+    layout.add(timeseries("Growth rate", "Bps",
+                          [(f"mindspore_train_memory_growth_bytes_per_second{{{s}}}", "{{kind}} rank {{rank}}")]),
+               8, 8)
+
+    layout.row("Ranks")
+    layout.add(timeseries("Step-time skew (slowest / median rank)", "none", [
+        ('project:mindspore_train_step_duration_seconds:max{project=~"$project"}'
+         ' / project:mindspore_train_step_duration_seconds:median{project=~"$project"}', "{{project}}")]), 8, 8)
+    layout.add(timeseries("Slowest rank", "s", [(f"topk(1, {step_mean}{{{s}}})", "rank {{rank}}")]), 8, 8)
+    layout.add(timeseries("Mean step time per rank", "s", [(f"{step_mean}{{{s}}}", "rank {{rank}}")]), 8, 8)
+    layout.add(timeseries("Monitor cost p99 per hook", "s", [
+        (f"histogram_quantile(0.99, sum by (le, hook) (rate(mindspore_exporter_callback_duration_seconds_bucket{{{s}}}"
+         f"[{rate}])))", "{{hook}}")]), 12, 7)
+    layout.add(timeseries("Monitor errors absorbed", "none", [
+        (f"increase(mindspore_exporter_errors_total{{{s}}}[{rate}])", "{{component}} rank {{rank}}")]), 12, 7)
+
+    variables = [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {},
+         "hide": 0},
+        {"name": "project", "label": "Project", "type": "query", "datasource": DATASOURCE,
+         "query": {"query": "label_values(mindspore_train_info, project)", "refId": "project"},
+         "definition": "label_values(mindspore_train_info, project)", "refresh": 2, "includeAll": True,
+         "multi": False, "current": {}, "hide": 0, "sort": 1},
+        {"name": "rank", "label": "Rank", "type": "query", "datasource": DATASOURCE,
+         "query": {"query": 'label_values(mindspore_train_info{project=~"$project"}, rank)', "refId": "rank"},
+         "definition": 'label_values(mindspore_train_info{project=~"$project"}, rank)', "refresh": 2,
+         "includeAll": True, "multi": True, "current": {}, "hide": 0, "sort": 3},
+    ]
+    return {
+        "uid": UID,
+        "title": "MindSpore training",
+        "description": "ms_exporter: loss, learning rate, throughput, gradients, memory and ranks of MindSpore jobs.",
+        "tags": ["mindspore", "training", "ms_exporter"],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": variables},
+        "annotations": {"list": []},
+        "panels": layout.panels,
+    }
+
+
+def render_json(dashboard: dict[str, Any]) -> str:
+    return json.dumps(dashboard, indent=2) + "\n"
+
+
+def queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) for every query of every panel."""
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel.get("targets", [])]

@@ -1,0 +1,213 @@
+"""Prometheus recording and alerting rules, rendered from thresholds that follow the user's monitor_config.
+
+`ms-exporter rules --config monitor.yaml > rules.yml`; the committed
+deploy/prometheus/rules/mindspore-training.rules.yml is exactly what the defaults render.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ms_exporter.config import MonitorConfig
+
+RULES_FILE = "deploy/prometheus/rules/mindspore-training.rules.yml"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the alerts compare with; docs/alerts.md explains each default."""
+
+    loss_high: float = 50.0
+    grad_norm_high: float = 10.0
+    grad_norm_exploding: float = 100.0
+    tokens_per_second_low: float = 1000.0
+    throughput_drop_ratio: float = 0.5
+    stall_seconds: float = 600.0
+    memory_growth_ratio: float = 0.3
+    memory_increases: int = 3
+    loss_rising_steps: int = 5
+    overflow_fraction: float = 0.5
+    layernorm_drift: float = 0.3
+    straggler_factor: float = 1.5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Windows and `for:` durations. `TEST_TIMING` shrinks them so that integration tests fire in seconds."""
+
+    evaluation: str = "30s"
+    short_for: str = "1m"  # events that are real at once (NaN loss, errors, a dead endpoint)
+    long_for: str = "5m"  # levels that one noisy sample must not page for
+    slow_for: str = "10m"  # throughput and stragglers: a checkpoint or an evaluation pauses training briefly
+    rate_window: str = "5m"
+    events_window: str = "5m"  # how long a non-finite loss keeps its alert
+    errors_window: str = "10m"
+    overflow_window: str = "10m"
+    drop_window: str = "30m"
+    lr_flat_window: str = "30m"
+
+
+TEST_TIMING = Timing(evaluation="1s", short_for="2s", long_for="3s", slow_for="3s", rate_window="10s",
+                     events_window="30s", errors_window="30s", overflow_window="20s", drop_window="40s",
+                     lr_flat_window="20s")
+
+
+def thresholds_from_config(config: MonitorConfig) -> Thresholds:
+    """The alert thresholds the user's warn_on_value, grad_norm and layernorm sections imply."""
+    changes: dict[str, Any] = {}
+    bounds = config.warn_on_value
+    if "loss" in bounds and bounds["loss"].direction == "max":
+        changes["loss_high"] = bounds["loss"].value
+    if "tokens_per_second" in bounds and bounds["tokens_per_second"].direction == "min":
+        changes["tokens_per_second_low"] = bounds["tokens_per_second"].value
+    if "memory_growth_ratio" in bounds and bounds["memory_growth_ratio"].direction == "max":
+        changes["memory_growth_ratio"] = bounds["memory_growth_ratio"].value
+    if config.grad_norm.threshold is not None:
+        changes["grad_norm_high"] = config.grad_norm.threshold
+        changes["grad_norm_exploding"] = config.grad_norm.threshold * 10
+    if config.layernorm.drift_threshold is not None:
+        changes["layernorm_drift"] = config.layernorm.drift_threshold
+    return dataclasses.replace(Thresholds(), **changes)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
+           runbook_base: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": f"{runbook_base}#{name.lower()}",
+        },
+    }
+
+
+# Who and where, for every description; rank is missing only on `up`, which has the instance instead.
+_WHO = "rank {{ $labels.rank }} of project {{ $labels.project }}"
+
+
+def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = None,
+                 job_regex: str = ".*mindspore.*", runbook_base: str = "docs/alerts.md") -> dict[str, Any]:
+    """The rules file as data: one recording group and one alerting group."""
+    t = thresholds or Thresholds()
+    w = timing or Timing()
+    step_mean = "rank:mindspore_train_step_duration_seconds:mean"
+    recording = [
+        {"record": "project:mindspore_train_loss:mean", "expr": "avg by (project) (mindspore_train_loss)"},
+        {"record": "project:mindspore_train_loss:min", "expr": "min by (project) (mindspore_train_loss)"},
+        {"record": "project:mindspore_train_loss:max", "expr": "max by (project) (mindspore_train_loss)"},
+        {"record": "project:mindspore_train_tokens_per_second:sum",
+         "expr": "sum by (project) (mindspore_train_tokens_per_second)"},
+        {"record": "project:mindspore_train_samples_per_second:sum",
+         "expr": "sum by (project) (mindspore_train_samples_per_second)"},
+        {"record": step_mean,
+         "expr": f"rate(mindspore_train_step_duration_seconds_sum[{w.rate_window}])"
+                 f" / rate(mindspore_train_step_duration_seconds_count[{w.rate_window}])"},
+        {"record": "project:mindspore_train_step_duration_seconds:max", "expr": f"max by (project) ({step_mean})"},
+        {"record": "project:mindspore_train_step_duration_seconds:median",
+         "expr": f"quantile by (project) (0.5, {step_mean})"},
+        {"record": "project:mindspore_train_ranks_reporting:count",
+         "expr": "count by (project) (mindspore_train_info)"},
+    ]
+    b = runbook_base
+    alerts = [
+        _alert("MindSporeTrainingLossNonFinite",
+               f"increase(mindspore_train_nonfinite_loss_total[{w.events_window}]) > 0", w.short_for, "critical",
+               "Training loss became NaN or Inf",
+               f"{_WHO} had {{{{ $value | humanize }}}} steps with a NaN/Inf loss in the last {w.events_window}.", b),
+        _alert("MindSporeTrainingLossHigh", f"mindspore_train_loss > {_number(t.loss_high)}", w.long_for, "warning",
+               "Training loss is above its threshold",
+               f"Loss of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.loss_high)}.", b),
+        _alert("MindSporeTrainingLossRising",
+               f"mindspore_train_loss_consecutive_increases >= {t.loss_rising_steps}", w.short_for, "warning",
+               "Training loss keeps rising",
+               f"Loss of {_WHO} rose {{{{ $value }}}} steps in a row.", b),
+        _alert("MindSporeTrainingGradNormHigh", f"mindspore_train_grad_norm > {_number(t.grad_norm_high)}",
+               w.long_for, "warning", "Gradient norm is high",
+               f"Gradient norm of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.grad_norm_high)}.", b),
+        _alert("MindSporeTrainingGradNormExploding", f"mindspore_train_grad_norm > {_number(t.grad_norm_exploding)}",
+               w.short_for, "critical", "Gradient norm is exploding",
+               f"Gradient norm of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.grad_norm_exploding)}.", b),
+        _alert("MindSporeTrainingThroughputLow",
+               f"mindspore_train_tokens_per_second < {_number(t.tokens_per_second_low)}", w.slow_for, "warning",
+               "Training throughput is low",
+               f"{_WHO} processes {{{{ $value | humanize }}}} tokens/s, below {_number(t.tokens_per_second_low)}.",
+               b),
+        _alert("MindSporeTrainingThroughputDrop",
+               f"mindspore_train_tokens_per_second < {_number(t.throughput_drop_ratio)}"
+               f" * avg_over_time(mindspore_train_tokens_per_second[{w.drop_window}])", w.slow_for, "warning",
+               "Training throughput dropped",
+               f"{_WHO} processes {{{{ $value | humanize }}}} tokens/s, less than "
+               f"{_number(t.throughput_drop_ratio)} of its {w.drop_window} average.", b),
+        _alert("MindSporeTrainingStalled",
+               f"(time() - mindspore_train_last_step_timestamp_seconds > {_number(t.stall_seconds)})"
+               " and on (job, instance) (up == 1)", w.short_for, "critical", "Training has stalled",
+               f"{_WHO} finished no step for {{{{ $value | humanizeDuration }}}} while its endpoint is up.", b),
+        _alert("MindSporeTrainingMemoryGrowth",
+               f"(mindspore_train_memory_growth_ratio > {_number(t.memory_growth_ratio)})"
+               f" and (mindspore_train_memory_consecutive_increases >= {t.memory_increases})", w.short_for,
+               "warning", "Memory keeps growing",
+               f"{{{{ $labels.kind }}}} memory of {_WHO} is {{{{ $value | humanizePercentage }}}} above its "
+               f"baseline and still growing.", b),
+        _alert("MindSporeTrainingLearningRateFlat",
+               f"(mindspore_train_learning_rate_scheduled == 1)"
+               f" and (changes(mindspore_train_learning_rate[{w.lr_flat_window}]) == 0)"
+               f" and on (job, instance) (increase(mindspore_train_steps_total[{w.lr_flat_window}]) > 0)",
+               w.long_for, "warning", "The learning-rate schedule is not moving",
+               f"The learning rate of {_WHO} is a schedule but has not changed for {w.lr_flat_window} "
+               f"while training went on.", b),
+        _alert("MindSporeTrainingLossScaleCollapse",
+               f"(increase(mindspore_train_overflow_steps_total[{w.overflow_window}])"
+               f" / clamp_min(increase(mindspore_train_steps_total[{w.overflow_window}]), 1)"
+               f" > {_number(t.overflow_fraction)}) or (mindspore_train_loss_scale < 1)", w.long_for, "warning",
+               "Loss scaling is collapsing",
+               f"{_WHO}: overflow on more than {_number(t.overflow_fraction)} of recent steps, or a loss scale "
+               f"below 1 (value {{{{ printf \"%.3g\" $value }}}}).", b),
+        _alert("MindSporeTrainingLayerNormDrift",
+               f"abs(mindspore_train_layernorm_scale_drift_ratio) > {_number(t.layernorm_drift)}", w.long_for,
+               "warning", "A LayerNorm scale is drifting",
+               f"LayerNorm {{{{ $labels.layer }}}} of {_WHO} moved its scale mean by "
+               f"{{{{ $value | humanizePercentage }}}} within its window.", b),
+        _alert("MindSporeTrainingRankDown", f'up{{job=~"{job_regex}"}} == 0', w.short_for, "critical",
+               "A training rank's metrics endpoint is down",
+               "Endpoint {{ $labels.instance }} of job {{ $labels.job }} (rank {{ or $labels.rank \"unknown\" }}, "
+               "project {{ or $labels.project \"unknown\" }}) cannot be scraped.", b),
+        _alert("MindSporeTrainingRankMissing",
+               "count by (project) (mindspore_train_info) < max by (project) (mindspore_train_world_size)",
+               w.long_for, "critical", "Fewer ranks report than the job has",
+               "Only {{ $value }} ranks of project {{ $labels.project }} report metrics; the job has more "
+               "(mindspore_train_world_size).", b),
+        _alert("MindSporeTrainingStraggler",
+               f"{step_mean} > on (project) group_left ()"
+               f" ({_number(t.straggler_factor)} * quantile by (project) (0.5, {step_mean}))", w.slow_for, "warning",
+               "A rank is much slower than the rest of its job",
+               f"Steps of {_WHO} take {{{{ $value | humanizeDuration }}}}, over {_number(t.straggler_factor)} times "
+               f"the median of the job.", b),
+        _alert("MindSporeExporterErrors", f"increase(mindspore_exporter_errors_total[{w.errors_window}]) > 0",
+               w.short_for, "warning", "The training monitor is absorbing errors",
+               f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "
+               f"times in {w.errors_window}; training goes on, but its metrics may be incomplete.", b),
+    ]
+    return {
+        "groups": [
+            {"name": "mindspore-training.recording", "interval": w.evaluation, "rules": recording},
+            {"name": "mindspore-training.alerts", "interval": w.evaluation, "rules": alerts},
+        ]
+    }
+
+
+def render_yaml(rules: dict[str, Any]) -> str:
+    header = ("# Generated by `ms-exporter rules` from the default thresholds (docs/alerts.md explains each).\n"
+              "# Do not edit: change monitor_config and run `ms-exporter rules --config monitor.yaml` instead.\n")
+    return header + yaml.safe_dump(rules, sort_keys=False, width=120)

@@ -1,0 +1,223 @@
+"""Real Prometheus and Alertmanager (Debian packages) watching real training jobs with injected faults.
+
+One Prometheus and one Alertmanager for the module; each scenario starts a training job on a known port, and a
+small webhook receiver in this process records what Alertmanager delivers. The rules are rendered by the same
+renderer as the committed file, with thresholds and durations shrunk so that alerts fire in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ms_exporter.dashboard import queries, render_dashboard
+from ms_exporter.rules import TEST_TIMING, Thresholds, render_rules, render_yaml
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("fault_job.py")
+
+# Small enough to fire within seconds on a fault, large enough to stay quiet on the healthy demo job.
+THRESHOLDS = dataclasses.replace(Thresholds(), loss_high=5.0, grad_norm_high=1e6, grad_norm_exploding=1e7,
+                                 tokens_per_second_low=3000.0, stall_seconds=5.0, loss_rising_steps=1000)
+# Throughput is low while the first graph compiles: the throughput alerts wait longer than that.
+TIMING = dataclasses.replace(TEST_TIMING, slow_for="15s")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until(condition: Any, seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+
+
+class Webhook:
+    """Collects Alertmanager's notifications (one JSON document per POST)."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict[str, Any]] = []
+        received = self.notifications
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.append({"path": self.path, **json.loads(body)})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def firing(self, project: str | None = None) -> list[tuple[str, str, str]]:
+        """(alertname, project, receiver path) of every firing alert delivered so far."""
+        return [(a["labels"]["alertname"], a["labels"].get("project", ""), n["path"])
+                for n in list(self.notifications) for a in n["alerts"]
+                if a["status"] == "firing" and (project is None or a["labels"].get("project") == project)]
+
+
+class Stack:
+    def __init__(self, tmp: Path, webhook: Webhook) -> None:
+        self.tmp = tmp
+        self.job_port = free_port()
+        self.prometheus_port = free_port()
+        self.alertmanager_port = free_port()
+        self.processes: list[subprocess.Popen[bytes]] = []
+        (tmp / "rules.yml").write_text(render_yaml(render_rules(THRESHOLDS, TIMING, job_regex="mindspore")))
+        # The committed routing, with its placeholder webhooks pointed at the test receiver and waits shortened.
+        routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+        routing["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+        for receiver in routing["receivers"]:
+            for hook in receiver.get("webhook_configs", []):
+                path = urllib.parse.urlparse(hook["url"]).path
+                hook["url"] = f"http://127.0.0.1:{webhook.port}{path}"
+        (tmp / "alertmanager.yml").write_text(yaml.safe_dump(routing))
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp / "rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]},
+            "scrape_configs": [{"job_name": "mindspore",
+                                "static_configs": [{"targets": [f"127.0.0.1:{self.job_port}"]}]}],
+        }))
+
+    def start(self) -> None:
+        self._spawn([shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
+                     f"--config.file={self.tmp / 'alertmanager.yml'}", f"--storage.path={self.tmp / 'am'}",
+                     f"--web.listen-address=127.0.0.1:{self.alertmanager_port}", "--cluster.listen-address="])
+        self._spawn([shutil.which("prometheus") or "prometheus", f"--config.file={self.tmp / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={self.tmp / 'tsdb'}",
+                     f"--web.listen-address=127.0.0.1:{self.prometheus_port}"])
+        wait_until(lambda: self._ready(self.prometheus_port, "/-/ready"), 60, "Prometheus")
+        wait_until(lambda: self._ready(self.alertmanager_port, "/-/ready"), 60, "Alertmanager")
+
+    def _spawn(self, command: list[str]) -> None:
+        log = open(self.tmp / (Path(command[0]).name + ".log"), "wb")  # noqa: SIM115 - closed with the process
+        self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+
+    @staticmethod
+    def _ready(port: int, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        return result if isinstance(result, list) else [result]
+
+    def run_job(self, project: str, fault: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
+        job = subprocess.Popen([sys.executable, str(JOB), "--port", str(self.job_port), "--project", project,
+                                "--fault", fault], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env=env)
+        assert job.stdout is not None
+        assert job.stdout.readline().startswith(f"metrics: http://127.0.0.1:{self.job_port}/")
+        return job
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(20)
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    yield hook
+    hook.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iterator[Stack]:
+    stack = Stack(tmp_path_factory.mktemp("stack"), webhook)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def stop_job(job: subprocess.Popen[str]) -> None:
+    job.kill()
+    job.wait(30)
+
+
+def test_healthy_run_is_quiet_and_every_dashboard_query_has_data(stack: Stack, webhook: Webhook) -> None:
+    job = stack.run_job("healthy", "none")
+    try:
+        # Long enough for every window of the test timing, the throughput alerts' 15 s included.
+        wait_until(lambda: stack.query('mindspore_train_global_step{project="healthy"} > 200'), 120,
+                   "200 healthy steps scraped")
+        time.sleep(20)
+        assert job.poll() is None
+        assert webhook.firing() == [], webhook.firing()
+        empty = []
+        for title, expr in queries(render_dashboard()):
+            concrete = (expr.replace("$project", "healthy").replace("$rank", ".*")
+                        .replace("$__rate_interval", "10s"))
+            if not stack.query(concrete):
+                empty.append(f"{title}: {concrete}")
+        assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
+    finally:
+        stop_job(job)
+
+
+@pytest.mark.parametrize(
+    ("fault", "alert", "path"),
+    [
+        ("nan", "MindSporeTrainingLossNonFinite", "/pager"),
+        ("loss", "MindSporeTrainingLossHigh", "/tickets"),
+        ("stall", "MindSporeTrainingStalled", "/pager"),
+        ("leak", "MindSporeTrainingMemoryGrowth", "/tickets"),
+        ("slow", "MindSporeTrainingThroughputLow", "/tickets"),
+    ],
+)
+def test_fault_reaches_the_webhook_through_alertmanager(stack: Stack, webhook: Webhook, fault: str, alert: str,
+                                                        path: str) -> None:
+    project = f"fault-{fault}"
+    job = stack.run_job(project, fault)
+    try:
+        delivered = wait_until(lambda: [f for f in webhook.firing(project) if f[0] == alert], 150,
+                               f"{alert} for {project} at the webhook")
+        assert delivered[0][2] == path  # routed by severity: critical pages, warning files a ticket
+    finally:
+        stop_job(job)
+    notification = next(n for n in webhook.notifications
+                        for a in n["alerts"] if a["labels"].get("project") == project and
+                        a["labels"]["alertname"] == alert)
+    firing = next(a for a in notification["alerts"] if a["labels"]["alertname"] == alert)
+    assert firing["labels"]["rank"] == "0" and firing["labels"]["severity"] in ("critical", "warning")
+    assert project in firing["annotations"]["description"]
+    assert firing["annotations"]["runbook_url"].endswith("#" + alert.lower())

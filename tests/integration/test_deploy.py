@@ -1,0 +1,117 @@
+"""The deploy/ files: generated ones match their generators, and Prometheus' and Alertmanager's own tools pass."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ms_exporter.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
+from ms_exporter.rules import RULES_FILE, render_rules, render_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PINNED_ALERTS = {
+    "MindSporeTrainingLossNonFinite": "critical", "MindSporeTrainingLossHigh": "warning",
+    "MindSporeTrainingLossRising": "warning", "MindSporeTrainingGradNormHigh": "warning",
+    "MindSporeTrainingGradNormExploding": "critical", "MindSporeTrainingThroughputLow": "warning",
+    "MindSporeTrainingThroughputDrop": "warning", "MindSporeTrainingStalled": "critical",
+    "MindSporeTrainingMemoryGrowth": "warning", "MindSporeTrainingLearningRateFlat": "warning",
+    "MindSporeTrainingLossScaleCollapse": "warning", "MindSporeTrainingLayerNormDrift": "warning",
+    "MindSporeTrainingRankDown": "critical", "MindSporeTrainingRankMissing": "critical",
+    "MindSporeTrainingStraggler": "warning", "MindSporeExporterErrors": "warning",
+}
+
+
+def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False, timeout=120)
+
+
+def committed_alerts() -> dict[str, dict]:
+    rules = yaml.safe_load((ROOT / RULES_FILE).read_text())
+    return {r["alert"]: r for group in rules["groups"] for r in group["rules"] if "alert" in r}
+
+
+def test_committed_rules_are_what_the_defaults_render() -> None:
+    assert (ROOT / RULES_FILE).read_text() == render_yaml(render_rules()), "run: ms-exporter rules -o " + RULES_FILE
+
+
+def test_committed_dashboard_is_what_the_generator_renders() -> None:
+    assert (ROOT / DASHBOARD_FILE).read_text() == render_json(render_dashboard()), \
+        "run: ms-exporter dashboard -o " + DASHBOARD_FILE
+
+
+def test_every_pinned_alert_with_severity_annotations_and_runbook_section() -> None:
+    alerts = committed_alerts()
+    assert {name: rule["labels"]["severity"] for name, rule in alerts.items()} == PINNED_ALERTS
+    runbook = (ROOT / "docs/alerts.md").read_text()
+    for name, rule in alerts.items():
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        assert rule["annotations"]["runbook_url"] == f"docs/alerts.md#{name.lower()}"
+        assert f"\n## {name}\n" in runbook, f"docs/alerts.md has no section for {name}"
+        assert rule["for"], f"{name} has no for:"
+
+
+def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
+    tests = yaml.safe_load((ROOT / "deploy/prometheus/tests/alerts.test.yml").read_text())["tests"]
+    firing, quiet = set(), set()
+    for case in tests:
+        for check in case["alert_rule_test"]:
+            (firing if check["exp_alerts"] else quiet).add(check["alertname"])
+            for expected in check["exp_alerts"]:
+                assert set(expected["exp_annotations"]) == {"summary", "description", "runbook_url"}
+    assert firing == set(PINNED_ALERTS) and quiet == set(PINNED_ALERTS)
+
+
+def test_promtool_and_amtool_accept_the_files() -> None:
+    checked = run("promtool", "check", "rules", RULES_FILE)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = run("promtool", "test", "rules", "tests/alerts.test.yml", cwd=ROOT / "deploy/prometheus")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    config = run("promtool", "check", "config", "deploy/prometheus/prometheus.yml")
+    assert config.returncode == 0, config.stdout + config.stderr
+    routing = run("amtool", "check-config", "deploy/alertmanager/alertmanager.yml")
+    assert routing.returncode == 0, routing.stdout + routing.stderr
+
+
+def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
+    config = tmp_path / "monitor.yaml"
+    config.write_text("monitor_config:\n  warn_on_value: {loss: 20, tokens_per_second: 500}\n"
+                      "  grad_norm: {threshold: 4}\n  layernorm: {drift_threshold: 0.1}\n")
+    out = run(sys.executable, "-m", "ms_exporter", "rules", "--config", str(config))
+    assert out.returncode == 0, out.stderr
+    alerts = {r["alert"]: r for g in yaml.safe_load(out.stdout)["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts["MindSporeTrainingLossHigh"]["expr"] == "mindspore_train_loss > 20"
+    assert alerts["MindSporeTrainingThroughputLow"]["expr"] == "mindspore_train_tokens_per_second < 500"
+    assert alerts["MindSporeTrainingGradNormHigh"]["expr"] == "mindspore_train_grad_norm > 4"
+    assert alerts["MindSporeTrainingGradNormExploding"]["expr"] == "mindspore_train_grad_norm > 40"
+    assert alerts["MindSporeTrainingLayerNormDrift"]["expr"] == "abs(mindspore_train_layernorm_scale_drift_ratio) > 0.1"
+    test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
+    fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
+    assert fast["MindSporeTrainingLossHigh"]["for"] == "3s"
+
+
+def test_dashboard_has_variables_units_and_rate_intervals() -> None:
+    dashboard = json.loads((ROOT / DASHBOARD_FILE).read_text())
+    assert dashboard["uid"] == "ms-exporter-training"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["rank"]["multi"] is True and "project" in variables
+    titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
+    assert titles == {"Overview", "Loss", "Learning rate", "Throughput", "Gradients", "Memory", "Ranks"}
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["fieldConfig"]["defaults"]["unit"], f"{panel['title']} has no unit"
+            assert panel["datasource"]["uid"] == "${datasource}"
+    for title, expr in queries(dashboard):
+        # Every range in a query follows Grafana's rate interval, never a hard-coded window.
+        assert all(window == "$__rate_interval" for window in re.findall(r"\[([^\]]+)\]", expr)), title
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "deploy").rglob("*.y*ml")))
+def test_every_deploy_yaml_parses(path: str) -> None:
+    assert yaml.safe_load((ROOT / path).read_text()) is not None
