@@ -31,6 +31,7 @@ from ms_exporter.probes.throughput import ThroughputProbe
 from ms_exporter.probes.weight_norm import WeightNormProbe
 from ms_exporter.ranks import RankInfo, detect_rank
 from ms_exporter.sample import BatchCounter, StepSample, read_loss
+from ms_exporter.sinks.file_sd import FileSdTarget
 from ms_exporter.sinks.jsonl import JsonlWriter, series_key
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from ms_exporter.store import HistogramSeries, MetricStore, Series
@@ -68,7 +69,7 @@ class TrainingMonitor(Callback):
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self._build_probes()
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(p.name for p in self._step_probes),
-                                              *(s for s in self.config.backend)))
+                                              *self.config.backend, *(("file_sd",) if self.config.file_sd_dir else ())))
         hooks = self.store.histogram("mindspore_exporter_callback_duration_seconds",
                                      "The monitor's own cost per hook call.", HOOK_BUCKETS)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
@@ -85,8 +86,11 @@ class TrainingMonitor(Callback):
             self._jsonl = JsonlWriter(self.store, self.config.save_dir, self.rank.rank, self.config.project,
                                       self.config.interval, self.config.max_file_mb, self.config.max_files,
                                       self._errors.absorb)
+        self._file_sd: FileSdTarget | None = None
         if "prometheus" in self.config.backend:
             self._endpoint = self._serve()
+            if self._endpoint is not None and self.config.file_sd_dir:
+                self._file_sd = self._register(self.config.file_sd_dir, self._endpoint.port)
         atexit.register(self.close)
 
     # -- construction helpers ------------------------------------------------------------------------
@@ -133,6 +137,16 @@ class TrainingMonitor(Callback):
         logger.info("ms_exporter: rank %d serves metrics at %s", self.rank.rank, endpoint.url)
         return endpoint
 
+    def _register(self, directory: str, port: int) -> FileSdTarget | None:
+        target = FileSdTarget(directory, self.config.project, self.rank, self.config.bind_address, port)
+        try:
+            target.write()
+        except OSError as exc:
+            self._errors.absorb("file_sd", exc)
+            return None
+        logger.info("ms_exporter: registered %s for Prometheus file_sd", target.path)
+        return target
+
     def _reset_step_state(self) -> None:
         self._last_step = 0
         self._steps_done = 0
@@ -161,6 +175,8 @@ class TrainingMonitor(Callback):
         self._stop_sampler()
         if self._jsonl is not None:
             self._jsonl.close()
+        if self._file_sd is not None:
+            self._file_sd.remove()
         if self._endpoint is not None:
             self._endpoint.close()
 
@@ -308,7 +324,7 @@ class TrainingMonitor(Callback):
 
     # -- signals ---------------------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        if self._jsonl is None or threading.current_thread() is not threading.main_thread():
+        if (self._jsonl is None and self._file_sd is None) or threading.current_thread() is not threading.main_thread():
             return
         self._signal_pid = os.getpid()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -330,25 +346,38 @@ class TrainingMonitor(Callback):
             del self._previous_handlers[signum]
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        """Flush what is queued, then do what the previous handler would have done."""
+        """Flush what is queued, then do what the previous handler would have done. Never swallow the signal."""
+        if os.getpid() != self._signal_pid:
+            # A process forked from the training process (a data-loader or summary worker) inherited this
+            # handler: it owns neither the file nor the target, and must die or stop as it would without us.
+            _default_action(signum)
+            return
         if self._in_signal:
-            # A handler installed after ours chained back to us: the outer call is already handling it.
+            # A handler installed after ours chained back to us: end the loop with the default action.
+            _default_action(signum)
             return
         self._in_signal = True
         try:
-            # A process forked from the training process (a data-loader or summary worker) inherits this
-            # handler; only the process that owns the file writes to it.
-            if self._jsonl is not None and os.getpid() == self._signal_pid:
+            if self._jsonl is not None:
                 self._jsonl.record_event("signal", signal=signal.Signals(signum).name, step=self._last_step)
                 self._jsonl.flush()
+            if self._file_sd is not None:
+                self._file_sd.remove()  # a stopped rank leaves discovery, not a dead target
             previous = self._previous_handlers.get(signum, signal.SIG_DFL)
             if callable(previous):
                 previous(signum, frame)
             elif previous != signal.SIG_IGN:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
+                _default_action(signum)
         finally:
             self._in_signal = False
+
+
+def _default_action(signum: int) -> None:
+    """What Python does with SIGINT (KeyboardInterrupt) and the OS with anything else (SIGTERM ends the process)."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _configure_logging(level: str) -> None:

@@ -58,6 +58,7 @@ RESERVED_LABELS = frozenset(
         "project",
         "world_size",
         "local_rank",
+        "node",
         "device_target",
         "mindspore_version",
         "exporter_version",
@@ -153,6 +154,7 @@ class MonitorConfig:
     grad_norm: GradNormConfig = field(default_factory=GradNormConfig)
     layernorm: LayerNormConfig = field(default_factory=LayerNormConfig)
     weight_norm: bool = False
+    file_sd_dir: str | None = None
 
     def wants(self, group: str) -> bool:
         return group in self.metrics
@@ -460,6 +462,9 @@ class _Checker:
             return value.upper()
         return self._fail(key, f"must be one of {list(LOG_LEVELS)}", value)
 
+    def _file_sd_dir(self, key: str, value: Any) -> Any:
+        return None if value is None else self._text(key, value)
+
     def _grad_norm(self, key: str, value: Any) -> Any:
         fields, known = self._section(key, value, GradNormConfig)
         checks = {
@@ -561,7 +566,7 @@ def _range_text(low: int, high: int | None) -> str:
     return f" from {low} to {high}" if high is not None else f" of at least {low}"
 
 
-_STRING_KEYS = ("project", "save_dir", "bind_address", "attention_mask_column", "input_ids_column")
+_STRING_KEYS = ("project", "save_dir", "bind_address", "attention_mask_column", "input_ids_column", "file_sd_dir")
 
 
 def _parse_env(key: str, text: str) -> Any:

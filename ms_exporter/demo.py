@@ -48,12 +48,14 @@ class PaddedTokens:
         return len(self.labels)
 
 
-def synthetic_dataset(size: int = 4096, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0) -> Any:
-    """A MindSpore dataset with columns input_ids, attention_mask, label."""
+def synthetic_dataset(size: int = 4096, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0,
+                      num_shards: int | None = None, shard_id: int | None = None) -> Any:
+    """A MindSpore dataset with columns input_ids, attention_mask, label (one shard of it in data parallel)."""
     import mindspore.dataset as ds
 
     source = PaddedTokens(size=size, seq_len=seq_len, seed=seed)
-    dataset = ds.GeneratorDataset(source, ["input_ids", "attention_mask", "label"], shuffle=False)
+    dataset = ds.GeneratorDataset(source, ["input_ids", "attention_mask", "label"], shuffle=False,
+                                  num_shards=num_shards, shard_id=shard_id)
     return dataset.batch(batch, drop_remainder=True)
 
 

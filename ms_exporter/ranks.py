@@ -17,9 +17,10 @@ class RankInfo:
 
 
 def detect_rank(environ: Mapping[str, str] | None = None) -> RankInfo:
-    """Precedence: mindspore.communication (if init() ran) > RANK_ID/RANK > 0; same for size and local rank."""
+    """Precedence: mindspore.communication (if init() ran), then RANK_ID/RANK, RANK_SIZE/WORLD_SIZE/MS_WORKER_NUM,
+    LOCAL_RANK/DEVICE_ID, then rank 0 of 1."""
     env = os.environ if environ is None else environ
-    node = env.get("MS_NODE_ID") or socket.gethostname()
+    node = socket.gethostname()  # the machine; msrun's MS_NODE_ID names a worker process, not a host
     from_comm = _from_communication()
     if from_comm is not None:
         rank, local_rank, world_size = from_comm

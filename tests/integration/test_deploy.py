@@ -115,3 +115,24 @@ def test_dashboard_has_variables_units_and_rate_intervals() -> None:
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "deploy").rglob("*.y*ml")))
 def test_every_deploy_yaml_parses(path: str) -> None:
     assert yaml.safe_load((ROOT / path).read_text()) is not None
+
+
+@pytest.mark.parametrize(("severity", "receiver"), [("critical", "pager"), ("warning", "ticket-queue"),
+                                                    ("info", "silent")])
+def test_alertmanager_routes_by_severity(severity: str, receiver: str) -> None:
+    routed = run("amtool", "config", "routes", "test", "--config.file=deploy/alertmanager/alertmanager.yml",
+                 f"severity={severity}", "project=demo", "alertname=MindSporeTrainingLossHigh")
+    assert routed.returncode == 0, routed.stderr
+    assert routed.stdout.strip() == receiver
+
+
+def test_alertmanager_mutes_warnings_of_a_rank_with_a_critical_alert() -> None:
+    routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    assert routing["inhibit_rules"] == [{"source_matchers": ['severity="critical"'],
+                                         "target_matchers": ['severity="warning"'], "equal": ["project", "rank"]}]
+    assert routing["route"]["group_by"] == ["project", "alertname"]
+
+
+def test_file_sd_prometheus_config_is_valid() -> None:
+    checked = run("promtool", "check", "config", "deploy/prometheus/prometheus-file-sd.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr

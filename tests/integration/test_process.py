@@ -62,7 +62,8 @@ def test_signal_flushes_jsonl_up_to_the_last_step(tmp_path: Path, signum: int) -
     config = tmp_path / "monitor.yaml"
     # An hour between flushes: everything in the file after the signal was written by the signal handler.
     config.write_text(yaml.safe_dump({"monitor_config": {"backend": ["prometheus", "local"], "port": 0,
-                                                         "interval": 3600, "save_dir": str(tmp_path)}}))
+                                                         "interval": 3600, "save_dir": str(tmp_path),
+                                                         "file_sd_dir": str(tmp_path / "sd")}}))
     proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_with_monitor.py"), "--config",
                              str(config), "--epochs", "1000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, env=env())
@@ -72,6 +73,7 @@ def test_signal_flushes_jsonl_up_to_the_last_step(tmp_path: Path, signum: int) -
         assert line.startswith("metrics: "), line
         url = [line.split(" ", 1)[1].strip()]
         seen = wait_for_step(url, proc, 30, time.monotonic() + 120)
+        assert [p.name for p in (tmp_path / "sd").iterdir()] == ["ms-exporter-default-rank0.json"]
         proc.send_signal(signum)
         code = proc.wait(timeout=60)
     finally:
@@ -87,3 +89,4 @@ def test_signal_flushes_jsonl_up_to_the_last_step(tmp_path: Path, signum: int) -
     # MindSpore's runtime turns Ctrl+C (SIGINT) into a SIGTERM of its own, so either may be the one recorded.
     assert events[-1]["event"] == "signal" and events[-1]["signal"] in {"SIGTERM", signal.Signals(signum).name}
     assert records[-1]["type"] == "snapshot"
+    assert list((tmp_path / "sd").iterdir()) == []  # the stopped rank left service discovery

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import mindspore as ms
@@ -192,10 +193,39 @@ def test_a_handler_that_chains_back_to_ours_does_not_recurse(tmp_path: Path) -> 
         signal.signal(signal.SIGINT, foreign)
         monitor.on_train_end(context(0, 0.0))  # ours is no longer on top: nothing restored
         monitor.on_train_begin(context(0, 0.0))  # ours again, now chaining to foreign -> ours
-        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):  # the loop ends in Python's own SIGINT action, never swallowed
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs at the next bytecode; the sleep is never finished
         monitor.on_train_end(context(0, 0.0))
         events = [r for r in read_records(monitor.jsonl_path) if r.get("event") == "signal"]
         assert len(events) == 1 and calls == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, original)
+        monitor.close()
+
+
+def test_file_sd_target_written_with_the_actual_port_and_removed_on_close(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, project="bert/large", file_sd_dir=str(tmp_path / "sd"))
+    try:
+        files = list((tmp_path / "sd").iterdir())
+        assert [f.name for f in files] == ["ms-exporter-bert_large-rank0.json"]
+        (entry,) = json.loads(files[0].read_text())
+        port = monitor.url.rsplit(":", 1)[1].split("/")[0]
+        assert entry["targets"] == [f"127.0.0.1:{port}"]
+        assert entry["labels"]["__meta_ms_exporter_rank"] == "0"
+        assert entry["labels"]["__meta_ms_exporter_project"] == "bert/large"
+        assert scrape(monitor.url).labels_of("mindspore_train_info")[0]["node"] == entry["labels"][
+            "__meta_ms_exporter_node"]
+    finally:
+        monitor.close()
+    assert list((tmp_path / "sd").iterdir()) == []
+
+
+def test_file_sd_that_cannot_be_written_is_counted(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monitor = TrainingMonitor(port=0, file_sd_dir=str(blocker / "sd"))
+    try:
+        assert scrape(monitor.url).value("mindspore_exporter_errors_total", component="file_sd") == 1
+    finally:
         monitor.close()

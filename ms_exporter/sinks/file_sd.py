@@ -1,0 +1,54 @@
+"""Prometheus file-based service discovery: one target file per rank, written at start and removed at exit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from pathlib import Path
+
+from ms_exporter.ranks import RankInfo
+
+
+def target_host(bind_address: str) -> str:
+    """The host Prometheus should dial: the bound address, or this host's name when bound to every address."""
+    if bind_address in ("0.0.0.0", "::", ""):
+        return socket.getfqdn()
+    if ":" in bind_address:
+        return f"[{bind_address}]"
+    return bind_address
+
+
+class FileSdTarget:
+    """`<dir>/ms-exporter-<project>-rank<r>.json` in Prometheus' file_sd format.
+
+    The file carries the actual port (after a fallback from a taken one) and `__meta_ms_exporter_*` labels:
+    meta labels, so that relabel_configs can use them without clashing with the `rank`/`project` labels every
+    series already has (Prometheus would rename those to `exported_rank`).
+    """
+
+    def __init__(self, directory: str, project: str, rank: RankInfo, bind_address: str, port: int) -> None:
+        safe_project = "".join(c if c.isalnum() or c in "-_." else "_" for c in project)
+        self.path = Path(directory) / f"ms-exporter-{safe_project}-rank{rank.rank}.json"
+        self._content = [{
+            "targets": [f"{target_host(bind_address)}:{port}"],
+            "labels": {
+                "__meta_ms_exporter_project": project,
+                "__meta_ms_exporter_rank": str(rank.rank),
+                "__meta_ms_exporter_local_rank": str(rank.local_rank),
+                "__meta_ms_exporter_world_size": str(rank.world_size),
+                "__meta_ms_exporter_node": rank.node,
+            },
+        }]
+
+    def write(self) -> None:
+        """Atomically: Prometheus re-reads the file on change and must never see half of it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(self._content, indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, self.path)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
