@@ -42,6 +42,7 @@ def measure(steps: int) -> list[dict[str, Any]]:
         try:
             _time_hook(monitor, run, 200)  # warm-up: tables, series creation
             times = np.asarray(_time_hook(monitor, run, steps)) * 1e6
+            monitor.on_train_end(run.run_context)
         finally:
             monitor.close()
         rows.append({"case": label, "median_us": float(np.median(times)), "p90_us": float(np.percentile(times, 90)),

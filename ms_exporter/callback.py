@@ -173,6 +173,7 @@ class TrainingMonitor(Callback):
             return
         self._closed = True
         self._stop_sampler()
+        self._restore_signal_handlers()  # a closed monitor must not stay in the signal path
         if self._jsonl is not None:
             self._jsonl.close()
         if self._file_sd is not None:

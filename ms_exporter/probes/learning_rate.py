@@ -166,11 +166,12 @@ def _reader_for(rate: Any, series: Series) -> _Reader:
 
 
 def _find_optimizer(cb_params: Any) -> Any:
-    optimizer = getattr(cb_params, "optimizer", None)
+    # cb_params is a dict whose attribute access raises KeyError, not AttributeError: use get().
+    optimizer = cb_params.get("optimizer")
     if optimizer is not None:
         return optimizer
     for holder in ("train_network", "network"):
-        optimizer = getattr(getattr(cb_params, holder, None), "optimizer", None)
+        optimizer = getattr(cb_params.get(holder), "optimizer", None)
         if optimizer is not None:
             return optimizer
     return None

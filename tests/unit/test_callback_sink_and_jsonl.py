@@ -229,3 +229,27 @@ def test_file_sd_that_cannot_be_written_is_counted(tmp_path: Path) -> None:
         assert scrape(monitor.url).value("mindspore_exporter_errors_total", component="file_sd") == 1
     finally:
         monitor.close()
+
+
+def test_close_takes_the_monitor_out_of_the_signal_path(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=3600)
+    monitor.on_train_begin(context(0, 0.0))  # training that never reached its end
+    assert signal.getsignal(signal.SIGTERM) == monitor._on_signal
+    monitor.close()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_cb_params_without_optimizer_or_network_is_fine() -> None:
+    from mindspore.train.callback import RunContext, _InternalCallbackParam
+
+    params = _InternalCallbackParam()
+    params.cur_step_num = 0
+    params.cur_epoch_num = 1
+    monitor = TrainingMonitor(port=0)
+    try:
+        monitor.on_train_begin(RunContext(params))
+        errors = monitor.store.get("mindspore_exporter_errors_total")
+        assert sum(s.value for s in errors.children()) == 0
+    finally:
+        monitor.close()
