@@ -14,25 +14,14 @@ from typing import Any
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
 from ms_exporter.demo import build_network, synthetic_dataset
+from tests.integration.boosted import Boosted
 
 HEALTHY_STEPS = 30  # the fault starts after this many steps
-
-
-class Boosted(nn.Cell):
-    """The demo network with its loss multiplied by `boost` (1.0 while healthy)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = build_network()
-        self.boost = Parameter(Tensor(1.0, ms.float32), name="boost", requires_grad=False)
-
-    def construct(self, input_ids: Any, attention_mask: Any, label: Any) -> Any:
-        return self.body(input_ids, attention_mask, label) * self.boost
 
 
 class SevenTuple(nn.Cell):
@@ -89,7 +78,7 @@ def main() -> None:
     # PYNATIVE: set_data on the boost reaches the step there (a compiled graph keeps its own copy).
     ms.set_context(mode=ms.PYNATIVE_MODE if args.fault in ("nan", "loss") else ms.GRAPH_MODE)
     ms.set_seed(0)
-    network = Boosted()
+    network = Boosted(build_network())
     optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=nn.CosineDecayLR(1e-5, 1e-3, 100_000))
     # every_n_steps=1: in PYNATIVE the inner cell's own call decides, and the 7-tuple needs norms on every step.
     model = Model(SevenTuple(GradNormTrainOneStepCell(network, optimizer, every_n_steps=1)))

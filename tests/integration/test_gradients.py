@@ -8,12 +8,13 @@ from typing import Any
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.train import Callback, Model
 from mindspore.train.loss_scale_manager import FixedLossScaleManager
 
 from ms_exporter import GradNormTrainOneStepCell, LossScaleTrainOneStepCell, TrainingMonitor
 from ms_exporter.demo import build_network, synthetic_dataset
+from tests.integration.boosted import Boosted
 from tests.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
@@ -118,18 +119,6 @@ def test_a_masked_layer_counts_zero_gradient_steps() -> None:
         monitor.close()
 
 
-class Boosted(nn.Cell):
-    """Multiplies the loss by `boost`; a test sets it huge for chosen steps so that the scaled gradients overflow."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = small_network()
-        self.boost = Parameter(Tensor(1.0, ms.float32), name="boost", requires_grad=False)
-
-    def construct(self, input_ids: Any, attention_mask: Any, label: Any) -> Any:
-        return self.body(input_ids, attention_mask, label) * self.boost
-
-
 class InjectAndRecord(Callback):
     def __init__(self, network: Boosted, overflow_steps: set[int]) -> None:
         super().__init__()
@@ -153,7 +142,7 @@ class InjectAndRecord(Callback):
 @MODES
 def test_overflow_and_loss_scale_follow_the_cell(mode: int) -> None:
     ms.set_context(mode=mode)
-    network = Boosted()
+    network = Boosted(small_network())  # the boost is set huge for chosen steps: the scaled gradients overflow
     cell = LossScaleTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9),
                                      init_scale=2.0**16, scale_window=3)
     recorder = InjectAndRecord(network, overflow_steps={2, 3})
