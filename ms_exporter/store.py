@@ -92,7 +92,9 @@ class Family:
 
     def remove(self, **labels: str) -> None:
         with self._lock:
-            self._children.pop(tuple(labels.items()), None)
+            removed = self._children.pop(tuple(labels.items()), None)
+        if removed is not None and self._on_new_series is not None:
+            self._on_new_series()  # readers that cache series lists must drop this one too
 
     def children(self) -> list[Series | HistogramSeries]:
         with self._lock:
@@ -114,7 +116,7 @@ class MetricStore:
         self.constant_labels = constant_labels
         self._families: dict[str, Family] = {}
         self._lock = threading.Lock()
-        # Bumped whenever a series appears, so readers that cache series lists know to rebuild them.
+        # Bumped whenever a series appears or goes, so readers that cache series lists know to rebuild them.
         self.version = 0
 
     def _bump(self) -> None:

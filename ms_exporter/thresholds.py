@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 
 from ms_exporter.config import Bound
-from ms_exporter.store import Family, MetricStore, Series
+from ms_exporter.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 
@@ -49,7 +49,10 @@ class ThresholdWatcher:
         for key, bound in bounds.items():
             watch = _Watch(key, bound, WATCHED_FAMILIES[key], family.series(metric=key), warmup_steps)
             (self._slow_watches if key in SLOW_KEYS else self._step_watches).append(watch)
-        self._families: dict[str, Family | None] = {}
+        # Series lists per family, rebuilt only when the store's set of series changed: the step path then
+        # neither takes a family lock nor copies a list.
+        self._series: dict[str, list[Series]] = {}
+        self._version = -1
 
     def check_step(self, steps_done: int) -> None:
         for watch in self._step_watches:
@@ -61,13 +64,16 @@ class ThresholdWatcher:
             self._check(watch)
 
     def _check(self, watch: _Watch) -> None:
-        family = self._families.get(watch.family_name)
-        if family is None:
-            family = self._families[watch.family_name] = self._store.get(watch.family_name)
-            if family is None:
-                return
-        for series in family.children():
-            breached = watch.bound.breached(series.value)  # type: ignore[union-attr]
+        if self._version != self._store.version:
+            self._version = self._store.version
+            self._series.clear()
+        watched = self._series.get(watch.family_name)
+        if watched is None:
+            family = self._store.get(watch.family_name)
+            watched = [s for s in family.children() if isinstance(s, Series)] if family is not None else []
+            self._series[watch.family_name] = watched
+        for series in watched:
+            breached = watch.bound.breached(series.value)
             was = watch.in_breach.get(series.labels, False)
             if breached and not was:
                 watch.counter.value += 1

@@ -115,3 +115,13 @@ def test_threshold_breach_warns_once_per_episode(caplog: pytest.LogCaptureFixtur
     loss_warnings = [r for r in caplog.records if "loss =" in r.getMessage()]
     assert len(loss_warnings) == 2
     assert "max 5" in loss_warnings[0].getMessage()
+
+
+def test_threshold_watch_follows_series_that_appear_later() -> None:
+    store = MetricStore()
+    watcher = ThresholdWatcher(store, {"grad_norm": Bound("max", 10.0)}, warmup_steps=0)
+    watcher.check_step(1)  # no such series yet: nothing to check
+    store.gauge("mindspore_train_grad_norm", "g").series().value = 50.0
+    watcher.check_step(2)
+    breaches = store.get("mindspore_train_threshold_breaches_total")
+    assert breaches is not None and breaches.series(metric="grad_norm").value == 1
