@@ -1,4 +1,4 @@
-"""The `ms-exporter` command: check-config, rules, dashboard and demo."""
+"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes and demo."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     dashboard = commands.add_parser("dashboard", help="print the Grafana dashboard JSON")
     dashboard.add_argument("-o", "--output", default=None, help="write here instead of standard output")
 
+    kubernetes = commands.add_parser(
+        "kubernetes", help="write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)")
+    kubernetes.add_argument("--config", default=None, help="take alert thresholds from this monitor_config file")
+    kubernetes.add_argument("--runbook-base", default="docs/alerts.md", help="where the alerts' runbook links point")
+    kubernetes.add_argument("-o", "--output-dir", default="deploy/kubernetes/base",
+                            help="directory for prometheusrule.yaml and grafana-dashboard.yaml "
+                                 "(default: deploy/kubernetes/base)")
+
     args = parser.parse_args(argv)
     if args.command == "dashboard":
         from ms_exporter.dashboard import render_dashboard, render_json
@@ -49,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return _check_config(args.file)
     if args.command == "rules":
         return _rules(args)
+    if args.command == "kubernetes":
+        return _kubernetes(args)
     from ms_exporter.demo import run_demo
 
     return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
@@ -66,6 +76,29 @@ def _rules(args: argparse.Namespace) -> int:
     text = render_yaml(render_rules(thresholds_from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
                                     job_regex=args.job_regex, runbook_base=args.runbook_base))
     _write(text, args.output)
+    return 0
+
+
+def _kubernetes(args: argparse.Namespace) -> int:
+    import os
+
+    from ms_exporter.dashboard import render_dashboard, render_json
+    from ms_exporter.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
+    from ms_exporter.rules import Timing, render_rules, thresholds_from_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+    rules = render_rules(thresholds_from_config(config), Timing(), runbook_base=args.runbook_base)
+    generator = "ms-exporter kubernetes"
+    os.makedirs(args.output_dir, exist_ok=True)
+    _write(render_manifest(render_prometheus_rule(rules), generator),
+           os.path.join(args.output_dir, "prometheusrule.yaml"))
+    _write(render_manifest(render_dashboard_configmap(render_json(render_dashboard())), generator),
+           os.path.join(args.output_dir, "grafana-dashboard.yaml"))
+    print(f"wrote prometheusrule.yaml and grafana-dashboard.yaml in {args.output_dir}")
     return 0
 
 
