@@ -13,7 +13,7 @@ from typing import Any
 
 from mindspore.train import Callback
 
-from ms_exporter.config import MonitorConfig, load_config
+from ms_exporter.config import ConfigError, MonitorConfig, load_config
 from ms_exporter.errors import ErrorSink
 from ms_exporter.outputs import LayoutResolver
 from ms_exporter.probes.base import Probe
@@ -69,7 +69,8 @@ class TrainingMonitor(Callback):
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self._build_probes()
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(p.name for p in self._step_probes),
-                                              *self.config.backend, *(("file_sd",) if self.config.file_sd_dir else ())))
+                                              *self.config.backend, *(("file_sd",) if self.config.file_sd_dir else ()),
+                                              *(("pushgateway",) if self.config.pushgateway.url else ())))
         hooks = self.store.histogram("mindspore_exporter_callback_duration_seconds",
                                      "The monitor's own cost per hook call.", HOOK_BUCKETS)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
@@ -91,6 +92,12 @@ class TrainingMonitor(Callback):
             self._endpoint = self._serve()
             if self._endpoint is not None and self.config.file_sd_dir:
                 self._file_sd = self._register(self.config.file_sd_dir, self._endpoint.port)
+        self._otlp: Any = self._start_otlp() if "otlp" in self.config.backend else None
+        self._pushgateway: Any = None
+        if self.config.pushgateway.url:
+            from ms_exporter.sinks.pushgateway import PushgatewaySink
+
+            self._pushgateway = PushgatewaySink(self.store, self.config.pushgateway, self._errors.absorb)
         atexit.register(self.close)
 
     # -- construction helpers ------------------------------------------------------------------------
@@ -137,6 +144,18 @@ class TrainingMonitor(Callback):
         logger.info("ms_exporter: rank %d serves metrics at %s", self.rank.rank, endpoint.url)
         return endpoint
 
+    def _start_otlp(self) -> Any:
+        try:
+            from ms_exporter.sinks.otlp import OtlpExport
+        except ImportError as exc:
+            raise ConfigError([f"monitor_config.backend: otlp needs the OpenTelemetry SDK ({exc.name} is missing); "
+                               "install it with: pip install 'ms-exporter[otlp]'"]) from exc
+        try:
+            return OtlpExport(self.store, self.config.otlp, self.rank, self.config.project, self._errors.absorb)
+        except Exception as exc:  # a bad endpoint or TLS setting: train without OTLP, say so once
+            self._errors.absorb("otlp", exc)
+            return None
+
     def _register(self, directory: str, port: int) -> FileSdTarget | None:
         target = FileSdTarget(directory, self.config.project, self.rank, self.config.bind_address, port)
         try:
@@ -178,6 +197,10 @@ class TrainingMonitor(Callback):
             self._jsonl.close()
         if self._file_sd is not None:
             self._file_sd.remove()
+        if self._pushgateway is not None:
+            self._pushgateway.close()
+        if self._otlp is not None:
+            self._otlp.close()
         if self._endpoint is not None:
             self._endpoint.close()
 
@@ -197,6 +220,8 @@ class TrainingMonitor(Callback):
                 self._jsonl.record_event("train_begin", step=self._last_step)
                 self._jsonl.start()
             self._start_sampler()
+            if self._pushgateway is not None:
+                self._pushgateway.start()
             self._install_signal_handlers()
 
     def on_train_step_begin(self, run_context: Any) -> None:
@@ -277,6 +302,8 @@ class TrainingMonitor(Callback):
         if self._jsonl is not None:
             self._jsonl.record_event("train_end", step=self._last_step)
             self._jsonl.stop()
+        if self._pushgateway is not None:
+            self._pushgateway.run_ended()
 
     def _column_values(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """(keys, values) of the per-step series; the keys tuple is shared until a series appears."""
@@ -364,6 +391,8 @@ class TrainingMonitor(Callback):
                 self._jsonl.flush()
             if self._file_sd is not None:
                 self._file_sd.remove()  # a stopped rank leaves discovery, not a dead target
+            if self._pushgateway is not None:
+                self._pushgateway.run_ended()  # a stopped job leaves its last numbers behind
             previous = self._previous_handlers.get(signum, signal.SIG_DFL)
             if callable(previous):
                 previous(signum, frame)

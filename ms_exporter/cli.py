@@ -117,5 +117,5 @@ def _check_config(path: str) -> int:
         print(f"{path}: {exc}", file=sys.stderr)
         return 1
     print(f"# {path} is valid; effective configuration (defaults and MS_EXPORTER_* variables applied):")
-    print(yaml.safe_dump({"monitor_config": config.to_dict()}, sort_keys=False), end="")
+    print(yaml.safe_dump({"monitor_config": config.redacted()}, sort_keys=False), end="")
     return 0

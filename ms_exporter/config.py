@@ -22,7 +22,10 @@ ENV_PREFIX = "MS_EXPORTER_"
 DEFAULT_PORT = 19420
 
 BACKENDS = ("prometheus", "otlp", "local")
-IMPLEMENTED_BACKENDS = ("prometheus", "local")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+PUSH_EVENTS = ("train_end", "interval")
+# What check-config prints instead of a secret.
+REDACTED = "<redacted>"
 
 # Names allowed in `metrics`: each switches on one group of series (docs/metrics.md lists them).
 METRIC_GROUPS = (
@@ -125,7 +128,31 @@ class LayerNormConfig:
     drift_threshold: float | None = 0.3
 
 
-SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig}
+@dataclass(frozen=True)
+class OtlpConfig:
+    """monitor_config.otlp: the `otlp` backend. None leaves a setting to the standard OTEL_* variables."""
+
+    endpoint: str | None = None
+    protocol: str | None = None  # grpc or http/protobuf; None: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc
+    interval: float | None = None  # seconds between exports; None: OTEL_METRIC_EXPORT_INTERVAL, else 60
+    timeout: float = 10.0  # seconds one export may take, retries included
+    headers: Mapping[str, str] | None = None
+    insecure: bool | None = None
+
+
+@dataclass(frozen=True)
+class PushgatewayConfig:
+    """monitor_config.pushgateway: push this rank's series to a Pushgateway, grouped by project and rank."""
+
+    url: str | None = None  # None: no pushes
+    on: tuple[str, ...] = ("train_end",)
+    interval: float = 30.0  # seconds between pushes when `on` has interval
+    timeout: float = 5.0
+    job: str = "mindspore_training"
+
+
+SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
+            "pushgateway": PushgatewayConfig}
 
 
 @dataclass(frozen=True)
@@ -155,6 +182,8 @@ class MonitorConfig:
     layernorm: LayerNormConfig = field(default_factory=LayerNormConfig)
     weight_norm: bool = False
     file_sd_dir: str | None = None
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)
+    pushgateway: PushgatewayConfig = field(default_factory=PushgatewayConfig)
 
     def wants(self, group: str) -> bool:
         return group in self.metrics
@@ -168,6 +197,13 @@ class MonitorConfig:
             bounds["layernorm_scale_drift_ratio"] = Bound("max", self.layernorm.drift_threshold, absolute=True)
         return bounds
 
+    def redacted(self) -> dict[str, Any]:
+        """to_dict() with secrets (OTLP header values) replaced, for printing and logging."""
+        out = self.to_dict()
+        if out["otlp"]["headers"]:
+            out["otlp"]["headers"] = {name: REDACTED for name in out["otlp"]["headers"]}
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`)."""
         out: dict[str, Any] = {}
@@ -178,7 +214,8 @@ class MonitorConfig:
             elif f.name == "warn_on_value":
                 value = {k: {b.direction: b.value} for k, b in value.items()}
             elif f.name in SECTIONS:
-                value = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(value).items()}
+                value = {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v
+                         for k, v in dataclasses.asdict(value).items()}
             elif isinstance(value, Mapping):
                 value = dict(value)
             out[f.name] = value
@@ -379,10 +416,6 @@ class _Checker:
             return names
         if not names:
             return self._fail(key, f"needs at least one of {list(BACKENDS)}", value)
-        missing = [n for n in names if n not in IMPLEMENTED_BACKENDS]
-        if missing:
-            return self._fail(key, f"{missing} is not available in this version yet (OTLP export is planned); "
-                                   f"available: {list(IMPLEMENTED_BACKENDS)}", value)
         return names
 
     def _project(self, key: str, value: Any) -> Any:
@@ -495,6 +528,31 @@ class _Checker:
         clean = self._check_fields(key, fields, checks)
         return _INVALID if clean is _INVALID or not known else LayerNormConfig(**clean)
 
+    def _otlp(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, OtlpConfig)
+        checks = {
+            "endpoint": self._optional_url,
+            "protocol": lambda k, v: None if v is None else self._choice(k, v, OTLP_PROTOCOLS),
+            "interval": self._optional_positive,
+            "timeout": self._positive_float,
+            "headers": self._headers,
+            "insecure": lambda k, v: None if v is None else self._bool(k, v),
+        }
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else OtlpConfig(**clean)
+
+    def _pushgateway(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, PushgatewayConfig)
+        checks = {
+            "url": self._optional_url,
+            "on": lambda k, v: self._names(k, v, PUSH_EVENTS),
+            "interval": self._positive_float,
+            "timeout": self._positive_float,
+            "job": self._text,
+        }
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else PushgatewayConfig(**clean)
+
     # -- section helpers ---------------------------------------------------------------------------------
     def _section(self, key: str, value: Any, kind: type) -> tuple[dict[str, Any], bool]:
         """The known sub-keys to check, and whether the section had no other problem."""
@@ -534,6 +592,34 @@ class _Checker:
         if value is None:
             return None
         return self._positive_float(key, value)
+
+    def _choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> Any:
+        if value in allowed:
+            return value
+        return self._fail(key, f"must be one of {list(allowed)}", value)
+
+    def _optional_url(self, key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s]+", value):
+            return self._fail(key, "must be a URL such as http://host:port", value)
+        return value
+
+    def _headers(self, key: str, value: Any) -> Any:
+        """A mapping, or the OTEL_EXPORTER_OTLP_HEADERS form `name=value,name2=value2`."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            pairs = [part.split("=", 1) for part in value.split(",") if part.strip()]
+            if not all(len(pair) == 2 and pair[0].strip() for pair in pairs):
+                return self._fail(key, "must be a mapping of header name to value, or 'name=value,name2=value2'",
+                                  REDACTED)
+            value = {name.strip(): text.strip() for name, text in pairs}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in value.items()):
+            # The value is a secret: never echo it.
+            return self._fail(key, "must be a mapping of header name to string value", REDACTED)
+        return dict(value)
 
     def _regexes(self, key: str, value: Any) -> Any:
         items = [value] if isinstance(value, str) else value

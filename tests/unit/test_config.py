@@ -122,7 +122,14 @@ def test_every_problem_is_reported_at_once() -> None:
         ({"project": "x" * 200}, "at most 128 characters"),
         ({"save_dir": 3}, "save_dir: must be a non-empty string"),
         ({"backend": []}, "needs at least one of"),
-        ({"backend": ["otlp"]}, "not available in this version yet"),
+        ({"otlp": {"protocol": "udp"}}, "otlp.protocol: must be one of ['grpc', 'http/protobuf']"),
+        ({"otlp": {"endpoint": "collector:4317"}}, "otlp.endpoint: must be a URL"),
+        ({"otlp": {"timeout": 0}}, "otlp.timeout: must be a number greater than 0"),
+        ({"otlp": {"insecure": "no"}}, "otlp.insecure: must be true or false"),
+        ({"otlp": {"endpont": "http://c:4317"}}, "did you mean 'endpoint'"),
+        ({"pushgateway": {"url": "pushgateway:9091"}}, "pushgateway.url: must be a URL"),
+        ({"pushgateway": {"on": ["train_end", "every_step"]}}, "unknown name(s) 'every_step'"),
+        ({"pushgateway": {"interval": -1}}, "pushgateway.interval: must be a number greater than 0"),
         ({"metrics": "loss,lr"}, "unknown name(s)"),
         ({"warn_on_value": [1]}, "must be a mapping of metric to bound"),
         ({"warn_on_value": {"loss": "high"}}, "bound for 'loss' must be a number"),
@@ -156,6 +163,37 @@ def test_env_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MS_EXPORTER_PORT", "eighty")
     with pytest.raises(ConfigError, match="MS_EXPORTER_PORT"):
         load_config(None)
+
+
+def test_otlp_and_pushgateway_sections() -> None:
+    config = load_config({"backend": ["prometheus", "otlp"],
+                          "otlp": {"endpoint": "http://collector:4317", "protocol": "grpc", "interval": 5,
+                                   "headers": "authorization=Bearer abc, x-tenant=ml"},
+                          "pushgateway": {"url": "http://pushgateway:9091", "on": ["train_end", "interval"]}})
+    assert config.backend == ("prometheus", "otlp")
+    assert config.otlp.headers == {"authorization": "Bearer abc", "x-tenant": "ml"}
+    assert config.otlp.interval == 5.0 and config.otlp.insecure is None
+    assert config.pushgateway.on == ("train_end", "interval") and config.pushgateway.job == "mindspore_training"
+    assert load_config(config.to_dict()) == config
+
+
+def test_secrets_never_printed(tmp_path: Path) -> None:
+    config = load_config({"otlp": {"headers": {"authorization": "Bearer s3cret"}}})
+    assert "s3cret" not in repr(config.redacted())
+    with pytest.raises(ConfigError) as info:
+        load_config({"otlp": {"headers": {"authorization": ["s3cret"]}}})
+    assert "s3cret" not in str(info.value) and "otlp.headers" in str(info.value)
+    path = write(tmp_path, "monitor_config:\n  otlp:\n    headers: {authorization: Bearer s3cret}\n")
+    run = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(path)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "s3cret" not in run.stdout and "authorization: <redacted>" in run.stdout
+
+
+def test_sections_from_environment_merge_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_EXPORTER_PUSHGATEWAY", "{url: 'http://pg:9091'}")
+    config = load_config({"pushgateway": {"on": ["interval"], "interval": 2}})
+    assert config.pushgateway.url == "http://pg:9091" and config.pushgateway.on == ("interval",)
 
 
 def test_config_round_trips_through_its_dict() -> None:
