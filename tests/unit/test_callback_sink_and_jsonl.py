@@ -253,3 +253,23 @@ def test_cb_params_without_optimizer_or_network_is_fine() -> None:
         assert sum(s.value for s in errors.children()) == 0
     finally:
         monitor.close()
+
+
+def test_otlp_without_the_sdk_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ms_exporter.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "ms_exporter.sinks.otlp", None)  # as if opentelemetry-sdk were missing
+    with pytest.raises(ConfigError, match=r"pip install 'ms-exporter\[otlp\]'"):
+        TrainingMonitor(port=0, backend=["otlp"])
+
+
+def test_an_otlp_setting_the_sdk_rejects_is_counted_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "udp")  # not checked by monitor_config: the SDK's variable
+    monitor = TrainingMonitor(port=0, backend=["prometheus", "otlp"])
+    try:
+        assert monitor._otlp is None and monitor.url is not None  # /metrics still served
+        assert scrape(monitor.url).value("mindspore_exporter_errors_total", component="otlp") == 1
+    finally:
+        monitor.close()
