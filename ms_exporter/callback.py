@@ -134,7 +134,8 @@ class TrainingMonitor(Callback):
     def _serve(self) -> PrometheusEndpoint | None:
         port = self.config.port + self.rank.local_rank if self.config.port else 0
         try:
-            endpoint = PrometheusEndpoint(self.store, self.config.bind_address, port, self._errors.absorb)
+            endpoint = PrometheusEndpoint(self.store, self.config.bind_address, port, self._errors.absorb,
+                                          self.config.web)
         except OSError as exc:
             # Not even a free port on this address: training goes on without an endpoint.
             self._errors.absorb("prometheus", exc)
@@ -352,7 +353,8 @@ class TrainingMonitor(Callback):
 
     # -- signals ---------------------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        if (self._jsonl is None and self._file_sd is None) or threading.current_thread() is not threading.main_thread():
+        if ((self._jsonl is None and self._file_sd is None and self._pushgateway is None)
+                or threading.current_thread() is not threading.main_thread()):
             return
         self._signal_pid = os.getpid()
         for signum in (signal.SIGTERM, signal.SIGINT):

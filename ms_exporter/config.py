@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import ipaddress
 import math
 import os
@@ -151,8 +152,30 @@ class PushgatewayConfig:
     job: str = "mindspore_training"
 
 
+CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+_BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
+_SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """monitor_config.web: who may read the endpoint, in the spirit of Prometheus' web configuration file."""
+
+    config_file: str | None = None  # a Prometheus web config file (tls_server_config, basic_auth_users)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    client_ca_file: str | None = None
+    client_auth_type: str = "NoClientCert"
+    basic_auth_users: Mapping[str, str] = field(default_factory=dict)  # user -> bcrypt or sha256:<hex> hash
+    cache_seconds: float = 0.25  # a rendered page is reused this long: a flood of requests costs one render
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
-            "pushgateway": PushgatewayConfig}
+            "pushgateway": PushgatewayConfig, "web": WebConfig}
 
 
 @dataclass(frozen=True)
@@ -184,6 +207,7 @@ class MonitorConfig:
     file_sd_dir: str | None = None
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
     pushgateway: PushgatewayConfig = field(default_factory=PushgatewayConfig)
+    web: WebConfig = field(default_factory=WebConfig)
 
     def wants(self, group: str) -> bool:
         return group in self.metrics
@@ -200,8 +224,9 @@ class MonitorConfig:
     def redacted(self) -> dict[str, Any]:
         """to_dict() with secrets (OTLP header values) replaced, for printing and logging."""
         out = self.to_dict()
-        if out["otlp"]["headers"]:
-            out["otlp"]["headers"] = {name: REDACTED for name in out["otlp"]["headers"]}
+        for section, key in (("otlp", "headers"), ("web", "basic_auth_users")):
+            if out[section][key]:
+                out[section][key] = {name: REDACTED for name in out[section][key]}
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,7 +297,17 @@ def _read_file(path: Path, problems: list[str]) -> dict[str, Any]:
         return {}
     if data is None:
         return {}
-    return _unwrap(data, str(path), problems)
+    raw = _unwrap(data, str(path), problems)
+    if "pushgateway" in raw:
+        raw["pushgateway"] = _yaml_on_key(raw["pushgateway"])
+    return raw
+
+
+def _yaml_on_key(section: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true: give pushgateway.on its name back."""
+    if isinstance(section, Mapping) and any(key is True for key in section):
+        return {"on" if key is True else key: value for key, value in section.items()}
+    return section
 
 
 def _unwrap(data: Any, where: str, problems: list[str]) -> dict[str, Any]:
@@ -553,6 +588,58 @@ class _Checker:
         clean = self._check_fields(key, fields, checks)
         return _INVALID if clean is _INVALID or not known else PushgatewayConfig(**clean)
 
+    def _web(self, key: str, value: Any) -> Any:
+        if isinstance(value, Mapping) and value.get("config_file"):
+            value = {**_read_web_config_file(value["config_file"], self._problems), **value}
+        fields, known = self._section(key, value, WebConfig)
+        checks = {
+            "config_file": lambda k, v: None if v is None else self._text(k, v),
+            "tls_cert_file": self._readable_file,
+            "tls_key_file": self._readable_file,
+            "client_ca_file": self._readable_file,
+            "client_auth_type": lambda k, v: self._choice(k, v, CLIENT_AUTH_TYPES),
+            "basic_auth_users": self._password_hashes,
+            "cache_seconds": lambda k, v: 0.0 if v == 0 else self._positive_float(k, v),
+        }
+        clean = self._check_fields(key, fields, checks)
+        if clean is _INVALID or not known:
+            return _INVALID
+        web = WebConfig(**clean)
+        if (web.tls_cert_file is None) != (web.tls_key_file is None):
+            return self._fail(key, "tls_cert_file and tls_key_file go together: give both for TLS, or neither",
+                              {"tls_cert_file": web.tls_cert_file, "tls_key_file": web.tls_key_file})
+        if not web.tls and (web.client_ca_file or web.client_auth_type != "NoClientCert"):
+            return self._fail(key, "client certificates (client_ca_file, client_auth_type) need TLS: "
+                                   "set tls_cert_file and tls_key_file", web.client_auth_type)
+        if web.client_auth_type != "NoClientCert" and not web.client_ca_file:
+            return self._fail(f"{key}.client_auth_type", "needs client_ca_file, the CA that signs client "
+                                                         "certificates", web.client_auth_type)
+        return web
+
+    def _readable_file(self, key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not os.path.isfile(value) or not os.access(value, os.R_OK):
+            return self._fail(key, "must be the path of a readable file", value)
+        return value
+
+    def _password_hashes(self, key: str, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            return self._fail(key, "must be a mapping of user name to password hash", REDACTED)
+        for user, hashed in value.items():
+            if not isinstance(user, str) or not user or ":" in user:
+                return self._fail(key, "user names must be non-empty strings without ':'", user)
+            if not isinstance(hashed, str) or not (_BCRYPT_HASH.match(hashed) or _SHA256_HASH.match(hashed)):
+                return self._fail(key, f"the hash for user '{user}' must be a bcrypt hash ($2a$/$2b$/$2y$, e.g. "
+                                       "from `htpasswd -nbBC 10 user password`) or sha256:<64 hex digits>",
+                                  REDACTED)
+        if any(_BCRYPT_HASH.match(h) for h in value.values()) and importlib.util.find_spec("bcrypt") is None:
+            return self._fail(key, "bcrypt hashes need the bcrypt package: pip install 'ms-exporter[auth]' "
+                                   "(or give sha256:<hex> hashes)", REDACTED)
+        return dict(value)
+
     # -- section helpers ---------------------------------------------------------------------------------
     def _section(self, key: str, value: Any, kind: type) -> tuple[dict[str, Any], bool]:
         """The known sub-keys to check, and whether the section had no other problem."""
@@ -633,6 +720,35 @@ class _Checker:
         return tuple(items)
 
 
+def _read_web_config_file(path: Any, problems: list[str]) -> dict[str, Any]:
+    """A Prometheus web config file (exporter-toolkit format) as monitor_config.web keys."""
+    if not isinstance(path, str):
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        problems.append(f"monitor_config.web.config_file: cannot read {path}: {exc}")
+        return {}
+    if not isinstance(data, Mapping):
+        problems.append(f"monitor_config.web.config_file: {path} must hold a mapping")
+        return {}
+    out: dict[str, Any] = {}
+    unknown = [k for k in data if k not in ("tls_server_config", "basic_auth_users")]
+    tls = data.get("tls_server_config") or {}
+    names = {"cert_file": "tls_cert_file", "key_file": "tls_key_file", "client_ca_file": "client_ca_file",
+             "client_auth_type": "client_auth_type"}
+    if isinstance(tls, Mapping):
+        unknown += [f"tls_server_config.{k}" for k in tls if k not in names]
+        out.update({names[k]: v for k, v in tls.items() if k in names})
+    if data.get("basic_auth_users") is not None:
+        out["basic_auth_users"] = data["basic_auth_users"]
+    if unknown:
+        problems.append(f"monitor_config.web.config_file: {path} has keys this exporter does not support: "
+                        f"{sorted(map(str, unknown))}; supported: tls_server_config.{{{', '.join(names)}}}, "
+                        "basic_auth_users")
+    return out
+
+
 def _bound(spec: Any, default_direction: Literal["max", "min"]) -> Bound | None:
     if isinstance(spec, Mapping) and len(spec) == 1:
         ((direction, number),) = spec.items()
@@ -665,4 +781,6 @@ def _parse_env(key: str, text: str) -> Any:
         return [part.strip() for part in value.split(",") if part.strip()]
     if key in _STRING_KEYS and value is not None:
         return text  # keep strings verbatim: a project named "1e3" stays a string
+    if key == "pushgateway":
+        return _yaml_on_key(value)
     return value

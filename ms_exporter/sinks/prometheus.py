@@ -8,10 +8,12 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ms_exporter.config import ConfigError, WebConfig
+from ms_exporter.sinks.web import serve, tls_context
 from ms_exporter.store import FamilySnapshot, HistogramSeries, MetricStore
 
 logger = logging.getLogger("ms_exporter")
@@ -62,7 +64,7 @@ class PrometheusEndpoint:
     """A private registry served on bind_address:port; a taken port falls back to any free one."""
 
     def __init__(self, store: MetricStore, bind_address: str, port: int,
-                 on_error: Callable[[str, BaseException], None]) -> None:
+                 on_error: Callable[[str, BaseException], None], web: WebConfig | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = StoreCollector(store, on_error)
         self.registry.register(self.collector)
@@ -70,15 +72,24 @@ class PrometheusEndpoint:
         self._thread: Any = None
         self.requested_port = port
         self.bind_address = bind_address
+        self.web = web or WebConfig()
+        self._tls = None
+        if self.web.tls:
+            try:
+                self._tls = tls_context(self.web)
+            except (OSError, ValueError) as exc:  # asked for TLS: never fall back to plain HTTP
+                raise ConfigError([f"monitor_config.web: cannot load the TLS certificate, key or client CA "
+                                   f"({self.web.tls_cert_file}, {self.web.tls_key_file}, "
+                                   f"{self.web.client_ca_file}): {exc}"]) from exc
         self.port = self._start(bind_address, port)
 
     def _start(self, address: str, port: int) -> int:
         try:
-            self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
+            self._server, self._thread = serve(self.registry, self.web, address, port, self._tls)
         except OSError as exc:
             if port == 0:
                 raise
-            self._server, self._thread = start_http_server(0, addr=address, registry=self.registry)
+            self._server, self._thread = serve(self.registry, self.web, address, 0, self._tls)
             actual = int(self._server.server_address[1])
             logger.warning("ms_exporter: port %d on %s is not available (%s); serving metrics on port %d instead",
                            port, address, exc.strerror or exc, actual)
@@ -92,7 +103,7 @@ class PrometheusEndpoint:
             host = socket.gethostname()
         elif ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}/metrics"
+        return f"{'https' if self.web.tls else 'http'}://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         if self._server is not None:

@@ -18,6 +18,8 @@ from tests.integration.boosted import Boosted
 from tests.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
+# No render cache: these tests scrape right after a step and compare with that step.
+FRESH = {"cache_seconds": 0}
 
 MODES = pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE], ids=["graph", "pynative"])
 BATCH = 8
@@ -68,7 +70,7 @@ def test_global_and_layer_norms_match_an_independent_reference(mode: int) -> Non
     optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
     # A clip far below the real norm: clipping changes what is applied, not the norm reported (pre-clip).
     model = Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=0.01))
-    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2,
+    monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2,
                                                  "threshold": 1e-3})
     recorder = RecordSteps(monitor, network)
     try:
@@ -107,7 +109,8 @@ def test_a_masked_layer_counts_zero_gradient_steps() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     network = MaskedHead()
     model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9)))
-    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 2, "layers": ["dead", "body.head"], "top_k": 1})
+    monitor = TrainingMonitor(port=0, web=FRESH,
+                              grad_norm={"every_n_steps": 2, "layers": ["dead", "body.head"], "top_k": 1})
     try:
         model.train(1, dataset(6), callbacks=[monitor], dataset_sink_mode=False)
         final = scrape(monitor.url)
@@ -146,7 +149,7 @@ def test_overflow_and_loss_scale_follow_the_cell(mode: int) -> None:
     cell = LossScaleTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9),
                                      init_scale=2.0**16, scale_window=3)
     recorder = InjectAndRecord(network, overflow_steps={2, 3})
-    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 1})
+    monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 1})
     try:
         Model(cell).train(1, dataset(8), callbacks=[monitor, recorder], dataset_sink_mode=False)
         final = scrape(monitor.url)
@@ -173,7 +176,7 @@ def test_fixed_loss_scale_manager_scale_is_exported() -> None:
     model = Model(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   nn.Momentum(network.trainable_params(), 0.01, 0.9, loss_scale=128.0),
                   loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False))
-    monitor = TrainingMonitor(port=0)
+    monitor = TrainingMonitor(port=0, web=FRESH)
     try:
         model.train(1, data, callbacks=[monitor], dataset_sink_mode=False)
         final = scrape(monitor.url)
@@ -217,7 +220,7 @@ def test_mindspore_transformers_output_shapes(seven: bool) -> None:
     network = small_network()
     inner = GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9))
     recorder = RecordNorm()
-    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 1, "layers": ["head"]})
+    monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 1, "layers": ["head"]})
     try:
         Model(MindFormersLike(inner, seven)).train(1, dataset(3), callbacks=[monitor, recorder],
                                                    dataset_sink_mode=False)
@@ -242,7 +245,7 @@ def test_return_grad_outputs_give_the_norm_on_the_host() -> None:
             expected.append(math.sqrt(sum(float(np.square(g.asnumpy().astype(np.float64)).sum())
                                           for g in grads.values())))
 
-    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 2})
+    monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 2})
     try:
         Model(cell).train(1, dataset(2), callbacks=[monitor, FromDict()], dataset_sink_mode=False)
         assert scrape(monitor.url).value("mindspore_train_grad_norm") == pytest.approx(expected[1], rel=1e-6)
@@ -281,7 +284,7 @@ def test_layernorm_statistics_and_drift() -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     network = small_network()
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.001, 0.9))
-    monitor = TrainingMonitor(port=0, layernorm={"every_n_steps": 1, "window": 4, "drift_threshold": 0.3})
+    monitor = TrainingMonitor(port=0, web=FRESH, layernorm={"every_n_steps": 1, "window": 4, "drift_threshold": 0.3})
     perturb = Perturb(network, monitor)
     try:
         model.train(1, dataset(6), callbacks=[monitor, perturb], dataset_sink_mode=False)
@@ -302,7 +305,7 @@ def test_weight_norm_of_watched_layers() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     network = small_network()
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
-    monitor = TrainingMonitor(port=0, weight_norm=True, grad_norm={"every_n_steps": 1, "layers": ["head"]})
+    monitor = TrainingMonitor(port=0, web=FRESH, weight_norm=True, grad_norm={"every_n_steps": 1, "layers": ["head"]})
     try:
         model.train(1, dataset(2), callbacks=[monitor], dataset_sink_mode=False)
         expected = math.sqrt(float(np.square(network.head.weight.asnumpy().astype(np.float64)).sum()

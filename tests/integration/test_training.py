@@ -48,7 +48,9 @@ def train(mode: int, sink: bool, learning_rate: Any, **monitor_options: Any) -> 
     ms.set_seed(0)
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), learning_rate, 0.9))
-    monitor = TrainingMonitor(port=0, project="it", interval=0.2, warmup_steps=2, **monitor_options)
+    # No render cache: every step's scrape must show that step.
+    monitor = TrainingMonitor(port=0, project="it", interval=0.2, warmup_steps=2, web={"cache_seconds": 0},
+                              **monitor_options)
     checker = ScrapeEveryStep(monitor)
     model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, checker],
                 dataset_sink_mode=sink)
@@ -109,7 +111,7 @@ def test_a_failing_probe_is_counted_and_training_finishes() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
-    monitor = TrainingMonitor(port=0)
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
         loss_probe = next(p for p in monitor._step_probes if p.name == "loss")
 
@@ -143,7 +145,7 @@ def test_evaluation_metrics_from_model_fit() -> None:
     network = nn.Dense(4, 2)
     model = Model(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   nn.Momentum(network.trainable_params(), 0.1, 0.9), metrics={"acc": nn.Accuracy()})
-    monitor = TrainingMonitor(port=0)
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     seen: list[float] = []
 
     class RecordEval(Callback):

@@ -1,0 +1,161 @@
+"""The rank's HTTP endpoint: /metrics from prometheus_client, behind TLS, basic auth, a 404 and a render cache."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from ms_exporter.config import WebConfig
+
+METRICS_PATH = "/metrics"
+# A client that connects and then says nothing (or drips bytes) holds one server thread this long, at most.
+REQUEST_TIMEOUT_SECONDS = 10.0
+_MAX_VERIFIED = 64  # remembered good credentials: bcrypt costs ~60 ms per check, a scrape must not pay it
+
+StartResponse = Callable[..., Any]
+
+
+class MetricsApp:
+    """WSGI app: GET /metrics (auth first, then a cached render), 404 elsewhere, 405 for other methods."""
+
+    def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float) -> None:
+        self._render = make_wsgi_app(registry)
+        self._users = dict(users)
+        self._cache_seconds = cache_seconds
+        self._cache: dict[tuple[bool, bool], tuple[float, str, list[tuple[str, str]], bytes]] = {}
+        self._render_lock = threading.Lock()
+        self._verified: set[bytes] = set()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if self._users and not self._authorised(environ.get("HTTP_AUTHORIZATION", "")):
+            return _reply(start_response, "401 Unauthorized", b"Unauthorized\n",
+                          [("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')])
+        if environ.get("PATH_INFO", "/") != METRICS_PATH:
+            return _reply(start_response, "404 Not Found", f"Not found: this endpoint serves {METRICS_PATH}\n".encode())
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            return _reply(start_response, "405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
+        status, headers, body = self._metrics(environ)
+        start_response(status, headers)
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+
+    def _metrics(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        key = ("openmetrics" in environ.get("HTTP_ACCEPT", ""), "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
+        # One render at a time: a burst of requests waits for it and shares it instead of rendering again.
+        with self._render_lock:
+            cached = self._cache.get(key)
+            if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
+                return cached[1], cached[2], cached[3]
+            captured: dict[str, Any] = {}
+
+            def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+                captured["status"], captured["headers"] = status, headers
+
+            query_free = {**environ, "QUERY_STRING": ""}  # name[] filters would defeat the cache
+            body = b"".join(self._render(query_free, capture))
+            self._cache[key] = (time.monotonic(), captured["status"], captured["headers"], body)
+            return captured["status"], captured["headers"], body
+
+    def _authorised(self, header: str) -> bool:
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = self._users.get(user)
+        if hashed is None:
+            return False
+        fingerprint = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
+        if fingerprint in self._verified:
+            return True
+        if not password_matches(password, hashed):
+            return False
+        if len(self._verified) >= _MAX_VERIFIED:
+            self._verified.clear()
+        self._verified.add(fingerprint)
+        return True
+
+
+def password_matches(password: str, hashed: str) -> bool:
+    """bcrypt ($2a$/$2b$/$2y$) as in Prometheus' web config, or sha256:<hex> for machines without bcrypt."""
+    if hashed.startswith("sha256:"):
+        return hmac.compare_digest(hashlib.sha256(password.encode()).hexdigest(), hashed[len("sha256:"):])
+    import bcrypt  # only needed when a bcrypt hash is configured: the `auth` extra
+
+    return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
+
+
+def _reply(start_response: StartResponse, status: str, body: bytes,
+           headers: list[tuple[str, str]] | None = None) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
+                            *(headers or [])])
+    return [body]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr, and a bounded wait for slow or silent clients."""
+
+    timeout = REQUEST_TIMEOUT_SECONDS
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        pass
+
+
+def tls_context(web: WebConfig) -> ssl.SSLContext:
+    """The server's TLS settings; ssl.SSLError when the certificate, key or CA do not load."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(web.tls_cert_file or "", web.tls_key_file)
+    if web.client_ca_file:
+        context.load_verify_locations(cafile=web.client_ca_file)
+        context.verify_mode = (ssl.CERT_REQUIRED if web.client_auth_type == "RequireAndVerifyClientCert"
+                               else ssl.CERT_OPTIONAL)
+    return context
+
+
+class _TlsServer(ThreadingWSGIServer):
+    """Shakes hands in the request's own thread, so a client that never finishes cannot stall accept()."""
+
+    context: ssl.SSLContext
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        raw, address = self.socket.accept()
+        return self.context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False), address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(REQUEST_TIMEOUT_SECONDS)
+            request.do_handshake()
+        except (OSError, ssl.SSLError):
+            return  # plain HTTP on the TLS port, a bad or missing client certificate: the connection just ends
+        super().finish_request(request, client_address)
+
+
+def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int,
+          context: ssl.SSLContext | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound."""
+    base: type[ThreadingWSGIServer] = _TlsServer if context is not None else ThreadingWSGIServer
+    server_class = type("MetricsServer", (base,), {
+        "address_family": socket.AF_INET6 if ":" in address else socket.AF_INET,
+        "daemon_threads": True,
+    })
+    app = MetricsApp(registry, web.basic_auth_users, web.cache_seconds)
+    server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
+    if context is not None:
+        server.context = context  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)
+    thread.start()
+    return server, thread

@@ -1,0 +1,204 @@
+"""Who may read a rank's endpoint: TLS, client certificates and basic auth, over real HTTP(S) requests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+
+from ms_exporter import TrainingMonitor
+from ms_exporter.config import ConfigError
+from tests.scrape import Scrape
+
+pytestmark = pytest.mark.integration
+
+SHA_PASSWORD = "scrape-me"
+BCRYPT_PASSWORD = "correct horse"
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=ms-exporter test CA", cwd=d)
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}", cwd=d)
+        (d / f"{name}.ext").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+    return d
+
+
+def users() -> dict[str, str]:
+    return {"prometheus": "sha256:" + hashlib.sha256(SHA_PASSWORD.encode()).hexdigest(),
+            "grafana": bcrypt.hashpw(BCRYPT_PASSWORD.encode(), bcrypt.gensalt(4)).decode()}
+
+
+def get(url: str, auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
+        method: str = "GET") -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(url, method=method)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+@pytest.fixture
+def monitors() -> Iterator[list[TrainingMonitor]]:
+    made: list[TrainingMonitor] = []
+    yield made
+    for monitor in made:
+        monitor.close()
+
+
+def start(monitors: list[TrainingMonitor], **options: Any) -> TrainingMonitor:
+    monitor = TrainingMonitor(port=0, project="web", **options)
+    monitors.append(monitor)
+    assert monitor.url is not None
+    return monitor
+
+
+def client_context(pki: Path, certificate: bool = False) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if certificate:
+        context.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+    return context
+
+
+def test_only_metrics_is_served(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors)
+    base = monitor.url.removesuffix("/metrics")
+    assert get(monitor.url)[0] == 200
+    for path in ("/", "/metric", "/metrics/x", "/../etc/passwd", "/favicon.ico"):
+        status, _, body = get(base + path)
+        assert status == 404 and "serves /metrics" in body, path
+    status, headers, _ = get(monitor.url, method="POST")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+
+
+def test_a_burst_of_scrapes_shares_one_render(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"cache_seconds": 0.5})
+    steps = monitor.store.get("mindspore_train_global_step").series()
+    before = Scrape(get(monitor.url)[2]).value("mindspore_train_global_step")
+    steps.value = 41  # what a training step would write
+    assert Scrape(get(monitor.url)[2]).value("mindspore_train_global_step") == before
+    time.sleep(0.6)  # past the cache window (this test is about the window itself)
+    assert Scrape(get(monitor.url)[2]).value("mindspore_train_global_step") == 41
+
+
+def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"basic_auth_users": users()})
+    status, headers, _ = get(monitor.url)
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm=")
+    assert get(monitor.url, ("prometheus", "wrong"))[0] == 401
+    assert get(monitor.url, ("nobody", SHA_PASSWORD))[0] == 401
+    assert get(monitor.url, ("grafana", SHA_PASSWORD))[0] == 401  # another user's password
+    assert get(monitor.url.removesuffix("metrics") + "nothing")[0] == 401  # no hints about paths without auth
+    status, _, body = get(monitor.url, ("prometheus", SHA_PASSWORD))
+    assert status == 200 and Scrape(body).has("mindspore_train_info")
+    for _ in range(2):  # the second time from the verified-credentials cache
+        assert get(monitor.url, ("grafana", BCRYPT_PASSWORD))[0] == 200
+
+
+def test_tls_serves_https_and_plain_http_fails(pki: Path, monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"tls_cert_file": str(pki / "server.crt"), "tls_key_file": str(pki / "server.key"),
+                                   "basic_auth_users": users()})
+    assert monitor.url.startswith("https://127.0.0.1:")
+    status, _, body = get(monitor.url, ("prometheus", SHA_PASSWORD), client_context(pki))
+    assert status == 200 and Scrape(body).has("mindspore_train_steps_total")
+    assert get(monitor.url, None, client_context(pki))[0] == 401
+    plain = http.client.HTTPConnection("127.0.0.1", int(monitor.url.split(":")[2].split("/")[0]), timeout=10)
+    with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+        plain.request("GET", "/metrics")
+        plain.getresponse()
+    with pytest.raises(urllib.error.URLError):  # a client that does not trust the CA
+        get(monitor.url, ("prometheus", SHA_PASSWORD), ssl.create_default_context())
+
+
+def test_client_certificates_required(pki: Path, monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"tls_cert_file": str(pki / "server.crt"), "tls_key_file": str(pki / "server.key"),
+                                   "client_ca_file": str(pki / "ca.crt"),
+                                   "client_auth_type": "RequireAndVerifyClientCert"})
+    assert get(monitor.url, None, client_context(pki, certificate=True))[0] == 200
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        get(monitor.url, None, client_context(pki, certificate=False))
+
+
+def test_a_silent_client_does_not_hold_up_other_scrapes(pki: Path, monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"tls_cert_file": str(pki / "server.crt"), "tls_key_file": str(pki / "server.key")})
+    port = int(monitor.url.split(":")[2].split("/")[0])
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # never say hello
+    try:
+        answered = threading.Event()
+
+        def scrape_once() -> None:
+            if get(monitor.url, None, client_context(pki))[0] == 200:
+                answered.set()
+
+        threading.Thread(target=scrape_once, daemon=True).start()
+        assert answered.wait(5), "a scrape waited behind connections that never finished their TLS handshake"
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_prometheus_web_config_file(pki: Path, tmp_path: Path, monitors: list[TrainingMonitor]) -> None:
+    hashed = users()["grafana"]
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
+                          f"basic_auth_users:\n  grafana: '{hashed}'\n")
+    monitor = start(monitors, web={"config_file": str(web_config)})
+    assert get(monitor.url, ("grafana", BCRYPT_PASSWORD), client_context(pki))[0] == 200
+    assert get(monitor.url, ("grafana", "nope"), client_context(pki))[0] == 401
+    web_config.write_text("tls_server_config:\n  cert_file: x\n  min_version: TLS13\nhttp_server_config: {}\n")
+    unsupported = r"does not support: \['http_server_config', 'tls_server_config.min_version'\]"
+    with pytest.raises(ConfigError, match=unsupported):
+        TrainingMonitor(port=0, web={"config_file": str(web_config)})
+
+
+def test_bad_tls_material_is_a_construction_error(pki: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tls_cert_file and tls_key_file go together"):
+        TrainingMonitor(port=0, web={"tls_cert_file": str(pki / "server.crt")})
+    with pytest.raises(ConfigError, match="need TLS"):
+        TrainingMonitor(port=0, web={"client_ca_file": str(pki / "ca.crt")})
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="cannot load the TLS certificate"):
+        TrainingMonitor(port=0, web={"tls_cert_file": str(garbage), "tls_key_file": str(pki / "server.key")})
+
+
+def test_password_hashes_never_printed(tmp_path: Path, monitors: list[TrainingMonitor]) -> None:
+    hashes = users()
+    config = tmp_path / "monitor.yaml"
+    config.write_text("monitor_config:\n  web:\n    basic_auth_users:\n"
+                      + "".join(f"      {user}: '{hashed}'\n" for user, hashed in hashes.items()))
+    shown = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(config)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "prometheus: <redacted>" in shown
+    assert not any(hashed in shown for hashed in hashes.values())
+    monitor = start(monitors, config=str(config))
+    page = get(monitor.url, ("prometheus", SHA_PASSWORD))[2]
+    assert not any(hashed in page for hashed in hashes.values())
