@@ -14,7 +14,7 @@ from typing import Any
 from mindspore.train import Callback
 
 from ms_exporter.config import ConfigError, MonitorConfig, load_config
-from ms_exporter.errors import ErrorSink
+from ms_exporter.errors import Breaker, ErrorSink
 from ms_exporter.outputs import LayoutResolver
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.evaluation import EvalProbe
@@ -71,6 +71,7 @@ class TrainingMonitor(Callback):
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(p.name for p in self._step_probes),
                                               *self.config.backend, *(("file_sd",) if self.config.file_sd_dir else ()),
                                               *(("pushgateway",) if self.config.pushgateway.url else ())))
+        self._breaker = Breaker(self._errors, self.store)
         hooks = self.store.histogram("mindspore_exporter_callback_duration_seconds",
                                      "The monitor's own cost per hook call.", HOOK_BUCKETS)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
@@ -86,7 +87,7 @@ class TrainingMonitor(Callback):
         if "local" in self.config.backend:
             self._jsonl = JsonlWriter(self.store, self.config.save_dir, self.rank.rank, self.config.project,
                                       self.config.interval, self.config.max_file_mb, self.config.max_files,
-                                      self._errors.absorb)
+                                      self._errors.absorb, self._breaker)
         self._file_sd: FileSdTarget | None = None
         if "prometheus" in self.config.backend:
             self._endpoint = self._serve()
@@ -258,7 +259,8 @@ class TrainingMonitor(Callback):
                 try:
                     probe.on_step(sample)
                 except Exception as exc:
-                    self._errors.absorb(probe.name, exc)
+                    if self._breaker.failed(probe.name, exc, self._steps_done):
+                        self._step_probes = [p for p in self._step_probes if p is not probe]
             self._thresholds.check_step(self._steps_done)
             if self._jsonl is not None:
                 self._jsonl.record_step(sample, *self._column_values())
@@ -344,9 +346,14 @@ class TrainingMonitor(Callback):
             self._sampler = None
 
     def _sample_loop(self) -> None:
-        memory = self._memory
-        while memory is not None:
-            self._guard("memory", memory.sample)
+        tick = 0
+        while self._memory is not None:
+            tick += 1
+            if "memory" not in self._breaker.disabled:
+                try:
+                    self._memory.sample()
+                except Exception as exc:
+                    self._breaker.failed("memory", exc, tick)
             self._guard("sampler", self._thresholds.check_slow)
             if self._sampler_stop.wait(self.config.interval):
                 return

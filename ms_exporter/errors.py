@@ -39,3 +39,40 @@ class ErrorSink:
                 )
         except Exception:  # the error path itself must never raise into training
             pass
+
+
+DISABLE_AFTER = 3
+DISABLED_METRIC = "mindspore_exporter_component_disabled"
+
+
+class Breaker:
+    """Takes a component out after DISABLE_AFTER failures in a row; the rest of the monitor keeps working.
+
+    "In a row" is judged by the caller's call index (the step number for step probes, the tick for the
+    sampler), so a success costs nothing: only failures are recorded.
+    """
+
+    def __init__(self, errors: ErrorSink, store: MetricStore, limit: int = DISABLE_AFTER) -> None:
+        self._errors = errors
+        self._limit = limit
+        self._streaks: dict[str, tuple[int, int]] = {}  # component -> (failures in a row, index of the last)
+        self._disabled_family = store.gauge(DISABLED_METRIC, "1 for a component the monitor switched off after "
+                                                             f"{limit} failures in a row.")
+        self.disabled: set[str] = set()
+
+    def failed(self, component: str, exc: BaseException, index: int) -> bool:
+        """Count the failure; True when this one switches the component off."""
+        self._errors.absorb(component, exc)
+        try:
+            count, last = self._streaks.get(component, (0, index - 2))
+            count = count + 1 if index == last + 1 else 1
+            self._streaks[component] = (count, index)
+            if count < self._limit or component in self.disabled:
+                return False
+            self.disabled.add(component)
+            self._disabled_family.series(component=component).value = 1
+            logger.error("ms_exporter: %s failed %d times in a row and is switched off for the rest of this "
+                         "process (last error: %r); the other metrics keep working", component, count, exc)
+            return True
+        except Exception:
+            return False

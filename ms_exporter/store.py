@@ -144,9 +144,18 @@ class MetricStore:
     def get(self, name: str) -> Family | None:
         return self._families.get(name)
 
-    def families(self) -> Iterator[FamilySnapshot]:
-        """A consistent view for readers: family list and each family's children copied under their locks."""
+    def families(self, on_error: Callable[[BaseException], None] | None = None) -> Iterator[FamilySnapshot]:
+        """A consistent view for readers: family list and each family's children copied under their locks.
+
+        With `on_error`, a family that cannot be read is reported and skipped instead of ending the iteration."""
         with self._lock:
             families = list(self._families.values())
         for family in families:
-            yield FamilySnapshot(family.name, family.kind, family.help, family.children())
+            try:
+                children = family.children()
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
+                continue
+            yield FamilySnapshot(family.name, family.kind, family.help, children)

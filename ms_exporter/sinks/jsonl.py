@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ms_exporter.errors import Breaker
 from ms_exporter.sample import StepSample
 from ms_exporter.store import HistogramSeries, MetricStore, Series
 
@@ -39,6 +40,10 @@ def series_key(family_name: str, series: Series | HistogramSeries) -> str:
     return short + "{" + ",".join(f'{k}="{v}"' for k, v in series.labels) + "}"
 
 
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
 class JsonlWriter:
     """Hot path: `record()` appends to a bounded deque. The thread drains it every `interval` seconds.
 
@@ -47,7 +52,8 @@ class JsonlWriter:
     """
 
     def __init__(self, store: MetricStore, save_dir: str, rank: int, project: str, interval: float,
-                 max_file_mb: float, max_files: int, on_error: Callable[[str, BaseException], None]) -> None:
+                 max_file_mb: float, max_files: int, on_error: Callable[[str, BaseException], None],
+                 breaker: Breaker | None = None) -> None:
         self._store = store
         self.path = Path(save_dir) / f"metrics-rank{rank}.jsonl"
         self._identity = {"rank": rank, "project": project}
@@ -65,6 +71,9 @@ class JsonlWriter:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._on_error = on_error
+        self._breaker = breaker
+        self._flushes = 0
+        self._off = False
 
     # -- training thread -----------------------------------------------------------------------------
     def record_step(self, sample: StepSample, keys: tuple[str, ...], values: tuple[float, ...]) -> None:
@@ -115,12 +124,27 @@ class JsonlWriter:
     def flush(self) -> None:
         """Write everything queued plus a snapshot line, then flush the file to the OS."""
         with self._lock:
+            if self._off:
+                return
             try:
                 lines = [self._line(kind, payload) for kind, payload in self._drain()]
                 lines.append(self._snapshot_line())
                 self._write("".join(lines))
             except Exception as exc:  # a full disk must not reach training: counted, logged once, dropped
-                self._on_error("local", exc)
+                self._flushes += 1
+                if self._breaker is None:
+                    self._on_error("local", exc)
+                elif self._breaker.failed("local", exc, self._flushes):
+                    self._switch_off()
+            else:
+                self._flushes += 1
+
+    def _switch_off(self) -> None:
+        """Stop queueing: an instance attribute shadows the methods, so the training thread pays nothing."""
+        self._off = True
+        self.record_step = _ignore  # type: ignore[method-assign]
+        self.record_event = _ignore  # type: ignore[method-assign]
+        self._queue.clear()
 
     def _drain(self) -> list[tuple[str, Any]]:
         items = []
@@ -143,7 +167,7 @@ class JsonlWriter:
 
     def _snapshot_line(self) -> str:
         metrics: dict[str, Any] = {}
-        for family in self._store.families():
+        for family in self._store.families(lambda exc: self._on_error("local", exc)):
             for child in family.children:
                 key = series_key(family.name, child)
                 if isinstance(child, HistogramSeries):

@@ -168,7 +168,7 @@ class StoreHistogramExporter(MetricExporter):
         now = time.time_ns()
         constant = dict(self._store.constant_labels)
         out = []
-        for family in self._store.families():
+        for family in self._store.families(lambda exc: self._on_error("otlp", exc)):
             if family.kind != "histogram":
                 continue
             points = []

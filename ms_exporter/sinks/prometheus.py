@@ -31,7 +31,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         constant = dict(self._store.constant_labels)
-        for family in self._store.families():
+        for family in self._store.families(lambda exc: self._on_error("prometheus", exc)):
             try:
                 yield _render(family, constant)
             except Exception as exc:  # one broken family costs its series, never the whole scrape

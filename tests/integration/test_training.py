@@ -124,7 +124,8 @@ def test_a_failing_probe_is_counted_and_training_finishes() -> None:
                     dataset_sink_mode=False)
         assert len(checker.rows) == STEPS  # training went on
         final = scrape(monitor.url)
-        assert final.value("mindspore_exporter_errors_total", component="loss") == STEPS
+        # Counted, then switched off after 3 in a row (tests/integration/test_fault_isolation.py has the rest).
+        assert final.value("mindspore_exporter_errors_total", component="loss") == 3
         assert final.value("mindspore_train_global_step") == STEPS  # the other probes kept working
         assert final.value("mindspore_train_learning_rate") == pytest.approx(0.01)
     finally:
