@@ -1,0 +1,79 @@
+"""Random YAML and dicts into the loader: only ConfigError ever comes out, and it names a key."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from ms_exporter.config import KEYS, SECTIONS, ConfigError, load_config
+
+SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                    st.text(max_size=20), st.sampled_from(["prometheus", "otlp", "loss", "grpc", "train_end",
+                                                           "$2b$", "sha256:", "0.0.0.0", "1e3", "on"]))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                      max_leaves=8)
+
+
+@st.composite
+def configs(draw: Any) -> dict[str, Any]:
+    """Mostly real keys (with real sub-keys for sections), some typos, values of any shape."""
+    keys = draw(st.lists(st.one_of(st.sampled_from(KEYS), st.text(max_size=10)), max_size=6))
+    out: dict[str, Any] = {}
+    for key in keys:
+        if key in SUB_KEYS and draw(st.booleans()):
+            out[key] = draw(st.dictionaries(st.sampled_from(SUB_KEYS[key]), values, max_size=4))
+        else:
+            out[key] = draw(values)
+    return out
+
+
+def check(source: Any) -> None:
+    try:
+        load_config(source)
+    except ConfigError as exc:
+        assert exc.problems and all("monitor_config" in p or "config file" in p or "YAML" in p for p in exc.problems)
+
+
+@settings(max_examples=400, deadline=None)
+@given(configs())
+def test_random_dicts_give_a_config_or_a_config_error(raw: dict[str, Any]) -> None:
+    check(raw)
+    check({"monitor_config": raw})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(configs().map(lambda raw: yaml.safe_dump({"monitor_config": raw}, allow_unicode=True)),
+                 st.text(max_size=200)))
+def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "monitor.yaml"
+    path.write_text(text, encoding="utf-8")
+    check(path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=128).filter(str.strip), st.text(max_size=128))
+def test_any_project_and_tag_value_renders_as_valid_exposition(project: str, tag: str) -> None:
+    """Quotes, backslashes, newlines and any Unicode in label values are escaped, never break a scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ms_exporter.probes.identity import publish_identity
+    from ms_exporter.ranks import RankInfo
+    from ms_exporter.sinks.prometheus import StoreCollector
+    from ms_exporter.store import MetricStore
+
+    store = MetricStore((("rank", "0"), ("project", project)))
+    publish_identity(store, RankInfo(0, 0, 1, "host"), "CPU", "2.10", {"team": tag})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, lambda component, exc: (_ for _ in ()).throw(exc)))
+    families = list(text_string_to_metric_families(generate_latest(registry).decode("utf-8")))
+    (sample,) = [s for f in families for s in f.samples if s.name == "mindspore_train_info"]
+    assert sample.labels["project"] == project and sample.labels["team"] == tag
+    assert not math.isnan(sample.value)
