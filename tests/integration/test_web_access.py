@@ -202,3 +202,16 @@ def test_password_hashes_never_printed(tmp_path: Path, monitors: list[TrainingMo
     monitor = start(monitors, config=str(config))
     page = get(monitor.url, ("prometheus", SHA_PASSWORD))[2]
     assert not any(hashed in page for hashed in hashes.values())
+
+
+def test_huge_requests_are_refused_and_the_endpoint_keeps_serving(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors)
+    port = int(monitor.url.split(":")[2].split("/")[0])
+    for request in (b"GET /" + b"a" * 200_000 + b" HTTP/1.1\r\n\r\n",
+                    b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(500)) + b"\r\n",
+                    b"GET /metrics HTTP/1.1\r\nX-Big: " + b"z" * 200_000 + b"\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(request)
+            status_line = sock.recv(200).split(b"\r\n")[0]
+        assert status_line.split()[1] in (b"400", b"414", b"431"), status_line
+    assert get(monitor.url)[0] == 200
