@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
+import os
+import queue
 import socket
 import ssl
 import threading
@@ -15,13 +18,16 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from ms_exporter.config import WebConfig
 
 METRICS_PATH = "/metrics"
 # A client that connects and then says nothing (or drips bytes) holds one server thread this long, at most.
 REQUEST_TIMEOUT_SECONDS = 10.0
+# Requests are served by a few long-lived threads (a thread per request costs more than serving a cached page)
+# with a bounded queue in front: past it, a connection is closed at once instead of piling up.
+WORKER_THREADS = 8
+QUEUED_CONNECTIONS = 64
 _MAX_VERIFIED = 64  # remembered good credentials: bcrypt costs ~60 ms per check, a scrape must not pay it
 
 StartResponse = Callable[..., Any]
@@ -126,8 +132,54 @@ def tls_context(web: WebConfig) -> ssl.SSLContext:
     return context
 
 
-class _TlsServer(ThreadingWSGIServer):
-    """Shakes hands in the request's own thread, so a client that never finishes cannot stall accept()."""
+class _PooledServer(WSGIServer):
+    """Hands accepted connections to WORKER_THREADS daemon threads through a bounded queue."""
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._connections: queue.Queue[tuple[Any, Any] | None] = queue.Queue(QUEUED_CONNECTIONS)
+        self._workers = [threading.Thread(target=self._work, name=f"ms_exporter-http-{i}", daemon=True)
+                         for i in range(WORKER_THREADS)]
+        for worker in self._workers:
+            worker.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            self._connections.put_nowait((request, client_address))
+        except queue.Full:  # a flood: refuse this one rather than queue without bound
+            self.shutdown_request(request)
+
+    def _work(self) -> None:
+        _lower_priority()
+        while True:
+            item = self._connections.get()
+            if item is None:
+                return
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                pass  # a client that went away mid-request: nothing to report, the next one is served
+            finally:
+                self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        for _ in self._workers:
+            try:
+                self._connections.put_nowait(None)
+            except queue.Full:
+                break  # daemon threads: they end with the process
+
+
+def _lower_priority() -> None:
+    """On Linux a thread has its own nice value: when the CPU is short, training threads go first."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: normal priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+class _TlsServer(_PooledServer):
+    """Shakes hands in a worker thread, so a client that never finishes cannot stall accept()."""
 
     context: ssl.SSLContext
 
@@ -147,11 +199,9 @@ class _TlsServer(ThreadingWSGIServer):
 def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int,
           context: ssl.SSLContext | None = None) -> tuple[WSGIServer, threading.Thread]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound."""
-    base: type[ThreadingWSGIServer] = _TlsServer if context is not None else ThreadingWSGIServer
-    server_class = type("MetricsServer", (base,), {
-        "address_family": socket.AF_INET6 if ":" in address else socket.AF_INET,
-        "daemon_threads": True,
-    })
+    base: type[_PooledServer] = _TlsServer if context is not None else _PooledServer
+    server_class = type("MetricsServer", (base,), {"address_family": socket.AF_INET6 if ":" in address
+                                                   else socket.AF_INET})
     app = MetricsApp(registry, web.basic_auth_users, web.cache_seconds)
     server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
     if context is not None:
