@@ -1,0 +1,750 @@
+"""Scale on paper: what one rank exposes, measured, and what 1,000 and 10,000 ranks cost Prometheus, computed.
+
+    python -m benchmarks.scaling [--steps 300] [--output docs/scaling.md] [--load-ranks 1000] [--no-prometheus]
+
+Trains the demo Transformer for real with a default TrainingMonitor, counts what its /metrics serves (series,
+families, histogram buckets, bytes plain and gzip-compressed), repeats with the configuration that reaches the
+in-process bound on layer series, has a real Prometheus scrape the endpoint, and has a real Prometheus scrape
+`--load-ranks` replayed copies of the exposition (each with its own rank) to check the memory rule of thumb.
+The figures replace the block between the measured markers of docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gzip
+import http.server
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+# What Prometheus 2.42 sends by default: it prefers OpenMetrics, and asks for gzip.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+# Prometheus adds these to every target: https://prometheus.io/docs/concepts/jobs_instances/
+SYNTHETIC = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
+             "scrape_series_added")
+TARGET_LABELS = ("job", "instance")  # what a plain static or file_sd scrape config adds to every series
+INTERVALS = (15.0, 30.0)  # deploy/kubernetes scrapes every 15 s; 30 s is a common global setting
+RANKS = (1_000, 10_000)
+
+# The memory rule of thumb. Brian Brazil, "How much RAM does Prometheus 2.x need for cardinality and ingestion?"
+# (Robust Perception, 2019, profiled on Prometheus 2.9): per series about 732 B, plus 32 B per label pair, plus the
+# metric name twice; 120 B per unique label value; all of it doubled for Go's garbage collector.
+RULE_PER_SERIES, RULE_PER_LABEL_PAIR, RULE_PER_UNIQUE_VALUE, RULE_GC = 732, 32, 120, 2
+RULE_SOURCE = "https://www.robustperception.io/how-much-ram-does-prometheus-2-x-need-for-cardinality-and-ingestion/"
+
+# Layers of the demo model (per encoder layer: self_attn, self_attn.out_proj, dense1, dense2, norm1, norm2; plus
+# position, embed, head). These regexes watch 3 per encoder layer and the 3 outer ones: with 4 encoder layers that
+# is 15 = max_series - top_k, and top_k adds the 5 largest of the other 12, so the cap of 20 is reached.
+UPPER_BOUND = {"weight_norm": True,
+               "grad_norm": {"layers": [r"encoder\.layers\.\d+\.(self_attn|dense1|dense2)$", "head$", "embed$",
+                                        "position$"],
+                             "top_k": 5, "max_series": 20}}
+# Memory is sampled every `interval` seconds and its growth series appear at the first sample after warm-up: at
+# the default 30 s a run of a few hundred steps would end before they exist. `interval` changes no series.
+MEASURE_INTERVAL = {"interval": 1.0}
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    encoder_layers: int
+    options: dict[str, Any]
+
+
+CASES = (
+    Case("defaults", 2, {}),
+    Case("20 layer series + weight_norm", 4, UPPER_BOUND),
+    Case("20 layer series + weight_norm, on the 2-layer demo model", 2, UPPER_BOUND),
+)
+
+
+@dataclass
+class RankFigures:
+    """What one rank's /metrics served after training."""
+
+    case: str
+    encoder_layers: int
+    steps: int
+    series: int  # sample lines of the text format: every one is a time series in Prometheus
+    families: int  # metric families with at least one series
+    declared_families: int  # with HELP/TYPE, some possibly without series yet
+    bucket_series: int  # `_bucket` series of histograms
+    histogram_series: int  # buckets + _sum + _count
+    layer_grad_norm_series: int
+    weight_norm_series: int
+    layernorm_series: int
+    layernorms_in_model: int
+    bytes_openmetrics: int  # the body Prometheus gets, uncompressed
+    bytes_gzip: int  # the same body as it crosses the wire (Prometheus sends Accept-Encoding: gzip)
+    bytes_text: int  # the classic text format (what curl gets)
+    mean_label_pairs: float  # per series, the name included, before Prometheus adds target labels
+    mean_name_length: float
+    per_family: dict[str, tuple[str, int]] = field(default_factory=dict)  # family -> (type, series)
+    label_values: dict[str, int] = field(default_factory=dict)  # label name -> distinct values
+    optimizer_handed_over: bool = False
+    exposition: str = ""  # the classic text, for the replayed load run
+    prometheus: dict[str, Any] = field(default_factory=dict)
+
+
+# -- one rank, measured ---------------------------------------------------------------------------------------------
+
+
+def _handover_callback() -> Any:
+    """Placed before the monitor. Model(train_cell) leaves cb_params.optimizer None, and the weight_norm probe looks
+    only there (the grad_norm probe falls back to the cell's weights), so weight_norm would export nothing. This hands
+    the probe the cell's own optimizer, so that the count is what the configuration asks for."""
+    from mindspore.train import Callback
+
+    class HandOverOptimizer(Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.handed_over = False
+
+        def on_train_begin(self, run_context: Any) -> None:
+            cb_params = run_context.original_args()
+            cell_optimizer = getattr(cb_params.get("train_network"), "optimizer", None)
+            if cb_params.get("optimizer") is None and cell_optimizer is not None:
+                cb_params.optimizer = cell_optimizer
+                self.handed_over = True
+
+    return HandOverOptimizer()
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read(), {k.lower(): v for k, v in response.headers.items()}
+
+
+def count_exposition(url: str) -> dict[str, Any]:
+    """Counts of one scrape of `url`, parsed with prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text_body, _ = _get(url, {})
+    text = text_body.decode("utf-8")
+    openmetrics, headers = _get(url, {"Accept": PROMETHEUS_ACCEPT})
+    if "openmetrics" not in headers.get("content-type", ""):
+        raise RuntimeError(f"{url} did not answer Prometheus' Accept header with OpenMetrics: {headers}")
+    compressed, headers = _get(url, {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+    if headers.get("content-encoding") != "gzip":
+        raise RuntimeError(f"{url} ignored Accept-Encoding: gzip")
+    if gzip.decompress(compressed).count(b"\n") != openmetrics.count(b"\n"):
+        raise RuntimeError("the gzip body is not the same exposition as the plain one")
+
+    per_family: dict[str, tuple[str, int]] = {}
+    label_values: dict[str, set[str]] = {}
+    series = buckets = histogram = pairs = name_length = 0
+    for family in text_string_to_metric_families(text):
+        per_family[family.name] = (family.type, len(family.samples))
+        for sample in family.samples:
+            series += 1
+            pairs += 1 + len(sample.labels)
+            name_length += len(sample.name)
+            if family.type == "histogram":
+                histogram += 1
+                buckets += sample.name.endswith("_bucket")
+            for name, value in sample.labels.items():
+                label_values.setdefault(name, set()).add(value)
+    declared = len(re.findall(r"^# TYPE ", text, flags=re.MULTILINE))
+    if series != sum(1 for line in text.splitlines() if line and not line.startswith("#")):
+        raise RuntimeError("the parser and the sample lines disagree on the number of series")
+    return {"series": series, "families": sum(1 for _, n in per_family.values() if n), "declared_families": declared,
+            "bucket_series": buckets, "histogram_series": histogram, "bytes_openmetrics": len(openmetrics),
+            "bytes_gzip": len(compressed), "bytes_text": len(text_body),
+            "mean_label_pairs": pairs / max(series, 1), "mean_name_length": name_length / max(series, 1),
+            "per_family": per_family, "label_values": {k: len(v) for k, v in sorted(label_values.items())},
+            "exposition": text}
+
+
+@contextlib.contextmanager
+def trained_monitor(case: Case, steps: int) -> Iterator[tuple[Any, Any, bool]]:
+    """A real GRAPH-mode training of the demo model; yields (monitor, network, optimizer handed over) while the
+    endpoint still serves the final values."""
+    import mindspore as ms
+
+    from ms_exporter import TrainingMonitor
+    from ms_exporter.demo import build_model, synthetic_dataset
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    model = build_model(layers=case.encoder_layers, decay_steps=max(steps, 100))
+    monitor = TrainingMonitor({**case.options, **MEASURE_INTERVAL}, port=0)
+    handover = _handover_callback()
+    try:
+        model.train(1, synthetic_dataset(size=16 * steps), callbacks=[handover, monitor], dataset_sink_mode=False)
+        yield monitor, model.train_network, handover.handed_over
+    finally:
+        monitor.close()
+
+
+def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigures:
+    """Train, scrape, count; with prometheus_seconds > 0 a real Prometheus scrapes the endpoint too."""
+    from ms_exporter.probes.layernorm import find_layernorm_scales
+
+    with trained_monitor(case, steps) as (monitor, network, handed_over):
+        url = monitor.url
+        if url is None:
+            raise RuntimeError("the monitor serves no /metrics")
+        counts = count_exposition(url)
+        seen = prometheus_check(url, prometheus_seconds) if prometheus_seconds > 0 else {}
+    per_family = counts["per_family"]
+
+    def series_of(*names: str) -> int:
+        return sum(per_family.get(name, ("", 0))[1] for name in names)
+
+    return RankFigures(
+        case=case.label, encoder_layers=case.encoder_layers, steps=steps, series=counts["series"],
+        families=counts["families"], declared_families=counts["declared_families"],
+        bucket_series=counts["bucket_series"], histogram_series=counts["histogram_series"],
+        layer_grad_norm_series=series_of("mindspore_train_layer_grad_norm"),
+        weight_norm_series=series_of("mindspore_train_weight_norm"),
+        layernorm_series=series_of("mindspore_train_layernorm_scale_mean", "mindspore_train_layernorm_scale_std",
+                                   "mindspore_train_layernorm_scale_drift_ratio"),
+        layernorms_in_model=len(find_layernorm_scales(network)),
+        bytes_openmetrics=counts["bytes_openmetrics"], bytes_gzip=counts["bytes_gzip"],
+        bytes_text=counts["bytes_text"], mean_label_pairs=counts["mean_label_pairs"],
+        mean_name_length=counts["mean_name_length"], per_family=per_family, label_values=counts["label_values"],
+        optimizer_handed_over=handed_over, exposition=counts["exposition"], prometheus=seen)
+
+
+# -- a real Prometheus ------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait(condition: Any, seconds: float, what: str, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+            result = condition()
+            if result:
+                return result
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {seconds:.0f} s waiting for {what}")
+
+
+class PrometheusServer:
+    """/usr/bin/prometheus on a scratch directory and a free port."""
+
+    def __init__(self, config: dict[str, Any], scratch: str) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        path = Path(scratch) / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.process = subprocess.Popen([PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={scratch}/tsdb",
+                                         f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait(lambda: urllib.request.urlopen(f"{self.base}/-/ready", timeout=2).status == 200, 60, "Prometheus ready")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return list(json.loads(response.read())["data"]["result"])
+
+    def scalar(self, expr: str) -> float:
+        result = self.query(expr)
+        if len(result) != 1:
+            raise ValueError(f"{expr}: {len(result)} results")
+        return float(result[0]["value"][1])
+
+    def own(self, name: str) -> float:
+        """A metric of Prometheus itself, read from its /metrics (it does not scrape itself here)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return float(sample.value)
+        raise KeyError(name)
+
+    def rss(self) -> float:
+        import psutil
+
+        return float(psutil.Process(self.process.pid).memory_info().rss)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def prometheus_version() -> str:
+    try:
+        out = subprocess.run([PROMETHEUS, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return "not installed"
+    match = re.search(r"version (\S+)", out.stdout + out.stderr)
+    return match.group(1) if match else "unknown"
+
+
+def prometheus_check(url: str, seconds: float) -> dict[str, Any]:
+    """A real Prometheus scrapes the rank every second for `seconds` from its first scrape: the counts as
+    Prometheus sees them."""
+    address = urllib.parse.urlparse(url).netloc
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+              "scrape_configs": [{"job_name": "mindspore", "static_configs": [{"targets": [address]}]}]}
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+        server = PrometheusServer(config, scratch)
+        try:
+            # Prometheus starts scraping a few seconds after it is ready (target updates are batched).
+            _wait(lambda: server.query('up{job="mindspore"} == 1'), 60, "Prometheus scraping the rank")
+            time.sleep(seconds)
+            window = f"[{int(seconds) + 60}s]"
+            seen = {
+                "scrapes": server.scalar(f'count_over_time(up{{job="mindspore"}}{window})'),
+                "samples_scraped": server.scalar('scrape_samples_scraped{job="mindspore"}'),
+                "series_added_first_scrape": server.scalar(f'max_over_time(scrape_series_added{{job="mindspore"}}'
+                                                           f'{window})'),
+                "series_in_head": server.scalar('count({job="mindspore"})'),
+                "synthetic_in_head": server.scalar('count({job="mindspore", __name__=~"up|scrape_.+"})'),
+                "head_series_total": server.own("prometheus_tsdb_head_series"),
+            }
+            return seen
+        finally:
+            server.close()
+
+
+# -- many ranks, replayed -----------------------------------------------------------------------------------------
+
+
+class ReplayServer:
+    """Serves /metrics/<r>: one rank's real exposition with rank="<r>", gzip-compressed like the real endpoint."""
+
+    def __init__(self, exposition: str, ranks: int) -> None:
+        label = re.compile(r'([{,])rank="0"')  # the rank label itself, not local_rank
+        if not label.search(exposition):
+            raise ValueError('the exposition has no rank="0" label to replace')
+        self.bodies = [gzip.compress(label.sub(rf'\1rank="{r}"', exposition).encode()) for r in range(ranks)]
+        bodies = self.bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                try:
+                    body = bodies[int(self.path.rsplit("/", 1)[1])]
+                except (ValueError, IndexError):
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, name="replay", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prometheus_load(exposition: str, ranks: int, interval: float, scrapes: int,
+                    relabel: list[dict[str, Any]] | None = None, baseline: bool = True) -> dict[str, Any]:
+    """One real Prometheus scraping `ranks` replayed ranks every `interval` s until each target was scraped
+    `scrapes` times; its head series and memory then, and (with `baseline`) those of the same Prometheus with no
+    targets."""
+    replay = ReplayServer(exposition, ranks)
+    targets = [{"targets": [f"127.0.0.1:{replay.port}"],
+                "labels": {"__metrics_path__": f"/metrics/{r}", "instance": f"node{r // 8}:{19420 + r % 8}"}}
+               for r in range(ranks)]
+    job: dict[str, Any] = {"job_name": "mindspore", "static_configs": targets}
+    if relabel:
+        job["metric_relabel_configs"] = relabel
+    every = f"{interval:g}s"
+    empty_rss = 0.0
+    try:
+        if baseline:
+            with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+                empty = PrometheusServer({"global": {"scrape_interval": every}, "scrape_configs": []}, scratch)
+                try:
+                    time.sleep(3)
+                    empty_rss = empty.rss()
+                finally:
+                    empty.close()
+        with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+            server = PrometheusServer({"global": {"scrape_interval": every, "scrape_timeout": every},
+                                       "scrape_configs": [job]}, scratch)
+            try:
+                began = time.monotonic()
+                _wait(lambda: server.scalar('count(up{job="mindspore"} == 1)') == ranks, interval * 4 + 60,
+                      "every replayed rank scraped once", every=1.0)
+                deadline = began + interval * (scrapes + 0.5)
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                window = f"[{int(interval * (scrapes + 2))}s]"
+                result = {
+                    "ranks": ranks, "interval": interval,
+                    "scrapes_per_target": server.scalar(f'min(count_over_time(up{{job="mindspore"}}{window}))'),
+                    "failed_scrapes": server.scalar(f'sum(count_over_time(up{{job="mindspore"}}{window}))'
+                                                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'),
+                    "samples_scraped": server.scalar('sum(scrape_samples_scraped{job="mindspore"})'),
+                    "samples_kept": server.scalar('sum(scrape_samples_post_metric_relabeling{job="mindspore"})'),
+                    "head_series": server.own("prometheus_tsdb_head_series"),
+                    "rss": server.rss(), "empty_rss": empty_rss,
+                    "heap_inuse": server.own("go_memstats_heap_inuse_bytes"),
+                    "seconds": time.monotonic() - began,
+                }
+            finally:
+                server.close()
+    finally:
+        replay.close()
+    return result
+
+
+# -- the doc's own configuration snippets ------------------------------------------------------------------------
+
+
+def yaml_blocks(markdown: str) -> list[str]:
+    """The ```yaml fenced blocks of a Markdown text, in order."""
+    return re.findall(r"^```yaml\n(.*?)^```", markdown, flags=re.MULTILINE | re.DOTALL)
+
+
+def prometheus_configs(markdown: str) -> list[str]:
+    """The yaml blocks that are Prometheus configuration files (they have scrape_configs at the top)."""
+    configs = []
+    for block in yaml_blocks(markdown):
+        with contextlib.suppress(yaml.YAMLError):
+            parsed = yaml.safe_load(block)
+            if isinstance(parsed, dict) and "scrape_configs" in parsed:
+                configs.append(block)
+    return configs
+
+
+def doc_relabeling(markdown: str) -> list[dict[str, Any]] | None:
+    """metric_relabel_configs of the first scrape config in the doc that has some: the ones the load run applies."""
+    for block in prometheus_configs(markdown):
+        for job in yaml.safe_load(block)["scrape_configs"]:
+            if job.get("metric_relabel_configs"):
+                return list(job["metric_relabel_configs"])
+    return None
+
+
+def promtool_check(block: str) -> str:
+    """`promtool check config` on a configuration snippet; returns promtool's output, raises if it rejects it."""
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+        path = Path(scratch) / "prometheus.yml"
+        path.write_text(block)
+        # Snippets name the rule file that deploy/ ships; promtool resolves it next to the config.
+        rules = Path(__file__).resolve().parents[1] / "deploy/prometheus/rules"
+        (Path(scratch) / "rules").symlink_to(rules)
+        run = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60,
+                             check=False)
+    if run.returncode != 0:
+        raise ValueError(f"promtool rejected the snippet:\n{block}\n{run.stdout}{run.stderr}")
+    return run.stdout
+
+
+# -- computing the rest ---------------------------------------------------------------------------------------------
+
+
+def series_in_prometheus(rank: RankFigures) -> int:
+    """Active series one rank costs Prometheus: what it exposes plus the synthetic up/scrape_* series."""
+    synthetic = rank.prometheus.get("synthetic_in_head", len(SYNTHETIC))
+    return rank.series + int(synthetic)
+
+
+def rule_bytes(rank: RankFigures, ranks: int) -> float:
+    """Head memory for `ranks` such ranks by the rule of thumb (see RULE_SOURCE)."""
+    series = series_in_prometheus(rank) * ranks
+    pairs = rank.mean_label_pairs + len(TARGET_LABELS)
+    per_series = RULE_PER_SERIES + RULE_PER_LABEL_PAIR * pairs + 2 * rank.mean_name_length
+    unique_values = 2 * ranks  # a rank and an instance value per rank; every other value is shared between ranks
+    return RULE_GC * (series * per_series + RULE_PER_UNIQUE_VALUE * unique_values)
+
+
+def scale_rows(rank: RankFigures, load: dict[str, Any] | None) -> list[dict[str, Any]]:
+    rows = []
+    measured_per_series = None
+    if load and load["head_series"]:
+        measured_per_series = (load["rss"] - load["empty_rss"]) / load["head_series"]
+    for ranks in (1, *RANKS):
+        series = series_in_prometheus(rank) * ranks
+        row: dict[str, Any] = {"ranks": f"{ranks:,}", "series": f"{series:,}"}
+        for interval in INTERVALS:
+            row[f"samples_{interval:g}"] = f"{series / interval:,.0f}"
+        row["wire"] = _bytes_rate(rank.bytes_gzip * ranks / INTERVALS[0])
+        row["parsed"] = _bytes_rate(rank.bytes_openmetrics * ranks / INTERVALS[0])
+        row["rule"] = _bytes(rule_bytes(rank, ranks))
+        row["extrapolated"] = _bytes(measured_per_series * series) if measured_per_series else "-"
+        rows.append(row)
+    return rows
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _bytes_rate(value: float) -> str:
+    return _bytes(value) + "/s"
+
+
+# -- the document ---------------------------------------------------------------------------------------------------
+
+
+def machine_line() -> str:
+    from importlib.metadata import version
+
+    import mindspore
+    import psutil
+
+    return (f"{platform.platform()}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM; "
+            f"Python {platform.python_version()}; MindSpore {mindspore.__version__}; "
+            f"prometheus-client {version('prometheus-client')}; Prometheus {prometheus_version()}")
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(row[key]) for key, _ in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def per_rank_table(figures: list[RankFigures]) -> str:
+    rows = [{"case": f.case, "model": f"{f.encoder_layers} encoder layers, {f.layernorms_in_model} LayerNorms",
+             "series": f.series, "families": f"{f.families} (of {f.declared_families} declared)",
+             "buckets": f"{f.bucket_series} ({f.bucket_series / f.series:.0%})",
+             "histogram": f"{f.histogram_series} ({f.histogram_series / f.series:.0%})",
+             "layers": f.layer_grad_norm_series, "weights": f.weight_norm_series, "layernorm": f.layernorm_series,
+             "om": f"{f.bytes_openmetrics:,}", "gzip": f"{f.bytes_gzip:,}", "text": f"{f.bytes_text:,}"}
+            for f in figures]
+    return _table(rows, [("case", "configuration"), ("model", "model"), ("series", "series"),
+                         ("families", "families with series"), ("buckets", "histogram bucket series"),
+                         ("histogram", "all histogram series"), ("layers", "layer grad-norm series"),
+                         ("weights", "weight-norm series"), ("layernorm", "LayerNorm series"),
+                         ("om", "bytes per scrape (OpenMetrics, as Prometheus asks)"), ("gzip", "gzip bytes"),
+                         ("text", "bytes (classic text)")])
+
+
+def family_table(default: RankFigures, upper: RankFigures) -> str:
+    names = sorted(set(default.per_family) | set(upper.per_family),
+                   key=lambda n: (-upper.per_family.get(n, ("", 0))[1], n))
+    rows = []
+    for name in names:
+        kind = (upper.per_family.get(name) or default.per_family[name])[0]
+        shown = f"{name}_total" if kind == "counter" else name  # the parser names counter families without it
+        rows.append({"name": f"`{shown}`", "type": kind, "default": default.per_family.get(name, ("", 0))[1],
+                     "upper": upper.per_family.get(name, ("", 0))[1]})
+    return _table(rows, [("name", "family"), ("type", "type"), ("default", default.case),
+                         ("upper", upper.case)])
+
+
+def render(figures: list[RankFigures], load: dict[str, Any] | None, relabeled_load: dict[str, Any] | None,
+           checked: list[str], command: str, seconds: float) -> str:
+    default, upper = figures[0], figures[1]
+    out = [
+        BEGIN,
+        "<!-- Written by `python -m benchmarks.scaling`: everything up to the end marker is replaced on each run. -->",
+        "",
+        f"Measured by `{command}` on {datetime.date.today().isoformat()} in {seconds:.0f} s.",
+        f"Machine: {machine_line()}.",
+        "",
+        "### One rank, measured",
+        "",
+        f"Real GRAPH-mode training of the demo Transformer (`ms_exporter.demo.build_model`, {default.steps} steps, "
+        "batch 16, `dataset_sink_mode=False`), `TrainingMonitor(port=0)` with `interval: 1` (memory is sampled "
+        "every `interval` seconds and its growth series appear at the first sample after warm-up; the setting "
+        "changes no series, only how soon they exist). Then one scrape of the rank's `/metrics`, parsed with "
+        "`prometheus_client.parser`.",
+        "",
+        per_rank_table(figures),
+        "",
+    ]
+    if upper.layer_grad_norm_series == UPPER_BOUND["grad_norm"]["max_series"]:
+        out.append(f"The second configuration reached the cap: {upper.layer_grad_norm_series} "
+                   "`mindspore_train_layer_grad_norm` series (`grad_norm.max_series`).")
+    else:
+        out.append(f"**The second configuration did not reach the cap**: {upper.layer_grad_norm_series} "
+                   f"`mindspore_train_layer_grad_norm` series, not {UPPER_BOUND['grad_norm']['max_series']}.")
+    for f in figures[2:]:
+        out.append(f"On the {f.encoder_layers}-layer model the same configuration gives "
+                   f"{f.layer_grad_norm_series} layer series: the regexes watch fewer layers there and "
+                   f"top_k adds {UPPER_BOUND['grad_norm']['top_k']} of what is left.")
+    if any(f.optimizer_handed_over and f.weight_norm_series for f in figures):
+        out.append("The weight-norm counts needed the optimizer handed to the monitor: `Model(train_cell)` leaves "
+                   "`cb_params.optimizer` empty and the weight_norm probe reads only that, so with "
+                   "`GradNormTrainOneStepCell` `weight_norm: true` exports nothing unless it is handed over "
+                   "(the measurement does that with a callback placed before the monitor).")
+    out.append(f"Per series (the name included) a rank's series carry {upper.mean_label_pairs:.1f} label pairs on "
+               f"average and names of {upper.mean_name_length:.0f} characters; Prometheus adds "
+               f"{', '.join(TARGET_LABELS)} (and whatever the scrape config's relabeling adds).")
+    if upper.layernorms_in_model:
+        per_norm = upper.layernorm_series / upper.layernorms_in_model
+        deep = [(blocks, blocks * 2 + 1) for blocks in (32, 80)]
+        out.append(f"LayerNorm statistics are {per_norm:g} series per LayerNorm of the model, outside "
+                   "`grad_norm.max_series`: they grow with depth. A model with two norms per block and a final one "
+                   + " and ".join(f"has {norms * per_norm:,.0f} such series per rank at {blocks} blocks ({norms} "
+                                  "norms)" for blocks, norms in deep) + ".")
+    out += ["", "Series per family:", "", family_table(default, upper), "",
+            "Distinct values per label in the upper-bound configuration (one rank):", "",
+            ", ".join(f"`{name}` {count}" for name, count in upper.label_values.items()) + ".", ""]
+
+    seen = [f for f in figures[:2] if f.prometheus]
+    if seen:
+        out += ["### As Prometheus saw it", "",
+                "Prometheus scraped the rank every second (`scrape_interval: 1s`); the values are read through "
+                "its HTTP API.", ""]
+        rows = []
+        for f in seen:
+            p = f.prometheus
+            rows.append({"case": f.case, "scrapes": f"{p['scrapes']:.0f}", "scraped": f"{p['samples_scraped']:.0f}",
+                         "added": f"{p['series_added_first_scrape']:.0f}", "head": f"{p['series_in_head']:.0f}",
+                         "synthetic": f"{p['synthetic_in_head']:.0f}"})
+        out += [_table(rows, [("case", "configuration"), ("scrapes", "scrapes"),
+                              ("scraped", "`scrape_samples_scraped`"),
+                              ("added", "`scrape_series_added` (first scrape)"),
+                              ("head", "series of the target in the head"),
+                              ("synthetic", "of which `up`/`scrape_*`")]), ""]
+        agree = all(f.prometheus["samples_scraped"] == f.series
+                    and f.prometheus["series_in_head"] == f.series + f.prometheus["synthetic_in_head"]
+                    for f in seen)
+        out += [("Prometheus counted exactly the series the parser counted, plus its synthetic series per target."
+                 if agree else "**Prometheus's counts differ from the parser's**; see the table."), ""]
+
+    out += [
+        "### 1,000 and 10,000 ranks, computed",
+        "",
+        "Computed from the per-rank figures above: active series = ranks × (series per rank + the synthetic "
+        f"`up`/`scrape_*` series); samples/s = active series / scrape interval, for {INTERVALS[0]:g} s (the "
+        "ServiceMonitor and PodMonitor in deploy/kubernetes) and "
+        f"{INTERVALS[1]:g} s (deploy/prometheus/prometheus.yml scrapes every 5 s, which is three times the "
+        f"{INTERVALS[0]:g} s figures; Prometheus's own default is 1 m); ingest = bytes per scrape × ranks / "
+        f"{INTERVALS[0]:g} s, gzip-compressed on the wire and uncompressed as parsed.",
+        "",
+        "Memory is an **estimate**. The rule of thumb is Brian Brazil's for Prometheus 2.x "
+        f"([Robust Perception, 2019]({RULE_SOURCE}), profiled on Prometheus 2.9): per series about "
+        f"{RULE_PER_SERIES} B + {RULE_PER_LABEL_PAIR} B per label pair + the name twice, "
+        f"{RULE_PER_UNIQUE_VALUE} B per unique label value, all doubled for Go's garbage collector; here with "
+        "the measured label pairs and name lengths plus the two target labels, and a unique `rank` and "
+        "`instance` value per rank. It counts the series, not the samples held in memory; the "
+        "\"extrapolated\" column instead scales linearly what a real Prometheus 2.42 used per head series in "
+        "the replayed run below (without relabeling). Neither includes the samples a head block accumulates over "
+        "its 2-3 hours, queries, or rule evaluation: size a server well above both.",
+        "",
+    ]
+    columns = [("ranks", "ranks"), ("series", "active series")]
+    columns += [(f"samples_{i:g}", f"samples/s at {i:g} s") for i in INTERVALS]
+    columns += [("wire", f"on the wire at {INTERVALS[0]:g} s (gzip)"), ("parsed", "parsed (uncompressed)"),
+                ("rule", "head memory, rule of thumb"), ("extrapolated", "head memory, extrapolated")]
+    for f in figures[:2]:
+        out += [f"**{f.case}** ({f.encoder_layers} encoder layers):", "", _table(scale_rows(f, load), columns), ""]
+
+    if load:
+        out += ["### A real Prometheus with replayed ranks", ""]
+        out += [f"One Prometheus scraped {load['ranks']:,} targets every {load['interval']:g} s, each serving the "
+                "default configuration's exposition above with its own `rank` label (and its own `instance`), "
+                "gzip-compressed, from one local HTTP server; memory was read after every target had been scraped "
+                f"at least {load['scrapes_per_target']:.0f} times. RSS is the process's resident set; the same "
+                "Prometheus with no targets is subtracted. A few minutes of samples is far from the 2-3 hours a "
+                "head block holds, so this is the series cost, not the steady state.", ""]
+        rows = []
+        for label, run in (("none", load), ("the relabeling below", relabeled_load)):
+            if not run:
+                continue
+            added = run["rss"] - run["empty_rss"]
+            rows.append({"relabel": label, "targets": f"{run['ranks']:,}",
+                         "failed": f"{run['failed_scrapes']:.0f}",
+                         "scraped": f"{run['samples_scraped']:,.0f}", "kept": f"{run['samples_kept']:,.0f}",
+                         "head": f"{run['head_series']:,.0f}", "rss": _bytes(run["rss"]),
+                         "added": _bytes(added), "per": f"{added / run['head_series']:,.0f} B",
+                         "heap": _bytes(run["heap_inuse"]),
+                         "rule": _bytes(rule_bytes(default, run["ranks"]) * run["head_series"]
+                                        / (series_in_prometheus(default) * run["ranks"]))})
+        out += [_table(rows, [("relabel", "metric relabeling"), ("targets", "targets"),
+                              ("failed", "failed scrapes"), ("scraped", "samples in the last scrape of every target"),
+                              ("kept", "kept after relabeling"), ("head", "head series"), ("rss", "RSS"),
+                              ("added", "RSS − empty Prometheus"), ("per", "per head series"),
+                              ("heap", "Go heap in use"), ("rule", "rule of thumb for these series")]), ""]
+    if checked:
+        out += [f"`promtool check config` ({prometheus_version()}) accepted the {len(checked)} Prometheus "
+                "configuration snippets on this page.", ""]
+    out.append(END)
+    return "\n".join(out)
+
+
+def replace_block(document: str, block: str) -> str:
+    if document.count(BEGIN) != 1 or document.count(END) != 1 or document.index(BEGIN) > document.index(END):
+        raise ValueError(f"the document needs exactly one {BEGIN} ... {END} block")
+    head, rest = document.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return head + block + tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="per-rank series and bytes, and what many ranks cost Prometheus")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per configuration")
+    parser.add_argument("--output", default="docs/scaling.md", help="the page whose measured block is rewritten")
+    parser.add_argument("--prometheus-seconds", type=float, default=15.0,
+                        help="how long a real Prometheus scrapes each rank (0: skip)")
+    parser.add_argument("--load-ranks", type=int, default=1000, help="replayed ranks for the memory check (0: skip)")
+    parser.add_argument("--load-interval", type=float, default=15.0)
+    parser.add_argument("--no-prometheus", action="store_true", help="no Prometheus at all")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    output = Path(args.output)
+    document = output.read_text()
+    relabel = doc_relabeling(document)
+    checked = [promtool_check(block) for block in prometheus_configs(document)] if not args.no_prometheus else []
+    seconds = 0.0 if args.no_prometheus else args.prometheus_seconds
+    figures = []
+    for index, case in enumerate(CASES):
+        print(f"training: {case.label} ({case.encoder_layers} encoder layers, {args.steps} steps) ...", flush=True)
+        figures.append(measure(case, args.steps, seconds if index < 2 else 0.0))
+    load = relabeled = None
+    if args.load_ranks and not args.no_prometheus:
+        print(f"Prometheus scraping {args.load_ranks} replayed ranks ...", flush=True)
+        load = prometheus_load(figures[0].exposition, args.load_ranks, args.load_interval, 3)
+        if relabel:
+            print("... and again through the page's relabeling ...", flush=True)
+            relabeled = prometheus_load(figures[0].exposition, args.load_ranks, args.load_interval, 3, relabel)
+    command = "python -m benchmarks.scaling" + ("" if argv is None or not argv else " " + " ".join(argv))
+    if argv is None and len(sys.argv) > 1:
+        command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:])
+    block = render(figures, load, relabeled, checked, command, time.monotonic() - started)
+    output.write_text(replace_block(document, block))
+    print(per_rank_table(figures))
+    print(f"wrote the measured block of {output} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
