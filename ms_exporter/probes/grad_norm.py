@@ -120,11 +120,12 @@ class GradNormProbe(Probe):
 
     def on_step(self, sample: StepSample) -> None:
         layout, outputs = sample.layout, sample.outputs
-        if not layout.measured_by_cell:  # the cell measured this step: read it, whatever the step number
-            if sample.step < self._next_step:
-                return
-            every = self._config.every_n_steps
-            self._next_step = (sample.step // every + 1) * every
+        # The cell measured this step: read it, whatever the step number. Either way the next sample is due
+        # after this step (else the step after a measured one would look for a norm and find none).
+        if not layout.measured_by_cell and sample.step < self._next_step:
+            return
+        every = self._config.every_n_steps
+        self._next_step = (sample.step // every + 1) * every
         parameter_norms = None
         global_norm = None
         if layout.parameter_norms is not None:

@@ -31,9 +31,14 @@ class WeightNormProbe(Probe):
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        optimizer = cb_params.get("optimizer")
-        parameters = list(getattr(optimizer, "parameters", None) or [])
-        index = LayerIndex([p.name for p in parameters], self._config.layers, self._config.max_series)
+        # Model(GradNormTrainOneStepCell(...)) leaves cb_params.optimizer empty: the cell's weights are the same.
+        weights = getattr(cb_params.get("train_network"), "weights", None)
+        if weights is None:
+            weights = getattr(cb_params.get("optimizer"), "parameters", None)
+        parameters = list(weights or [])
+        # The same watched layers as the gradient norms, under the same cap.
+        index = LayerIndex([p.name for p in parameters], self._config.layers,
+                           self._config.max_series - self._config.top_k)
         self._layers = [(layer, [parameters[i] for i in index.layers[layer]]) for layer in index.watched]
         self._next_step = int(cb_params.get("cur_step_num", 0) or 0) + self._config.every_n_steps
 

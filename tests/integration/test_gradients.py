@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -301,13 +302,19 @@ def test_layernorm_statistics_and_drift() -> None:
         monitor.close()
 
 
-def test_weight_norm_of_watched_layers() -> None:
+@pytest.mark.parametrize("wrapped", [False, True], ids=["model-with-optimizer", "grad-norm-cell"])
+def test_weight_norm_of_watched_layers(wrapped: bool, caplog: pytest.LogCaptureFixture) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     network = small_network()
-    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
-    monitor = TrainingMonitor(port=0, web=FRESH, weight_norm=True, grad_norm={"every_n_steps": 1, "layers": ["head"]})
+    optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
+    # Model(cell) leaves cb_params.optimizer empty: the probe must find the weights through the cell.
+    model = Model(GradNormTrainOneStepCell(network, optimizer)) if wrapped else Model(network, optimizer=optimizer)
+    monitor = TrainingMonitor(port=0, web=FRESH, weight_norm=True, grad_norm={"every_n_steps": 2, "layers": ["head"]})
     try:
-        model.train(1, dataset(2), callbacks=[monitor], dataset_sink_mode=False)
+        caplog.set_level(logging.INFO, logger="ms_exporter")
+        model.train(1, dataset(6), callbacks=[monitor], dataset_sink_mode=False)
+        # With the cell, the steps between measured ones must not be mistaken for "no gradient norm".
+        assert ("reports no gradient norm" in caplog.text) == (not wrapped)
         expected = math.sqrt(float(np.square(network.head.weight.asnumpy().astype(np.float64)).sum()
                                    + np.square(network.head.bias.asnumpy().astype(np.float64)).sum()))
         assert scrape(monitor.url).value("mindspore_train_weight_norm", layer="head") == pytest.approx(expected)
