@@ -165,7 +165,7 @@ class _PooledServer(WSGIServer):
 
     def server_close(self) -> None:
         super().server_close()
-        for _ in self._workers:
+        for _ in getattr(self, "_workers", ()):  # none when binding failed before activation
             try:
                 self._connections.put_nowait(None)
             except queue.Full:
