@@ -4,6 +4,9 @@
         examples/distributed_train.py --port 19420 --file-sd-dir /tmp/ms-exporter-targets
 
 Each rank serves http://127.0.0.1:<port + local rank>/metrics and writes its file_sd target file.
+`--slow-rank 1 --slow-seconds 0.2` makes rank 1's data loader take 200 ms longer per batch: the other rank waits
+for it in every step's all-reduce, and MindSporeTrainingStraggler names rank 1. A stall shorter than a step
+(40-100 ms with 2 workers on 2 CPU cores) hides behind the pipeline's prefetch and slows nothing, as it should.
 """
 
 from __future__ import annotations
@@ -12,12 +15,44 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.demo import build_model, synthetic_dataset
+from ms_exporter.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
+
+
+class SlowSamples:
+    """A data-loader stall: each sample takes `seconds` longer to read (slow storage, heavy preprocessing)."""
+
+    def __init__(self, samples: PaddedTokens, seconds: float) -> None:
+        self._samples = samples
+        self._seconds = seconds
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        time.sleep(self._seconds)
+        return self._samples[index]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+
+def dataset_for_this_rank(size: int, slow_seconds: float) -> Any:
+    """This rank's shard; with slow_seconds > 0, read through a loader that is that much slower per batch."""
+    if slow_seconds <= 0:
+        return synthetic_dataset(size=size, num_shards=get_group_size(), shard_id=get_rank())
+    import mindspore.dataset as ds
+
+    # One reader (GeneratorDataset's default num_parallel_workers=1): the stall cannot be spread over
+    # parallel workers. The pipeline's prefetch queues fill while the first step compiles, but a loader slower
+    # than the step has drained them after 20-30 steps; from then on every batch waits for the reader, and the
+    # wait falls between this rank's steps (mindspore_train_data_wait_seconds), as a slow loader's does.
+    source = SlowSamples(PaddedTokens(size=size), slow_seconds / BATCH)
+    dataset = ds.GeneratorDataset(source, ["input_ids", "attention_mask", "label"], shuffle=False,
+                                  num_shards=get_group_size(), shard_id=get_rank())
+    return dataset.batch(BATCH, drop_remainder=True)
 
 
 def main() -> None:
@@ -27,6 +62,9 @@ def main() -> None:
     parser.add_argument("--project", default="distributed-demo")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--linger", type=float, default=0, help="keep serving this long after training")
+    parser.add_argument("--slow-rank", type=int, default=None, help="slow this rank's data loader on purpose")
+    parser.add_argument("--slow-seconds", type=float, default=0.2,
+                        help="how much longer the slowed rank's loader takes per batch")
     args = parser.parse_args()
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -38,7 +76,8 @@ def main() -> None:
     print(f"rank {get_rank()} of {get_group_size()}: {monitor.url}", flush=True)
     ms.set_seed(0)
     model = build_model()
-    dataset = synthetic_dataset(size=1024, num_shards=get_group_size(), shard_id=get_rank())
+    slow = args.slow_seconds if args.slow_rank == get_rank() else 0.0
+    dataset = dataset_for_this_rank(1024, slow)
     model.train(args.epochs, dataset, callbacks=[monitor], dataset_sink_mode=False)
     time.sleep(args.linger)
     monitor.close()

@@ -73,6 +73,8 @@ def render_dashboard() -> dict[str, Any]:
     s = SELECTOR
     rate = "$__rate_interval"
     step_mean = "rank:mindspore_train_step_duration_seconds:mean"
+    wait_mean = "rank:mindspore_train_data_wait_seconds:mean"
+    cycle_mean = "rank:mindspore_train_step_cycle_seconds:mean"
     layout = _Layout()
 
     layout.row("Overview")
@@ -133,11 +135,19 @@ def render_dashboard() -> dict[str, Any]:
                8, 8)
 
     layout.row("Ranks")
-    layout.add(timeseries("Step-time skew (slowest / median rank)", "none", [
-        ('project:mindspore_train_step_duration_seconds:max{project=~"$project"}'
-         ' / project:mindspore_train_step_duration_seconds:median{project=~"$project"}', "{{project}}")]), 8, 8)
-    layout.add(timeseries("Slowest rank", "s", [(f"topk(1, {step_mean}{{{s}}})", "rank {{rank}}")]), 8, 8)
-    layout.add(timeseries("Mean step time per rank", "s", [(f"{step_mean}{{{s}}}", "rank {{rank}}")]), 8, 8)
+    # In synchronous data parallel every rank's step cycle is the same and the ranks that wait for a slow one
+    # show the long steps: the rank to look at is the one whose data wait is a large part of its cycle.
+    layout.add(timeseries("Data wait share of the step cycle", "percentunit",
+                          [(f"{wait_mean}{{{s}}} / {cycle_mean}{{{s}}}", "rank {{rank}}")],
+                          "The rank a synchronous job waits for has the high share (MindSporeTrainingStraggler)."),
+               8, 8)
+    layout.add(timeseries("Step cycle per rank (step + data wait)", "s", [(f"{cycle_mean}{{{s}}}", "rank {{rank}}")],
+                          "Equal on every rank of a synchronous job; a rank above the rest runs at its own, "
+                          "slower pace."), 8, 8)
+    layout.add(timeseries("Mean step time and data wait per rank", "s",
+                          [(f"{step_mean}{{{s}}}", "step rank {{rank}}"),
+                           (f"{wait_mean}{{{s}}}", "data wait rank {{rank}}")],
+                          "A long step can be time spent waiting in a collective for another rank."), 8, 8)
     layout.add(timeseries("Monitor cost p99 per hook", "s", [
         (f"histogram_quantile(0.99, sum by (le, hook) (rate(mindspore_exporter_callback_duration_seconds_bucket{{{s}}}"
          f"[{rate}])))", "{{hook}}")]), 12, 7)

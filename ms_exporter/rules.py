@@ -33,6 +33,7 @@ class Thresholds:
     overflow_fraction: float = 0.5
     layernorm_drift: float = 0.3
     straggler_factor: float = 1.5
+    straggler_wait_fraction: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
     t = thresholds or Thresholds()
     w = timing or Timing()
     step_mean = "rank:mindspore_train_step_duration_seconds:mean"
+    wait_mean = "rank:mindspore_train_data_wait_seconds:mean"
+    cycle_mean = "rank:mindspore_train_step_cycle_seconds:mean"
+    factor = _number(t.straggler_factor)
     recording = [
         {"record": "project:mindspore_train_loss:mean", "expr": "avg by (project) (mindspore_train_loss)"},
         {"record": "project:mindspore_train_loss:min", "expr": "min by (project) (mindspore_train_loss)"},
@@ -119,6 +123,16 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
          "expr": f"quantile by (project) (0.5, {step_mean})"},
         {"record": "project:mindspore_train_ranks_reporting:count",
          "expr": "count by (project) (mindspore_train_info)"},
+        # Per step, not per wait: in sink mode one wait covers a whole sink of steps.
+        {"record": wait_mean,
+         "expr": f"rate(mindspore_train_data_wait_seconds_sum[{w.rate_window}])"
+                 f" / rate(mindspore_train_step_duration_seconds_count[{w.rate_window}])"},
+        # Step plus data wait: a rank's whole time per step. Equal on every rank of a synchronous job.
+        {"record": cycle_mean, "expr": f"{step_mean} + {wait_mean}"},
+        {"record": "project:mindspore_train_data_wait_seconds:median",
+         "expr": f"quantile by (project) (0.5, {wait_mean})"},
+        {"record": "project:mindspore_train_step_cycle_seconds:median",
+         "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
     b = runbook_base
     alerts = [
@@ -188,12 +202,19 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                w.long_for, "critical", "Fewer ranks report than the job has",
                "Only {{ $value }} ranks of project {{ $labels.project }} report metrics; the job has more "
                "(mindspore_train_world_size).", b),
+        # Synchronous ranks (a collective in every step) all take the same time per step: the one the others
+        # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
+        # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.
+        # Ranks that do not synchronise run at their own pace: there the slow rank's whole cycle is longer.
         _alert("MindSporeTrainingStraggler",
-               f"{step_mean} > on (project) group_left ()"
-               f" ({_number(t.straggler_factor)} * quantile by (project) (0.5, {step_mean}))", w.slow_for, "warning",
+               f"(({wait_mean} > on (project) group_left ()"
+               f" ({factor} * project:mindspore_train_data_wait_seconds:median))"
+               f" and ({wait_mean} > {_number(t.straggler_wait_fraction)} * {cycle_mean}))"
+               f" or ({cycle_mean} > on (project) group_left ()"
+               f" ({factor} * project:mindspore_train_step_cycle_seconds:median))", w.slow_for, "warning",
                "A rank is much slower than the rest of its job",
-               f"Steps of {_WHO} take {{{{ $value | humanizeDuration }}}}, over {_number(t.straggler_factor)} times "
-               f"the median of the job.", b),
+               f"The job waits for {_WHO}: {{{{ $value | humanizeDuration }}}} per step of data wait (or of whole "
+               f"step cycle, where ranks do not synchronise), over {factor} times the median of the job.", b),
         _alert("MindSporeExporterErrors", f"increase(mindspore_exporter_errors_total[{w.errors_window}]) > 0",
                w.short_for, "warning", "The training monitor is absorbing errors",
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "

@@ -13,6 +13,8 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,30 @@ def wait_until(condition: Any, seconds: float, what: str) -> Any:
     raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
 
 
-def test_two_ranks_discovered_aggregated_and_a_dead_rank_alerts(tmp_path: Path) -> None:
+@dataclass
+class DistributedJob:
+    """An msrun job of examples/distributed_train.py, and a real Prometheus discovering its ranks via file_sd."""
+
+    targets: Path
+    base_port: int
+    prometheus_port: int
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())["data"]["result"]
+
+    def by_rank(self, expr: str) -> dict[str, float]:
+        return {r["metric"]["rank"]: float(r["value"][1]) for r in self.query(expr)}
+
+    def alerts(self) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())["data"]["alerts"]
+
+
+@contextlib.contextmanager
+def distributed_job(tmp_path: Path, *arguments: str) -> Iterator[DistributedJob]:
     targets = tmp_path / "sd"
     prometheus_port, base_port, master_port = free_port(), free_port(2), free_port()
     (tmp_path / "rules.yml").write_text(render_yaml(render_rules(timing=TEST_TIMING, job_regex="mindspore")))
@@ -78,16 +103,26 @@ def test_two_ranks_discovered_aggregated_and_a_dead_rank_alerts(tmp_path: Path) 
     job = subprocess.Popen([shutil.which("msrun", path=env["PATH"]) or "msrun", "--worker_num=2",
                             "--local_worker_num=2", f"--master_port={master_port}", f"--log_dir={tmp_path / 'log'}",
                             "--join=True", str(ROOT / "examples" / "distributed_train.py"), "--port", str(base_port),
-                            "--file-sd-dir", str(targets), "--project", "dist", "--linger", "300"],
+                            "--file-sd-dir", str(targets), "--project", "dist", "--linger", "300", *arguments],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
                            start_new_session=True)
-
-    def query(expr: str) -> list[dict[str, Any]]:
-        url = f"http://127.0.0.1:{prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())["data"]["result"]
-
     try:
+        yield DistributedJob(targets, base_port, prometheus_port)
+    finally:
+        # msrun starts each worker in a session of its own: killing msrun's group would leave them training.
+        for pid_file in targets.glob("pid-rank*"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+        prometheus.terminate()
+        prometheus.wait(30)
+
+
+def test_two_ranks_discovered_aggregated_and_a_dead_rank_alerts(tmp_path: Path) -> None:
+    with distributed_job(tmp_path) as job:
+        targets, base_port, query = job.targets, job.base_port, job.query
         files = wait_until(lambda: sorted(targets.glob("ms-exporter-dist-rank*.json")) if len(
             list(targets.glob("ms-exporter-dist-rank*.json"))) == 2 else None, 180, "both ranks' target files")
         ports = [json.loads(f.read_text())[0]["targets"][0].rsplit(":", 1)[1] for f in files]
@@ -106,15 +141,33 @@ def test_two_ranks_discovered_aggregated_and_a_dead_rank_alerts(tmp_path: Path) 
         assert set(losses) == {"0", "1"} and losses["0"] != losses["1"]  # each rank reports its own shard's loss
         (mean,) = query('project:mindspore_train_loss:mean{project="dist"}')
         assert float(mean["value"][1]) == pytest.approx((losses["0"] + losses["1"]) / 2, rel=1e-9)
+        # Even ranks: the straggler alert never fired during the whole run. (It may go pending for a second while
+        # the graphs compile: the test timing's 10 s rate window then holds a few samples, not the same per rank.)
+        assert query('max_over_time(ALERTS{alertname="MindSporeTrainingStraggler", alertstate="firing"}[1h])') == []
 
         os.kill(int((targets / "pid-rank1").read_text()), signal.SIGKILL)  # no chance to leave discovery
         # (msrun then stops the other worker too; rank 1's endpoint must be among the ones reported down.)
         rank1 = f"127.0.0.1:{base_port + 1}"
         wait_until(lambda: rank1 in {a["metric"]["instance"] for a in query(
             'ALERTS{alertname="MindSporeTrainingRankDown", alertstate="firing"}')}, 60, "RankDown for rank 1")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)  # msrun and both workers
-        job.wait(30)
-        prometheus.terminate()
-        prometheus.wait(30)
+
+
+def test_a_rank_with_a_slow_data_loader_is_the_straggler(tmp_path: Path) -> None:
+    # Rank 1's loader takes 0.25 s per batch, several times a step here, so prefetch cannot hide it. Rank 0 then
+    # waits for rank 1 in every all-reduce: rank 0 has the long steps, rank 1 the long data wait. The job is
+    # stopped once the alert has fired; 6 epochs (about 50 s of slowed training) leave room for a slow machine.
+    with distributed_job(tmp_path, "--slow-rank", "1", "--slow-seconds", "0.25", "--epochs", "6") as job:
+        firing = wait_until(lambda: job.query(
+            'ALERTS{alertname="MindSporeTrainingStraggler", project="dist", alertstate="firing"}'), 180,
+            "MindSporeTrainingStraggler firing")
+        assert [a["metric"]["rank"] for a in firing] == ["1"]
+        # Never, at any time of the run, for the rank that waits.
+        assert job.query('max_over_time(ALERTS{alertname="MindSporeTrainingStraggler", alertstate="firing", '
+                         'rank="0"}[1h])') == []
+        step = job.by_rank('rank:mindspore_train_step_duration_seconds:mean{project="dist"}')
+        wait = job.by_rank('rank:mindspore_train_data_wait_seconds:mean{project="dist"}')
+        assert step["0"] > step["1"], (step, wait)  # what made a step-time rule name rank 0
+        assert wait["1"] > 5 * wait["0"], (step, wait)
+        (alert,) = [a for a in job.alerts()
+                    if a["labels"]["alertname"] == "MindSporeTrainingStraggler" and a["state"] == "firing"]
+        assert alert["annotations"]["description"].startswith("The job waits for rank 1 of project dist: ")
