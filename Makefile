@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway
 
-.PHONY: install demo test lint bench debian-packages clean
+.PHONY: install demo test lint bench scaling reliability debian-packages clean
 
 install: $(STAMP)
 
@@ -37,6 +37,15 @@ lint: install
 # About 15 minutes on 2 cores; rewrites docs/benchmarks.md. Run it on an otherwise idle machine.
 bench: install
 	$(BIN)/python -m benchmarks.run --output docs/benchmarks.md
+
+# About 4 minutes: per-rank series and bytes, a real Prometheus over replayed ranks; rewrites docs/scaling.md.
+scaling: install debian-packages
+	$(BIN)/python -m benchmarks.scaling
+
+# About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
+reliability: install debian-packages
+	@command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null)
+	$(BIN)/python -m benchmarks.reliability --output docs/reliability.md
 
 clean:
 	rm -rf $(VENV) monitor_output .pytest_cache

@@ -103,33 +103,11 @@ class RankFigures:
     mean_name_length: float
     per_family: dict[str, tuple[str, int]] = field(default_factory=dict)  # family -> (type, series)
     label_values: dict[str, int] = field(default_factory=dict)  # label name -> distinct values
-    optimizer_handed_over: bool = False
     exposition: str = ""  # the classic text, for the replayed load run
     prometheus: dict[str, Any] = field(default_factory=dict)
 
 
 # -- one rank, measured ---------------------------------------------------------------------------------------------
-
-
-def _handover_callback() -> Any:
-    """Placed before the monitor. Model(train_cell) leaves cb_params.optimizer None, and the weight_norm probe looks
-    only there (the grad_norm probe falls back to the cell's weights), so weight_norm would export nothing. This hands
-    the probe the cell's own optimizer, so that the count is what the configuration asks for."""
-    from mindspore.train import Callback
-
-    class HandOverOptimizer(Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.handed_over = False
-
-        def on_train_begin(self, run_context: Any) -> None:
-            cb_params = run_context.original_args()
-            cell_optimizer = getattr(cb_params.get("train_network"), "optimizer", None)
-            if cb_params.get("optimizer") is None and cell_optimizer is not None:
-                cb_params.optimizer = cell_optimizer
-                self.handed_over = True
-
-    return HandOverOptimizer()
 
 
 def _get(url: str, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
@@ -179,9 +157,9 @@ def count_exposition(url: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def trained_monitor(case: Case, steps: int) -> Iterator[tuple[Any, Any, bool]]:
-    """A real GRAPH-mode training of the demo model; yields (monitor, network, optimizer handed over) while the
-    endpoint still serves the final values."""
+def trained_monitor(case: Case, steps: int) -> Iterator[tuple[Any, Any]]:
+    """A real GRAPH-mode training of the demo model; yields (monitor, network) while the endpoint still serves
+    the final values."""
     import mindspore as ms
 
     from ms_exporter import TrainingMonitor
@@ -191,10 +169,9 @@ def trained_monitor(case: Case, steps: int) -> Iterator[tuple[Any, Any, bool]]:
     ms.set_seed(0)
     model = build_model(layers=case.encoder_layers, decay_steps=max(steps, 100))
     monitor = TrainingMonitor({**case.options, **MEASURE_INTERVAL}, port=0)
-    handover = _handover_callback()
     try:
-        model.train(1, synthetic_dataset(size=16 * steps), callbacks=[handover, monitor], dataset_sink_mode=False)
-        yield monitor, model.train_network, handover.handed_over
+        model.train(1, synthetic_dataset(size=16 * steps), callbacks=[monitor], dataset_sink_mode=False)
+        yield monitor, model.train_network
     finally:
         monitor.close()
 
@@ -203,7 +180,7 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
     """Train, scrape, count; with prometheus_seconds > 0 a real Prometheus scrapes the endpoint too."""
     from ms_exporter.probes.layernorm import find_layernorm_scales
 
-    with trained_monitor(case, steps) as (monitor, network, handed_over):
+    with trained_monitor(case, steps) as (monitor, network):
         url = monitor.url
         if url is None:
             raise RuntimeError("the monitor serves no /metrics")
@@ -226,7 +203,7 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
         bytes_openmetrics=counts["bytes_openmetrics"], bytes_gzip=counts["bytes_gzip"],
         bytes_text=counts["bytes_text"], mean_label_pairs=counts["mean_label_pairs"],
         mean_name_length=counts["mean_name_length"], per_family=per_family, label_values=counts["label_values"],
-        optimizer_handed_over=handed_over, exposition=counts["exposition"], prometheus=seen)
+        exposition=counts["exposition"], prometheus=seen)
 
 
 # -- a real Prometheus ------------------------------------------------------------------------------------------------
@@ -599,11 +576,6 @@ def render(figures: list[RankFigures], load: dict[str, Any] | None, relabeled_lo
         out.append(f"On the {f.encoder_layers}-layer model the same configuration gives "
                    f"{f.layer_grad_norm_series} layer series: the regexes watch fewer layers there and "
                    f"top_k adds {UPPER_BOUND['grad_norm']['top_k']} of what is left.")
-    if any(f.optimizer_handed_over and f.weight_norm_series for f in figures):
-        out.append("The weight-norm counts needed the optimizer handed to the monitor: `Model(train_cell)` leaves "
-                   "`cb_params.optimizer` empty and the weight_norm probe reads only that, so with "
-                   "`GradNormTrainOneStepCell` `weight_norm: true` exports nothing unless it is handed over "
-                   "(the measurement does that with a callback placed before the monitor).")
     out.append(f"Per series (the name included) a rank's series carry {upper.mean_label_pairs:.1f} label pairs on "
                f"average and names of {upper.mean_name_length:.0f} characters; Prometheus adds "
                f"{', '.join(TARGET_LABELS)} (and whatever the scrape config's relabeling adds).")
