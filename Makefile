@@ -44,7 +44,8 @@ scaling: install debian-packages
 
 # About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
 reliability: install debian-packages
-	@command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null)
+	@command -v wrk >/dev/null && command -v nginx >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light >/dev/null)
 	$(BIN)/python -m benchmarks.reliability --output docs/reliability.md
 
 clean:

@@ -126,6 +126,12 @@ class BatchCounter:
         if not element:
             # Sink mode: the hook does not see the batch, so use the dataset's static shape (padding included).
             return self._dataset_batch * steps, self._dataset_batch * self._dataset_tokens_per_sample * steps
+        try:
+            return self._count_batch(element, steps)
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError):
+            return 0, 0  # not a batch of tensors (strings, a dict, None columns): nothing to count
+
+    def _count_batch(self, element: Any, steps: int) -> tuple[int, int]:
         ids = element[self._ids_index] if self._ids_index < len(element) else element[0]
         shape = tuple(ids.shape)
         samples = int(shape[0]) if shape else 1

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
-import os
 import queue
 import socket
 import ssl
@@ -150,7 +148,6 @@ class _PooledServer(WSGIServer):
             self.shutdown_request(request)
 
     def _work(self) -> None:
-        _lower_priority()
         while True:
             item = self._connections.get()
             if item is None:
@@ -170,12 +167,6 @@ class _PooledServer(WSGIServer):
                 self._connections.put_nowait(None)
             except queue.Full:
                 break  # daemon threads: they end with the process
-
-
-def _lower_priority() -> None:
-    """On Linux a thread has its own nice value: when the CPU is short, training threads go first."""
-    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: normal priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 class _TlsServer(_PooledServer):
