@@ -13,6 +13,7 @@ from typing import Any
 
 from mindspore.train import Callback
 
+from ms_exporter.action_runner import ActionRunner
 from ms_exporter.config import ConfigError, MonitorConfig, load_config
 from ms_exporter.errors import Breaker, ErrorSink
 from ms_exporter.outputs import LayoutResolver
@@ -68,7 +69,9 @@ class TrainingMonitor(Callback):
         self.rank: RankInfo = detect_rank()
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self._build_probes()
+        self._actions = ActionRunner(self.config, self.store) if self.config.actions.any else None
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(p.name for p in self._step_probes),
+                                              *(("actions",) if self._actions is not None else ()),
                                               *self.config.backend, *(("file_sd",) if self.config.file_sd_dir else ()),
                                               *(("pushgateway",) if self.config.pushgateway.url else ())))
         self._breaker = Breaker(self._errors, self.store)
@@ -216,6 +219,9 @@ class TrainingMonitor(Callback):
             self._last_step = int(cb_params.get("cur_step_num", 0) or 0)
             self._batch.bind(cb_params.get("train_dataset"))
             self._layouts.bind(cb_params.get("train_network"))
+            if self._actions is not None:  # first: lr_backoff wraps a schedule before anything compiles or reads it
+                lr_probe = next((p for p in self._step_probes if p.name == "learning_rate"), None)
+                self._guard("actions", self._actions.on_train_begin, cb_params, lr_probe)
             for probe in self._step_probes:
                 self._guard(probe.name, probe.on_train_begin, cb_params)
             if self._jsonl is not None:
@@ -262,6 +268,11 @@ class TrainingMonitor(Callback):
                     if self._breaker.failed(probe.name, exc, self._steps_done):
                         self._step_probes = [p for p in self._step_probes if p is not probe]
             self._thresholds.check_step(self._steps_done)
+            if self._actions is not None and "actions" not in self._breaker.disabled:
+                try:
+                    self._actions.on_step(sample, run_context)
+                except Exception as exc:
+                    self._breaker.failed("actions", exc, self._steps_done)
             if self._jsonl is not None:
                 self._jsonl.record_step(sample, *self._column_values())
         except Exception as exc:
@@ -271,6 +282,10 @@ class TrainingMonitor(Callback):
             self._data_wait = None
             self._previous_end = now = time.perf_counter()
             self._hook_cost["step_end"].observe(now - entered)
+
+    def on_train_epoch_end(self, run_context: Any) -> None:
+        if self._enabled and self._actions is not None:  # not timed: only actions use this hook
+            self._guard("actions", self._actions.on_epoch_end, run_context, self._last_step)
 
     def on_train_end(self, run_context: Any) -> None:
         if not self._enabled:

@@ -152,6 +152,58 @@ class PushgatewayConfig:
     job: str = "mindspore_training"
 
 
+EARLY_STOP_UNITS = ("epoch", "step")
+
+
+@dataclass(frozen=True)
+class EarlyStopConfig:
+    """monitor_config.actions.early_stop: stop when the smoothed loss stops improving, or on non-finite losses."""
+
+    enable: bool = False
+    patience: int = 5  # evaluations without improvement
+    min_delta: float = 0.0  # an improvement must beat the best smoothed loss by more than this
+    unit: str = "epoch"  # what one evaluation is: an epoch end or a step
+    max_nonfinite: int | None = 3  # non-finite losses in a row that stop at once; null: never
+
+
+@dataclass(frozen=True)
+class LrBackoffConfig:
+    """monitor_config.actions.lr_backoff: scale the learning rate down on a rising loss or a large gradient norm."""
+
+    enable: bool = False
+    factor: float = 0.5
+    rising_steps: int = 20
+    on_grad_norm: bool = True  # also back off when the gradient norm passes grad_norm.threshold
+    cooldown: int = 100  # steps after a back-off before the next one
+    min_lr: float = 0.0
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """monitor_config.actions.snapshot: a checkpoint at the first anomaly of each episode."""
+
+    enable: bool = False
+    spike_factor: float = 3.0  # a loss above this many times the smoothed loss is a spike
+    max_snapshots: int = 3
+    quiet_steps: int = 10  # steps without an anomaly that end an episode
+
+
+@dataclass(frozen=True)
+class ActionsConfig:
+    """monitor_config.actions: what the monitor may do to the run, each off by default."""
+
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    lr_backoff: LrBackoffConfig = field(default_factory=LrBackoffConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+
+    @property
+    def any(self) -> bool:
+        return self.early_stop.enable or self.lr_backoff.enable or self.snapshot.enable
+
+
+ACTION_SECTIONS = {"early_stop": EarlyStopConfig, "lr_backoff": LrBackoffConfig, "snapshot": SnapshotConfig}
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -175,7 +227,7 @@ class WebConfig:
 
 
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
-            "pushgateway": PushgatewayConfig, "web": WebConfig}
+            "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig}
 
 
 @dataclass(frozen=True)
@@ -208,6 +260,7 @@ class MonitorConfig:
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
     pushgateway: PushgatewayConfig = field(default_factory=PushgatewayConfig)
     web: WebConfig = field(default_factory=WebConfig)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
 
     def wants(self, group: str) -> bool:
         return group in self.metrics
@@ -240,7 +293,7 @@ class MonitorConfig:
                 value = {k: {b.direction: b.value} for k, b in value.items()}
             elif f.name in SECTIONS:
                 value = {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v
-                         for k, v in dataclasses.asdict(value).items()}
+                         for k, v in dataclasses.asdict(value).items()}  # nested sections become dicts too
             elif isinstance(value, Mapping):
                 value = dict(value)
             out[f.name] = value
@@ -587,6 +640,59 @@ class _Checker:
         }
         clean = self._check_fields(key, fields, checks)
         return _INVALID if clean is _INVALID or not known else PushgatewayConfig(**clean)
+
+    def _actions(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, ActionsConfig)
+        checks = {"early_stop": self._early_stop, "lr_backoff": self._lr_backoff, "snapshot": self._snapshot}
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else ActionsConfig(**clean)
+
+    def _early_stop(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, EarlyStopConfig)
+        checks = {
+            "enable": self._bool,
+            "patience": lambda k, v: self._int(k, v, 1, 10_000_000),
+            "min_delta": self._non_negative,
+            "unit": lambda k, v: self._choice(k, v, EARLY_STOP_UNITS),
+            "max_nonfinite": lambda k, v: None if v is None else self._int(k, v, 1, 1_000_000),
+        }
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else EarlyStopConfig(**clean)
+
+    def _lr_backoff(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, LrBackoffConfig)
+        checks = {
+            "enable": self._bool,
+            "factor": self._fraction,
+            "rising_steps": lambda k, v: self._int(k, v, 1, 10_000_000),
+            "on_grad_norm": self._bool,
+            "cooldown": lambda k, v: self._int(k, v, 0, 10_000_000),
+            "min_lr": self._non_negative,
+        }
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else LrBackoffConfig(**clean)
+
+    def _snapshot(self, key: str, value: Any) -> Any:
+        fields, known = self._section(key, value, SnapshotConfig)
+        checks = {
+            "enable": self._bool,
+            "spike_factor": lambda k, v: self._positive_float(k, v) if not _is_number(v) or v > 1 else
+            self._fail(k, "must be a number greater than 1", v),
+            "max_snapshots": lambda k, v: self._int(k, v, 1, 1000),
+            "quiet_steps": lambda k, v: self._int(k, v, 1, 10_000_000),
+        }
+        clean = self._check_fields(key, fields, checks)
+        return _INVALID if clean is _INVALID or not known else SnapshotConfig(**clean)
+
+    def _non_negative(self, key: str, value: Any) -> Any:
+        if not _is_number(value) or value < 0:
+            return self._fail(key, "must be a number of at least 0", value)
+        return float(value)
+
+    def _fraction(self, key: str, value: Any) -> Any:
+        if not _is_number(value) or not 0 < value < 1:
+            return self._fail(key, "must be a number between 0 and 1 (exclusive)", value)
+        return float(value)
 
     def _web(self, key: str, value: Any) -> Any:
         if isinstance(value, Mapping) and value.get("config_file"):

@@ -101,6 +101,13 @@ def render_dashboard() -> dict[str, Any]:
     layout.add(timeseries("Learning rate", "none",
                           [(f"mindspore_train_learning_rate{{{s}}}", "rank {{rank}} {{group}}")]), 24, 7)
 
+    layout.row("Actions")
+    layout.add(timeseries("Actions the monitor took", "none", [
+        (f"increase(mindspore_train_actions_total{{{s}}}[{rate}])", "{{action}} rank {{rank}}"),
+        (f"mindspore_train_lr_backoff_factor{{{s}}}", "LR scale rank {{rank}}")],
+        "monitor_config.actions: early stops, learning-rate back-offs (and the scale now on the LR), anomaly "
+        "snapshots (mindspore_train_last_snapshot_step says which step is on disk)."), 24, 7)
+
     layout.row("Throughput")
     layout.add(timeseries("Tokens per second", "suffix: tokens/s",
                           [(f"mindspore_train_tokens_per_second{{{s}}}", "rank {{rank}}")]), 6, 8)

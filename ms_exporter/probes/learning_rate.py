@@ -72,10 +72,21 @@ class LearningRateProbe(Probe):
     def on_train_end(self) -> None:
         self._optimizer = None
 
+    def set_scale(self, scale: float) -> None:
+        """lr_backoff scaled the optimizer's learning rate: report the LR the optimizer now uses."""
+        for reader in self._readers:
+            reader.rescaled(scale)
+
 
 class _Reader:
+    # lr_backoff's scale on a schedule (a fixed LR Parameter is rewritten in place and read as it is).
+    scale = 1.0
+
     def update(self, step: int, now: float) -> None:
         raise NotImplementedError
+
+    def rescaled(self, scale: float) -> None:
+        self.scale = scale
 
 
 class _FixedReader(_Reader):
@@ -89,6 +100,9 @@ class _FixedReader(_Reader):
             self._read_at = now
             self._series.value = float(np.asarray(self._parameter.asnumpy()).reshape(-1)[0])
 
+    def rescaled(self, scale: float) -> None:
+        self._read_at = -float("inf")  # the Parameter was just rewritten: read it at the next step
+
 
 class _ListReader(_Reader):
     def __init__(self, values: np.ndarray, series: Series) -> None:
@@ -97,7 +111,7 @@ class _ListReader(_Reader):
 
     def update(self, step: int, now: float) -> None:
         if 0 <= step < len(self._values):
-            self._series.value = float(self._values[step])
+            self._series.value = float(self._values[step]) * self.scale
 
 
 class _ScheduleReader(_Reader):
@@ -114,15 +128,15 @@ class _ScheduleReader(_Reader):
         if self._elementwise is False:
             if now - self._read_at >= SCALAR_REFRESH_SECONDS:
                 self._read_at = now
-                self._series.value = self._scalar(step)
+                self._series.value = self._scalar(step) * self.scale
             return
         table = self._table
         if table is None or not self._start <= step < self._start + len(table):
             table = self._fill(step)
             if table is None:
-                self._series.value = self._scalar(step)
+                self._series.value = self._scalar(step) * self.scale
                 return
-        self._series.value = float(table[step - self._start])
+        self._series.value = float(table[step - self._start]) * self.scale
 
     def _fill(self, step: int) -> np.ndarray | None:
         from mindspore import Tensor
@@ -155,6 +169,8 @@ class _ScheduleReader(_Reader):
 def _reader_for(rate: Any, series: Series) -> _Reader:
     from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+    if type(rate).__name__ == "ScaledSchedule":  # lr_backoff's wrapper: read the schedule, scale it ourselves
+        rate = rate.schedule
     values = getattr(rate, "learning_rate", None)
     if type(rate).__name__ == "_IteratorLearningRate" and values is not None:
         # A list LR: the whole list is one Parameter. Read it once; evaluating the gather past its end would

@@ -84,7 +84,11 @@ def main() -> None:
     model = Model(SevenTuple(GradNormTrainOneStepCell(network, optimizer, every_n_steps=1)))
     monitor = TrainingMonitor(port=args.port, project=args.project, interval=0.5, warmup_steps=5,
                               grad_norm={"every_n_steps": 5, "layers": ["body.head"]},
-                              layernorm={"every_n_steps": 5})
+                              layernorm={"every_n_steps": 5},
+                              # On but never triggered, so that the dashboard's actions panel has series.
+                              actions={"early_stop": {"enable": True, "patience": 10**6, "unit": "epoch",
+                                                      "max_nonfinite": None},
+                                       "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False}})
     print(f"metrics: {monitor.url}", flush=True)
     model.train(10_000, synthetic_dataset(size=16 * 64), callbacks=[monitor, Fault(args.fault, network, args.seconds)],
                 dataset_sink_mode=False)

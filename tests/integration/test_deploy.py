@@ -102,7 +102,7 @@ def test_dashboard_has_variables_units_and_rate_intervals() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["rank"]["multi"] is True and "project" in variables
     titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
-    assert titles == {"Overview", "Loss", "Learning rate", "Throughput", "Gradients", "Memory", "Ranks"}
+    assert titles == {"Overview", "Loss", "Learning rate", "Actions", "Throughput", "Gradients", "Memory", "Ranks"}
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["fieldConfig"]["defaults"]["unit"], f"{panel['title']} has no unit"

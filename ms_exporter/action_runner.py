@@ -1,0 +1,166 @@
+"""Carries out what ms_exporter.actions decides: stop the run, scale the learning rate, save a snapshot.
+
+| name | type | labels | unit |
+|---|---|---|---|
+| mindspore_train_actions_total | counter | action (early_stop, lr_backoff, snapshot) | actions |
+| mindspore_train_lr_backoff_factor | gauge | | the scale on the optimizer's LR (1 = untouched) |
+| mindspore_train_last_snapshot_step | gauge | | step of the newest snapshot on disk |
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from ms_exporter.actions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
+from ms_exporter.config import MonitorConfig
+from ms_exporter.sample import StepSample
+from ms_exporter.store import MetricStore
+
+logger = logging.getLogger("ms_exporter")
+
+SNAPSHOT_DIR = "snapshots"
+
+
+class ActionRunner:
+    """One per monitor, only when some action is enabled; runs on the training thread after the probes."""
+
+    def __init__(self, config: MonitorConfig, store: MetricStore) -> None:
+        actions = config.actions
+        self._config = actions
+        self._store = store
+        self._grad_threshold = config.grad_norm.threshold if config.grad_norm.enable else None
+        self._snapshot_dir = Path(config.save_dir) / SNAPSHOT_DIR
+        family = store.counter("mindspore_train_actions_total", "Actions the monitor took on the run it watches.")
+        self._counts = {name: family.series(action=name) for name, section in
+                        (("early_stop", actions.early_stop), ("lr_backoff", actions.lr_backoff),
+                         ("snapshot", actions.snapshot)) if section.enable}
+        self._factor = None
+        if actions.lr_backoff.enable:
+            self._factor = store.gauge("mindspore_train_lr_backoff_factor",
+                                       "The scale lr_backoff put on the optimizer's learning rate (1: untouched)."
+                                       ).series()
+            self._factor.value = 1.0
+        self._last_snapshot = store.gauge("mindspore_train_last_snapshot_step",
+                                          "Step of the newest anomaly snapshot under save_dir/snapshots.")
+        early = actions.early_stop
+        self._early = EarlyStop(early.patience, early.min_delta, early.max_nonfinite) if early.enable else None
+        backoff = actions.lr_backoff
+        self._backoff = LrBackoff(backoff.factor, backoff.rising_steps, backoff.cooldown, 0.0) \
+            if backoff.enable else None
+        self._episodes = AnomalyEpisodes(actions.snapshot.quiet_steps) if actions.snapshot.enable else None
+        self._scaler: Any = None
+        self._lr_probe: Any = None
+        self._network: Any = None
+        self._previous_smoothed: float | None = None
+        # What the probes measured this step (absent when their group is off: then that trigger never fires).
+        self._smoothed = _series(store, "mindspore_train_loss_smoothed")
+        self._rising = _series(store, "mindspore_train_loss_consecutive_increases")
+        self._grad_norm = _series(store, "mindspore_train_grad_norm")
+        self._lr = store.get("mindspore_train_learning_rate")
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def on_train_begin(self, cb_params: Any, lr_probe: Any) -> None:
+        """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
+        self._network = cb_params.get("train_network") or cb_params.get("network")
+        self._lr_probe = lr_probe
+        if self._backoff is not None and self._scaler is None:
+            from ms_exporter.lr_scale import LrScaler
+
+            optimizer = cb_params.get("optimizer") or getattr(self._network, "optimizer", None)
+            self._scaler = LrScaler(optimizer)
+            if self._scaler.base_lrs and self._config.lr_backoff.min_lr > 0:
+                self._backoff.min_scale = self._config.lr_backoff.min_lr / min(self._scaler.base_lrs)
+
+    # -- every step ---------------------------------------------------------------------------------------------
+    def on_step(self, sample: StepSample, run_context: Any) -> None:
+        loss = sample.loss
+        smoothed = self._smoothed.value if self._smoothed is not None else math.nan
+        if self._early is not None:
+            reason = self._early.step(loss)
+            if reason is None and self._config.early_stop.unit == "step":
+                reason = self._early.evaluate(smoothed)
+            if reason is not None:
+                self._stop(run_context, sample.step, reason)
+        grad_norm = self._grad_norm.value if self._grad_norm is not None else math.nan
+        grad_breach = self._grad_threshold is not None and math.isfinite(grad_norm) and grad_norm > self._grad_threshold
+        if self._backoff is not None and self._scaler is not None:
+            rising = int(self._rising.value) if self._rising is not None else 0
+            self._update_floor()
+            decision = self._backoff.observe(sample.step, rising, grad_breach and self._config.lr_backoff.on_grad_norm)
+            if decision is not None:
+                self._scale_lr(sample.step, decision.scale, decision.reason)
+        if self._episodes is not None:
+            anomaly = anomaly_of(loss, self._previous_smoothed, self._config.snapshot.spike_factor,
+                                 grad_norm if grad_breach else None, self._grad_threshold)
+            opened = self._episodes.observe(sample.step, anomaly)
+            if opened is not None:
+                self._snapshot(sample.step, opened, loss)
+        self._previous_smoothed = smoothed if math.isfinite(smoothed) else self._previous_smoothed
+
+    def on_epoch_end(self, run_context: Any, step: int) -> None:
+        if self._early is not None and self._config.early_stop.unit == "epoch" and self._smoothed is not None:
+            reason = self._early.evaluate(self._smoothed.value)
+            if reason is not None:
+                self._stop(run_context, step, reason)
+
+    def _update_floor(self) -> None:
+        """min_lr as a scale: against the fixed LR, or a schedule's current (unscaled) value."""
+        min_lr = self._config.lr_backoff.min_lr
+        if min_lr <= 0 or self._backoff is None or self._scaler is None or not self._scaler.wraps_schedule:
+            return
+        values = [child.value for child in self._lr.children()] if self._lr is not None else []
+        current = min((v for v in values if math.isfinite(v) and v > 0), default=0.0)
+        if current > 0:
+            self._backoff.min_scale = min_lr / (current / self._backoff.scale)
+
+    # -- effects ------------------------------------------------------------------------------------------------
+    def _stop(self, run_context: Any, step: int, reason: str) -> None:
+        run_context.request_stop()
+        self._counts["early_stop"].value += 1
+        logger.warning("ms_exporter: early_stop at step %d: %s; training stops after this step", step, reason)
+
+    def _scale_lr(self, step: int, scale: float, reason: str) -> None:
+        self._scaler.apply(scale)
+        if self._lr_probe is not None:
+            self._lr_probe.set_scale(scale)
+        if self._factor is not None:
+            self._factor.value = scale
+        self._counts["lr_backoff"].value += 1
+        floor = " (its floor: no further back-off)" if self._backoff is not None and self._backoff.at_floor else ""
+        logger.warning("ms_exporter: lr_backoff at step %d: %s; the learning rate is now %.4g times its "
+                       "configured value%s", step, reason, scale, floor)
+
+    def _snapshot(self, step: int, reason: str, loss: float | None) -> None:
+        import mindspore
+
+        if self._network is None:
+            raise RuntimeError("no train network in cb_params to snapshot")
+        self._snapshot_dir.mkdir(parents=True, exist_ok=True)
+        # The hook runs after the step's update: what can be saved is the state after the anomaly.
+        stem = f"snapshot-step{step:09d}-{reason}-post-anomaly"
+        mindspore.save_checkpoint(self._network, str(self._snapshot_dir / f"{stem}.ckpt"))
+        (self._snapshot_dir / f"{stem}.json").write_text(json.dumps({
+            "step": step, "reason": reason, "state": "post-anomaly", "time": time.time(),
+            "loss": loss if loss is not None and math.isfinite(loss) else str(loss),
+            "smoothed_loss_before": self._previous_smoothed}, indent=1) + "\n")
+        self._prune()
+        self._last_snapshot.series().value = step
+        self._counts["snapshot"].value += 1
+        logger.warning("ms_exporter: snapshot at step %d (%s): %s", step, reason,
+                       self._snapshot_dir / f"{stem}.ckpt")
+
+    def _prune(self) -> None:
+        snapshots = sorted(self._snapshot_dir.glob("snapshot-step*.ckpt"))
+        for old in snapshots[: max(0, len(snapshots) - self._config.snapshot.max_snapshots)]:
+            old.unlink(missing_ok=True)
+            old.with_suffix(".json").unlink(missing_ok=True)
+
+
+def _series(store: MetricStore, name: str) -> Any:
+    family = store.get(name)
+    return family.series() if family is not None else None
