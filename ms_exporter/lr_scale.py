@@ -34,35 +34,31 @@ class LrScaler:
     """Bound to one optimizer at train begin; `apply(scale)` sets the scale relative to the LR it started with."""
 
     def __init__(self, optimizer: Any) -> None:
-        import mindspore as ms
-        from mindspore import Parameter, Tensor
+        from mindspore import Parameter, ParameterTuple, Tensor
+        from mindspore.nn import CellList
 
         self._fixed: list[tuple[Any, float]] = []  # (Parameter, base value)
         self._scale: Any = None  # the Parameter every wrapped schedule multiplies by
         self.base_lrs: list[float] = []
-        if optimizer is None or not hasattr(optimizer, "learning_rate"):
+        learning_rate = getattr(optimizer, "learning_rate", None)
+        if learning_rate is None:
             raise ValueError("no optimizer with a learning_rate: lr_backoff needs Model(..., optimizer=...) or a "
                              "train cell that holds one")
-        learning_rates = optimizer.learning_rate
-        groups = list(learning_rates) if isinstance(learning_rates, (list, tuple)) or hasattr(
-            learning_rates, "__iter__") and not isinstance(learning_rates, (Parameter, Tensor)) else [learning_rates]
-        wrapped = []
-        for lr in groups:
-            if isinstance(lr, Parameter):
-                base = float(np.asarray(lr.asnumpy()).reshape(-1)[0])
-                self._fixed.append((lr, base))
+        # The optimizer's forms: one Parameter, a ParameterTuple (fixed per group), one schedule cell, or a
+        # CellList of schedules (per group, when any group's LR is dynamic).
+        if isinstance(learning_rate, (Parameter, ParameterTuple)):
+            for parameter in ([learning_rate] if isinstance(learning_rate, Parameter) else list(learning_rate)):
+                base = float(np.asarray(parameter.asnumpy()).reshape(-1)[0])
+                self._fixed.append((parameter, base))
                 self.base_lrs.append(base)
-                wrapped.append(lr)
-            else:  # a schedule cell: wrap it, keep it
-                if self._scale is None:
-                    self._scale = Parameter(Tensor(np.float32(1.0)), name="ms_exporter_lr_scale", requires_grad=False)
-                wrapped.append(_scaled_schedule_class()(lr, self._scale))
-        if self._scale is not None:
-            if len(groups) == 1:
-                optimizer.learning_rate = wrapped[0]
-            else:
-                optimizer.learning_rate = type(learning_rates)(wrapped)
-        self._dtype = ms.float32
+            return
+        self._scale = Parameter(Tensor(np.float32(1.0)), name="ms_exporter_lr_scale", requires_grad=False)
+        scaled = _scaled_schedule_class()
+        if isinstance(learning_rate, CellList):
+            optimizer.learning_rate = CellList([scaled(cell, self._scale) for cell in learning_rate],
+                                               auto_prefix=False)
+        else:
+            optimizer.learning_rate = scaled(learning_rate, self._scale)
 
     @property
     def wraps_schedule(self) -> bool:

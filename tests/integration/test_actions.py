@@ -164,3 +164,32 @@ def test_snapshots_keep_only_the_newest(tmp_path: Path) -> None:
         assert scrape(monitor.url).value("mindspore_train_actions_total", action="snapshot") == 3
     finally:
         monitor.close()
+
+
+@pytest.mark.parametrize("form", ["fixed", "schedule", "list", "group-fixed", "group-schedule"])
+def test_every_learning_rate_form_is_scaled_in_the_compiled_step(form: str) -> None:
+    from ms_exporter.lr_scale import LrScaler
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    net = nn.Dense(4, 1)
+    group_lr: Any = nn.ExponentialDecayLR(0.1, 0.9, 1) if form == "group-schedule" else 0.1
+    params: Any = ([{"params": [net.weight], "lr": group_lr}, {"params": [net.bias], "lr": 0.2}]
+                   if form.startswith("group") else net.trainable_params())
+    learning_rate: Any = {"schedule": nn.ExponentialDecayLR(0.1, 0.9, 1), "list": [0.1] * 10}.get(form, 0.1)
+    optimizer = nn.SGD(params, learning_rate)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    scaler = LrScaler(optimizer)  # before the first step compiles, as at train begin
+    rng = np.random.default_rng(0)
+    x, y = Tensor(rng.random((8, 4), np.float32)), Tensor(rng.random((8, 1), np.float32))
+
+    def moved() -> float:
+        before = net.weight.asnumpy().copy()
+        step(x, y)
+        return float(np.abs(net.weight.asnumpy() - before).sum())
+
+    assert moved() > 0
+    scaler.apply(0.0)  # a scale of 0: if the compiled step uses it, the weights stop moving
+    assert moved() == 0.0
+    scaler.apply(1.0)
+    assert moved() > 0
