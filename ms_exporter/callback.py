@@ -16,6 +16,7 @@ from mindspore.train import Callback
 from ms_exporter.action_runner import ActionRunner
 from ms_exporter.config import ConfigError, MonitorConfig, load_config
 from ms_exporter.errors import Breaker, ErrorSink
+from ms_exporter.history import StepHistory
 from ms_exporter.outputs import LayoutResolver
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.evaluation import EvalProbe
@@ -92,6 +93,9 @@ class TrainingMonitor(Callback):
                                       self.config.interval, self.config.max_file_mb, self.config.max_files,
                                       self._errors.absorb, self._breaker)
         self._file_sd: FileSdTarget | None = None
+        # The live page's ring of recent steps (GET / and /api/series on the rank's endpoint).
+        self._history = StepHistory(self.store, self.config.all_bounds()) if "prometheus" in self.config.backend \
+            else None
         if "prometheus" in self.config.backend:
             self._endpoint = self._serve()
             if self._endpoint is not None and self.config.file_sd_dir:
@@ -139,7 +143,7 @@ class TrainingMonitor(Callback):
         port = self.config.port + self.rank.local_rank if self.config.port else 0
         try:
             endpoint = PrometheusEndpoint(self.store, self.config.bind_address, port, self._errors.absorb,
-                                          self.config.web)
+                                          self.config.web, self._history)
         except OSError as exc:
             # Not even a free port on this address: training goes on without an endpoint.
             self._errors.absorb("prometheus", exc)
@@ -273,6 +277,8 @@ class TrainingMonitor(Callback):
                     self._actions.on_step(sample, run_context)
                 except Exception as exc:
                     self._breaker.failed("actions", exc, self._steps_done)
+            if self._history is not None:
+                self._history.record(sample)
             if self._jsonl is not None:
                 self._jsonl.record_step(sample, *self._column_values())
         except Exception as exc:

@@ -64,7 +64,8 @@ class PrometheusEndpoint:
     """A private registry served on bind_address:port; a taken port falls back to any free one."""
 
     def __init__(self, store: MetricStore, bind_address: str, port: int,
-                 on_error: Callable[[str, BaseException], None], web: WebConfig | None = None) -> None:
+                 on_error: Callable[[str, BaseException], None], web: WebConfig | None = None,
+                 history: Any = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = StoreCollector(store, on_error)
         self.registry.register(self.collector)
@@ -73,6 +74,8 @@ class PrometheusEndpoint:
         self.requested_port = port
         self.bind_address = bind_address
         self.web = web or WebConfig()
+        self._history = history
+        self._labels = dict(store.constant_labels)
         self._tls = None
         if self.web.tls:
             try:
@@ -83,13 +86,16 @@ class PrometheusEndpoint:
                                    f"{self.web.client_ca_file}): {exc}"]) from exc
         self.port = self._start(bind_address, port)
 
+    def _serve(self, address: str, port: int) -> Any:
+        return serve(self.registry, self.web, address, port, self._tls, self._history, self._labels)
+
     def _start(self, address: str, port: int) -> int:
         try:
-            self._server, self._thread = serve(self.registry, self.web, address, port, self._tls)
+            self._server, self._thread = self._serve(address, port)
         except OSError as exc:
             if port == 0:
                 raise
-            self._server, self._thread = serve(self.registry, self.web, address, 0, self._tls)
+            self._server, self._thread = self._serve(address, 0)
             actual = int(self._server.server_address[1])
             logger.warning("ms_exporter: port %d on %s is not available (%s); serving metrics on port %d instead",
                            port, address, exc.strerror or exc, actual)

@@ -6,12 +6,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+import html
+import json
 import queue
 import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
+from importlib import resources
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -20,6 +24,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from ms_exporter.config import WebConfig
 
 METRICS_PATH = "/metrics"
+LIVE_PATHS = ("/", "/index.html")
+SERIES_PATH = "/api/series"
+LIVE_REFRESH_MS = 2000
 # A client that connects and then says nothing (or drips bytes) holds one server thread this long, at most.
 REQUEST_TIMEOUT_SECONDS = 10.0
 # Requests are served by a few long-lived threads (a thread per request costs more than serving a cached page)
@@ -34,8 +41,13 @@ StartResponse = Callable[..., Any]
 class MetricsApp:
     """WSGI app: GET /metrics (auth first, then a cached render), 404 elsewhere, 405 for other methods."""
 
-    def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float) -> None:
+    def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float,
+                 history: Any = None, labels: Mapping[str, str] | None = None) -> None:
         self._render = make_wsgi_app(registry)
+        self._history = history
+        self._labels = dict(labels or {})
+        title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
+        self._page = live_page(title, history.rows.maxlen if history is not None else 0).encode()
         self._users = dict(users)
         self._cache_seconds = cache_seconds
         self._cache: dict[tuple[bool, bool], tuple[float, str, list[tuple[str, str]], bytes]] = {}
@@ -46,10 +58,18 @@ class MetricsApp:
         if self._users and not self._authorised(environ.get("HTTP_AUTHORIZATION", "")):
             return _reply(start_response, "401 Unauthorized", b"Unauthorized\n",
                           [("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')])
-        if environ.get("PATH_INFO", "/") != METRICS_PATH:
-            return _reply(start_response, "404 Not Found", f"Not found: this endpoint serves {METRICS_PATH}\n".encode())
+        path = environ.get("PATH_INFO", "/")
+        live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
+        if path != METRICS_PATH and not live:
+            served = f"{METRICS_PATH}, / and {SERIES_PATH}" if self._history is not None else METRICS_PATH
+            return _reply(start_response, "404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             return _reply(start_response, "405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
+        if path == SERIES_PATH:
+            return self._series(environ, start_response)
+        if path in LIVE_PATHS:
+            return _reply(start_response, "200 OK", self._page, content_type="text/html; charset=utf-8",
+                          headers=[("Cache-Control", "no-cache")])
         status, headers, body = self._metrics(environ)
         start_response(status, headers)
         return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
@@ -70,6 +90,18 @@ class MetricsApp:
             body = b"".join(self._render(query_free, capture))
             self._cache[key] = (time.monotonic(), captured["status"], captured["headers"], body)
             return captured["status"], captured["headers"], body
+
+    def _series(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
+        try:
+            since = int(query.get("since", ["-1"])[0])
+        except ValueError:
+            return _reply(start_response, "400 Bad Request", b"since must be an integer step number\n")
+        payload = self._history.since(since)
+        payload["labels"] = self._labels
+        body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
+        return _reply(start_response, "200 OK", body, content_type="application/json",
+                      headers=[("Cache-Control", "no-store")])
 
     def _authorised(self, header: str) -> bool:
         scheme, _, encoded = header.partition(" ")
@@ -102,11 +134,19 @@ def password_matches(password: str, hashed: str) -> bool:
     return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
 
 
-def _reply(start_response: StartResponse, status: str, body: bytes,
-           headers: list[tuple[str, str]] | None = None) -> list[bytes]:
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
-                            *(headers or [])])
+def _reply(start_response: StartResponse, status: str, body: bytes, headers: list[tuple[str, str]] | None = None,
+           content_type: str = "text/plain; charset=utf-8") -> list[bytes]:
+    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(headers or [])])
     return [body]
+
+
+def live_page(title: str, capacity: int) -> str:
+    """The self-contained live page: the template with the chart code inlined, nothing fetched from elsewhere."""
+    assets = resources.files("ms_exporter") / "web_assets"
+    template = (assets / "live.html").read_text(encoding="utf-8")
+    return (template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
+            .replace("__TITLE__", html.escape(title)).replace("__CAPACITY__", str(capacity))
+            .replace("__REFRESH_MS__", str(LIVE_REFRESH_MS)))
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -188,12 +228,13 @@ class _TlsServer(_PooledServer):
 
 
 def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int,
-          context: ssl.SSLContext | None = None) -> tuple[WSGIServer, threading.Thread]:
+          context: ssl.SSLContext | None = None, history: Any = None,
+          labels: Mapping[str, str] | None = None) -> tuple[WSGIServer, threading.Thread]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound."""
     base: type[_PooledServer] = _TlsServer if context is not None else _PooledServer
     server_class = type("MetricsServer", (base,), {"address_family": socket.AF_INET6 if ":" in address
                                                    else socket.AF_INET})
-    app = MetricsApp(registry, web.basic_auth_users, web.cache_seconds)
+    app = MetricsApp(registry, web.basic_auth_users, web.cache_seconds, history, labels)
     server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
     if context is not None:
         server.context = context  # type: ignore[attr-defined]

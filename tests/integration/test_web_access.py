@@ -88,11 +88,15 @@ def client_context(pki: Path, certificate: bool = False) -> ssl.SSLContext:
     return context
 
 
-def test_only_metrics_is_served(monitors: list[TrainingMonitor]) -> None:
+def test_only_metrics_and_the_live_page_are_served(monitors: list[TrainingMonitor]) -> None:
     monitor = start(monitors)
     base = monitor.url.removesuffix("/metrics")
     assert get(monitor.url)[0] == 200
-    for path in ("/", "/metric", "/metrics/x", "/../etc/passwd", "/favicon.ico"):
+    status, headers, _ = get(base + "/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert get(base + "/api/series?since=-1")[0] == 200
+    assert get(base + "/api/series?since=soon")[0] == 400
+    for path in ("/metric", "/metrics/x", "/../etc/passwd", "/favicon.ico", "/api", "/api/series/x"):
         status, _, body = get(base + path)
         assert status == 404 and "serves /metrics" in body, path
     status, headers, _ = get(monitor.url, method="POST")

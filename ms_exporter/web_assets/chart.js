@@ -1,0 +1,119 @@
+// ms_exporter's small canvas line chart: no dependencies, used by the live page and the run report.
+// drawChart(canvas, {series: [{name, color, xs, ys}], markers: [{x, color, title}], bound: {max|min: value},
+//                    xLabel, unit, logY}) draws every series on shared axes and returns the number of points drawn.
+"use strict";
+(function (global) {
+  const PAD = {left: 56, right: 10, top: 10, bottom: 24};
+
+  function finite(v) { return v !== null && v !== undefined && Number.isFinite(v); }
+
+  function niceTicks(lo, hi, count) {
+    if (!(hi > lo)) { hi = lo + 1; }
+    const raw = (hi - lo) / count;
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw) || 10 * mag;
+    const ticks = [];
+    for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) { ticks.push(t); }
+    return ticks;
+  }
+
+  function format(v) {
+    const a = Math.abs(v);
+    if (a === 0) { return "0"; }
+    if (Number.isInteger(v) && a < 1e4) { return String(v); }
+    if (a >= 1e9) { return (v / 1e9).toFixed(1) + "G"; }
+    if (a >= 1e6) { return (v / 1e6).toFixed(1) + "M"; }
+    if (a >= 1e4) { return (v / 1e3).toFixed(0) + "k"; }
+    if (a >= 100) { return v.toFixed(0); }
+    if (a >= 1) { return v.toFixed(2); }
+    return v.toPrecision(2);
+  }
+
+  function drawChart(canvas, spec) {
+    const ratio = global.devicePixelRatio || 1;
+    const width = canvas.clientWidth || 320, height = canvas.clientHeight || 180;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    const tr = v => (spec.logY ? Math.log10(v) : v);
+    let xMin = Infinity, xMax = -Infinity, yMin = Infinity, yMax = -Infinity, points = 0;
+    for (const s of spec.series) {
+      for (let i = 0; i < s.xs.length; i++) {
+        const y = s.ys[i];
+        if (!finite(y) || (spec.logY && y <= 0)) { continue; }
+        xMin = Math.min(xMin, s.xs[i]); xMax = Math.max(xMax, s.xs[i]);
+        yMin = Math.min(yMin, tr(y)); yMax = Math.max(yMax, tr(y));
+        points++;
+      }
+    }
+    const bound = spec.bound ? (spec.bound.max !== undefined ? spec.bound.max : spec.bound.min) : undefined;
+    if (bound !== undefined && points) { yMin = Math.min(yMin, tr(bound)); yMax = Math.max(yMax, tr(bound)); }
+    canvas.dataset.points = String(points);
+    canvas.dataset.markers = "0";
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#888";
+    if (!points) {
+      ctx.fillText("no data yet", width / 2 - 30, height / 2);
+      return 0;
+    }
+    if (yMax === yMin) { yMax += Math.abs(yMax) * 0.05 || 1; yMin -= Math.abs(yMin) * 0.05 || 1; }
+    if (xMax === xMin) { xMax = xMin + 1; }
+    const plotW = width - PAD.left - PAD.right, plotH = height - PAD.top - PAD.bottom;
+    const X = x => PAD.left + (x - xMin) / (xMax - xMin) * plotW;
+    const Y = y => PAD.top + (1 - (tr(y) - yMin) / (yMax - yMin)) * plotH;
+    // grid and axes
+    ctx.strokeStyle = "rgba(128,128,128,0.25)";
+    ctx.lineWidth = 1;
+    for (const t of niceTicks(yMin, yMax, 4)) {
+      const py = PAD.top + (1 - (t - yMin) / (yMax - yMin)) * plotH;
+      ctx.beginPath(); ctx.moveTo(PAD.left, py); ctx.lineTo(width - PAD.right, py); ctx.stroke();
+      ctx.fillText(format(spec.logY ? Math.pow(10, t) : t), 4, py + 4);
+    }
+    for (const t of niceTicks(xMin, xMax, 5)) {
+      const px = X(t);
+      ctx.fillText(format(t), px - 10, height - 6);
+    }
+    // the threshold, dashed
+    if (bound !== undefined) {
+      ctx.save();
+      ctx.setLineDash([5, 4]);
+      ctx.strokeStyle = "#e8590c";
+      ctx.beginPath(); ctx.moveTo(PAD.left, Y(bound)); ctx.lineTo(width - PAD.right, Y(bound)); ctx.stroke();
+      ctx.restore();
+    }
+    // markers: vertical ticks (non-finite steps, breaches)
+    canvas.dataset.markers = String((spec.markers || []).length);
+    for (const m of spec.markers || []) {
+      if (m.x < xMin || m.x > xMax) { continue; }
+      ctx.strokeStyle = m.color;
+      ctx.lineWidth = 2;
+      ctx.beginPath(); ctx.moveTo(X(m.x), PAD.top); ctx.lineTo(X(m.x), PAD.top + plotH); ctx.stroke();
+    }
+    // lines; a gap where a value is missing or not finite; points past the bound drawn red
+    for (const s of spec.series) {
+      ctx.strokeStyle = s.color;
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      let pen = false;
+      for (let i = 0; i < s.xs.length; i++) {
+        const y = s.ys[i];
+        if (!finite(y) || (spec.logY && y <= 0)) { pen = false; continue; }
+        if (pen) { ctx.lineTo(X(s.xs[i]), Y(y)); } else { ctx.moveTo(X(s.xs[i]), Y(y)); pen = true; }
+      }
+      ctx.stroke();
+      if (bound !== undefined && !s.noBound) {
+        ctx.fillStyle = "#e03131";
+        for (let i = 0; i < s.xs.length; i++) {
+          const y = s.ys[i];
+          const out = finite(y) && (spec.bound.max !== undefined ? y > bound : y < bound);
+          if (out) { ctx.fillRect(X(s.xs[i]) - 2, Y(y) - 2, 4, 4); }
+        }
+      }
+    }
+    return points;
+  }
+
+  global.msExporterChart = {drawChart: drawChart, format: format};
+})(typeof window !== "undefined" ? window : this);

@@ -1,0 +1,111 @@
+"""The live page on a rank's endpoint, rendered by real headless Chromium from a real training run."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from mindspore.train import Callback, Model
+
+from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
+from ms_exporter.demo import build_network, synthetic_dataset
+from tests.browser import dom, screenshot
+
+pytestmark = pytest.mark.integration
+
+STEPS = 40
+NAN_STEP = 25
+CHARTS = ("loss", "learning_rate", "throughput", "step_time", "grad_norm", "memory")
+
+
+class ReportNaN(Callback):
+    """Placed before the monitor: the loss it reads at one step is NaN (training itself stays healthy)."""
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        cb_params = run_context.original_args()
+        if cb_params.cur_step_num == NAN_STEP:
+            outputs = cb_params.net_outputs
+            nan = Tensor(np.float32("nan"))
+            cb_params.net_outputs = (nan, *outputs[1:]) if isinstance(outputs, tuple) else nan
+
+
+def fetch(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def trained() -> Iterator[TrainingMonitor]:
+    """A real run with a non-finite loss at one step and a loss bound that the healthy steps breach."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    network = build_network(layers=1, d_model=32, heads=2)
+    model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9)))
+    monitor = TrainingMonitor(port=0, project="live-page", warmup_steps=2, grad_norm={"every_n_steps": 1},
+                              warn_on_value={"loss": 0.5})
+    model.train(1, synthetic_dataset(size=STEPS * 8, batch=8), dataset_sink_mode=False,
+                callbacks=[ReportNaN(), monitor])
+    yield monitor
+    monitor.close()
+
+
+def test_series_api_returns_the_run_with_non_finite_steps_and_bounds(trained: TrainingMonitor) -> None:
+    base = trained.url.removesuffix("metrics")
+    payload = fetch(base + "api/series?since=-1")
+    columns = payload["columns"]
+    assert columns[:4] == ["step", "time", "loss", "step_time"] and "grad_norm" in columns
+    steps = [row[0] for row in payload["rows"]]
+    assert steps == list(range(1, STEPS + 1)) and payload["last_step"] == STEPS
+    assert payload["nonfinite_loss_steps"] == [NAN_STEP]
+    assert payload["rows"][NAN_STEP - 1][2] is None  # NaN travels as null
+    assert payload["bounds"]["loss"] == {"max": 0.5}
+    assert payload["labels"] == {"rank": "0", "project": "live-page"}
+    newer = fetch(base + f"api/series?since={STEPS - 5}")
+    assert [row[0] for row in newer["rows"]] == list(range(STEPS - 4, STEPS + 1))
+
+
+def test_the_page_draws_every_chart_with_the_runs_points(trained: TrainingMonitor) -> None:
+    page = dom(trained.url.removesuffix("metrics"))
+    assert 'data-last-step="40"' in page
+    canvases = {}
+    for tag in re.findall(r"<canvas [^>]*>", page):
+        attributes = dict(re.findall(r'([a-z-]+)="([^"]*)"', tag))
+        if attributes["id"].startswith("c-") and "$" not in attributes["id"]:
+            canvases[attributes["id"][2:]] = attributes
+    points = {chart: a["data-points"] for chart, a in canvases.items()}
+    markers = {chart: a.get("data-markers", "0") for chart, a in canvases.items()}
+    assert set(points) == set(CHARTS), points
+    assert int(points["loss"]) >= 2 * (STEPS - 1) - 2  # loss and smoothed loss, the NaN step left out
+    for chart in CHARTS[1:]:
+        assert int(points[chart]) >= STEPS - 2, (chart, points)
+    # The non-finite step is marked on the loss chart, and breaches of the loss bound on every chart.
+    assert int(markers["loss"]) >= 2 and int(markers["step_time"]) >= 1
+    assert "<script src=" not in page and "https://" not in page  # self-contained: nothing from elsewhere
+
+
+@pytest.mark.parametrize(("name", "width", "height"), [("live-page-phone.png", 390, 1600),
+                                                       ("live-page-desktop.png", 1280, 800)])
+def test_screenshots(trained: TrainingMonitor, name: str, width: int, height: int) -> None:
+    path = screenshot(trained.url.removesuffix("metrics"), name, width, height)
+    assert path.stat().st_size > 10_000  # a page with charts, not a blank one
+
+
+def test_the_page_needs_the_same_credentials_as_metrics() -> None:
+    import hashlib
+
+    monitor = TrainingMonitor(port=0, web={"basic_auth_users": {"u": "sha256:" + hashlib.sha256(b"p").hexdigest()}})
+    try:
+        base = monitor.url.removesuffix("metrics")
+        for path in ("", "api/series?since=-1"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=10)
+            assert refused.value.code == 401
+    finally:
+        monitor.close()
