@@ -46,7 +46,7 @@ HOOKS = ("train_begin", "step_begin", "step_end", "train_end", "eval_end")
 # Per-step values that go into each JSONL step record besides the sample itself.
 STEP_COLUMN_FAMILIES = ("mindspore_train_loss_smoothed", "mindspore_train_loss_consecutive_increases",
                         "mindspore_train_learning_rate", "mindspore_train_samples_per_second",
-                        "mindspore_train_tokens_per_second")
+                        "mindspore_train_tokens_per_second", "mindspore_train_grad_norm")
 
 
 class TrainingMonitor(Callback):

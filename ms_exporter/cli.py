@@ -1,4 +1,4 @@
-"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes and demo."""
+"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top and demo."""
 
 from __future__ import annotations
 
@@ -47,6 +47,33 @@ def main(argv: list[str] | None = None) -> int:
                             help="directory for prometheusrule.yaml and grafana-dashboard.yaml "
                                  "(default: deploy/kubernetes/base)")
 
+    top = commands.add_parser("top", help="a live table of every rank's /metrics (step, loss, speed, alerts)",
+                              description="Polls each rank's endpoint and shows one row per rank; the rank the "
+                                          "job waits for is marked '>' (docs/top.md).")
+    top.add_argument("targets", nargs="+", metavar="TARGET",
+                     help="http[s]://host:port[/path] (path default /metrics), host:port, or a directory of "
+                          "Prometheus file_sd *.json files (re-read every poll) or one such file")
+    top.add_argument("--once", action="store_true", help="print the table once as plain text and exit "
+                                                        "(status 1 when a target is down)")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
+    top.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each endpoint (default 2)")
+    top.add_argument("--stale-seconds", type=float, default=60.0,
+                     help="a rank without a step for longer is flagged (default 60)")
+    top.add_argument("--scheme", choices=("http", "https"), default="http",
+                     help="for host:port and file_sd targets (default http; file_sd __scheme__ labels win)")
+    top.add_argument("--user", default=None, help="basic auth user (the endpoint's web.basic_auth_users)")
+    top.add_argument("--password", default=None,
+                     help="basic auth password; better: the MS_EXPORTER_TOP_PASSWORD environment variable")
+    top.add_argument("--cafile", default=None, help="CA certificate(s) that sign the endpoints' TLS certificates")
+    top.add_argument("--insecure", action="store_true", help="do not verify the endpoints' TLS certificates")
+    top.add_argument("--cert", default=None, help="client certificate, for web.client_auth_type")
+    top.add_argument("--key", default=None, help="the client certificate's private key")
+
+    report = commands.add_parser("report", help="render finished runs' JSON Lines into one static HTML report")
+    report.add_argument("files", nargs="+", help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
+                                                 "one file (.jsonl.1, .2 ...) are read as one run")
+    report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
+
     args = parser.parse_args(argv)
     if args.command == "dashboard":
         from ms_exporter.dashboard import render_dashboard, render_json
@@ -59,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         return _rules(args)
     if args.command == "kubernetes":
         return _kubernetes(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "top":
+        from ms_exporter.top import run_top
+
+        return run_top(args, top.error)
     from ms_exporter.demo import run_demo
 
     return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
@@ -99,6 +132,21 @@ def _kubernetes(args: argparse.Namespace) -> int:
     _write(render_manifest(render_dashboard_configmap(render_json(render_dashboard())), generator),
            os.path.join(args.output_dir, "grafana-dashboard.yaml"))
     print(f"wrote prometheusrule.yaml and grafana-dashboard.yaml in {args.output_dir}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ms_exporter.report import ReportError, summary, write_report
+
+    try:
+        runs = write_report(args.files, args.output)
+    except (ReportError, OSError) as exc:
+        print(f"ms-exporter report: {exc}", file=sys.stderr)
+        return 1
+    for run in runs:
+        facts = summary(run)
+        print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}")
+    print(f"wrote {args.output}")
     return 0
 
 

@@ -1,0 +1,157 @@
+"""`ms-exporter report`: a finished run's JSON Lines rendered into one static HTML file with a summary.
+
+Several files (ranks, or separate runs) share each chart's axes, one colour each. Rotated pieces of one rank's
+file (`metrics-rank0.jsonl.1`, `.2` ...) given together are read as one run.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+# Step-record columns the report plots, in chart order; memory comes from the snapshots.
+PLOTTED = ("loss", "loss_smoothed", "learning_rate", "tokens_per_second", "samples_per_second",
+           "step_duration_seconds", "grad_norm")
+_ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
+_MEMORY_KEYS = ('memory_bytes{kind="device_used"}', 'memory_bytes{kind="device_reserved"}',
+                'memory_bytes{kind="host_rss"}')
+
+
+class ReportError(ValueError):
+    """An input that cannot be read as ms_exporter JSON Lines; the message names the file and line."""
+
+
+@dataclass
+class Run:
+    label: str
+    files: list[str]
+    steps: dict[str, list[Any]] = field(default_factory=lambda: {"step": [], **{k: [] for k in PLOTTED}})
+    memory: list[tuple[int, float]] = field(default_factory=list)  # (step, bytes) from snapshots
+    last_snapshot: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    project: str = ""
+    rank: str = ""
+
+
+def _number(value: Any) -> float | None:
+    """JSON Lines writes NaN/Inf as strings; the report's JSON carries them as null."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _rotation_order(path: Path) -> tuple[int, str]:
+    # metrics.jsonl.3 is older than .2, which is older than .1, which is older than the live file.
+    suffix = path.name.rsplit(".", 1)[-1]
+    return (-int(suffix) if suffix.isdigit() else 0, path.name)
+
+
+def group_files(paths: list[str]) -> list[list[Path]]:
+    """One group per run: a live file and its rotated pieces, oldest first."""
+    groups: dict[str, list[Path]] = {}
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_file():
+            raise ReportError(f"{raw}: no such file (give the metrics-rank<r>.jsonl files that backend: local wrote)")
+        match = _ROTATED.match(path.name)
+        key = str(path.parent / match.group("base")) if match else str(path)
+        groups.setdefault(key, []).append(path)
+    return [sorted(files, key=_rotation_order) for files in groups.values()]
+
+
+def load_run(files: list[Path]) -> Run:
+    run = Run(label="", files=[str(f) for f in files])
+    last_step = 0
+    for path in files:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    if number > 1 and not line.endswith("\n"):
+                        break  # the last line of a file cut off mid-write (a killed run): keep the rest
+                    raise ReportError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+                if not isinstance(record, dict) or "type" not in record:
+                    raise ReportError(f"{path}:{number}: not an ms_exporter JSON Lines record")
+                run.project = str(record.get("project", run.project))
+                run.rank = str(record.get("rank", run.rank))
+                kind = record["type"]
+                if kind == "step":
+                    last_step = int(record.get("step", last_step))
+                    run.steps["step"].append(last_step)
+                    for key in PLOTTED:
+                        run.steps[key].append(_number(record.get(key)))
+                elif kind == "snapshot":
+                    metrics = record.get("metrics", {})
+                    run.last_snapshot = metrics
+                    memory = next((_number(metrics[k]) for k in _MEMORY_KEYS if k in metrics), None)
+                    if memory is not None and last_step:
+                        run.memory.append((last_step, memory))
+                elif kind == "event":
+                    run.events.append(record)
+    if not run.steps["step"]:
+        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?)")
+    return run
+
+
+def summary(run: Run) -> dict[str, Any]:
+    losses = [v for v in run.steps["loss"] if v is not None]
+    throughput_key = "tokens_per_second" if any(run.steps["tokens_per_second"]) else "samples_per_second"
+    rates = sorted(v for v in run.steps[throughput_key] if v is not None and v > 0)
+    snapshot = run.last_snapshot
+
+    def counters(prefix: str, label: str) -> dict[str, float]:
+        found = {}
+        for key, value in snapshot.items():
+            if key.startswith(prefix + "{"):
+                name = re.search(label + r'="([^"]*)"', key)
+                if name and _number(value):
+                    found[name.group(1)] = _number(value)
+        return found
+
+    return {
+        "label": run.label, "steps": run.steps["step"][-1], "records": len(run.steps["step"]),
+        "final_loss": next((v for v in reversed(run.steps["loss"]) if v is not None), None),
+        "min_loss": min(losses) if losses else None,
+        "nonfinite_losses": sum(1 for v in run.steps["loss"] if v is None),
+        "throughput_unit": throughput_key.replace("_per_second", "/s"),
+        "throughput_p10": _percentile(rates, 0.1), "throughput_p50": _percentile(rates, 0.5),
+        "throughput_p90": _percentile(rates, 0.9),
+        "breaches": counters("threshold_breaches_total", "metric"),
+        "actions": counters("actions_total", "action"),
+        "events": [e.get("event") for e in run.events],
+    }
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def render(runs: list[Run]) -> str:
+    labels = [f"project {r.project} rank {r.rank}" for r in runs]
+    for index, run in enumerate(runs):
+        duplicate = labels.count(labels[index]) > 1
+        run.label = labels[index] + (f" ({Path(run.files[-1]).name}, run {index + 1})" if duplicate else "")
+    data = [{"label": r.label, "steps": r.steps, "memory": r.memory, "summary": summary(r)} for r in runs]
+    assets = resources.files("ms_exporter") / "web_assets"
+    template = (assets / "report.html").read_text(encoding="utf-8")
+    payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    title = "ms_exporter report: " + ", ".join(r.label for r in runs)
+    return (template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
+            .replace("__TITLE__", html.escape(title)).replace("__DATA__", payload))
+
+
+def write_report(paths: list[str], output: str) -> list[Run]:
+    runs = [load_run(files) for files in group_files(paths)]
+    Path(output).write_text(render(runs), encoding="utf-8")
+    return runs

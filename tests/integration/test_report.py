@@ -1,0 +1,99 @@
+"""`ms-exporter report` on the JSON Lines of real training runs, rendered by real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mindspore as ms
+import pytest
+from mindspore import nn
+from mindspore.train import Model
+
+from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
+from ms_exporter.demo import build_network, synthetic_dataset
+from ms_exporter.report import ReportError, group_files, load_run, summary
+from tests.browser import dom, screenshot
+
+pytestmark = pytest.mark.integration
+
+
+def train_run(save_dir: Path, project: str, steps: int, learning_rate: float) -> Path:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    network = build_network(layers=1, d_model=32, heads=2)
+    model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), learning_rate, 0.9)))
+    monitor = TrainingMonitor(port=0, backend=["local"], save_dir=str(save_dir), project=project, interval=0.2,
+                              grad_norm={"every_n_steps": 2}, warn_on_value={"loss": 0.6})
+    try:
+        model.train(1, synthetic_dataset(size=steps * 8, batch=8), callbacks=[monitor], dataset_sink_mode=False)
+    finally:
+        monitor.close()
+    return save_dir / "metrics-rank0.jsonl"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    base = tmp_path_factory.mktemp("runs")
+    return [train_run(base / "a", "report-a", 30, 0.01), train_run(base / "b", "report-b", 20, 0.05)]
+
+
+def step_records(path: Path) -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "step"]
+
+
+def test_summary_is_what_the_files_say(runs: list[Path]) -> None:
+    for path, steps in zip(runs, (30, 20), strict=True):
+        run = load_run([path])
+        facts = summary(run)
+        records = step_records(path)
+        losses = [r["loss"] for r in records if isinstance(r["loss"], float) and math.isfinite(r["loss"])]
+        assert facts["steps"] == steps == records[-1]["step"]
+        assert facts["final_loss"] == losses[-1] and facts["min_loss"] == min(losses)
+        snapshots = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "snapshot"]
+        episodes = snapshots[-1]["metrics"]['threshold_breaches_total{metric="loss"}']
+        assert episodes >= 1 and facts["breaches"] == {"loss": episodes}  # the 0.6 bound was crossed
+        assert facts["throughput_p50"] is not None and facts["throughput_unit"] == "tokens/s"
+        assert {"train_begin", "train_end"} <= set(facts["events"])
+
+
+def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path: Path) -> None:
+    output = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", *map(str, runs), "-o", str(output)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "project report-a rank 0: 30 steps" in done.stdout
+    page = dom(output.as_uri())
+    assert 'data-drawn="1"' in page
+    points = {}
+    for tag in re.findall(r"<canvas [^>]*>", page):
+        attributes = dict(re.findall(r'([a-z-]+)="([^"]*)"', tag))
+        points[attributes["id"][2:]] = int(attributes["data-points"])
+    assert points["loss"] == 30 + 20  # both runs on one chart
+    assert points["learning_rate"] == 50 and points["step_time"] == 50
+    assert points["grad_norm"] >= 40 and points["memory"] >= 2
+    rows = re.findall(r"<tr><td>.*?</tr>", page)
+    assert len(rows) == 2 and "project report-a rank 0" in rows[0] and "<td>30</td>" in rows[0]
+    assert re.search(r"<td>loss \d+</td>", rows[0])  # the breach episodes
+    screenshot(output.as_uri(), "report.png", 1280, 1000)
+
+
+def test_rotated_pieces_are_one_run_and_bad_input_is_named(tmp_path: Path, runs: list[Path]) -> None:
+    lines = runs[0].read_text().splitlines(keepends=True)
+    live, older = tmp_path / "metrics-rank0.jsonl", tmp_path / "metrics-rank0.jsonl.1"
+    older.write_text("".join(lines[: len(lines) // 2]))
+    live.write_text("".join(lines[len(lines) // 2:]) + '{"type": "step", "step": 9')  # cut off mid-write
+    (group,) = group_files([str(live), str(older)])
+    assert group == [older, live]
+    assert summary(load_run(group))["steps"] == 30
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not json\n{}\n")
+    with pytest.raises(ReportError, match=r"garbage.jsonl:1: not JSON"):
+        load_run([garbage])
+    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(tmp_path / "missing.jsonl")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and "no such file" in done.stderr
