@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Workers started by msrun look for `python` on PATH: the venv's must come first.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
 .PHONY: install demo test lint bench scaling reliability debian-packages clean
 

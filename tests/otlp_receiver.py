@@ -83,16 +83,21 @@ def _points(metric: Any) -> list[Point]:
 
 
 class _Store:
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, keep: int | None = None) -> None:
         self.received: list[Received] = []
+        self.count = 0
         self.delay = delay
+        self.keep = keep  # keep only the newest `keep` requests (a soak must not measure the receiver's memory)
         self.lock = threading.Lock()
 
     def add(self, request: metrics_service_pb2.ExportMetricsServiceRequest, headers: dict[str, str]) -> None:
         if self.delay:
             time.sleep(self.delay)  # a slow collector
         with self.lock:
+            self.count += 1
             self.received.append(Received(request, headers))
+            if self.keep is not None:
+                del self.received[:-self.keep]
 
     def last(self) -> Received:
         with self.lock:
@@ -104,17 +109,17 @@ class _Store:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             with self.lock:
-                if len(self.received) >= count:
+                if self.count >= count:
                     return
             time.sleep(0.05)
-        raise AssertionError(f"the receiver got {len(self.received)} OTLP requests in {seconds} s, wanted {count}")
+        raise AssertionError(f"the receiver got {self.count} OTLP requests in {seconds} s, wanted {count}")
 
 
 class GrpcReceiver(_Store):
     """An OTLP/gRPC metrics endpoint on 127.0.0.1."""
 
-    def __init__(self, delay: float = 0.0) -> None:
-        super().__init__(delay)
+    def __init__(self, delay: float = 0.0, keep: int | None = None) -> None:
+        super().__init__(delay, keep)
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))

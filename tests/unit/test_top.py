@@ -1,0 +1,304 @@
+"""`ms-exporter top` without a terminal: rows from pages a real monitor served, rendering, the slowest rank, targets.
+
+The pages in tests/unit/data were captured from a real training run (tests/unit/data/capture_top.py): rank 1 of
+project "capture" after step 4 and after step 8, with a gradient-norm breach and a switched-off probe in between.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ms_exporter import cli
+from ms_exporter.ranks import RankInfo
+from ms_exporter.sinks.file_sd import FileSdTarget
+from ms_exporter.top import (
+    COLUMNS,
+    Access,
+    FetchError,
+    Poller,
+    Row,
+    Target,
+    TargetSpec,
+    build_row,
+    down_row,
+    expand_targets,
+    mark_slowest,
+    normalise_url,
+    parse_ranks,
+    parse_target_argument,
+    plain_text,
+    read_file_sd,
+    render,
+)
+from tests.scrape import Scrape
+
+DATA = Path(__file__).parent / "data"
+STEP4 = (DATA / "top_rank1_step4.prom").read_text()
+STEP8 = (DATA / "top_rank1_step8.prom").read_text()
+URL = "http://127.0.0.1:19421/metrics"
+
+
+def first_row(text: str, history=None, now: float | None = None):  # type: ignore[no-untyped-def]
+    groups = parse_ranks(text)
+    assert list(groups) == [("capture", "1")]
+    if now is None:
+        now = Scrape(text).value("mindspore_train_last_step_timestamp_seconds") + 5.0
+    return build_row(URL, "capture", "1", groups[("capture", "1")], history, now)
+
+
+def test_first_poll_shows_the_page_and_means_over_the_whole_run() -> None:
+    page = Scrape(STEP4)
+    row, _ = first_row(STEP4)
+    assert (row.rank, row.project, row.target) == ("1", "capture", URL)
+    assert row.step == 4 == page.value("mindspore_train_global_step")
+    assert row.loss == page.value("mindspore_train_loss")
+    assert row.loss_smoothed == page.value("mindspore_train_loss_smoothed")
+    assert row.tokens_per_second == page.value("mindspore_train_tokens_per_second")
+    assert row.grad_norm == page.value("mindspore_train_grad_norm")
+    assert row.memory_bytes == page.value("mindspore_train_memory_bytes", kind="host_rss")
+    assert row.memory_kind == "rss"  # CPU: no device kinds
+    assert row.age_seconds == pytest.approx(5.0)
+    # No previous poll: the run's mean, compilation of the first step included.
+    assert row.step_seconds == pytest.approx(page.value("mindspore_train_step_duration_seconds_sum") / 4)
+    assert row.wait_seconds == pytest.approx(page.value("mindspore_train_data_wait_seconds_sum") / 4)
+    assert row.step_seconds > 0.5  # the graph compile is in there
+    # Two loss breaches happened before this poll: history, not news.
+    assert page.value("mindspore_train_threshold_breaches_total", metric="loss") == 2
+    assert row.alerts == ()
+    assert row.error is None
+
+
+def test_second_poll_takes_step_time_from_the_deltas_and_reports_what_changed() -> None:
+    before, after = Scrape(STEP4), Scrape(STEP8)
+    _, history = first_row(STEP4)
+    row, history = first_row(STEP8, history)
+    assert row.step == 8
+    steps = (after.value("mindspore_train_step_duration_seconds_count")
+             - before.value("mindspore_train_step_duration_seconds_count"))
+    assert steps == 4
+    assert row.step_seconds == pytest.approx((after.value("mindspore_train_step_duration_seconds_sum")
+                                              - before.value("mindspore_train_step_duration_seconds_sum")) / steps)
+    assert row.step_seconds < 0.5  # compile is no longer in it
+    assert row.wait_seconds == pytest.approx((after.value("mindspore_train_data_wait_seconds_sum")
+                                              - before.value("mindspore_train_data_wait_seconds_sum")) / steps)
+    # grad_norm crossed its threshold between the polls; the loss breach count did not move.
+    assert row.alerts == ("breach grad_norm", "throughput disabled")
+
+    # Nothing new: the last means stay, the breach is held for a minute, then a stale heartbeat shows.
+    stamp = after.value("mindspore_train_last_step_timestamp_seconds")
+    again, history = first_row(STEP8, history, now=stamp + 30)
+    assert again.step_seconds == row.step_seconds and again.wait_seconds == row.wait_seconds
+    assert again.alerts == ("breach grad_norm", "throughput disabled")
+    later, _ = first_row(STEP8, history, now=stamp + 125)
+    assert later.alerts == ("no step for 2m05s", "throughput disabled")
+
+
+def test_a_restarted_rank_falls_back_to_its_whole_run_mean() -> None:
+    _, history = first_row(STEP8)
+    row, _ = first_row(STEP4, history)  # counters went back
+    page = Scrape(STEP4)
+    assert row.step_seconds == pytest.approx(page.value("mindspore_train_step_duration_seconds_sum") / 4)
+    assert "breach grad_norm" not in row.alerts
+
+
+def test_non_finite_loss_and_device_memory() -> None:
+    lines = []
+    for line in STEP8.splitlines():
+        if line.startswith("mindspore_train_loss{"):
+            line = line.rsplit(" ", 1)[0] + " NaN"
+        elif line.startswith("mindspore_train_nonfinite_loss_total{"):
+            line = line.rsplit(" ", 1)[0] + " 1.0"
+        lines.append(line)
+        if line.startswith('mindspore_train_memory_bytes{kind="host_rss"'):
+            lines.append('mindspore_train_memory_bytes{kind="device_allocated",project="capture",rank="1"} 3.5e9')
+    _, history = first_row(STEP8)
+    row, _ = first_row("\n".join(lines) + "\n", history)
+    assert row.alerts[0] == "loss NaN"
+    assert row.memory_bytes == 3.5e9 and row.memory_kind == "dev"  # the device, when it reports
+    cells = render([row]).rows[0].text
+    assert "NaN" in cells and "3.3GiB dev" in cells
+
+
+def test_a_page_with_several_ranks_gives_a_row_each() -> None:
+    other = STEP8.replace('rank="1"', 'rank="0"')
+    assert sorted(parse_ranks(STEP8 + other)) == [("capture", "0"), ("capture", "1")]
+    with pytest.raises(ValueError):
+        parse_ranks("this is { not prometheus text\n")
+
+
+def row(rank: str, step: float, wait: float, project: str = "p", **extra: object) -> Row:
+    return Row(target=f"http://h:{9000 + int(rank)}/metrics", rank=rank, project=project, step=100,
+               loss=1.0, step_seconds=step, wait_seconds=wait, **extra)  # type: ignore[arg-type]
+
+
+def slowest(rows: list[Row]) -> list[str | None]:
+    return [r.rank for r in mark_slowest(rows) if r.slowest]
+
+
+def test_synchronous_ranks_the_one_with_the_data_wait_is_slowest() -> None:
+    # Measured shape (docs/alerts.md): every cycle ~260 ms; rank 1 has the short step and the long data wait.
+    rows = [row("0", 0.259, 0.0003), row("1", 0.080, 0.180), row("2", 0.255, 0.001)]
+    assert slowest(rows) == ["1"]  # the largest step time (rank 0) would name a rank that waits
+
+
+def test_ranks_at_their_own_pace_the_longest_cycle_is_slowest() -> None:
+    rows = [row("0", 0.100, 0.001), row("1", 0.300, 0.000), row("2", 0.100, 0.050)]
+    assert slowest(rows) == ["1"]
+
+
+def test_slowest_needs_two_ranks_ignores_down_ones_and_is_per_project() -> None:
+    assert slowest([row("0", 0.1, 0.0)]) == []
+    down = down_row(Target("http://h:1/metrics", rank="3", project="p"), "Connection refused")
+    assert slowest([row("0", 0.1, 0.0), down]) == []
+    rows = [row("0", 0.1, 0.0, "a"), row("1", 0.2, 0.0, "a"), row("0", 0.5, 0.0, "b"), row("1", 0.1, 0.0, "b"),
+            row("2", None, None, "b")]  # type: ignore[arg-type]
+    assert [(r.project, r.rank) for r in mark_slowest(rows) if r.slowest] == [("a", "1"), ("b", "0")]
+
+
+def test_render_lines_up_columns_and_marks_the_slowest_without_colours() -> None:
+    rows = mark_slowest([row("0", 0.1, 0.0005, memory_bytes=585777152.0, memory_kind="rss", age_seconds=3.2),
+                         row("1", 0.1, 0.04, alerts=("breach loss",)),
+                         down_row(Target("http://h:9/metrics", rank="2", project="p"), "Connection refused")])
+    screen = render(rows)
+    text = plain_text(screen)
+    assert screen.title.text == "ms-exporter top - 2 up, 1 down"
+    assert render(rows, None, "12:00:00").title.text == "ms-exporter top - 2 up, 1 down - 12:00:00"
+    header = screen.header.text
+    for column in COLUMNS[1:]:
+        assert column.header in header
+    assert header.rstrip().endswith("ALERTS")
+    ranks = [line.text.split()[0] for line in screen.rows]
+    assert ranks == ["0", ">", "2"]  # the marker column, then rank 1
+    assert screen.rows[1].text.startswith(">") and screen.rows[1].style == "slowest"
+    assert screen.rows[1].text.split()[1] == "1"
+    assert "558.6MiB rss" in screen.rows[0].text and "3s ago" in screen.rows[0].text
+    assert "breach loss" in screen.rows[1].text
+    assert screen.rows[2].style == "down" and screen.rows[2].text.rstrip().endswith("DOWN: Connection refused")
+    assert screen.rows[2].text.split()[:3] == ["2", "-", "-"]  # the rank from file_sd labels, no numbers
+    # Every column starts at the same offset on every line.
+    offset = header.index("STEP TIME") + len("STEP TIME")
+    assert screen.rows[0].text[offset - len("100.0ms"):offset] == "100.0ms"
+    assert "> slowest: rank 1 of p, step cycle 140.0ms = step 100.0ms + data wait 40.0ms" in text
+
+
+@pytest.mark.parametrize("width", [200, 120, 80, 60, 40, 20, 5])
+def test_narrow_terminals_drop_columns_from_the_right_but_keep_alerts(width: int) -> None:
+    rows = mark_slowest([row("0", 0.1, 0.0, alerts=("breach loss",)), row("1", 0.1, 0.05)])
+    wide = render(rows)
+    screen = render(rows, width, "12:00:00 - every 2s - q quits, arrows scroll")
+    for line in [screen.title, screen.header, *screen.rows, *screen.footer]:
+        assert len(line.text) <= width
+    kept = [c.header for c in COLUMNS[1:] if c.header in screen.header.text]
+    assert kept == [c.header for c in COLUMNS[1:1 + len(kept)]]  # a prefix: dropped from the right
+    if width >= len(wide.header.text):
+        assert screen.header.text == wide.header.text
+    elif width >= 40:
+        assert "TARGET" not in screen.header.text and "ALERTS" in screen.header.text
+        assert "breach loss" in screen.rows[0].text
+        assert kept[:2] == ["RANK", "STEP"]
+    if width >= 20:
+        assert screen.rows[1].text.startswith(">")
+
+
+def test_targets_urls_host_port_and_bad_arguments(tmp_path: Path) -> None:
+    assert normalise_url("127.0.0.1:9100") == "http://127.0.0.1:9100/metrics"
+    assert normalise_url("node-3:9100", "https") == "https://node-3:9100/metrics"
+    assert normalise_url("[::1]:9100") == "http://[::1]:9100/metrics"
+    assert normalise_url("node:9100/custom") == "http://node:9100/custom"
+    assert parse_target_argument("node:9100/metrics") == TargetSpec("url", "http://node:9100/metrics")
+    assert normalise_url("https://node:9100") == "https://node:9100/metrics"
+    assert normalise_url("http://node:9100/custom?x=1") == "http://node:9100/custom?x=1"
+    assert parse_target_argument(str(tmp_path)) == TargetSpec("dir", str(tmp_path))
+    for bad in ("node", "ftp://node:21/metrics", "http://:9100/metrics", "http://node:99999/metrics",
+                str(tmp_path / "missing"), "targets.json"):
+        with pytest.raises(ValueError, match="host:port"):
+            parse_target_argument(bad)
+    not_json = tmp_path / "targets.yml"
+    not_json.write_text("[]")
+    with pytest.raises(ValueError, match="not a file_sd .json file"):
+        parse_target_argument(str(not_json))
+
+
+def test_file_sd_directories_are_read_as_the_monitor_writes_them(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        FileSdTarget(str(tmp_path), "bert", RankInfo(rank, rank, 2, "node-a"), "127.0.0.1", 19420 + rank).write()
+    (tmp_path / "tls.json").write_text(json.dumps([{"targets": ["10.0.0.5:9443"],
+                                                    "labels": {"__scheme__": "https", "rank": "7"}}]))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "notes.txt").write_text("ignored")
+    specs = [TargetSpec("dir", str(tmp_path)), TargetSpec("url", "http://127.0.0.1:19420/metrics")]
+    targets = expand_targets(specs)
+    by_url = {t.url: t for t in targets}
+    assert len(targets) == 4  # the URL given twice is polled once
+    assert by_url["http://127.0.0.1:19420/metrics"] == Target("http://127.0.0.1:19420/metrics", "0", "bert")
+    assert by_url["http://127.0.0.1:19421/metrics"].rank == "1"
+    assert by_url["https://10.0.0.5:9443/metrics"].rank == "7"
+    broken = by_url[str(tmp_path / "broken.json")]
+    assert broken.problem is not None and broken.problem.startswith("bad file_sd file:")
+    # A rank that leaves removes its file: the next poll no longer has it.
+    FileSdTarget(str(tmp_path), "bert", RankInfo(1, 1, 2, "node-a"), "127.0.0.1", 19421).remove()
+    assert "http://127.0.0.1:19421/metrics" not in {t.url for t in expand_targets(specs)}
+    assert read_file_sd(tmp_path / "gone.json") == []
+
+
+def test_poller_a_hanging_rank_does_not_hold_up_the_others() -> None:
+    release = threading.Event()
+    calls: list[str] = []
+
+    def fetcher(url: str, access: Access) -> str:
+        calls.append(url)
+        if "hang" in url:
+            release.wait(10)
+            return STEP8
+        if "refused" in url:
+            raise FetchError("Connection refused")
+        if "other" in url:
+            return "# not ours\nprocess_cpu_seconds_total 1.0\n"
+        return STEP4 if url.endswith("1/metrics") else STEP8.replace('rank="1"', 'rank="0"')
+
+    urls = ["http://a:1/metrics", "http://b:2/metrics", "http://hang:3/metrics", "http://refused:4/metrics",
+            "http://other:5/metrics"]
+    poller = Poller([TargetSpec("url", u) for u in urls], Access(timeout=0.3), fetcher=fetcher)
+    try:
+        started = time.monotonic()
+        rows = poller.poll()
+        assert time.monotonic() - started < 2.0
+        by_target = {r.target: r for r in rows}
+        assert by_target["http://a:1/metrics"].step == 4 and by_target["http://b:2/metrics"].step == 8
+        assert by_target["http://hang:3/metrics"].error == "no answer within 0.3s"
+        assert by_target["http://refused:4/metrics"].error == "Connection refused"
+        assert "not an ms_exporter endpoint" in (by_target["http://other:5/metrics"].error or "")
+        assert [r.rank for r in rows[:2]] == ["0", "1"]  # sorted by rank
+        rows = poller.poll()
+        assert calls.count("http://hang:3/metrics") == 1  # not asked again while its request is open
+        release.set()
+    finally:
+        poller.close()
+
+
+def test_cli_errors_say_what_is_allowed(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = [
+        (["top", "--once", "node"], "is not a URL (http[s]://host:port[/path]"),
+        (["top", "--once", "--interval", "0", "h:1"], "--interval must be a number of seconds > 0"),
+        (["top", "--once", "--user", "u", "h:1"], "--user needs a password: --password, or the "
+                                                  "MS_EXPORTER_TOP_PASSWORD environment variable"),
+        (["top", "--once", "--password", "p", "h:1"], "needs --user"),
+        (["top", "--once", "--cafile", "ca.pem", "--insecure", "h:1"], "exclude each other"),
+        (["top", "--once", "--cafile", "/nonexistent/ca.pem", "h:1"], "TLS files:"),
+        (["top", "--once", "--scheme", "ftp", "h:1"], "invalid choice: 'ftp'"),
+        (["top", "h:1"], "the live view needs a terminal; use --once"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    monkeypatch.setenv("MS_EXPORTER_TOP_PASSWORD", "secret")
+    with pytest.raises(SystemExit):
+        cli.main(["top", "--once", "h:1"])  # a password from the environment still needs a user
+    assert "needs --user" in capsys.readouterr().err
