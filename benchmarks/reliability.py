@@ -156,7 +156,7 @@ from ms_exporter.demo import build_network, synthetic_dataset
 from tests.otlp_receiver import GrpcReceiver
 
 steps, save_dir, every = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-receiver = GrpcReceiver()
+receiver = GrpcReceiver(keep=1)  # keeping every request would measure the receiver's memory, not the monitor's
 ms.set_context(mode=ms.GRAPH_MODE)
 ms.set_seed(0)
 network = build_network()
@@ -186,7 +186,7 @@ page = urllib.request.urlopen(monitor.url, timeout=5).read().decode()
 monitor.close()
 dropped = [line for line in page.splitlines() if line.startswith("mindspore_exporter_dropped_samples_total{")]
 errors = [line for line in page.splitlines() if line.startswith("mindspore_exporter_errors_total{")]
-print(json.dumps({"rss": rss, "scrapes": scrapes[0], "otlp_requests": len(receiver.received),
+print(json.dumps({"rss": rss, "scrapes": scrapes[0], "otlp_requests": receiver.count,
                   "dropped": dropped, "errors": errors}))
 receiver.stop()
 """
