@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks import hotpath, memory, scrape, training
+from benchmarks import hotpath, memory, paired, scrape, training
 
 TARGETS = {"step_ratio": 0.01, "grad_ratio": 0.02, "hot_path_us": 30.0, "scrape_p99_ms": 5.0, "rss_mb": 30.0}
 
@@ -88,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     for title, mode, (layers, d_model), rounds, steps, selection in plans:
         log(f"training: {title} ...", flush=True)
         steps_tables.append((title, rounds, steps, training.measure(mode, layers, d_model, rounds, steps, selection)))
+    log("step-interleaved pairs ...", flush=True)
+    pairs = paired.measure(200 if quick else 4000)
     log("step time while scraped ...", flush=True)
     scraped = scrape.during_training([0, 1, 100], 1 if quick else 4, 30 if quick else 150)
 
-    doc = render(command, hot, latency, rss, steps_tables, scraped, quick, time.monotonic() - started)
+    doc = render(command, hot, latency, rss, steps_tables, scraped, pairs, quick, time.monotonic() - started)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
     log(f"wrote {args.output} in {time.monotonic() - started:.0f} s")
@@ -104,7 +106,7 @@ def _ratio(rows: list[dict[str, Any]], prefix: str) -> float:
 
 def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]], rss: list[dict[str, Any]],
            steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]], scraped: list[dict[str, Any]],
-           quick: bool, seconds: float) -> str:
+           pairs: list[dict[str, Any]], quick: bool, seconds: float) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
     noise, spread = abs(second["ratio"] - 1), second["ratio_high"] - second["ratio_low"]
@@ -113,6 +115,12 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
     grad_reading = (_ratio(graph_rows, "TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10")
                     / _ratio(graph_rows, "GradNormTrainOneStepCell without") - 1)
     loss_monitor = next((r["ratio"] - 1 for r in graph_rows if r["case"].startswith("LossMonitor")), float("nan"))
+    paired_monitor, paired_loss_monitor, paired_grad = pairs
+    grad_total = paired_monitor["cost"] + paired_grad["cost"]
+
+    def interval(row: dict[str, Any]) -> str:
+        return f"95% interval {row['cost_low'] * 100:+.2f}% to {row['cost_high'] * 100:+.2f}%, {row['pairs']} pairs"
+
     hot_default = hot[0]["median_us"]
     scrape_p99 = max(row["p99"] for row in latency)
     rss_added = rss[1]["end_mb"] - rss[0]["end_mb"]
@@ -132,15 +140,20 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "",
         "| target | result |",
         "|---|---|",
-        f"| default settings cost < 1% of step time (demo model, GRAPH) | "
-        f"{verdict(default_cost * 100, TARGETS['step_ratio'] * 100, '%')} (same model instance); a second model "
-        f"instance without callbacks differs by {noise * 100:.2g}% (its per-round ratios span {spread * 100:.2g}%) |",
-        f"| default settings cost less than MindSpore's LossMonitor + TimeMonitor | monitor {default_cost * 100:+.2g}%,"
-        f" LossMonitor + TimeMonitor {loss_monitor * 100:+.2g}% |",
-        f"| grad norm every 10 steps < 2% (demo model, GRAPH) | "
-        f"{verdict(grad_cost * 100, TARGETS['grad_ratio'] * 100, '%')} against no monitor (another model instance:"
-        f" see the noise floor); the monitor's reading alone, against the same cell without a monitor: "
-        f"{grad_reading * 100:+.2g}% |",
+        f"| default settings cost < 1% of step time (demo model, GRAPH) | step-interleaved: "
+        f"{verdict(paired_monitor['cost'] * 100, TARGETS['step_ratio'] * 100, '%')}, {interval(paired_monitor)}. "
+        f"Rounds of whole trainings: {default_cost * 100:+.2g}%, where a second model instance without callbacks "
+        f"differs by {noise * 100:.2g}% (per-round ratios span {spread * 100:.2g}%) |",
+        f"| default settings cost less than MindSpore's LossMonitor + TimeMonitor | step-interleaved: monitor "
+        f"{paired_monitor['cost'] * 100:+.2f}%, LossMonitor + TimeMonitor {paired_loss_monitor['cost'] * 100:+.2f}% "
+        f"({interval(paired_loss_monitor)}): "
+        f"{'met' if paired_monitor['cost'] < paired_loss_monitor['cost'] else '**missed**'}. Rounds: monitor "
+        f"{default_cost * 100:+.2g}%, LossMonitor + TimeMonitor {loss_monitor * 100:+.2g}% |",
+        f"| grad norm every 10 steps < 2% (demo model, GRAPH) | step-interleaved: "
+        f"{verdict(grad_total * 100, TARGETS['grad_ratio'] * 100, '%')} (the monitor's per-step cost plus the "
+        f"measured steps' extra spread over 10 steps, {paired_grad['cost'] * 100:+.2f}%, {interval(paired_grad)}). "
+        f"Rounds: {grad_cost * 100:+.2g}% against no monitor on another model instance; the monitor's reading "
+        f"alone, against the same cell without a monitor, {grad_reading * 100:+.2g}% |",
         f"| hot path < 30 µs | {verdict(hot_default, TARGETS['hot_path_us'], 'µs')} (median, defaults) |",
         f"| /metrics p99 < 5 ms | {verdict(scrape_p99, TARGETS['scrape_p99_ms'], 'ms')} (worst case below) |",
         f"| RSS added < 30 MB after 10,000 steps | {verdict(rss_added, TARGETS['rss_mb'], 'MB')} |",
@@ -157,13 +170,26 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "(memory layout), which the \"second model instance\" row measures: a difference between instances",
         "smaller than that is not a measurement.",
         "",
-        "What bounds the step-time figures: on this 2-core machine the per-round ratios of two identical",
-        "configurations spread over tens of percent, so the median of 100 rounds still carries an uncertainty of",
-        "a few percent, which is larger than the 1% and 2% targets. The step-time targets are therefore not",
-        "demonstrated here, in either direction. The hot path measured alone bounds what the monitor's own code",
-        "can cost: its median (below) plus the loss read, divided by the step time, is about 0.1% of a 12 ms step.",
-        "cProfile of a training run with the monitor showed its step-end hook as its only work on the training",
-        "thread; the rest of any difference is the machine. A quieter machine or more rounds would settle it.",
+        "Why two methods: on this 2-core machine the per-round ratios of two identical configurations spread",
+        "over tens of percent, so rounds of whole trainings carry an uncertainty of a few percent, larger than",
+        "the 1% and 2% targets. The step-interleaved measurement (below) changes the configuration from one step",
+        "to the next inside one training of one model and compares each step with its neighbours; drift cancels",
+        "and the bootstrap interval of the median pair ratio is a fraction of a percent. The targets are judged",
+        "on it. What it does not see: the monitor's threads (the memory sampler once per `interval`, the",
+        "endpoint when scraped) run during both kinds of steps; the scrape cost is measured separately below.",
+        "",
+        "## Step-interleaved: callbacks on every other step of one training",
+        "",
+        "The demo model (2 layers, d_model 64) in GRAPH mode, one `Model.train` per row. For the monitor and",
+        "LossMonitor + TimeMonitor a wrapper forwards their hooks on even steps only; each even step's interval",
+        "(previous step end to its end, read after the loss is synchronised) is divided by each odd neighbour's.",
+        "For grad norm every 10 steps, GradNormTrainOneStepCell and the monitor run on every step, and each",
+        "10th step (where the cell runs its measuring graph and the monitor reads the norms) is divided by its",
+        "neighbours; that extra is spread over the 10 steps. Cost = median ratio − 1 (per step for the last row).",
+        "",
+        table(pairs, [("case", "case", ""), ("pairs", "pairs", "d"), ("ratio", "median ratio", ".4f"),
+                      ("cost", "cost per step", ".2%"), ("cost_low", "95% low", ".2%"),
+                      ("cost_high", "95% high", ".2%")]),
         "",
     ]
     for title, rounds, steps, rows in steps_tables:

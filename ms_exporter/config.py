@@ -124,7 +124,9 @@ class LayerNormConfig:
     """monitor_config.layernorm: statistics of every LayerNorm scale (gamma)."""
 
     enable: bool = True
-    every_n_steps: int = 10
+    # Reading every LayerNorm scale costs ~0.3 ms on the demo model: every 25 steps keeps it near 10 µs a step
+    # and still gives the 100-step drift window four samples.
+    every_n_steps: int = 25
     window: int = 100
     drift_threshold: float | None = 0.3
 

@@ -136,7 +136,9 @@ class BatchCounter:
         shape = tuple(ids.shape)
         samples = int(shape[0]) if shape else 1
         if self._mask_index is not None and self._mask_index < len(element):
-            mask = to_numpy(element[self._mask_index])
+            mask = element[self._mask_index]
+            # A mask is integer or bool, never bfloat16: asnumpy() directly, without to_numpy's checks.
+            mask = mask.asnumpy() if hasattr(mask, "asnumpy") else to_numpy(mask)
             tokens = int(np.count_nonzero(mask)) if mask is not None else 0
         elif len(shape) >= 2 and self._integer_ids(ids):
             tokens = samples * int(shape[1])
