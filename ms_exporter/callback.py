@@ -176,6 +176,7 @@ class TrainingMonitor(Callback):
         return target
 
     def _reset_step_state(self) -> None:
+        self._batch_counts: tuple[int, int] | None = None
         self._last_step = 0
         self._steps_done = 0
         self._step_began: float | None = None
@@ -243,6 +244,14 @@ class TrainingMonitor(Callback):
         self._step_began = began
         if self._previous_end is not None:
             self._data_wait = began - self._previous_end
+        try:
+            # Count the batch before the step runs: its tensors are host data now, while reading them at step
+            # end would wait for the device to finish the whole step (the loss read waits only for the loss).
+            element = run_context.original_args().get("train_dataset_element")
+            self._batch_counts = self._batch.count(element, 1) if element else None
+        except Exception as exc:
+            self._batch_counts = None
+            self._errors.absorb("callback", exc)
         self._hook_cost["step_begin"].observe(time.perf_counter() - began)
 
     def on_train_step_end(self, run_context: Any) -> None:
@@ -261,7 +270,11 @@ class TrainingMonitor(Callback):
             steps = step - self._last_step if step > self._last_step else 1
             self._last_step = step
             self._steps_done += steps
-            samples, tokens = self._batch.count(cb_params.get("train_dataset_element"), steps)
+            counted = self._batch_counts
+            if counted is not None:
+                samples, tokens = counted[0] * steps, counted[1] * steps
+            else:  # sink mode (no batch in the hook), or a loop that skips step begin
+                samples, tokens = self._batch.count(cb_params.get("train_dataset_element"), steps)
             began = self._step_began if self._step_began is not None else entered
             sample = StepSample(step, int(cb_params.cur_epoch_num), steps, loss, ended - began, self._data_wait,
                                 samples, tokens, time.time(), ended, outputs, self._layouts.resolve(outputs))
@@ -286,6 +299,7 @@ class TrainingMonitor(Callback):
         finally:
             self._step_began = None
             self._data_wait = None
+            self._batch_counts = None
             self._previous_end = now = time.perf_counter()
             self._hook_cost["step_end"].observe(now - entered)
 
