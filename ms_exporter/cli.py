@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from ms_exporter._version import __version__
-from ms_exporter.config import ConfigError, load_config
+from ms_exporter.config import ConfigError, MonitorConfig, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,13 +98,20 @@ def main(argv: list[str] | None = None) -> int:
                     save_dir=args.save_dir)
 
 
+def _config_or_none(path: str | None) -> MonitorConfig | None:
+    """The config for a generator, or None after printing what is wrong with it."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return None
+
+
 def _rules(args: argparse.Namespace) -> int:
     from ms_exporter.rules import TEST_TIMING, Timing, render_rules, render_yaml, thresholds_from_config
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"{args.config}: {exc}", file=sys.stderr)
+    config = _config_or_none(args.config)
+    if config is None:
         return 1
     text = render_yaml(render_rules(thresholds_from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
                                     job_regex=args.job_regex, runbook_base=args.runbook_base))
@@ -119,10 +126,8 @@ def _kubernetes(args: argparse.Namespace) -> int:
     from ms_exporter.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
     from ms_exporter.rules import Timing, render_rules, thresholds_from_config
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"{args.config}: {exc}", file=sys.stderr)
+    config = _config_or_none(args.config)
+    if config is None:
         return 1
     rules = render_rules(thresholds_from_config(config), Timing(), runbook_base=args.runbook_base)
     generator = "ms-exporter kubernetes"

@@ -3,7 +3,6 @@ that decode every request and keep it, so tests read exactly what went over the 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from concurrent import futures
@@ -15,11 +14,7 @@ import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.waiting import free_port
 
 
 def value_of(any_value: AnyValue) -> Any:

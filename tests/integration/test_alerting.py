@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import yaml
 
 from ms_exporter.dashboard import queries, render_dashboard
 from ms_exporter.rules import TEST_TIMING, Thresholds, render_rules, render_yaml
+from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,22 +38,6 @@ THRESHOLDS = dataclasses.replace(Thresholds(), loss_high=5.0, grad_norm_high=1e6
                                  tokens_per_second_low=3000.0, stall_seconds=5.0, loss_rising_steps=1000)
 # Throughput is low while the first graph compiles: the throughput alerts wait longer than that.
 TIMING = dataclasses.replace(TEST_TIMING, slow_for="15s")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_until(condition: Any, seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
 
 
 class Webhook:

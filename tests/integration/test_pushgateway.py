@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from ms_exporter.demo import build_network, synthetic_dataset
 from ms_exporter.sinks.pushgateway import PushgatewaySink
 from ms_exporter.store import MetricStore
 from tests.scrape import Scrape, scrape
+from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,22 +35,6 @@ BATCH = 8
 DATA_SIZE = 96  # 12 batches per epoch
 EPOCHS = 2
 STEPS = EPOCHS * DATA_SIZE // BATCH
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_until(condition: Any, seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
 
 
 class Gateway:
