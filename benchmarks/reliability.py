@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.run import machine, table
 from benchmarks.stats import summary
+from tests.waiting import free_port
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
@@ -54,9 +55,7 @@ class StaticCopy:
         root = Path(self._dir.name)
         (root / "html").mkdir()
         (root / "html" / "metrics").write_bytes(page)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         (root / "nginx.conf").write_text(
             f"worker_processes 1; daemon off; pid {root}/nginx.pid; error_log {root}/error.log;\n"
             f"events {{ worker_connections 256; }}\n"

@@ -21,7 +21,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.waiting import free_port
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -209,12 +210,6 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
 # -- a real Prometheus ------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _wait(condition: Any, seconds: float, what: str, every: float = 0.5) -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -230,7 +225,7 @@ class PrometheusServer:
     """/usr/bin/prometheus on a scratch directory and a free port."""
 
     def __init__(self, config: dict[str, Any], scratch: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         path = Path(scratch) / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
