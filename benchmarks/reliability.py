@@ -33,10 +33,11 @@ WRK_SCRIPT = Path(__file__).with_name("wrk_check.lua")
 CONNECTIONS = 8
 
 
-def start_load(url: str, rate: float) -> subprocess.Popen[str]:
+def start_load(url: str, rate: float, keep_alive: bool) -> subprocess.Popen[str]:
     delay_ms = max(1, round(1000 * CONNECTIONS / rate))
     return subprocess.Popen(["wrk", "-t1", f"-c{CONNECTIONS}", "-d600s", "--timeout", "5s", "-s", str(WRK_SCRIPT),
-                             url], stdout=subprocess.PIPE, text=True, env={**os.environ, "DELAY_MS": str(delay_ms)})
+                             url], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "DELAY_MS": str(delay_ms), "CLOSE": "0" if keep_alive else "1"})
 
 
 def stop_load(loader: subprocess.Popen[str]) -> dict[str, Any]:
@@ -59,7 +60,7 @@ class StaticCopy:
         (root / "nginx.conf").write_text(
             f"worker_processes 1; daemon off; pid {root}/nginx.pid; error_log {root}/error.log;\n"
             f"events {{ worker_connections 256; }}\n"
-            f"http {{ access_log off; default_type text/plain; keepalive_timeout 0; client_body_temp_path {root};\n"
+            f"http {{ access_log off; default_type text/plain; keepalive_requests 100; client_body_temp_path {root};\n"
             f"  server {{ listen 127.0.0.1:{self.port}; root {root}/html; }} }}\n")
         self._process = subprocess.Popen(["nginx", "-c", str(root / "nginx.conf")], stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}/metrics"
@@ -96,10 +97,13 @@ def load(rates: list[float], rounds: int, steps: int) -> list[dict[str, Any]]:
     monitor = TrainingMonitor(port=0)
     static: StaticCopy | None = None
     loaded = [rate for rate in rates if rate]
-    cases = [("none", 0.0)] + [("monitor", rate) for rate in loaded] + [("nginx", rate) for rate in loaded]
+    # (target, rate, keep-alive): wrk reuses connections by default, as Prometheus does; "Connection: close"
+    # makes every request a new connection, the costlier case.
+    cases = [("none", 0.0, True)] + [(target, rate, keep) for target in ("monitor", "nginx") for rate in loaded
+                                     for keep in (True, False)]
     timers = {case: StepTimer() for case in cases}
-    ratios: dict[tuple[str, float], list[float]] = {case: [] for case in cases}
-    responses: dict[tuple[str, float], dict[str, float]] = {case: {} for case in cases}
+    ratios: dict[tuple[str, float, bool], list[float]] = {case: [] for case in cases}
+    responses: dict[tuple[str, float, bool], dict[str, float]] = {case: {} for case in cases}
     try:
         model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)  # compile
         with urllib.request.urlopen(monitor.url or "", timeout=5) as response:
@@ -107,12 +111,12 @@ def load(rates: list[float], rounds: int, steps: int) -> list[dict[str, Any]]:
         for round_index in range(rounds):
             medians = {}
             for case in cases:
-                target, rate = case
+                target, rate, keep_alive = case
                 timer = timers[case]
                 timer.last = None
                 before = len(timer.times)
                 url = static.url if target == "nginx" else monitor.url or ""
-                loader = start_load(url, rate) if rate > 0 else None
+                loader = start_load(url, rate, keep_alive) if rate > 0 else None
                 if loader is not None:
                     time.sleep(1.0)  # the load is running at full rate before the round's first step
                 model.train(1, synthetic_dataset(size=16 * steps, seed=round_index),
@@ -130,13 +134,14 @@ def load(rates: list[float], rounds: int, steps: int) -> list[dict[str, Any]]:
             static.close()
     rows = []
     for case in cases:
-        target, rate = case
+        target, rate, keep_alive = case
         stats = summary(timers[case].times)
         per_round = sorted(ratios[case])
         answered = responses[case]
-        label = {"none": "no requests", "monitor": f"the rank's /metrics, {rate:g} requests/s wanted",
-                 "nginx": f"nginx serving a copy of the page, {rate:g} requests/s wanted (the floor)"}[target]
-        rows.append({"case": label, "target": target, "rate": rate, **stats,
+        how = "kept-alive connections" if keep_alive else "a new connection per request"
+        label = {"none": "no requests", "monitor": f"the rank's /metrics, {rate:g} requests/s wanted, {how}",
+                 "nginx": f"nginx serving a copy of the page, {rate:g} requests/s wanted, {how} (the floor)"}[target]
+        rows.append({"case": label, "target": target, "rate": rate, "keep_alive": keep_alive, **stats,
                      "ratio": per_round[len(per_round) // 2], "ratio_low": per_round[0], "ratio_high": per_round[-1],
                      "achieved": answered["sent"] / answered["seconds"] if answered else 0.0,
                      "ok": int(answered.get("ok", 0)), "bad": int(answered.get("bad", 0)
@@ -210,9 +215,10 @@ def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], rou
     quarter = next((v for s, v in mib if s >= mib[-1][0] // 4), mib[0][1])
     growth = mib[-1][1] - quarter
     ours = [r for r in rows if r["target"] == "monitor"]
-    floor = {r["rate"]: r["ratio"] for r in rows if r["target"] == "nginx"}
+    floor = {(r["rate"], r["keep_alive"]): r["ratio"] for r in rows if r["target"] == "nginx"}
     verdicts = "\n".join(
-        f"- {r['rate']:g} requests/s: step time x{r['ratio']:.3f} with the rank's endpoint, x{floor[r['rate']]:.3f} "
+        f"- {r['rate']:g} requests/s, {'kept-alive connections' if r['keep_alive'] else 'a new connection each'}: "
+        f"step time x{r['ratio']:.3f} with the rank's endpoint, x{floor[(r['rate'], r['keep_alive'])]:.3f} "
         f"with nginx serving the same page (target: under x1.05; "
         f"{'met' if r['ratio'] < 1.05 else 'missed by ' + format(r['ratio'] - 1.05, '.3f')})"
         for r in ours)
@@ -230,10 +236,10 @@ Measured on {datetime.date.today().isoformat()} with `{command}` ({seconds / 60:
 ### Endpoint under load during training
 The demo Transformer (2 layers, d_model 64) in GRAPH mode with the default monitor; a separate process keeps
 up the request rate: Debian's `wrk` with {CONNECTIONS} connections paced by `benchmarks/wrk_check.lua`, which
-checks every response (status 200, a complete body with the step counter). The endpoint answers HTTP/1.0, so
-every request is a new connection, as Prometheus' scrapes are. {rounds} rounds of {steps}
-steps per rate, rates interleaved; the ratio is each round's median step time over the same round's
-unloaded median.
+checks every response (status 200, a complete body with the step counter). wrk keeps its connections alive
+(HTTP/1.1), as Prometheus does between scrapes; with `Connection: close` every request is a new connection
+(the costlier case, shown too). {rounds} rounds of {steps} steps per case, cases interleaved; the ratio is
+each round's median step time over the same round's unloaded median.
 
 {load_table}
 

@@ -116,7 +116,7 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
                     / _ratio(graph_rows, "GradNormTrainOneStepCell without") - 1)
     loss_monitor = next((r["ratio"] - 1 for r in graph_rows if r["case"].startswith("LossMonitor")), float("nan"))
     paired_monitor, paired_loss_monitor, paired_grad = pairs
-    grad_total = paired_monitor["cost"] + paired_grad["cost"]
+    grad_total = paired_monitor["all_steps"] + paired_grad["cost"]
 
     def interval(row: dict[str, Any]) -> str:
         return f"95% interval {row['cost_low'] * 100:+.2f}% to {row['cost_high'] * 100:+.2f}%, {row['pairs']} pairs"
@@ -140,14 +140,21 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "",
         "| target | result |",
         "|---|---|",
-        f"| default settings cost < 1% of step time (demo model, GRAPH) | step-interleaved: "
-        f"{verdict(paired_monitor['cost'] * 100, TARGETS['step_ratio'] * 100, '%')}, {interval(paired_monitor)}. "
+        f"| default settings cost < 1% of step time (demo model, GRAPH) | step-interleaved, over all steps: "
+        f"{verdict(paired_monitor['all_steps'] * 100, TARGETS['step_ratio'] * 100, '%')} "
+        f"(95% interval {paired_monitor['all_steps_low'] * 100:+.2f}% to "
+        f"{paired_monitor['all_steps_high'] * 100:+.2f}%): "
+        f"the steps that do not publish {paired_monitor['cost'] * 100:+.2f}% ({interval(paired_monitor)}) plus "
+        f"{paired_monitor['publish_extra'] * 100:.2f}% for the publications ({paired_monitor['publications']} of "
+        f"median {paired_monitor['publish_ms']:.2f} ms over {paired_monitor['hooked']} hooked steps of a median "
+        f"{paired_monitor['step_ms']:.1f} ms). "
         f"Rounds of whole trainings: {default_cost * 100:+.2g}%, where a second model instance without callbacks "
         f"differs by {noise * 100:.2g}% (per-round ratios span {spread * 100:.2g}%) |",
         f"| default settings cost less than MindSpore's LossMonitor + TimeMonitor | step-interleaved: monitor "
-        f"{paired_monitor['cost'] * 100:+.2f}%, LossMonitor + TimeMonitor {paired_loss_monitor['cost'] * 100:+.2f}% "
-        f"({interval(paired_loss_monitor)}): "
-        f"{'met' if paired_monitor['cost'] < paired_loss_monitor['cost'] else '**missed**'}. Rounds: monitor "
+        f"{paired_monitor['all_steps'] * 100:+.2f}% over all steps, LossMonitor + TimeMonitor "
+        f"{paired_loss_monitor['cost'] * 100:+.2f}% ({interval(paired_loss_monitor)}; they do the same work every "
+        f"step): {'met' if paired_monitor['all_steps'] < paired_loss_monitor['cost'] else '**missed**'}. "
+        f"Rounds: monitor "
         f"{default_cost * 100:+.2g}%, LossMonitor + TimeMonitor {loss_monitor * 100:+.2g}% |",
         f"| grad norm every 10 steps < 2% (demo model, GRAPH) | step-interleaved: "
         f"{verdict(grad_total * 100, TARGETS['grad_ratio'] * 100, '%')} (the monitor's per-step cost plus the "
@@ -175,8 +182,11 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "the 1% and 2% targets. The step-interleaved measurement (below) changes the configuration from one step",
         "to the next inside one training of one model and compares each step with its neighbours; drift cancels",
         "and the bootstrap interval of the median pair ratio is a fraction of a percent. The targets are judged",
-        "on it. What it does not see: the monitor's threads (the memory sampler once per `interval`, the",
-        "endpoint when scraped) run during both kinds of steps; the scrape cost is measured separately below.",
+        "on it. The monitor publishes its records to the probes every 0.25 s, on one hooked step in ten to",
+        "twenty; those steps are left out of its pairs (a median would move with their share) and the time its",
+        "publications took is added back, spread over every hooked step. What it does not see: the monitor's",
+        "threads (the memory sampler once per `interval`, the endpoint when scraped) run during both kinds of",
+        "steps; the scrape cost is measured separately below.",
         "",
         "## Step-interleaved: callbacks on every other step of one training",
         "",
@@ -185,7 +195,8 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "(previous step end to its end, read after the loss is synchronised) is divided by each odd neighbour's.",
         "For grad norm every 10 steps, GradNormTrainOneStepCell and the monitor run on every step, and each",
         "10th step (where the cell runs its measuring graph and the monitor reads the norms) is divided by its",
-        "neighbours; that extra is spread over the 10 steps. Cost = median ratio − 1 (per step for the last row).",
+        "neighbours; that extra is spread over the 10 steps. Cost = median ratio − 1 (per step for the last row);",
+        "the targets add the monitor's publications to the first row as described above.",
         "",
         table(pairs, [("case", "case", ""), ("pairs", "pairs", "d"), ("ratio", "median ratio", ".4f"),
                       ("cost", "cost per step", ".2%"), ("cost_low", "95% low", ".2%"),

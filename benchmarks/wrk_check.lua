@@ -3,6 +3,10 @@
 -- wrk runs this file in one Lua state per thread plus one for setup/done: counts live in the thread states
 -- (as globals, so that done() can read them through thread:get).
 local delay_ms = tonumber(os.getenv("DELAY_MS") or "10")
+-- CLOSE=1: every request on a new connection (wrk reconnects after the server closes), else HTTP/1.1 keep-alive.
+if os.getenv("CLOSE") == "1" then
+   wrk.headers["Connection"] = "close"
+end
 local threads = {}
 ok, bad = 0, 0
 

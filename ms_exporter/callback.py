@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,10 @@ logger = logging.getLogger("ms_exporter")
 
 HOOK_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
 HOOKS = ("train_begin", "step_begin", "step_end", "train_end", "eval_end")
+# Steps are published to the probes in batches at most this often (every step when steps take longer): one
+# loop over 20 recorded steps costs a fraction of 20 hook calls, whose code is cold after each training step.
+PUBLISH_SECONDS = 0.25
+MAX_PENDING_STEPS = 1024  # and at least every this many steps, so that very fast steps cannot pile up
 # Per-step values that go into each JSONL step record besides the sample itself.
 STEP_COLUMN_FAMILIES = ("mindspore_train_loss_smoothed", "mindspore_train_loss_consecutive_increases",
                         "mindspore_train_learning_rate", "mindspore_train_samples_per_second",
@@ -82,6 +87,10 @@ class TrainingMonitor(Callback):
         self._thresholds = ThresholdWatcher(self.store, self.config.all_bounds(), self.config.warmup_steps)
         self._layouts = LayoutResolver()
         self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column)
+        # Raw step records waiting for publication (appends and pops are atomic: the sampler thread publishes
+        # records that wait too long, when training stalls right after a step).
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._publish_lock = threading.Lock()
         self._reset_step_state()
         self._sampler_stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -176,7 +185,8 @@ class TrainingMonitor(Callback):
         return target
 
     def _reset_step_state(self) -> None:
-        self._batch_counts: tuple[int, int] | None = None
+        self._element: Any = None
+        self._published = 0.0
         self._last_step = 0
         self._steps_done = 0
         self._step_began: float | None = None
@@ -202,6 +212,7 @@ class TrainingMonitor(Callback):
             return
         self._closed = True
         self._stop_sampler()
+        self._guard("callback", self._publish, None, True)
         self._restore_signal_handlers()  # a closed monitor must not stay in the signal path
         if self._jsonl is not None:
             self._jsonl.close()
@@ -220,6 +231,7 @@ class TrainingMonitor(Callback):
             return
         with self._cost("train_begin", "callback"):
             cb_params = run_context.original_args()
+            self._publish(None, wait=True)  # anything left from an earlier run belongs to that run
             self._reset_step_state()
             self._last_step = int(cb_params.get("cur_step_num", 0) or 0)
             self._batch.bind(cb_params.get("train_dataset"))
@@ -245,63 +257,106 @@ class TrainingMonitor(Callback):
         if self._previous_end is not None:
             self._data_wait = began - self._previous_end
         try:
-            # Count the batch before the step runs: its tensors are host data now, while reading them at step
-            # end would wait for the device to finish the whole step (the loss read waits only for the loss).
-            element = run_context.original_args().get("train_dataset_element")
-            self._batch_counts = self._batch.count(element, 1) if element else None
+            # Keep the batch: it is counted when the step is published, in the loop over the recorded steps.
+            self._element = run_context.original_args().get("train_dataset_element")
         except Exception as exc:
-            self._batch_counts = None
+            self._element = None
             self._errors.absorb("callback", exc)
         self._hook_cost["step_begin"].observe(time.perf_counter() - began)
 
     def on_train_step_end(self, run_context: Any) -> None:
+        """Reads the loss (which ends the step) and keeps a raw record; the probes see it when it is published.
+
+        Publishing runs every record since the last one through the probes, thresholds, history and JSON Lines
+        in one loop, at most every PUBLISH_SECONDS (every step when steps are slower, or when actions are on):
+        the per-step cost on the training thread is then one loss read and one append.
+        """
         if not self._enabled:
             return
         entered = time.perf_counter()
         try:
             cb_params = run_context.original_args()
             reading = time.perf_counter()
-            outputs = cb_params.net_outputs
+            outputs = cb_params["net_outputs"]  # cb_params is a dict; its attribute access is a slower detour
             loss = read_loss(outputs)
             # The loss read synchronises the device (GRAPH mode does not), so the step ends here.
             ended = time.perf_counter()
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
-            step = int(cb_params.cur_step_num)
-            steps = step - self._last_step if step > self._last_step else 1
-            self._last_step = step
-            self._steps_done += steps
-            counted = self._batch_counts
-            if counted is not None:
-                samples, tokens = counted[0] * steps, counted[1] * steps
-            else:  # sink mode (no batch in the hook), or a loop that skips step begin
-                samples, tokens = self._batch.count(cb_params.get("train_dataset_element"), steps)
-            began = self._step_began if self._step_began is not None else entered
-            sample = StepSample(step, int(cb_params.cur_epoch_num), steps, loss, ended - began, self._data_wait,
-                                samples, tokens, time.time(), ended, outputs, self._layouts.resolve(outputs))
-            for probe in self._step_probes:
-                try:
-                    probe.on_step(sample)
-                except Exception as exc:
-                    if self._breaker.failed(probe.name, exc, self._steps_done):
-                        self._step_probes = [p for p in self._step_probes if p is not probe]
-            self._thresholds.check_step(self._steps_done)
-            if self._actions is not None and "actions" not in self._breaker.disabled:
-                try:
-                    self._actions.on_step(sample, run_context)
-                except Exception as exc:
-                    self._breaker.failed("actions", exc, self._steps_done)
-            if self._history is not None:
-                self._history.record(sample)
-            if self._jsonl is not None:
-                self._jsonl.record_step(sample, *self._column_values())
+            element = self._element if self._element is not None else cb_params.get("train_dataset_element")
+            # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
+            self._pending.append((cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss,
+                                  self._step_began if self._step_began is not None else entered, ended,
+                                  self._data_wait, element, outputs if isinstance(outputs, (tuple, list)) else None))
+            if (ended - self._published >= PUBLISH_SECONDS or self._actions is not None
+                    or len(self._pending) >= MAX_PENDING_STEPS):
+                self._published = ended
+                self._publish(run_context)
         except Exception as exc:
             self._errors.absorb("callback", exc)
         finally:
             self._step_began = None
             self._data_wait = None
-            self._batch_counts = None
+            self._element = None
             self._previous_end = now = time.perf_counter()
             self._hook_cost["step_end"].observe(now - entered)
+
+    def publish(self) -> None:
+        """Run the steps recorded since the last publication through the probes now (tests, end of training)."""
+        if self._enabled:
+            self._guard("callback", self._publish, None, True)
+
+    def _publish(self, run_context: Any, wait: bool = False) -> None:
+        # Without `wait`, whoever finds the lock taken leaves the records to the loop that holds it (or to the
+        # next publication): the training thread never waits, and a signal that arrives while its own thread
+        # publishes does not start a second loop.
+        if not (self._publish_lock.acquire(True, 5.0) if wait else self._publish_lock.acquire(False)):
+            return
+        try:
+            wall_offset = time.time() - time.perf_counter()  # the hook keeps perf_counter times only
+            pending = self._pending
+            while pending:
+                record = pending.popleft()
+                try:
+                    self._publish_step(record, wall_offset, run_context)
+                except Exception as exc:  # one unreadable record costs that record, not the others
+                    self._errors.absorb("callback", exc)
+        finally:
+            self._publish_lock.release()
+
+    def _publish_stale(self) -> None:
+        """Sampler thread: publish records the training thread left waiting (it stalled right after a step)."""
+        try:
+            oldest = self._pending[0][4]
+        except IndexError:
+            return
+        if self._actions is None and time.perf_counter() - oldest >= PUBLISH_SECONDS:
+            self._publish(None)
+
+    def _publish_step(self, record: tuple[Any, ...], wall_offset: float, run_context: Any) -> None:
+        step, epoch, loss, began, ended, data_wait, element, outputs = record
+        step, epoch = int(step), int(epoch)
+        steps = step - self._last_step if step > self._last_step else 1
+        self._last_step = step
+        self._steps_done += steps
+        samples, tokens = self._batch.count(element, steps)
+        sample = StepSample(step, epoch, steps, loss, ended - began, data_wait, samples, tokens,
+                            ended + wall_offset, ended, outputs, self._layouts.resolve(outputs))
+        for probe in self._step_probes:
+            try:
+                probe.on_step(sample)
+            except Exception as exc:
+                if self._breaker.failed(probe.name, exc, self._steps_done):
+                    self._step_probes = [p for p in self._step_probes if p is not probe]
+        self._thresholds.check_step(self._steps_done)
+        if run_context is not None and self._actions is not None and "actions" not in self._breaker.disabled:
+            try:
+                self._actions.on_step(sample, run_context)
+            except Exception as exc:
+                self._breaker.failed("actions", exc, self._steps_done)
+        if self._history is not None:
+            self._history.record(sample)
+        if self._jsonl is not None:
+            self._jsonl.record_step(sample, *self._column_values())
 
     def on_train_epoch_end(self, run_context: Any) -> None:
         if self._enabled and self._actions is not None:  # not timed: only actions use this hook
@@ -317,6 +372,7 @@ class TrainingMonitor(Callback):
         if not self._enabled or self._eval is None:
             return
         with self._cost("eval_end", "eval"):
+            self._publish(None, wait=True)
             cb_params = run_context.original_args()
             results = cb_params.get("eval_results") or cb_params.get("metrics")
             if isinstance(results, dict):
@@ -333,9 +389,10 @@ class TrainingMonitor(Callback):
 
     # -- internals ----------------------------------------------------------------------------------------
     def _finish_run(self) -> None:
+        self._stop_sampler()
+        self._guard("callback", self._publish, None, True)
         for probe in self._step_probes:
             self._guard(probe.name, probe.on_train_end)
-        self._stop_sampler()
         self._restore_signal_handlers()
         if self._jsonl is not None:
             self._jsonl.record_event("train_end", step=self._last_step)
@@ -368,7 +425,7 @@ class TrainingMonitor(Callback):
 
     # -- slow sampling thread --------------------------------------------------------------------------
     def _start_sampler(self) -> None:
-        if self._memory is None or (self._sampler is not None and self._sampler.is_alive()):
+        if self._sampler is not None and self._sampler.is_alive():
             return
         self._sampler_stop.clear()
         self._sampler = threading.Thread(target=self._sample_loop, name="ms_exporter-sampler", daemon=True)
@@ -382,15 +439,20 @@ class TrainingMonitor(Callback):
 
     def _sample_loop(self) -> None:
         tick = 0
-        while self._memory is not None:
-            tick += 1
-            if "memory" not in self._breaker.disabled:
-                try:
-                    self._memory.sample()
-                except Exception as exc:
-                    self._breaker.failed("memory", exc, tick)
-            self._guard("sampler", self._thresholds.check_slow)
-            if self._sampler_stop.wait(self.config.interval):
+        due = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= due:
+                due = now + self.config.interval
+                tick += 1
+                if self._memory is not None and "memory" not in self._breaker.disabled:
+                    try:
+                        self._memory.sample()
+                    except Exception as exc:
+                        self._breaker.failed("memory", exc, tick)
+                self._guard("sampler", self._thresholds.check_slow)
+            self._guard("sampler", self._publish_stale)
+            if self._sampler_stop.wait(min(self.config.interval, PUBLISH_SECONDS)):
                 return
 
     # -- signals ---------------------------------------------------------------------------------------------
@@ -430,6 +492,7 @@ class TrainingMonitor(Callback):
             return
         self._in_signal = True
         try:
+            self._guard("callback", self._publish, None)
             if self._jsonl is not None:
                 self._jsonl.record_event("signal", signal=signal.Signals(signum).name, step=self._last_step)
                 self._jsonl.flush()

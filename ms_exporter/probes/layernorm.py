@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -90,10 +91,14 @@ class LayerNormProbe(Probe):
             values = to_numpy(scale.parameter)
             if values is None:
                 continue
-            values = values.astype(np.float64)
-            mean = float(values.mean())
+            # One pass of sums instead of mean() and std() (each a Python wrapper and a float64 copy):
+            # scales sit near 1 with small spread, far from where the subtraction below loses digits.
+            values = values.reshape(-1)
+            mean = float(np.add.reduce(values, dtype=np.float64)) / values.size
+            square = float(np.dot(values, values)) if values.dtype == np.float64 else \
+                float(np.add.reduce(np.square(values, dtype=np.float64)))
             scale.mean.value = mean
-            scale.std.value = float(values.std())
+            scale.std.value = math.sqrt(max(square / values.size - mean * mean, 0.0))
             history = scale.history
             history.append((step, mean))
             while len(history) > 1 and history[1][0] <= step - window:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,11 @@ class LearningRateProbe(Probe):
             reader = _reader_for(rate, self._family.series(**labels))
             self._scheduled.series(**labels).value = 0.0 if isinstance(reader, _FixedReader) else 1.0
             self._readers.append(reader)
+        # Read once now: a schedule's first evaluation compiles it (~0.1 s), which belongs to start-up, not to a step.
+        step = int(cb_params.get("cur_step_num", 0) or 0)
+        self._offset = _optimizer_step(self._optimizer, step) - step
+        for reader in self._readers:
+            reader.update(step + self._offset, time.perf_counter())
 
     def on_step(self, sample: StepSample) -> None:
         if not self._readers:

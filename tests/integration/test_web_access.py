@@ -219,3 +219,74 @@ def test_huge_requests_are_refused_and_the_endpoint_keeps_serving(monitors: list
             status_line = sock.recv(200).split(b"\r\n")[0]
         assert status_line.split()[1] in (b"400", b"414", b"431"), status_line
     assert get(monitor.url)[0] == 200
+
+
+def port_of(monitor: TrainingMonitor) -> int:
+    return int((monitor.url or "").split(":")[2].split("/")[0])
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"basic_auth_users": users()})
+    connection = http.client.HTTPConnection("127.0.0.1", port_of(monitor), timeout=10)
+    token = base64.b64encode(f"prometheus:{SHA_PASSWORD}".encode()).decode()
+    try:
+        connection.connect()
+        first = connection.sock
+        for path, expected in (("/metrics", 200), ("/nothing", 404), ("/metrics", 200)):
+            connection.request("GET", path, headers={"Authorization": f"Basic {token}"})
+            response = connection.getresponse()
+            body = response.read()
+            assert response.status == expected and response.version == 11
+            assert response.getheader("Connection") != "close"
+            if expected == 200:
+                assert Scrape(body.decode()).has("mindspore_train_steps_total")
+        connection.request("GET", "/metrics")  # no credentials: 401, and the connection still serves
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 401
+        assert connection.sock is first, "the client had to reconnect: the server closed a kept-alive connection"
+    finally:
+        connection.close()
+
+
+def raw_exchange(port: int, request: bytes, wait: float = 5.0) -> tuple[bytes, bool]:
+    """Send `request`; return everything received and whether the server closed the connection by then."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(request)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            return received, False
+        return received, True
+
+
+def test_connections_close_when_asked_idle_or_carrying_a_body(monitors: list[TrainingMonitor]) -> None:
+    port = port_of(start(monitors))
+    for request in (b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    b"GET /metrics HTTP/1.0\r\n\r\n",  # 1.0 without keep-alive: one request per connection
+                    # A body the endpoint does not read: answered, then closed, never parsed as a request.
+                    b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 26\r\n\r\nGET /nothing HTTP/1.1\r\n\r\n"):
+        received, closed = raw_exchange(port, request, wait=5.0)
+        assert closed, request
+        assert received.count(b"HTTP/1.1 ") == 1 and received.startswith(b"HTTP/1.1 200"), received[:80]
+    # Kept alive, then idle: the server ends it after KEEPALIVE_IDLE_SECONDS (1 s), well before the client's 5 s.
+    began = time.monotonic()
+    received, closed = raw_exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", wait=5.0)
+    assert closed and received.startswith(b"HTTP/1.1 200") and time.monotonic() - began < 4
+
+
+def test_keep_alive_over_tls(pki: Path, monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"tls_cert_file": str(pki / "server.crt"), "tls_key_file": str(pki / "server.key")})
+    connection = http.client.HTTPSConnection("127.0.0.1", port_of(monitor), timeout=10, context=client_context(pki))
+    try:
+        connection.connect()
+        first = connection.sock
+        for _ in range(3):
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200 and b"mindspore_train_steps_total" in response.read()
+        assert connection.sock is first
+    finally:
+        connection.close()

@@ -58,6 +58,7 @@ def test_sink_mode_counts_every_step_of_a_sink(tmp_path: Path) -> None:
         for sink in (1, 2, 3):
             monitor.on_train_step_begin(context(sink * 10, 0.0, sink_size=10))
             monitor.on_train_step_end(context(sink * 10, 1.0 / sink, sink_size=10))
+        monitor.publish()
         metrics = scrape(monitor.url)
         assert metrics.value("mindspore_train_global_step") == 30
         assert metrics.value("mindspore_train_steps_total") == 30

@@ -50,6 +50,7 @@ def test_odd_outputs_never_raise_and_the_scrape_stays_valid(label: str, outputs:
             monitor.on_train_step_begin(run_context(step, outputs))
             monitor.on_train_step_end(run_context(step, outputs))
         monitor.on_train_end(run_context(3, outputs))
+        monitor.publish()
         page = scrape(monitor.url)  # parses with prometheus_client: a broken value would fail here
         assert page.value("mindspore_train_steps_total") == 3
         assert page.value("mindspore_exporter_errors_total", component="callback") == 0
@@ -84,6 +85,7 @@ def test_learning_rate_in_every_form(kind: str) -> None:
         for step in range(1, 3):
             monitor.on_train_step_begin(run_context(step, 0.5, optimizer))
             monitor.on_train_step_end(run_context(step, 0.5, optimizer))
+        monitor.publish()
         page = scrape(monitor.url)
         rates = page.find("mindspore_train_learning_rate")
         assert rates and all(math.isfinite(r) and r > 0 for r in rates)
@@ -99,6 +101,7 @@ def test_odd_dataset_elements_do_not_count_tokens_or_raise() -> None:
                                         [np.ones((4, 8), np.int64), None], {"input_ids": 3}], start=1):
             monitor.on_train_step_begin(run_context(step, 0.5, element=element))
             monitor.on_train_step_end(run_context(step, 0.5, element=element))
+        monitor.publish()
         page = scrape(monitor.url)
         assert page.value("mindspore_train_steps_total") == 6
         assert page.value("mindspore_exporter_errors_total", component="callback") == 0

@@ -1,0 +1,95 @@
+"""Steps reach the probes in batches: at most PUBLISH_SECONDS late, in order, and none lost at the end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ms_exporter import TrainingMonitor
+from ms_exporter import callback as callback_module
+from tests.scrape import scrape
+from tests.unit.test_callback_sink_and_jsonl import context
+from tests.waiting import wait_until
+
+
+def steps(monitor: TrainingMonitor, first: int, last: int) -> None:
+    for step in range(first, last + 1):
+        batch = [np.ones((4, 8), np.int32), np.tri(4, 8, dtype=np.int32), np.zeros(4, np.int32)]
+        monitor.on_train_step_begin(context(step, 1.0 / step, element=batch))
+        monitor.on_train_step_end(context(step, 1.0 / step, element=batch))
+
+
+def test_fast_steps_wait_for_the_next_publication_and_lose_nothing(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=60,
+                              web={"cache_seconds": 0})
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        steps(monitor, 1, 5)  # microseconds apart: the first is published at once, the rest wait
+        assert scrape(monitor.url).value("mindspore_train_global_step") == 1
+        monitor.publish()
+        page = scrape(monitor.url)
+        assert page.value("mindspore_train_global_step") == 5
+        assert page.value("mindspore_train_steps_total") == 5
+        assert page.value("mindspore_train_samples_total") == 20
+        # np.tri: rows of 1, 2, 3 and 4 ones: 10 non-padding tokens a batch, counted when published.
+        assert page.value("mindspore_train_tokens_total") == 50
+        assert page.value("mindspore_train_loss") == pytest.approx(0.2)
+        steps(monitor, 6, 8)
+        monitor.on_train_end(context(8, 0.125))  # train end publishes what is left
+        page = scrape(monitor.url)
+        assert page.value("mindspore_train_global_step") == 8
+        assert page.value("mindspore_train_steps_total") == 8
+    finally:
+        monitor.close()
+    records = [json.loads(line) for line in Path(monitor.jsonl_path).read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "step"] == list(range(1, 9))
+
+
+def test_records_left_waiting_by_a_stalled_training_are_published_by_the_sampler() -> None:
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
+    try:
+        monitor.on_train_begin(context(0, 0.0))  # starts the sampler thread
+        steps(monitor, 1, 3)  # then training hangs: no further hook call publishes steps 2 and 3
+        assert wait_until(lambda: scrape(monitor.url).value("mindspore_train_global_step") == 3, 10,
+                          "the sampler to publish the waiting steps")
+    finally:
+        monitor.close()
+
+
+def test_steps_slower_than_the_publication_interval_are_published_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(callback_module, "PUBLISH_SECONDS", 0.0)
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        for last in (1, 2, 3):
+            steps(monitor, last, last)
+            assert scrape(monitor.url).value("mindspore_train_global_step") == last
+    finally:
+        monitor.close()
+
+
+def test_close_publishes_what_is_pending(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path), interval=60)
+    monitor.on_train_begin(context(0, 0.0))
+    steps(monitor, 1, 4)
+    monitor.close()  # no train end: a script that stops early, or the atexit hook
+    records = [json.loads(line) for line in Path(monitor.jsonl_path).read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3, 4]
+
+
+def test_a_record_that_cannot_be_published_costs_only_itself() -> None:
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        steps(monitor, 1, 1)
+        monitor.on_train_step_end(context("not a step", 0.5))  # type: ignore[arg-type]
+        steps(monitor, 3, 4)
+        monitor.publish()
+        page = scrape(monitor.url)
+        assert page.value("mindspore_train_global_step") == 4
+        assert page.value("mindspore_exporter_errors_total", component="callback") == 1
+    finally:
+        monitor.close()
