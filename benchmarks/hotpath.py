@@ -1,4 +1,8 @@
-"""Microseconds per on_train_step_end on a synthetic step, and the loss's device read on its own."""
+"""Microseconds per step (step-begin and step-end hooks) on a synthetic step, and the loss's device read alone.
+
+The step-end hook keeps a record and publishes the records to the probes every 0.25 s (or every 1,024 steps):
+the median is a step that only records, the mean spreads the publications over every step and is the figure
+the target is judged on."""
 
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ def _time_hook(monitor: Any, run: SyntheticRun, steps: int) -> list[float]:
     context = run.run_context
     for _ in range(steps):
         run.cb_params.cur_step_num += 1
-        monitor.on_train_step_begin(context)
         began = time.perf_counter()
+        monitor.on_train_step_begin(context)
         monitor.on_train_step_end(context)
         times.append(time.perf_counter() - began)
     return times
@@ -45,7 +49,8 @@ def measure(steps: int) -> list[dict[str, Any]]:
             monitor.on_train_end(run.run_context)
         finally:
             monitor.close()
-        rows.append({"case": label, "median_us": float(np.median(times)), "p90_us": float(np.percentile(times, 90)),
+        rows.append({"case": label, "mean_us": float(np.mean(times)), "median_us": float(np.median(times)),
+                     "p90_us": float(np.percentile(times, 90)),
                      "p99_us": float(np.percentile(times, 99)), "n": steps})
     run = SyntheticRun()
     reads = []
@@ -55,6 +60,6 @@ def measure(steps: int) -> list[dict[str, Any]]:
         reads.append(time.perf_counter() - began)
     times = np.asarray(reads) * 1e6
     rows.append({"case": "the loss's device-to-host read alone (read_loss on a Tensor; excluded above)",
-                 "median_us": float(np.median(times)), "p90_us": float(np.percentile(times, 90)),
-                 "p99_us": float(np.percentile(times, 99)), "n": steps})
+                 "mean_us": float(np.mean(times)), "median_us": float(np.median(times)),
+                 "p90_us": float(np.percentile(times, 90)), "p99_us": float(np.percentile(times, 99)), "n": steps})
     return rows

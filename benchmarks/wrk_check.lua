@@ -34,6 +34,7 @@ function done(summary, latency, requests)
    end
    local errors = summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout
    io.write(string.format('{"sent": %d, "ok": %d, "bad": %d, "socket_errors": %d, "status_errors": %d, ' ..
-                          '"seconds": %.3f, "p99_ms": %.3f}\n', summary.requests, good, wrong, errors,
-                          summary.errors.status, summary.duration / 1e6, latency:percentile(99) / 1e3))
+                          '"seconds": %.3f, "p90_ms": %.3f, "p99_ms": %.3f}\n', summary.requests, good, wrong,
+                          errors, summary.errors.status, summary.duration / 1e6, latency:percentile(90) / 1e3,
+                          latency:percentile(99) / 1e3))
 end

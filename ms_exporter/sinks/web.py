@@ -169,12 +169,12 @@ class _QuietHandler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         for served in range(1, REQUESTS_PER_CONNECTION + 1):
             self.close_connection = True
-            self._handle_one()
-            if self.close_connection or served == REQUESTS_PER_CONNECTION:
+            self._handle_one(last=served == REQUESTS_PER_CONNECTION)
+            if self.close_connection:
                 return
             self.connection.settimeout(KEEPALIVE_IDLE_SECONDS)
 
-    def _handle_one(self) -> None:
+    def _handle_one(self, last: bool) -> None:
         try:
             self.raw_requestline = self.rfile.readline(65537)
         except TimeoutError:
@@ -189,6 +189,8 @@ class _QuietHandler(BaseHTTPRequestHandler):
             return
         if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
             self.close_connection = True  # a body is never read: it must not be taken for the next request
+        if last:
+            self.close_connection = True  # and the answer says so: a client must not send the next one here
         path, _, query = self.path.partition("?")
         environ = {"REQUEST_METHOD": self.command, "PATH_INFO": urllib.parse.unquote(path, "iso-8859-1"),
                    "QUERY_STRING": query, "HTTP_AUTHORIZATION": self.headers.get("Authorization", ""),

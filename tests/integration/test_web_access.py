@@ -249,6 +249,24 @@ def test_keep_alive_serves_many_requests_on_one_connection(monitors: list[Traini
         connection.close()
 
 
+def test_a_kept_connection_ends_after_its_quota_and_says_so(monitors: list[TrainingMonitor]) -> None:
+    from ms_exporter.sinks.web import REQUESTS_PER_CONNECTION
+
+    monitor = start(monitors)
+    connection = http.client.HTTPConnection("127.0.0.1", port_of(monitor), timeout=10)
+    try:
+        closing = []
+        for index in range(1, REQUESTS_PER_CONNECTION + 21):  # http.client reconnects after "Connection: close"
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200 and b"mindspore_train_steps_total" in response.read()
+            if response.getheader("Connection") == "close":
+                closing.append(index)
+        assert closing == [REQUESTS_PER_CONNECTION]
+    finally:
+        connection.close()
+
+
 def raw_exchange(port: int, request: bytes, wait: float = 5.0) -> tuple[bytes, bool]:
     """Send `request`; return everything received and whether the server closed the connection by then."""
     with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
