@@ -252,8 +252,8 @@ def soak(steps: int, every: int) -> dict[str, Any]:
     return result
 
 
-def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], rounds: int, steps: int,
-           seconds: float, passes: int = 1) -> str:
+def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], blocks: int, block_steps: int,
+           seconds: float, passes: int) -> str:
     settle = SETTLE_STEPS
     rss = soaked["rss"]
     mib = [(step, value / 2**20) for step, value in rss]
@@ -285,7 +285,7 @@ up the request rate: Debian's `wrk` with {CONNECTIONS} connections paced by `ben
 checks every response (status 200, a complete body with the step counter). wrk keeps its connections alive
 (HTTP/1.1), as Prometheus does between scrapes; with `Connection: close` every request is a new connection
 (the costlier case, shown too). Within one training per case, wrk is switched off (SIGSTOP) and on
-(SIGCONT) every {steps} steps, {rounds} loaded blocks per training, cases in turn, {passes} passes; the first
+(SIGCONT) every {block_steps} steps, {blocks} loaded blocks per training, cases in turn, {passes} passes; the first
 {settle} steps of each block are left out (the load starting or draining). The ratio is each loaded block's
 median step time over each unloaded neighbour's: the median of those ratios, with a bootstrap 95% interval.
 Latency is given at p90: requests in flight when wrk is stopped wait for the next loaded block.

@@ -91,12 +91,11 @@ class LayerNormProbe(Probe):
             values = to_numpy(scale.parameter)
             if values is None:
                 continue
-            # One pass of sums instead of mean() and std() (each a Python wrapper and a float64 copy):
+            # Two sums instead of mean() and std() (Python wrappers, and std() passes over the data twice):
             # scales sit near 1 with small spread, far from where the subtraction below loses digits.
-            values = values.reshape(-1)
-            mean = float(np.add.reduce(values, dtype=np.float64)) / values.size
-            square = float(np.dot(values, values)) if values.dtype == np.float64 else \
-                float(np.add.reduce(np.square(values, dtype=np.float64)))
+            values = values.astype(np.float64, copy=False).reshape(-1)
+            mean = float(np.add.reduce(values)) / values.size
+            square = float(np.dot(values, values))
             scale.mean.value = mean
             scale.std.value = math.sqrt(max(square / values.size - mean * mean, 0.0))
             history = scale.history

@@ -42,15 +42,17 @@ class LearningRateProbe(Probe):
                                       "1 when the learning rate is a schedule (it should change), 0 when fixed.")
         self._readers: list[_Reader] = []
         self._optimizer: Any = None
-        self._offset: int | None = None
+        self._offset = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
         self._readers = []
-        self._offset = None
         self._optimizer = _find_optimizer(cb_params)
         if self._optimizer is None:
             logger.warning("ms_exporter: no optimizer in cb_params; mindspore_train_learning_rate is not exported")
             return
+        # The optimizer's own step counter may differ from cur_step_num (resumed runs): read it once.
+        step = int(cb_params.get("cur_step_num", 0) or 0)
+        self._offset = _optimizer_step(self._optimizer, step) - step
         rates = self._optimizer.learning_rate
         groups = list(rates) if getattr(self._optimizer, "is_group_lr", False) else [rates]
         for index, rate in enumerate(groups):
@@ -59,17 +61,12 @@ class LearningRateProbe(Probe):
             self._scheduled.series(**labels).value = 0.0 if isinstance(reader, _FixedReader) else 1.0
             self._readers.append(reader)
         # Read once now: a schedule's first evaluation compiles it (~0.1 s), which belongs to start-up, not to a step.
-        step = int(cb_params.get("cur_step_num", 0) or 0)
-        self._offset = _optimizer_step(self._optimizer, step) - step
         for reader in self._readers:
             reader.update(step + self._offset, time.perf_counter())
 
     def on_step(self, sample: StepSample) -> None:
         if not self._readers:
             return
-        if self._offset is None:
-            # The optimizer's own step counter may differ from cur_step_num (resumed runs); read it once.
-            self._offset = _optimizer_step(self._optimizer, sample.step) - sample.step
         # global_step has already advanced at step end: the step just taken used index step - 1.
         used = sample.step + self._offset - 1
         for reader in self._readers:

@@ -165,31 +165,22 @@ class _QuietHandler(BaseHTTPRequestHandler):
 
     timeout = REQUEST_TIMEOUT_SECONDS
     protocol_version = "HTTP/1.1"
+    _last = False
 
     def handle(self) -> None:
         for served in range(1, REQUESTS_PER_CONNECTION + 1):
-            self.close_connection = True
-            self._handle_one(last=served == REQUESTS_PER_CONNECTION)
+            self.close_connection = True  # unless the request says keep-alive
+            self._last = served == REQUESTS_PER_CONNECTION
+            self.handle_one_request()  # the standard library's: read, 414/400/431, parse, then do_<METHOD>
             if self.close_connection:
                 return
             self.connection.settimeout(KEEPALIVE_IDLE_SECONDS)
 
-    def _handle_one(self, last: bool) -> None:
-        try:
-            self.raw_requestline = self.rfile.readline(65537)
-        except TimeoutError:
-            return  # silent, or idle after its last request: the connection ends
-        if not self.raw_requestline:
-            return
-        if len(self.raw_requestline) > 65536:
-            self.requestline, self.request_version, self.command = "", "", ""
-            self.send_error(414)
-            return
-        if not self.parse_request():  # it answered 400/431/505 and chose to close
-            return
+    def _answer(self) -> None:
+        """Every method comes here: the app answers 405 to all but GET and HEAD."""
         if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
             self.close_connection = True  # a body is never read: it must not be taken for the next request
-        if last:
+        if self._last:
             self.close_connection = True  # and the answer says so: a client must not send the next one here
         path, _, query = self.path.partition("?")
         environ = {"REQUEST_METHOD": self.command, "PATH_INFO": urllib.parse.unquote(path, "iso-8859-1"),
@@ -210,6 +201,8 @@ class _QuietHandler(BaseHTTPRequestHandler):
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         self.wfile.write(head if self.command == "HEAD" else head + body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _answer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
         pass
