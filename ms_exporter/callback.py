@@ -87,8 +87,10 @@ class TrainingMonitor(Callback):
         self._thresholds = ThresholdWatcher(self.store, self.config.all_bounds(), self.config.warmup_steps)
         self._layouts = LayoutResolver()
         self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column)
-        # Raw step records waiting for publication (appends and pops are atomic: the sampler thread publishes
-        # records that wait too long, when training stalls right after a step).
+        # Raw step records waiting for publication. Only the training thread publishes them (and close() or a
+        # signal handler once training is over or interrupted): probes evaluate LR schedules and read tensors,
+        # and MindSpore calls from a second thread during a step can deadlock (seen: a schedule evaluated from
+        # a background thread while a graph ran).
         self._pending: deque[tuple[Any, ...]] = deque()
         self._publish_lock = threading.Lock()
         self._reset_step_state()
@@ -323,15 +325,6 @@ class TrainingMonitor(Callback):
         finally:
             self._publish_lock.release()
 
-    def _publish_stale(self) -> None:
-        """Sampler thread: publish records the training thread left waiting (it stalled right after a step)."""
-        try:
-            oldest = self._pending[0][4]
-        except IndexError:
-            return
-        if self._actions is None and time.perf_counter() - oldest >= PUBLISH_SECONDS:
-            self._publish(None)
-
     def _publish_step(self, record: tuple[Any, ...], wall_offset: float, run_context: Any) -> None:
         step, epoch, loss, began, ended, data_wait, element, outputs = record
         step, epoch = int(step), int(epoch)
@@ -425,7 +418,7 @@ class TrainingMonitor(Callback):
 
     # -- slow sampling thread --------------------------------------------------------------------------
     def _start_sampler(self) -> None:
-        if self._sampler is not None and self._sampler.is_alive():
+        if self._memory is None or (self._sampler is not None and self._sampler.is_alive()):
             return
         self._sampler_stop.clear()
         self._sampler = threading.Thread(target=self._sample_loop, name="ms_exporter-sampler", daemon=True)
@@ -439,20 +432,15 @@ class TrainingMonitor(Callback):
 
     def _sample_loop(self) -> None:
         tick = 0
-        due = 0.0
-        while True:
-            now = time.monotonic()
-            if now >= due:
-                due = now + self.config.interval
-                tick += 1
-                if self._memory is not None and "memory" not in self._breaker.disabled:
-                    try:
-                        self._memory.sample()
-                    except Exception as exc:
-                        self._breaker.failed("memory", exc, tick)
-                self._guard("sampler", self._thresholds.check_slow)
-            self._guard("sampler", self._publish_stale)
-            if self._sampler_stop.wait(min(self.config.interval, PUBLISH_SECONDS)):
+        while self._memory is not None:
+            tick += 1
+            if "memory" not in self._breaker.disabled:
+                try:
+                    self._memory.sample()
+                except Exception as exc:
+                    self._breaker.failed("memory", exc, tick)
+            self._guard("sampler", self._thresholds.check_slow)
+            if self._sampler_stop.wait(self.config.interval):
                 return
 
     # -- signals ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,6 @@ from ms_exporter import TrainingMonitor
 from ms_exporter import callback as callback_module
 from tests.scrape import scrape
 from tests.unit.test_callback_sink_and_jsonl import context
-from tests.waiting import wait_until
 
 
 def steps(monitor: TrainingMonitor, first: int, last: int) -> None:
@@ -48,13 +49,22 @@ def test_fast_steps_wait_for_the_next_publication_and_lose_nothing(tmp_path: Pat
     assert [r["step"] for r in records if r["type"] == "step"] == list(range(1, 9))
 
 
-def test_records_left_waiting_by_a_stalled_training_are_published_by_the_sampler() -> None:
-    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
+def test_only_the_training_thread_publishes_even_when_records_wait() -> None:
+    # Probes evaluate LR schedules and read tensors: MindSpore calls from another thread during a step can
+    # deadlock, so records left waiting (training busy in a long step) wait for the training thread.
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, interval=0.05)  # the sampler thread runs
+    threads: set[int] = set()
+    probe = monitor._step_probes[0]
+    original = probe.on_step
+    probe.on_step = lambda sample: (threads.add(threading.get_ident()), original(sample))  # type: ignore[method-assign]
     try:
-        monitor.on_train_begin(context(0, 0.0))  # starts the sampler thread
-        steps(monitor, 1, 3)  # then training hangs: no further hook call publishes steps 2 and 3
-        assert wait_until(lambda: scrape(monitor.url).value("mindspore_train_global_step") == 3, 10,
-                          "the sampler to publish the waiting steps")
+        monitor.on_train_begin(context(0, 0.0))
+        steps(monitor, 1, 3)  # step 1 is published at once, 2 and 3 wait
+        time.sleep(3 * callback_module.PUBLISH_SECONDS)
+        assert scrape(monitor.url).value("mindspore_train_global_step") == 1
+        steps(monitor, 4, 4)  # the next step end is past the interval: it publishes 2, 3 and 4
+        assert scrape(monitor.url).value("mindspore_train_global_step") == 4
+        assert threads == {threading.get_ident()}
     finally:
         monitor.close()
 
