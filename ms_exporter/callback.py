@@ -187,7 +187,7 @@ class TrainingMonitor(Callback):
         return target
 
     def _reset_step_state(self) -> None:
-        self._element: Any = None
+        self._kept: Any = None
         self._published = 0.0
         self._last_step = 0
         self._steps_done = 0
@@ -259,10 +259,10 @@ class TrainingMonitor(Callback):
         if self._previous_end is not None:
             self._data_wait = began - self._previous_end
         try:
-            # Keep the batch: it is counted when the step is published, in the loop over the recorded steps.
-            self._element = run_context.original_args().get("train_dataset_element")
+            # Keep what counting the batch needs (shape, mask): it is counted when the step is published.
+            self._kept = self._batch.keep(run_context.original_args().get("train_dataset_element"))
         except Exception as exc:
-            self._element = None
+            self._kept = None
             self._errors.absorb("callback", exc)
         self._hook_cost["step_begin"].observe(time.perf_counter() - began)
 
@@ -284,11 +284,11 @@ class TrainingMonitor(Callback):
             # The loss read synchronises the device (GRAPH mode does not), so the step ends here.
             ended = time.perf_counter()
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
-            element = self._element if self._element is not None else cb_params.get("train_dataset_element")
+            kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get("train_dataset_element"))
             # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
             self._pending.append((cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss,
                                   self._step_began if self._step_began is not None else entered, ended,
-                                  self._data_wait, element, outputs if isinstance(outputs, (tuple, list)) else None))
+                                  self._data_wait, kept, outputs if isinstance(outputs, (tuple, list)) else None))
             if (ended - self._published >= PUBLISH_SECONDS or self._actions is not None
                     or len(self._pending) >= MAX_PENDING_STEPS):
                 self._published = ended
@@ -298,7 +298,7 @@ class TrainingMonitor(Callback):
         finally:
             self._step_began = None
             self._data_wait = None
-            self._element = None
+            self._kept = None
             self._previous_end = now = time.perf_counter()
             self._hook_cost["step_end"].observe(now - entered)
 
@@ -326,12 +326,12 @@ class TrainingMonitor(Callback):
             self._publish_lock.release()
 
     def _publish_step(self, record: tuple[Any, ...], wall_offset: float, run_context: Any) -> None:
-        step, epoch, loss, began, ended, data_wait, element, outputs = record
+        step, epoch, loss, began, ended, data_wait, kept, outputs = record
         step, epoch = int(step), int(epoch)
         steps = step - self._last_step if step > self._last_step else 1
         self._last_step = step
         self._steps_done += steps
-        samples, tokens = self._batch.count(element, steps)
+        samples, tokens = self._batch.count(kept, steps)
         sample = StepSample(step, epoch, steps, loss, ended - began, data_wait, samples, tokens,
                             ended + wall_offset, ended, outputs, self._layouts.resolve(outputs))
         for probe in self._step_probes:

@@ -184,6 +184,7 @@ def test_interval_pushes_while_training_and_stops_when_the_run_ends(gateway: Gat
     def wait_for_a_push_of(step: int) -> None:
         # Training is held at step 3 until a periodic push carries it: the push happened during training.
         if step == 3:
+            monitor.publish()  # steps microseconds apart wait for the next publication; this hook holds it up
             seen.append(wait_until(lambda: gateway.group("pg-interval").get("mindspore_train_global_step", 0) >= 3,
                                    15, "a periodic push during training"))
 

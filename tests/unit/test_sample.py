@@ -67,25 +67,29 @@ def test_tokens_exclude_padding_with_a_mask_column() -> None:
     counter.bind(FakeDataset(["label", "input_ids", "attention_mask"], 2, [[2], [2, 4], [2, 4]]))
     mask = ms.Tensor(np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.int32))
     ids = ms.Tensor(np.ones((2, 4), np.int32))
-    assert counter.count([ms.Tensor(np.zeros(2, np.int32)), ids, mask], 1) == (2, 4)
+    batch = [ms.Tensor(np.zeros(2, np.int32)), ids, mask]
+    assert counter.count(counter.keep(batch), 1) == (2, 4)
+    assert counter.count(counter.keep(batch), 3) == (6, 12)
 
 
 def test_tokens_without_mask_are_batch_times_length() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["input_ids", "label"], 3, [[3, 8], [3]]))
-    assert counter.count([ms.Tensor(np.ones((3, 8), np.int32)), ms.Tensor(np.zeros(3, np.int32))], 1) == (3, 24)
+    batch = [ms.Tensor(np.ones((3, 8), np.int32)), ms.Tensor(np.zeros(3, np.int32))]
+    assert counter.count(counter.keep(batch), 1) == (3, 24)
 
 
 def test_image_data_has_no_tokens() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["image", "label"], 4, [[4, 3, 8, 8], [4]]))
     images = ms.Tensor(np.zeros((4, 3, 8, 8), np.float32))
-    assert counter.count([images.reshape(4, -1)[:, 0], ms.Tensor(np.zeros(4, np.int32))], 1) == (4, 0)
+    assert counter.count(counter.keep([images.reshape(4, -1)[:, 0], ms.Tensor(np.zeros(4, np.int32))]), 1) == (4, 0)
 
 
 def test_sink_mode_uses_dataset_shape_times_sink_size() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["input_ids", "attention_mask", "label"], 16, [[16, 32], [16, 32], [16]]))
+    assert counter.keep(None) is None
     assert counter.count(None, 10) == (160, 16 * 32 * 10)
 
 
@@ -93,3 +97,10 @@ def test_sink_mode_float_features_are_not_tokens() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["features", "label"], 16, [[16, 4], [16]]))
     assert counter.count(None, 2) == (32, 0)
+
+
+def test_a_batch_that_is_not_tensors_counts_nothing() -> None:
+    counter = BatchCounter("attention_mask", "input_ids")
+    counter.bind(FakeDataset(["input_ids", "attention_mask"], 2, [[2, 4], [2, 4]]))
+    assert counter.count(counter.keep({"input_ids": 1}), 1) == (0, 0)
+    assert counter.count(counter.keep(["text", None]), 1) == (0, 0)
