@@ -143,20 +143,26 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
     ms.set_seed(0)
     network = build_network()
     model = Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
-    monitor = TrainingMonitor(port=0)
+    # The default monitor (its endpoint serves at most web.max_requests_per_second, 50) and one without that
+    # budget, which shows what the endpoint's requests themselves cost.
+    monitors = {"monitor": TrainingMonitor(port=0),
+                "unlimited": TrainingMonitor(port=0, web={"max_requests_per_second": 0})}
     static: StaticCopy | None = None
-    cases = [(target, rate, keep) for target in ("monitor", "nginx") for rate in rates for keep in (True, False)]
+    cases = [(target, rate, keep) for target in ("monitor", "unlimited", "nginx") for rate in rates
+             for keep in (True, False)]
     ratios: dict[tuple[str, float, bool], list[float]] = {case: [] for case in cases}
     responses: dict[tuple[str, float, bool], dict[str, float]] = {case: {} for case in cases}
     loaded_seconds = dict.fromkeys(cases, 0.0)
     medians: dict[tuple[str, float, bool], list[float]] = {case: [] for case in cases}
     try:
-        model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)  # compile
-        with urllib.request.urlopen(monitor.url or "", timeout=5) as response:
+        for monitor in monitors.values():  # compile, and give each endpoint a full page
+            model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)
+        with urllib.request.urlopen(monitors["monitor"].url or "", timeout=5) as response:
             static = StaticCopy(response.read())
         for pass_index in range(passes):
             for case in cases:
                 target, rate, keep_alive = case
+                monitor = monitors.get(target, monitors["monitor"])  # nginx's cases train with the default one
                 loader = start_load(static.url if target == "nginx" else monitor.url or "", rate, keep_alive)
                 time.sleep(1.0)  # connected and running at its pace
                 loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
@@ -171,7 +177,8 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
                 loaded_seconds[case] += timer.loaded_seconds + 1.5  # and the lead-in and tail around training
                 medians[case].append(float(np.median([interval for _, _, interval in timer.steps])))
     finally:
-        monitor.close()
+        for monitor in monitors.values():
+            monitor.close()
         if static is not None:
             static.close()
     rows = []
@@ -182,7 +189,9 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
         low, high = np.percentile(np.median(rng.choice(values, size=(1000, len(values))), axis=1), [2.5, 97.5])
         answered = responses[case]
         how = "kept-alive connections" if keep_alive else "a new connection per request"
-        label = {"monitor": f"the rank's /metrics, {rate:g} requests/s wanted, {how}",
+        label = {"monitor": f"the rank's /metrics (defaults: at most 50 requests/s served), {rate:g} requests/s "
+                            f"wanted, {how}",
+                 "unlimited": f"the rank's /metrics without the request budget, {rate:g} requests/s wanted, {how}",
                  "nginx": f"nginx serving a copy of the page, {rate:g} requests/s wanted, {how} (the floor)"}[target]
         rows.append({"case": label, "target": target, "rate": rate, "keep_alive": keep_alive,
                      "median": float(np.median(medians[case])) * 1e3, "pairs": len(values),
@@ -259,13 +268,13 @@ def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], blo
     mib = [(step, value / 2**20) for step, value in rss]
     quarter = next((v for s, v in mib if s >= mib[-1][0] // 4), mib[0][1])
     growth = mib[-1][1] - quarter
-    ours = [r for r in rows if r["target"] == "monitor"]
+    ours = [r for r in rows if r["target"] in ("monitor", "unlimited")]
     floor = {(r["rate"], r["keep_alive"]): r["ratio"] for r in rows if r["target"] == "nginx"}
     verdicts = "\n".join(
-        f"- {r['rate']:g} requests/s, {'kept-alive connections' if r['keep_alive'] else 'a new connection each'}: "
-        f"step time x{r['ratio']:.3f} with the rank's endpoint, x{floor[(r['rate'], r['keep_alive'])]:.3f} "
-        f"with nginx serving the same page (95% interval x{r['ratio_low']:.3f} to x{r['ratio_high']:.3f}; target: "
-        f"under x1.05; {_judge(r['ratio'], r['ratio_high'])})"
+        f"- {r['rate']:g} requests/s, {'kept-alive connections' if r['keep_alive'] else 'a new connection each'}, "
+        f"{'default settings' if r['target'] == 'monitor' else 'request budget off'}: step time x{r['ratio']:.3f} "
+        f"(95% interval x{r['ratio_low']:.3f} to x{r['ratio_high']:.3f}), x{floor[(r['rate'], r['keep_alive'])]:.3f} "
+        f"with nginx serving the same page; target: under x1.05: {_judge(r['ratio'], r['ratio_high'])}"
         for r in ours)
     load_table = table(rows, [("case", "load on /metrics", ""),
                               ("achieved", "requests/s achieved (while wrk ran)", ".0f"),
@@ -284,10 +293,14 @@ The demo Transformer (2 layers, d_model 64) in GRAPH mode with the default monit
 up the request rate: Debian's `wrk` with {CONNECTIONS} connections paced by `benchmarks/wrk_check.lua`, which
 checks every response (status 200, a complete body with the step counter). wrk keeps its connections alive
 (HTTP/1.1), as Prometheus does between scrapes; with `Connection: close` every request is a new connection
-(the costlier case, shown too). Within one training per case, wrk is switched off (SIGSTOP) and on
-(SIGCONT) every {block_steps} steps, {blocks} loaded blocks per training, cases in turn, {passes} passes; the first
-{settle} steps of each block are left out (the load starting or draining). The ratio is each loaded block's
-median step time over each unloaded neighbour's: the median of those ratios, with a bootstrap 95% interval.
+(the costlier case, shown too). The rank's endpoint is loaded twice: with the default settings, whose
+request budget (`web.max_requests_per_second: 50`) reads and answers at most 50 requests a second (wrk's
+other requests wait their turn, so it achieves about that), and with the budget off (every request served,
+which shows what requests themselves cost the training). Within one training per case, wrk is switched
+off (SIGSTOP) and on (SIGCONT) every {block_steps} steps, {blocks} loaded blocks per training, cases in
+turn, {passes} passes; the first {settle} steps of each block are left out (the load starting or draining).
+The ratio is each loaded block's median step time over each unloaded neighbour's: the median of those
+ratios, with a bootstrap 95% interval.
 Latency is given at p90: requests in flight when wrk is stopped wait for the next loaded block.
 
 {load_table}

@@ -222,6 +222,9 @@ class WebConfig:
     client_auth_type: str = "NoClientCert"
     basic_auth_users: Mapping[str, str] = field(default_factory=dict)  # user -> bcrypt or sha256:<hex> hash
     cache_seconds: float = 0.25  # a rendered page is reused this long: a flood of requests costs one render
+    # Requests read and answered per second, at most (0: no limit). Past it a request waits its turn before it
+    # is read: a flood costs the training process this many requests' Python a second, whatever the load.
+    max_requests_per_second: float = 50.0
 
     @property
     def tls(self) -> bool:
@@ -342,8 +345,8 @@ def _merge(raw: dict[str, Any], key: str, value: Any) -> None:
 def _read_file(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        problems.append(f"cannot read config file {path}: {exc.strerror or exc}")
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL byte in the path
+        problems.append(f"cannot read config file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}")
         return {}
     try:
         data = yaml.safe_load(text)
@@ -708,6 +711,7 @@ class _Checker:
             "client_auth_type": lambda k, v: self._choice(k, v, CLIENT_AUTH_TYPES),
             "basic_auth_users": self._password_hashes,
             "cache_seconds": lambda k, v: 0.0 if v == 0 else self._positive_float(k, v),
+            "max_requests_per_second": lambda k, v: 0.0 if v == 0 else self._positive_float(k, v),
         }
         clean = self._check_fields(key, fields, checks)
         if clean is _INVALID or not known:
@@ -834,8 +838,8 @@ def _read_web_config_file(path: Any, problems: list[str]) -> dict[str, Any]:
         return {}
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        problems.append(f"monitor_config.web.config_file: cannot read {path}: {exc}")
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: a NUL byte in the path, or not UTF-8
+        problems.append(f"monitor_config.web.config_file: cannot read {path!r}: {exc}")
         return {}
     if not isinstance(data, Mapping):
         problems.append(f"monitor_config.web.config_file: {path} must hold a mapping")

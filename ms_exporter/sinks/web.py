@@ -155,6 +155,32 @@ def live_page(title: str, capacity: int) -> str:
             .replace("__REFRESH_MS__", str(LIVE_REFRESH_MS)))
 
 
+class RequestBudget:
+    """A token bucket shared by the endpoint's workers: `rate` requests a second on average, bursts of up to a
+    second's worth. A worker over budget sleeps (holding no lock) before it reads its next request, so a flood
+    is served at `rate` with growing latency instead of taking more of the training process's CPU and GIL."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._rate = rate
+        self._burst = max(rate, 1.0)
+        self._tokens = self._burst
+        self._clock = clock
+        self._sleep = sleep
+        self._updated = clock()
+        self._lock = threading.Lock()
+
+    def wait(self) -> None:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+            self._updated = now
+            self._tokens -= 1.0  # taken now; below zero it is a reservation that the sleep below pays for
+            delay = -self._tokens / self._rate if self._tokens < 0 else 0.0
+        if delay > 0:
+            self._sleep(delay)
+
+
 class _QuietHandler(BaseHTTPRequestHandler):
     """HTTP/1.1 with keep-alive, no access log on stderr, and bounded waits for slow or silent clients.
 
@@ -168,7 +194,10 @@ class _QuietHandler(BaseHTTPRequestHandler):
     _last = False
 
     def handle(self) -> None:
+        budget = self.server.budget  # type: ignore[attr-defined]
         for served in range(1, REQUESTS_PER_CONNECTION + 1):
+            if budget is not None:
+                budget.wait()  # before the request is read: waiting costs no parsing and holds nothing
             self.close_connection = True  # unless the request says keep-alive
             self._last = served == REQUESTS_PER_CONNECTION
             self.handle_one_request()  # the standard library's: read, 414/400/431, parse, then do_<METHOD>
@@ -223,6 +252,8 @@ def tls_context(web: WebConfig) -> ssl.SSLContext:
 class _PooledServer(WSGIServer):
     """Hands accepted connections to WORKER_THREADS daemon threads through a bounded queue."""
 
+    budget: RequestBudget | None = None  # web.max_requests_per_second, shared by the workers
+
     def server_activate(self) -> None:
         super().server_activate()
         self._connections: queue.Queue[tuple[Any, Any] | None] = queue.Queue(QUEUED_CONNECTIONS)
@@ -269,6 +300,8 @@ class _TlsServer(_PooledServer):
         return self.context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False), address
 
     def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.budget is not None:
+            self.budget.wait()  # a handshake costs more CPU than a request: it counts as one
         try:
             request.settimeout(REQUEST_TIMEOUT_SECONDS)
             request.do_handshake()
@@ -288,6 +321,8 @@ def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int,
     server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
     if context is not None:
         server.context = context  # type: ignore[attr-defined]
+    if web.max_requests_per_second:
+        server.budget = RequestBudget(web.max_requests_per_second)
     thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)
     thread.start()
     return server, thread

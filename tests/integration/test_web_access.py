@@ -308,3 +308,17 @@ def test_keep_alive_over_tls(pki: Path, monitors: list[TrainingMonitor]) -> None
         assert connection.sock is first
     finally:
         connection.close()
+
+
+def test_requests_over_the_budget_wait_and_are_all_answered(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"max_requests_per_second": 5})
+    connection = http.client.HTTPConnection("127.0.0.1", port_of(monitor), timeout=10)
+    began = time.monotonic()
+    try:
+        for _ in range(15):  # 5 at once (a second's worth), then one every 0.2 s
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200 and b"mindspore_train_steps_total" in response.read()
+    finally:
+        connection.close()
+    assert time.monotonic() - began >= 1.9  # a lower bound only: the ten requests over the budget waited

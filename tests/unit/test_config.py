@@ -157,6 +157,12 @@ def test_file_errors_are_config_errors(tmp_path: Path) -> None:
         load_config(write(tmp_path, "monitor_config: 3"))
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(write(tmp_path, "- a\n- b\n"))
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("monitor_config: {project: caf\u00e9}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="cannot read config file .*utf-8"):
+        load_config(latin1)
+    with pytest.raises(ConfigError, match="web.config_file: cannot read"):
+        load_config({"web": {"config_file": "web\x00.yml"}})  # found by the fuzz test: a NUL byte in the path
 
 
 def test_env_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
