@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.run import machine, table
+from ms_exporter.config import WebConfig
 from tests.waiting import free_port
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
@@ -32,6 +33,7 @@ BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 # takes little of the CPU the training needs; a Lua script paces each connection and checks every response.
 WRK_SCRIPT = Path(__file__).with_name("wrk_check.lua")
 CONNECTIONS = 8
+BUDGET = WebConfig().max_requests_per_second  # the default endpoint's request budget
 SETTLE_STEPS = 5  # steps left out at the start of each block, while the load starts or drains
 
 
@@ -189,7 +191,7 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
         low, high = np.percentile(np.median(rng.choice(values, size=(1000, len(values))), axis=1), [2.5, 97.5])
         answered = responses[case]
         how = "kept-alive connections" if keep_alive else "a new connection per request"
-        label = {"monitor": f"the rank's /metrics (defaults: at most 50 requests/s served), {rate:g} requests/s "
+        label = {"monitor": f"the rank's /metrics (defaults: a budget of {BUDGET:g} requests/s), {rate:g} requests/s "
                             f"wanted, {how}",
                  "unlimited": f"the rank's /metrics without the request budget, {rate:g} requests/s wanted, {how}",
                  "nginx": f"nginx serving a copy of the page, {rate:g} requests/s wanted, {how} (the floor)"}[target]
@@ -294,13 +296,14 @@ up the request rate: Debian's `wrk` with {CONNECTIONS} connections paced by `ben
 checks every response (status 200, a complete body with the step counter). wrk keeps its connections alive
 (HTTP/1.1), as Prometheus does between scrapes; with `Connection: close` every request is a new connection
 (the costlier case, shown too). The rank's endpoint is loaded twice: with the default settings, whose
-request budget (`web.max_requests_per_second: 50`) reads and answers at most 50 requests a second (wrk's
-other requests wait their turn, so it achieves about that), and with the budget off (every request served,
-which shows what requests themselves cost the training). Within one training per case, wrk is switched
-off (SIGSTOP) and on (SIGCONT) every {block_steps} steps, {blocks} loaded blocks per training, cases in
-turn, {passes} passes; the first {settle} steps of each block are left out (the load starting or draining).
-The ratio is each loaded block's median step time over each unloaded neighbour's: the median of those
-ratios, with a bootstrap 95% interval.
+request budget (`web.max_requests_per_second: {BUDGET:g}`) reads and answers {BUDGET:g} requests a second and
+bursts of a second's worth (wrk's other requests wait their turn; the budget refills while wrk is stopped,
+so a loaded block gets its own share plus what the unloaded block before it saved, about twice the
+budget), and with the budget off (every request served, which shows what requests themselves cost).
+Within one training per case, wrk is switched off (SIGSTOP) and on (SIGCONT) every {block_steps} steps,
+{blocks} loaded blocks per training, cases in turn, {passes} passes; the first {settle} steps of each block
+are left out (the load starting or draining). The ratio is each loaded block's median step time over each
+unloaded neighbour's: the median of those ratios, with a bootstrap 95% interval.
 Latency is given at p90: requests in flight when wrk is stopped wait for the next loaded block.
 
 {load_table}

@@ -250,7 +250,7 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
                         ("p99", "p99 ms", ".2f"), ("bytes", "bytes", "d"), ("layer_series", "layer series", "d")]),
         "",
         "Training step time (demo model, GRAPH, default monitor with the request budget off, so that 100",
-        "scrapes a second are served at 100; with the default budget of 50 a second the endpoint serves at most",
+        "scrapes a second are served at 100; with the default budget of 20 a second the endpoint serves at most",
         "that, see docs/reliability.md) while another process scrapes the endpoint:",
         "",
         table(scraped, [("case", "case", ""), ("median", "median ms/step", ".2f"), ("p90", "p90 ms", ".2f"),

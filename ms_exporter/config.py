@@ -224,7 +224,7 @@ class WebConfig:
     cache_seconds: float = 0.25  # a rendered page is reused this long: a flood of requests costs one render
     # Requests read and answered per second, at most (0: no limit). Past it a request waits its turn before it
     # is read: a flood costs the training process this many requests' Python a second, whatever the load.
-    max_requests_per_second: float = 50.0
+    max_requests_per_second: float = 20.0
 
     @property
     def tls(self) -> bool:

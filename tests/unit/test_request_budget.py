@@ -48,6 +48,6 @@ def test_the_budget_refills_with_time_up_to_one_second_of_requests() -> None:
 
 def test_max_requests_per_second_is_zero_or_positive() -> None:
     assert load_config({"web": {"max_requests_per_second": 0}}).web.max_requests_per_second == 0
-    assert load_config({}).web.max_requests_per_second == 50
+    assert load_config({}).web.max_requests_per_second == 20
     with pytest.raises(ConfigError, match="web.max_requests_per_second"):
         load_config({"web": {"max_requests_per_second": -1}})
