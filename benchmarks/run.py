@@ -172,10 +172,11 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         f"handles about {paired_monitor['hooked'] / max(paired_monitor['publications'], 1):.1f} records in "
         f"{paired_monitor['publish_ms']:.2f} ms (median), about "
         f"{paired_monitor['publish_ms'] * 1e3 * paired_monitor['publications'] / max(paired_monitor['hooked'], 1):.0f}"
-        " µs a record. A cProfile of the publishing loop in real training (docs/development.md) puts about a third",
-        "of that in reading the batch's attention mask (`asnumpy()`, whose dtype goes through numpy's pure-Python",
-        "PEP 3118 parser, and `count_nonzero`), the rest spread over the probes, the `warn_on_value` checks and",
-        "the live page's history at a few µs each. The steps that only record cost "
+        " µs a record, spread over the probes, the `warn_on_value` checks, the live page's history and the",
+        "LayerNorm probe's parameter reads every 25 steps (a cProfile in docs/development.md). Reading the",
+        "batch's attention mask took about a third of it through `asnumpy()`, whose dtype goes through numpy's",
+        "pure-Python PEP 3118 parser; the mask is now read through `Tensor.get_bytes()`. The steps that only",
+        "record cost "
         f"{paired_monitor['cost'] * 100:+.2f}% although the hooks' own time on them is a few µs. Keeping the",
         "step's whole batch until it was published cost about 0.4% of its own (docs/development.md), so step",
         "begin keeps only the batch's shape and its mask; the loss read alone measures about 0. Python between",
