@@ -176,8 +176,8 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "LayerNorm probe's parameter reads every 25 steps (a cProfile in docs/development.md). Reading the",
         "batch's attention mask took about a third of it through `asnumpy()`, whose dtype goes through numpy's",
         "pure-Python PEP 3118 parser; reading it through `Tensor.get_bytes()` instead (1 µs against 5 µs in a",
-        "quiet loop) did not move the per-record figure measurably (79 and 80 µs in the runs before and",
-        "after). The steps that only record cost "
+        "quiet loop) did not move the per-record figure measurably (79 and 80 µs in two runs), so it reads",
+        "through `asnumpy()`. The steps that only record cost "
         f"{paired_monitor['cost'] * 100:+.2f}% although the hooks' own time on them is a few µs. Keeping the",
         "step's whole batch until it was published cost about 0.4% of its own (docs/development.md), so step",
         "begin keeps only the batch's shape and its mask; the loss read alone measures about 0. Python between",

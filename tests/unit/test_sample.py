@@ -8,7 +8,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.sample import BatchCounter, mask_array, read_loss
+from ms_exporter.sample import BatchCounter, read_loss
 
 
 @pytest.mark.parametrize(
@@ -104,17 +104,3 @@ def test_a_batch_that_is_not_tensors_counts_nothing() -> None:
     counter.bind(FakeDataset(["input_ids", "attention_mask"], 2, [[2, 4], [2, 4]]))
     assert counter.count(counter.keep({"input_ids": 1}), 1) == (0, 0)
     assert counter.count(counter.keep(["text", None]), 1) == (0, 0)
-
-
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_, np.float32, np.float16])
-def test_mask_values_read_through_get_bytes_match_numpy(dtype: type) -> None:
-    values = np.tri(5, 7).astype(dtype)
-    array = mask_array(ms.Tensor(values))
-    assert array is not None and array.dtype == np.dtype(dtype)
-    assert np.count_nonzero(array) == np.count_nonzero(values) == 15
-
-
-def test_a_bfloat16_mask_is_widened_instead() -> None:
-    mask = ms.Tensor(np.tri(3, 4, dtype=np.float32)).astype(ms.bfloat16)
-    array = mask_array(mask)
-    assert array is not None and np.count_nonzero(array) == 6
