@@ -1,6 +1,6 @@
 """Microseconds per step (step-begin and step-end hooks) on a synthetic step, and the loss's device read alone.
 
-The step-end hook keeps a record and publishes the records to the probes every 0.25 s (or every 1,024 steps):
+The step-end hook keeps a record and publishes the records to the probes every second (or every 1,024 steps):
 the median is a step that only records, the mean spreads the publications over every step and is the figure
 the target is judged on."""
 

@@ -1,11 +1,13 @@
-"""Step-interleaved measurements: callbacks on every other step of one training, compared with their neighbours.
+"""Step-interleaved measurements: callbacks on one step in six of one training, compared with their neighbours.
 
 Rounds of whole trainings (benchmarks/training.py) drift by tens of percent on this machine. Here the
-configuration changes from one step to the next inside one `Model.train`: a step with the callbacks is
-compared with the step just before and just after it, on the same model, data pipeline and machine state,
-and the median over thousands of such pairs is reported. Drift cancels; what is left is what the callbacks
-cost in the steps where they run (their threads, if any, run in both kinds of steps and are not seen here:
-the memory sampler wakes once per `interval`, the endpoint only when scraped).
+configuration changes from one step to the next inside one `Model.train`: steps take turns (the monitor,
+none, LossMonitor + TimeMonitor, none, an A/A control, none), each hooked step is compared with the bare
+step just before and just after it, on the same model, data pipeline and machine state, and the median over
+thousands of such pairs is reported, pooled over several trainings. Drift cancels; what is left is what the
+callbacks cost in the steps where they run (their threads, if any, run in both kinds of steps and are not
+seen here: the memory sampler wakes once per `interval`, the endpoint only when scraped). The A/A control
+shows what the method reads when there is nothing to find.
 """
 
 from __future__ import annotations
@@ -20,38 +22,57 @@ import numpy as np
 from benchmarks.training import BATCH, _stdout_to
 
 
-def _alternate(inner: list[Any]) -> Any:
-    """A callback that forwards every hook to `inner` on even steps only (and always at train begin and end)."""
+SLOTS = 6  # step k runs the callbacks of slot k % 6; odd slots run none (the bare steps every hooked step is paired with)
+MONITOR, LOSS_TIME, CONTROL = 0, 2, 4
+
+
+def _rotate(slots: dict[int, list[Any]]) -> Any:
+    """A callback that forwards step hooks to the callbacks of slot `cur_step_num % SLOTS` only, and every other
+    hook (train and epoch begin and end) to all of them."""
     from mindspore.train import Callback
 
-    class Alternate(Callback):
+    everyone = [callback for group in slots.values() for callback in group]
+
+    class Rotate(Callback):
         def on_train_begin(self, run_context: Any) -> None:
-            for callback in inner:
+            for callback in everyone:
                 callback.on_train_begin(run_context)
 
         def on_train_end(self, run_context: Any) -> None:
-            for callback in inner:
+            for callback in everyone:
                 callback.on_train_end(run_context)
 
         def on_train_epoch_begin(self, run_context: Any) -> None:
-            for callback in inner:
+            for callback in everyone:
                 callback.on_train_epoch_begin(run_context)
 
         def on_train_epoch_end(self, run_context: Any) -> None:
-            for callback in inner:
+            for callback in everyone:
                 callback.on_train_epoch_end(run_context)
 
         def on_train_step_begin(self, run_context: Any) -> None:
-            if run_context.original_args().cur_step_num % 2 == 0:
-                for callback in inner:
-                    callback.on_train_step_begin(run_context)
+            for callback in slots.get(run_context.original_args().cur_step_num % SLOTS, ()):
+                callback.on_train_step_begin(run_context)
 
         def on_train_step_end(self, run_context: Any) -> None:
-            if run_context.original_args().cur_step_num % 2 == 0:
-                for callback in inner:
-                    callback.on_train_step_end(run_context)
+            for callback in slots.get(run_context.original_args().cur_step_num % SLOTS, ()):
+                callback.on_train_step_end(run_context)
 
-    return Alternate()
+    return Rotate()
+
+
+def _nothing() -> Any:
+    """The A/A control: a callback whose step hooks only fetch cb_params, through the same forwarding."""
+    from mindspore.train import Callback
+
+    class Nothing(Callback):
+        def on_train_step_begin(self, run_context: Any) -> None:
+            run_context.original_args()
+
+        def on_train_step_end(self, run_context: Any) -> None:
+            run_context.original_args()
+
+    return Nothing()
 
 
 def _timer() -> Any:
@@ -79,9 +100,9 @@ def _timer() -> Any:
 
 class Publications:
     """Benchmark-only instrumentation: the steps on which the monitor published its records, and how long each
-    publication took. The monitor publishes every 0.25 s, on one hooked step in ten to twenty; a median of pair
-    ratios over all hooked steps would move with that fraction, so the pairs leave those steps out and their
-    own time is added back, spread over every hooked step."""
+    publication took. The monitor publishes every second; a median of pair ratios over
+    all hooked steps would move with the fraction of publishing steps, so the pairs leave those steps out, and the
+    publications' own time is measured in a training with the monitor on every step (as in use) and added back."""
 
     def __init__(self, monitor: Any) -> None:
         self.steps: list[int] = []
@@ -102,30 +123,44 @@ class Publications:
         self.seconds.clear()
 
 
-def pair_ratios(intervals: dict[int, float], chosen: Any) -> np.ndarray:
-    """For every chosen step k: its interval over each neighbour's (k-1 and k+1) that is not chosen."""
+def pair_ratios(intervals: dict[int, float], chosen: Any, bare: Any) -> np.ndarray:
+    """For every chosen step k: its interval over each neighbour's (k-1 and k+1) that is a bare step."""
     ratios = []
     for step, value in intervals.items():
         if not chosen(step):
             continue
         for neighbour in (step - 1, step + 1):
-            if neighbour in intervals and not chosen(neighbour):
+            if neighbour in intervals and bare(neighbour):
                 ratios.append(value / intervals[neighbour])
     return np.asarray(ratios)
 
 
-def _summary(label: str, ratios: np.ndarray, amortize: int = 1) -> dict[str, Any]:
+def _bootstrap_medians(ratios: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.median(rng.choice(ratios, size=(1000, len(ratios))), axis=1)
+
+
+def _summary(label: str, ratios: np.ndarray, amortize: int = 1,
+             per_training: list[float] | None = None) -> dict[str, Any]:
     # The median of pair ratios, and a bootstrap 95% interval of that median.
-    rng = np.random.default_rng(0)
-    medians = np.median(rng.choice(ratios, size=(1000, len(ratios))), axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return {"case": label, "pairs": len(ratios), "ratio": float(np.median(ratios)),
-            "cost": (float(np.median(ratios)) - 1) / amortize, "cost_low": (float(low) - 1) / amortize,
-            "cost_high": (float(high) - 1) / amortize}
+    low, high = np.percentile(_bootstrap_medians(ratios, 0), [2.5, 97.5])
+    median = float(np.median(ratios))
+    return {"case": label, "pairs": len(ratios), "ratio": median, "cost": (median - 1) / amortize,
+            "cost_low": (float(low) - 1) / amortize, "cost_high": (float(high) - 1) / amortize,
+            "per_training": ", ".join(f"{value * 100:+.2f}%" for value in (per_training or []))}
 
 
-def measure(steps: int) -> list[dict[str, Any]]:
-    """The demo model in GRAPH mode: the default monitor, LossMonitor + TimeMonitor, and grad norm every 10 steps."""
+def difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, float]:
+    """Median of `first` minus median of `second`, with a bootstrap 95% interval (each resampled on its own)."""
+    spread = _bootstrap_medians(first, 1) - _bootstrap_medians(second, 2)
+    low, high = np.percentile(spread, [2.5, 97.5])
+    return float(np.median(first) - np.median(second)), float(low), float(high)
+
+
+def measure(steps: int, trainings: int) -> dict[str, Any]:
+    """The demo model in GRAPH mode: the default monitor, LossMonitor + TimeMonitor, the A/A control (in turns
+    within the same trainings), the monitor's publications (a training with the monitor on every step) and grad
+    norm every 10 steps."""
     import mindspore as ms
     from mindspore import nn
     from mindspore.train import LossMonitor, Model, TimeMonitor
@@ -156,31 +191,52 @@ def measure(steps: int) -> list[dict[str, Any]]:
                         dataset_sink_mode=False)
         return {step: value for step, value in timer.intervals.items() if step > 3}
 
-    even = lambda step: step % 2 == 0  # noqa: E731 - the steps that run the callbacks under test
+    bare = lambda step: step % 2 == 1  # noqa: E731
     plain = model(cell=False)
-    rows = []
+    cases = {MONITOR: "TrainingMonitor, defaults (its publishing steps left out)",
+             LOSS_TIME: "LossMonitor + TimeMonitor", CONTROL: "A/A control: a callback that does nothing"}
+    pooled: dict[int, list[np.ndarray]] = {slot: [] for slot in cases}
+    for _ in range(trainings):
+        monitor = TrainingMonitor(port=0, save_dir=scratch)
+        published = Publications(monitor)
+        intervals = run(plain, [_rotate({MONITOR: [monitor], LOSS_TIME: [LossMonitor(), TimeMonitor()],
+                                         CONTROL: [_nothing()]})], (published,))
+        monitor.close()
+        publishing = set(published.steps)
+        for slot in cases:
+            pooled[slot].append(pair_ratios(
+                intervals, lambda step, slot=slot: step % SLOTS == slot and step not in publishing, bare))
+    rows = [_summary(label, np.concatenate(pooled[slot]),
+                     per_training=[float(np.median(ratios)) - 1 for ratios in pooled[slot]])
+            for slot, label in cases.items()]
+    monitor_row, loss_time_row, control_row = rows
+
+    # The publications, as they happen in use: the monitor on every step, each publication timed.
     monitor = TrainingMonitor(port=0, save_dir=scratch)
     published = Publications(monitor)
-    intervals = run(plain, [_alternate([monitor])], (published,))
-    publishing = set(published.steps)
-    row = _summary("TrainingMonitor, defaults: steps with its hooks against the steps between (publishing steps "
-                   "left out)", pair_ratios(intervals, lambda step: even(step) and step not in publishing))
-    hooked = sum(1 for step in intervals if even(step))
-    step = float(np.median(list(intervals.values())))
-    extra = sum(published.seconds) / max(hooked, 1) / step
-    rows.append({**row, "publications": len(published.steps), "hooked": hooked,
-                 "publish_ms": float(np.median(published.seconds)) * 1e3 if published.seconds else 0.0,
-                 "step_ms": step * 1e3, "publish_extra": extra, "all_steps": row["cost"] + extra,
-                 "all_steps_low": row["cost_low"] + extra, "all_steps_high": row["cost_high"] + extra})
+    intervals = run(plain, [monitor], (published,))
     monitor.close()
-    rows.append(_summary("LossMonitor + TimeMonitor: steps with their hooks against the steps between",
-                         pair_ratios(run(plain, [_alternate([LossMonitor(), TimeMonitor()])]), even)))
+    records = max(len(intervals), 1)
+    publications = {"publications": len(published.steps), "records": records,
+                    "publish_ms": float(np.median(published.seconds)) * 1e3 if published.seconds else 0.0,
+                    "record_us": sum(published.seconds) / records * 1e6,
+                    "step_ms": float(np.median(list(intervals.values()))) * 1e3,
+                    "share": sum(published.seconds) / sum(intervals.values())}
+    extra = publications["share"]
+    monitor_row.update(publish_extra=extra, all_steps=monitor_row["cost"] + extra,
+                       all_steps_low=monitor_row["cost_low"] + extra, all_steps_high=monitor_row["cost_high"] + extra)
+    monitor_ratios, loss_time_ratios = np.concatenate(pooled[MONITOR]), np.concatenate(pooled[LOSS_TIME])
+    below = difference(monitor_ratios, loss_time_ratios)
+
     # Grad norm every 10 steps: the cell's measuring graph and the monitor's reading happen on every 10th step;
     # its cost spread over the 10 steps, on top of the monitor's per-step cost measured above.
     monitor = TrainingMonitor(port=0, save_dir=scratch, grad_norm={"every_n_steps": 10})
     tenth = lambda step: step % 10 == 0  # noqa: E731
-    rows.append(_summary("grad norm every 10 steps (GradNormTrainOneStepCell + monitor): measured steps against "
-                         "their neighbours, spread over 10 steps", pair_ratios(run(model(cell=True), [monitor]), tenth),
-                         amortize=10))
+    grad_row = _summary("grad norm every 10 steps (GradNormTrainOneStepCell + monitor): measured steps against "
+                        "their neighbours, spread over 10 steps",
+                        pair_ratios(run(model(cell=True), [monitor]), tenth, lambda step: not tenth(step)),
+                        amortize=10)
     monitor.close()
-    return rows
+    return {"rows": [*rows, grad_row], "monitor": monitor_row, "loss_time": loss_time_row, "control": control_row,
+            "grad": grad_row, "publications": publications, "trainings": trainings, "steps": steps,
+            "below_loss_time": {"difference": below[0] + extra, "low": below[1] + extra, "high": below[2] + extra}}

@@ -45,8 +45,10 @@ logger = logging.getLogger("ms_exporter")
 HOOK_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
 HOOKS = ("train_begin", "step_begin", "step_end", "train_end", "eval_end")
 # Steps are published to the probes in batches at most this often (every step when steps take longer): one
-# loop over 20 recorded steps costs a fraction of 20 hook calls, whose code is cold after each training step.
-PUBLISH_SECONDS = 0.25
+# loop over many recorded steps costs a fraction of as many hook calls, whose code is cold after each training
+# step. 1 s rather than 0.25 s: on the demo model a record cost ~44 µs in batches of ~31 against ~78 µs in
+# batches of ~8 (docs/development.md), and no Prometheus scrape interval tells 1 s of delay apart.
+PUBLISH_SECONDS = 1.0
 MAX_PENDING_STEPS = 1024  # and at least every this many steps, so that very fast steps cannot pile up
 # Per-step values that go into each JSONL step record besides the sample itself.
 STEP_COLUMN_FAMILIES = ("mindspore_train_loss_smoothed", "mindspore_train_loss_consecutive_increases",

@@ -48,7 +48,7 @@ class RecordSteps(Callback):
 
     def on_train_step_end(self, run_context: Any) -> None:
         batch = [t.asnumpy().copy() for t in run_context.original_args().train_dataset_element]
-        self.monitor.publish()  # the monitor publishes every 0.25 s on its own; this test reads every step
+        self.monitor.publish()  # the monitor publishes every second on its own; this test reads every step
         self.rows.append((self.before, batch, scrape(self.monitor.url)))
 
 

@@ -36,7 +36,7 @@ class ScrapeEveryStep(Callback):
     def on_train_step_end(self, run_context: Any) -> None:
         cb_params = run_context.original_args()
         loss = float(cb_params.net_outputs.asnumpy())
-        self.monitor.publish()  # the monitor publishes every 0.25 s on its own; this test reads every step
+        self.monitor.publish()  # the monitor publishes every second on its own; this test reads every step
         self.rows.append((cb_params.cur_step_num, loss, scrape(self.monitor.url)))
 
 
