@@ -21,8 +21,7 @@ import numpy as np
 
 from benchmarks.training import BATCH, _stdout_to
 
-
-SLOTS = 6  # step k runs the callbacks of slot k % 6; odd slots run none (the bare steps every hooked step is paired with)
+SLOTS = 6  # step k runs the callbacks of slot k % 6; odd slots run none: the bare steps hooked steps pair with
 MONITOR, LOSS_TIME, CONTROL = 0, 2, 4
 
 
@@ -205,7 +204,8 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
         publishing = set(published.steps)
         for slot in cases:
             pooled[slot].append(pair_ratios(
-                intervals, lambda step, slot=slot: step % SLOTS == slot and step not in publishing, bare))
+                intervals, lambda step, slot=slot, left_out=publishing: step % SLOTS == slot and step not in left_out,
+                bare))
     rows = [_summary(label, np.concatenate(pooled[slot]),
                      per_training=[float(np.median(ratios)) - 1 for ratios in pooled[slot]])
             for slot, label in cases.items()]

@@ -173,7 +173,8 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "## What bounds the default cost",
         "",
         f"The monitor's publications cost {published['share'] * 100:.2f}% of training time: every second the "
-        f"records of that second go through the probes, about {published['records'] / max(published['publications'], 1):.0f} "
+        f"records of that second go through the probes, about "
+        f"{published['records'] / max(published['publications'], 1):.0f} "
         f"records in {published['publish_ms']:.2f} ms (median), {published['record_us']:.0f} µs a record, spread "
         "over the probes, the",
         "`warn_on_value` checks, the live page's history and the LayerNorm probe's parameter reads every 25 steps",
