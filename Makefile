@@ -34,7 +34,7 @@ test: install debian-packages
 lint: install
 	$(BIN)/ruff check ms_exporter tests examples
 
-# About 15 minutes on 2 cores; rewrites docs/benchmarks.md. Run it on an otherwise idle machine.
+# About 26 minutes on 2 cores; rewrites docs/benchmarks.md. Run it on an otherwise idle machine.
 bench: install
 	$(BIN)/python -m benchmarks.run --output docs/benchmarks.md
 
