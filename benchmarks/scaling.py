@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from ms_exporter.config import LayerNormConfig
 from tests.waiting import free_port
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
@@ -576,11 +577,13 @@ def render(figures: list[RankFigures], load: dict[str, Any] | None, relabeled_lo
                f"{', '.join(TARGET_LABELS)} (and whatever the scrape config's relabeling adds).")
     if upper.layernorms_in_model:
         per_norm = upper.layernorm_series / upper.layernorms_in_model
-        deep = [(blocks, blocks * 2 + 1) for blocks in (32, 80)]
-        out.append(f"LayerNorm statistics are {per_norm:g} series per LayerNorm of the model, outside "
-                   "`grad_norm.max_series`: they grow with depth. A model with two norms per block and a final one "
-                   + " and ".join(f"has {norms * per_norm:,.0f} such series per rank at {blocks} blocks ({norms} "
-                                  "norms)" for blocks, norms in deep) + ".")
+        cap = LayerNormConfig().max_layers
+        deep = [(blocks, blocks * 2 + 1) for blocks in (8, 32, 80)]
+        out.append(f"LayerNorm statistics are {per_norm:g} series per watched LayerNorm, outside "
+                   f"`grad_norm.max_series`: they grow with depth up to `layernorm.max_layers` ({cap} by default). "
+                   "A model with two norms per block and a final one has, per rank, "
+                   + ", ".join(f"{min(norms, cap) * per_norm:,.0f} such series at {blocks} blocks ({norms} norms)"
+                               for blocks, norms in deep) + ".")
     out += ["", "Series per family:", "", family_table(default, upper), "",
             "Distinct values per label in the upper-bound configuration (one rank):", "",
             ", ".join(f"`{name}` {count}" for name, count in upper.label_values.items()) + ".", ""]

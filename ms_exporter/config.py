@@ -129,6 +129,8 @@ class LayerNormConfig:
     every_n_steps: int = 25
     window: int = 100
     drift_threshold: float | None = 0.3
+    # Three series per scale: a deep model (two norms a block) would otherwise be a rank's largest family.
+    max_layers: int = 24
 
 
 @dataclass(frozen=True)
@@ -617,6 +619,7 @@ class _Checker:
             "every_n_steps": lambda k, v: self._int(k, v, 1, 1_000_000),
             "window": lambda k, v: self._int(k, v, 1, 10_000_000),
             "drift_threshold": self._optional_positive,
+            "max_layers": lambda k, v: self._int(k, v, 1, 10_000),
         }
         clean = self._check_fields(key, fields, checks)
         return _INVALID if clean is _INVALID or not known else LayerNormConfig(**clean)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from typing import Any
@@ -13,6 +14,8 @@ from ms_exporter.probes.base import Probe
 from ms_exporter.probes.grad_norm import layer_of
 from ms_exporter.sample import StepSample, to_numpy
 from ms_exporter.store import MetricStore, Series
+
+logger = logging.getLogger("ms_exporter")
 
 
 def find_layernorm_scales(network: Any) -> list[tuple[str, Any]]:
@@ -34,6 +37,16 @@ def find_layernorm_scales(network: Any) -> list[tuple[str, Any]]:
     return found
 
 
+def spread_evenly(items: list[Any], limit: int) -> list[Any]:
+    """At most `limit` of `items`, evenly spaced over them with the first and the last included (in order)."""
+    if len(items) <= limit:
+        return list(items)
+    if limit == 1:
+        return [items[-1]]
+    last = len(items) - 1
+    return [items[round(i * last / (limit - 1))] for i in range(limit)]
+
+
 class _Scale:
     def __init__(self, layer: str, parameter: Any, mean: Series, std: Series, drift: Series) -> None:
         self.layer = layer
@@ -48,6 +61,7 @@ class LayerNormProbe(Probe):
     """Every `every_n_steps` steps on the training thread (a parameter read must not race the optimizer).
 
     Drift = (mean now - mean `window` steps ago) / |mean then|, using the oldest sample inside the window.
+    A model with more than `max_layers` scales has `max_layers` of them watched, spread evenly over its depth.
 
     | name | type | labels | unit |
     |---|---|---|---|
@@ -71,7 +85,13 @@ class LayerNormProbe(Probe):
         network = cb_params.get("train_network") or cb_params.get("network")
         known = {scale.layer: scale for scale in self._scales}
         self._scales = []
-        for layer, gamma in find_layernorm_scales(network) if network is not None else []:
+        found = find_layernorm_scales(network) if network is not None else []
+        watched = spread_evenly(found, self._config.max_layers)
+        if len(watched) < len(found):
+            logger.info("ms_exporter: the model has %d LayerNorm scales; watching %d spread over its depth "
+                        "(layernorm.max_layers), from %s to %s", len(found), len(watched), watched[0][0],
+                        watched[-1][0])
+        for layer, gamma in watched:
             scale = known.get(layer) or _Scale(layer, gamma, self._mean.series(layer=layer),
                                               self._std.series(layer=layer), self._drift.series(layer=layer))
             scale.parameter = gamma

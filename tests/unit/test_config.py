@@ -251,3 +251,6 @@ def test_gradient_sections_defaults_merge_and_errors(tmp_path: Path, monkeypatch
     assert "weight_norm: must be true or false" in text
     with pytest.raises(ConfigError, match="top_k: must not exceed max_series"):
         load_config({"grad_norm": {"top_k": 8, "max_series": 4}})
+    assert load_config({"layernorm": {"max_layers": 3}}).layernorm.max_layers == 3
+    with pytest.raises(ConfigError, match="layernorm.max_layers: must be an integer from 1 to 10000"):
+        load_config({"layernorm": {"max_layers": 0}})

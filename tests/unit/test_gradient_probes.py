@@ -11,7 +11,7 @@ from mindspore.train.callback import _InternalCallbackParam
 from ms_exporter.config import GradNormConfig, LayerNormConfig
 from ms_exporter.outputs import LayoutResolver
 from ms_exporter.probes.grad_norm import GradNormProbe, LayerIndex, layer_of
-from ms_exporter.probes.layernorm import LayerNormProbe
+from ms_exporter.probes.layernorm import LayerNormProbe, spread_evenly
 from ms_exporter.probes.loss_scale import LossScaleProbe
 from ms_exporter.sample import StepSample
 from ms_exporter.store import MetricStore
@@ -160,3 +160,22 @@ def test_layernorm_mean_std_and_drift_over_window() -> None:
     for step in range(5, 9):  # steady at the new mean: the window forgets the old one
         probe.on_step(at(step, 0.5, resolver))
     assert series(store, "mindspore_train_layernorm_scale_drift_ratio") == {"enc.norm1": 0.0}
+
+
+def test_a_deep_model_has_max_layers_scales_watched_spread_over_its_depth() -> None:
+    store = MetricStore()
+    norms = [LayerNorm(f"blocks.{i}.norm.gamma", np.ones(4)) for i in range(10)]
+    probe = LayerNormProbe(store, LayerNormConfig(every_n_steps=1, max_layers=4))
+    probe.on_train_begin(params(0, Net(norms)))
+    probe.on_step(at(1, 0.5, LayoutResolver()))
+    watched = {"blocks.0.norm", "blocks.3.norm", "blocks.6.norm", "blocks.9.norm"}
+    for family in ("mean", "std", "drift_ratio"):
+        assert set(series(store, f"mindspore_train_layernorm_scale_{family}")) == watched
+
+
+def test_spread_evenly_keeps_order_ends_and_small_lists() -> None:
+    assert spread_evenly(list(range(5)), 5) == [0, 1, 2, 3, 4]
+    assert spread_evenly(list(range(5)), 9) == [0, 1, 2, 3, 4]
+    assert spread_evenly(list(range(65)), 3) == [0, 32, 64]
+    assert spread_evenly(list(range(65)), 1) == [64]
+    assert len(set(spread_evenly(list(range(25)), 24))) == 24
