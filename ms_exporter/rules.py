@@ -7,6 +7,7 @@ deploy/prometheus/rules/mindspore-training.rules.yml is exactly what the default
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +80,23 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
+# What the Pushgateway holds (monitor_config.pushgateway, scraped with honor_labels as shipped) has no `instance`
+# and never goes stale: a job's last pushed numbers would keep alerts firing, and count as live ranks, long after
+# the job ended. The rules read only series scraped from a rank's own endpoint, which always have an instance.
+LIVE = '{instance!=""}'
+_RAW_METRIC = re.compile(r"(?<![:\w])(mindspore_(?:train|exporter)_\w+)(?![:\w{])")
+
+
+def live(expr: str) -> str:
+    """`expr` with every raw mindspore_* selector limited to scraped series (recorded rule names stay as they are)."""
+    return _RAW_METRIC.sub(lambda match: match.group(1) + LIVE, expr)
+
+
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
            runbook_base: str) -> dict[str, Any]:
     return {
         "alert": name,
-        "expr": expr,
+        "expr": live(expr),
         "for": for_,
         "labels": {"severity": severity},
         "annotations": {
@@ -134,6 +147,7 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
         {"record": "project:mindspore_train_step_cycle_seconds:median",
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
+    recording = [{"record": rule["record"], "expr": live(rule["expr"])} for rule in recording]
     b = runbook_base
     alerts = [
         _alert("MindSporeTrainingLossNonFinite",

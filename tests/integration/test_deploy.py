@@ -85,11 +85,12 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     out = run(sys.executable, "-m", "ms_exporter", "rules", "--config", str(config))
     assert out.returncode == 0, out.stderr
     alerts = {r["alert"]: r for g in yaml.safe_load(out.stdout)["groups"] for r in g["rules"] if "alert" in r}
-    assert alerts["MindSporeTrainingLossHigh"]["expr"] == "mindspore_train_loss > 20"
-    assert alerts["MindSporeTrainingThroughputLow"]["expr"] == "mindspore_train_tokens_per_second < 500"
-    assert alerts["MindSporeTrainingGradNormHigh"]["expr"] == "mindspore_train_grad_norm > 4"
-    assert alerts["MindSporeTrainingGradNormExploding"]["expr"] == "mindspore_train_grad_norm > 40"
-    assert alerts["MindSporeTrainingLayerNormDrift"]["expr"] == "abs(mindspore_train_layernorm_scale_drift_ratio) > 0.1"
+    assert alerts["MindSporeTrainingLossHigh"]["expr"] == 'mindspore_train_loss{instance!=""} > 20'
+    assert alerts["MindSporeTrainingThroughputLow"]["expr"] == 'mindspore_train_tokens_per_second{instance!=""} < 500'
+    assert alerts["MindSporeTrainingGradNormHigh"]["expr"] == 'mindspore_train_grad_norm{instance!=""} > 4'
+    assert alerts["MindSporeTrainingGradNormExploding"]["expr"] == 'mindspore_train_grad_norm{instance!=""} > 40'
+    assert alerts["MindSporeTrainingLayerNormDrift"]["expr"] == (
+        'abs(mindspore_train_layernorm_scale_drift_ratio{instance!=""}) > 0.1')
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
     fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
     assert fast["MindSporeTrainingLossHigh"]["for"] == "3s"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,12 +20,14 @@ from typing import Any
 
 import mindspore as ms
 import pytest
+import yaml
 from mindspore import nn
 from mindspore.train import Callback, Model
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import PushgatewayConfig, load_config
 from ms_exporter.demo import build_network, synthetic_dataset
+from ms_exporter.rules import LIVE, RULES_FILE
 from ms_exporter.sinks.pushgateway import PushgatewaySink
 from ms_exporter.store import MetricStore
 from tests.scrape import Scrape, scrape
@@ -162,6 +167,54 @@ def test_train_end_pushes_the_final_state_grouped_by_project_and_rank(gateway: G
     finally:
         monitor.close()
     assert gateway.push_time("pg-test") == pushed_at  # the run ended with a push: close() does not push again
+
+
+def test_the_shipped_rules_read_no_pushed_copy(gateway: Gateway, tmp_path: Path) -> None:
+    """Prometheus scraping the Pushgateway as shipped (honor_labels) keeps the pushed series without an instance,
+    and every selector of the shipped rules leaves them out: a job's last push fires nothing, counts no rank."""
+    monitor = TrainingMonitor(port=0, project="pg-rules", pushgateway={"url": gateway.url, "on": ["train_end"]})
+    try:
+        train(monitor, Hook(), epochs=1)
+    finally:
+        monitor.close()
+    shipped = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    job = next(job for job in shipped["scrape_configs"] if job["job_name"] == "pushgateway")
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{gateway.port}"]}]
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ROOT / RULES_FILE)], "scrape_configs": [job]}))
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+    prometheus = subprocess.Popen([shutil.which("prometheus") or "prometheus",
+                                   f"--config.file={tmp_path / 'prometheus.yml'}",
+                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                   f"--web.listen-address=127.0.0.1:{port}"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+
+    def query(expr: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return list(json.loads(response.read())["data"]["result"])
+        except OSError:
+            return []
+
+    try:
+        wait_until(lambda: query('mindspore_train_info{project="pg-rules"}'), 60, "the pushed series in Prometheus")
+        pushed = query('{project="pg-rules", __name__=~"mindspore_.*"}')
+        assert pushed and all("instance" not in series["metric"] for series in pushed)
+        assert {series["metric"]["job"] for series in pushed} == {JOB}
+        text = (ROOT / RULES_FILE).read_text()
+        names = sorted(set(re.findall(r"(mindspore_\w+)" + re.escape(LIVE), text)))
+        assert {"mindspore_train_info", "mindspore_train_loss", "mindspore_train_world_size"} <= set(names)
+        for name in names:
+            assert query(f'{name}{{instance!="", project="pg-rules"}}') == [], name
+        assert query('mindspore_train_loss{project="pg-rules"}'), "the unfiltered selector does see the push"
+        assert query('project:mindspore_train_ranks_reporting:count{project="pg-rules"}') == []
+    finally:
+        prometheus.terminate()
+        prometheus.wait(20)
+        log.close()
 
 
 def test_training_that_raised_still_pushes_its_last_step(gateway: Gateway) -> None:
