@@ -147,7 +147,7 @@ class TrainingMonitor(Callback):
             probes.append(LayerNormProbe(store, config.layernorm))
         self._memory: MemoryProbe | None = None
         if config.wants("memory_usage"):
-            self._memory = MemoryProbe(store, config.warmup_steps, config.memory_window)
+            self._memory = MemoryProbe(store, config.warmup_steps, config.memory_window, config.interval)
             probes.append(self._memory)
         self._eval = EvalProbe(store) if config.wants("eval") else None
         self._step_probes = probes
@@ -438,7 +438,7 @@ class TrainingMonitor(Callback):
             tick += 1
             if "memory" not in self._breaker.disabled:
                 try:
-                    self._memory.sample()
+                    self._memory.sample_host()
                 except Exception as exc:
                     self._breaker.failed("memory", exc, tick)
             self._guard("sampler", self._thresholds.check_slow)

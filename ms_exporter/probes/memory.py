@@ -49,7 +49,9 @@ class _KindState:
 
 
 class MemoryProbe(Probe):
-    """Sampled every `interval` seconds by the monitor's sampler thread, never on the training thread.
+    """Host memory is sampled every `interval` seconds by the monitor's sampler thread (psutil, no MindSpore call).
+    Device memory is read through MindSpore, so only on the training thread: when a publication finds `interval`
+    seconds gone since the last read (MindSpore called from a second thread while a step runs can deadlock).
 
     The growth baseline is the first sample after `warmup_steps` steps, so graph compilation and the
     first allocations do not count as growth.
@@ -64,7 +66,7 @@ class MemoryProbe(Probe):
 
     name = "memory"
 
-    def __init__(self, store: MetricStore, warmup_steps: int, window: int,
+    def __init__(self, store: MetricStore, warmup_steps: int, window: int, interval: float,
                  device_readers: dict[str, Callable[[], int]] | None = None) -> None:
         self._bytes = store.gauge("mindspore_train_memory_bytes", "Memory in use, by kind.")
         self._ratio = store.gauge("mindspore_train_memory_growth_ratio",
@@ -79,15 +81,25 @@ class MemoryProbe(Probe):
         self._device = _device_readers() if device_readers is None else device_readers
         self._kinds: dict[str, _KindState] = {}
         self._steps_seen = 0
+        self._interval = interval
+        self._next_device_read = 0.0
 
     def on_step(self, sample: StepSample) -> None:
         self._steps_seen += sample.steps
+        if self._device:
+            now = time.monotonic()
+            if now >= self._next_device_read:
+                self._next_device_read = now + self._interval
+                self.sample_device(now)
 
-    def sample(self) -> None:
-        """One slow sample; called from the sampler thread."""
-        now = time.monotonic()
+    def sample_host(self) -> None:
+        """One host sample; called from the sampler thread."""
+        self._record("host_rss", float(self._process.memory_info().rss), time.monotonic(),
+                     self._steps_seen >= self._warmup_steps)
+
+    def sample_device(self, now: float) -> None:
+        """One device sample; called on the training thread (from on_step)."""
         warmed_up = self._steps_seen >= self._warmup_steps
-        self._record("host_rss", float(self._process.memory_info().rss), now, warmed_up)
         for kind, read in self._device.items():
             value = float(read())
             if value > 0 or kind in self._kinds:

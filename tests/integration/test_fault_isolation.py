@@ -97,7 +97,7 @@ def test_the_memory_sampler_is_switched_off_alone(caplog: pytest.LogCaptureFixtu
     monitor = TrainingMonitor(port=0, interval=0.05, **EVERYTHING)
     try:
         assert monitor._memory is not None
-        monitor._memory.sample = injected  # type: ignore[method-assign]
+        monitor._memory.sample_host = injected  # type: ignore[method-assign]
         train(monitor, steps=40)
         page = scrape(monitor.url)
         assert page.value("mindspore_exporter_errors_total", component="memory") == 3

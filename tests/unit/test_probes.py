@@ -72,29 +72,40 @@ def test_throughput_window_forgets_old_points() -> None:
 def test_memory_kinds_growth_and_zero_device_omitted() -> None:
     store = MetricStore()
     device = {"value": 0}
-    probe = MemoryProbe(store, warmup_steps=2, window=5,
+    # interval 0: every step reads the device (the monitor passes its `interval`)
+    probe = MemoryProbe(store, warmup_steps=2, window=5, interval=0.0,
                         device_readers={"device_allocated": lambda: device["value"], "device_peak": lambda: 0})
-    probe.sample()
+    probe.sample_host()
     family = store.get("mindspore_train_memory_bytes")
     assert family is not None
+    assert {dict(s.labels)["kind"] for s in family.children()} == {"host_rss"}  # the host sample reads no device
+    probe.on_step(sample(1, steps=1))
     kinds = {dict(s.labels)["kind"] for s in family.children()}
     assert kinds == {"host_rss"}  # device readers returning 0 (CPU) export nothing
     ratio = store.get("mindspore_train_memory_growth_ratio")
     assert ratio is not None and ratio.children() == []  # no baseline, so no series, before warm-up
-    probe.on_step(sample(1, steps=2))
     device["value"] = 100 * MIB
-    probe.sample()  # baseline
-    for grow in (102, 104, 106):
+    probe.on_step(sample(2, steps=1))  # warmed up: the baseline
+    for step, grow in ((3, 102), (4, 104), (5, 106)):
         device["value"] = grow * MIB
-        probe.sample()
+        probe.on_step(sample(step, steps=1))
     assert value(store, "mindspore_train_memory_bytes", kind="device_allocated") == 106 * MIB
     assert value(store, "mindspore_train_memory_growth_ratio", kind="device_allocated") == pytest.approx(0.06)
     assert value(store, "mindspore_train_memory_consecutive_increases", kind="device_allocated") == 3
     assert value(store, "mindspore_train_memory_growth_bytes_per_second", kind="device_allocated") > 0
     device["value"] = 106 * MIB + 1000  # grew, but by less than 1 MiB: the streak ends
-    probe.sample()
+    probe.on_step(sample(6, steps=1))
     assert value(store, "mindspore_train_memory_consecutive_increases", kind="device_allocated") == 0
     assert "device_peak" not in {dict(s.labels)["kind"] for s in family.children()}
+
+
+def test_device_memory_is_read_at_most_every_interval() -> None:
+    reads: list[int] = []
+    probe = MemoryProbe(MetricStore(), warmup_steps=0, window=5, interval=3600.0,
+                        device_readers={"device_allocated": lambda: reads.append(1) or 5 * MIB})
+    for step in range(1, 50):
+        probe.on_step(sample(step))
+    assert len(reads) == 1  # the first step, then not again within the hour
 
 
 def test_threshold_breach_warns_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:

@@ -103,3 +103,24 @@ def test_a_record_that_cannot_be_published_costs_only_itself() -> None:
         assert page.value("mindspore_exporter_errors_total", component="callback") == 1
     finally:
         monitor.close()
+
+
+def test_device_memory_is_read_on_the_training_thread_only() -> None:
+    # MindSpore's runtime memory API from the sampler thread could deadlock like any MindSpore call during a
+    # step: the sampler (every 0.05 s here) reads host memory only; device memory is read when steps publish.
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, interval=0.05)
+    readers: set[int] = set()
+    assert monitor._memory is not None
+    monitor._memory._device = {"device_allocated": lambda: readers.add(threading.get_ident()) or 64 * 2**20}
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        for last in range(1, 6):
+            steps(monitor, last, last)
+            monitor.publish()
+            time.sleep(0.12)  # the sampler thread runs in between
+        page = scrape(monitor.url)
+        assert page.value("mindspore_train_memory_bytes", kind="device_allocated") == 64 * 2**20
+        assert page.value("mindspore_train_memory_bytes", kind="host_rss") > 0
+        assert readers == {threading.get_ident()}
+    finally:
+        monitor.close()
