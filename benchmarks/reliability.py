@@ -145,7 +145,7 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
     ms.set_seed(0)
     network = build_network()
     model = Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
-    # The default monitor (its endpoint serves at most web.max_requests_per_second, 50) and one without that
+    # The default monitor (its endpoint serves at most web.max_requests_per_second, 20) and one without that
     # budget, which shows what the endpoint's requests themselves cost.
     monitors = {"monitor": TrainingMonitor(port=0),
                 "unlimited": TrainingMonitor(port=0, web={"max_requests_per_second": 0})}

@@ -11,8 +11,8 @@ from typing import Any
 from benchmarks.harness import SyntheticRun
 from benchmarks.stats import summary
 
-# The endpoint's request budget (web.max_requests_per_second, 50 by default) is off here: these figures are
-# what a request costs once it is served, and 100 scrapes a second would otherwise be served at 50.
+# The endpoint's request budget (web.max_requests_per_second, 20 by default) is off here: these figures are
+# what a request costs once it is served, and 100 scrapes a second would otherwise be served at 20.
 UNLIMITED = {"web": {"max_requests_per_second": 0}}
 # A separate process scrapes at a fixed rate for a bounded time, like Prometheus would.
 _SCRAPER = """

@@ -96,7 +96,7 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
            runbook_base: str) -> dict[str, Any]:
     return {
         "alert": name,
-        "expr": live(expr),
+        "expr": expr,
         "for": for_,
         "labels": {"severity": severity},
         "annotations": {
@@ -147,7 +147,6 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
         {"record": "project:mindspore_train_step_cycle_seconds:median",
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
-    recording = [{"record": rule["record"], "expr": live(rule["expr"])} for rule in recording]
     b = runbook_base
     alerts = [
         _alert("MindSporeTrainingLossNonFinite",
@@ -234,6 +233,8 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "
                f"times in {w.errors_window}; training goes on, but its metrics may be incomplete.", b),
     ]
+    for rule in (*recording, *alerts):
+        rule["expr"] = live(rule["expr"])
     return {
         "groups": [
             {"name": "mindspore-training.recording", "interval": w.evaluation, "rules": recording},

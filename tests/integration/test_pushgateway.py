@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -11,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +22,7 @@ import yaml
 from mindspore import nn
 from mindspore.train import Callback, Model
 
+from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import PushgatewayConfig, load_config
 from ms_exporter.demo import build_network, synthetic_dataset
@@ -180,41 +179,23 @@ def test_the_shipped_rules_read_no_pushed_copy(gateway: Gateway, tmp_path: Path)
     shipped = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     job = next(job for job in shipped["scrape_configs"] if job["job_name"] == "pushgateway")
     job["static_configs"] = [{"targets": [f"127.0.0.1:{gateway.port}"]}]
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(ROOT / RULES_FILE)], "scrape_configs": [job]}))
-    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
-    prometheus = subprocess.Popen([shutil.which("prometheus") or "prometheus",
-                                   f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{port}"],
-                                  stdout=log, stderr=subprocess.STDOUT)
-
-    def query(expr: str) -> list[dict[str, Any]]:
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return list(json.loads(response.read())["data"]["result"])
-        except OSError:
-            return []
-
+    prometheus = PrometheusServer({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                                   "rule_files": [str(ROOT / RULES_FILE)], "scrape_configs": [job]}, str(tmp_path))
     try:
-        wait_until(lambda: query('mindspore_train_info{project="pg-rules"}'), 60, "the pushed series in Prometheus")
-        pushed = query('{project="pg-rules", __name__=~"mindspore_.*"}')
+        wait_until(lambda: prometheus.query('mindspore_train_info{project="pg-rules"}'), 60,
+                   "the pushed series in Prometheus")
+        pushed = prometheus.query('{project="pg-rules", __name__=~"mindspore_.*"}')
         assert pushed and all("instance" not in series["metric"] for series in pushed)
         assert {series["metric"]["job"] for series in pushed} == {JOB}
         text = (ROOT / RULES_FILE).read_text()
         names = sorted(set(re.findall(r"(mindspore_\w+)" + re.escape(LIVE), text)))
         assert {"mindspore_train_info", "mindspore_train_loss", "mindspore_train_world_size"} <= set(names)
         for name in names:
-            assert query(f'{name}{{instance!="", project="pg-rules"}}') == [], name
-        assert query('mindspore_train_loss{project="pg-rules"}'), "the unfiltered selector does see the push"
-        assert query('project:mindspore_train_ranks_reporting:count{project="pg-rules"}') == []
+            assert prometheus.query(f'{name}{{instance!="", project="pg-rules"}}') == [], name
+        assert prometheus.query('mindspore_train_loss{project="pg-rules"}'), "the unfiltered selector sees the push"
+        assert prometheus.query('project:mindspore_train_ranks_reporting:count{project="pg-rules"}') == []
     finally:
-        prometheus.terminate()
-        prometheus.wait(20)
-        log.close()
+        prometheus.close()
 
 
 def test_training_that_raised_still_pushes_its_last_step(gateway: Gateway) -> None:
@@ -344,6 +325,7 @@ import sys
 import mindspore as ms
 from mindspore import nn
 from mindspore.train import Model
+from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor
 from ms_exporter.demo import build_network, synthetic_dataset
 
