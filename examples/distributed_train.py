@@ -21,7 +21,7 @@ import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
+from ms_exporter.tools.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
 
 
 class SlowSamples:

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "dashboard":
-        from ms_exporter.dashboard import render_dashboard, render_json
+        from ms_exporter.generate.dashboard import render_dashboard, render_json
 
         _write(render_json(render_dashboard()), args.output)
         return 0
@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return _report(args)
     if args.command == "top":
-        from ms_exporter.top import run_top
+        from ms_exporter.tools.top import run_top
 
         return run_top(args, top.error)
-    from ms_exporter.demo import run_demo
+    from ms_exporter.tools.demo import run_demo
 
     return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
                     save_dir=args.save_dir)
@@ -108,7 +108,7 @@ def _config_or_none(path: str | None) -> MonitorConfig | None:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from ms_exporter.rules import TEST_TIMING, Timing, render_rules, render_yaml, thresholds_from_config
+    from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml, thresholds_from_config
 
     config = _config_or_none(args.config)
     if config is None:
@@ -122,9 +122,9 @@ def _rules(args: argparse.Namespace) -> int:
 def _kubernetes(args: argparse.Namespace) -> int:
     import os
 
-    from ms_exporter.dashboard import render_dashboard, render_json
-    from ms_exporter.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
-    from ms_exporter.rules import Timing, render_rules, thresholds_from_config
+    from ms_exporter.generate.dashboard import render_dashboard, render_json
+    from ms_exporter.generate.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
+    from ms_exporter.generate.rules import Timing, render_rules, thresholds_from_config
 
     config = _config_or_none(args.config)
     if config is None:
@@ -141,7 +141,7 @@ def _kubernetes(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ms_exporter.report import ReportError, summary, write_report
+    from ms_exporter.tools.report import ReportError, summary, write_report
 
     try:
         runs = write_report(args.files, args.output)

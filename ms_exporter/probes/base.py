@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ms_exporter.sample import StepSample
+from ms_exporter.monitor.sample import StepSample
 
 
 class Probe:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
-from ms_exporter.store import MetricStore
 
 
 class EvalProbe(Probe):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ms_exporter._version import __version__
-from ms_exporter.ranks import RankInfo
-from ms_exporter.store import MetricStore
+from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.store import MetricStore
 
 
 def publish_identity(store: MetricStore, rank: RankInfo, device_target: str, mindspore_version: str,

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from ms_exporter.config import LayerNormConfig
+from ms_exporter.monitor.sample import StepSample, to_numpy
+from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.grad_norm import layer_of
-from ms_exporter.sample import StepSample, to_numpy
-from ms_exporter.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 

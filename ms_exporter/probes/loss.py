@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore
 
 
 class LossProbe(Probe):

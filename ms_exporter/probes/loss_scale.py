@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ms_exporter.monitor.sample import StepSample, read_scalar
+from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
-from ms_exporter.sample import StepSample, read_scalar
-from ms_exporter.store import MetricStore, Series
 
 
 class LossScaleProbe(Probe):

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import psutil
 
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore, Series
 
 MIB = 1024 * 1024
 

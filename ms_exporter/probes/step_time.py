@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore
 
 # 1 ms to 10 min for a step; the wait starts lower because a healthy loader hides in microseconds.
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore
 
 WINDOW_SECONDS = 10.0
 WINDOW_POINTS = 1024  # and at most this many step ends, so that very fast steps cannot grow the window's memory

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from ms_exporter.config import GradNormConfig
+from ms_exporter.monitor.sample import StepSample, to_numpy
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.grad_norm import LayerIndex
-from ms_exporter.sample import StepSample, to_numpy
-from ms_exporter.store import MetricStore
 
 
 class WeightNormProbe(Probe):

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from ms_exporter.ranks import RankInfo
+from ms_exporter.monitor.ranks import RankInfo
 
 
 def target_host(bind_address: str) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ms_exporter.errors import Breaker
-from ms_exporter.sample import StepSample
-from ms_exporter.store import HistogramSeries, MetricStore, Series
+from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 

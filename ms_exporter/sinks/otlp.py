@@ -35,8 +35,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ms_exporter._version import __version__
 from ms_exporter.config import OtlpConfig
-from ms_exporter.ranks import RankInfo
-from ms_exporter.store import Family, HistogramSeries, MetricStore, Series
+from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.store import Family, HistogramSeries, MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 

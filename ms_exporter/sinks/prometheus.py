@@ -13,8 +13,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ms_exporter.config import ConfigError, WebConfig
-from ms_exporter.sinks.web import serve, tls_context
-from ms_exporter.store import FamilySnapshot, HistogramSeries, MetricStore
+from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
+from ms_exporter.sinks.http_server import serve, tls_context
 
 logger = logging.getLogger("ms_exporter")
 

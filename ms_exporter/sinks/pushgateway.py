@@ -8,8 +8,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, push_to_gateway
 
 from ms_exporter.config import PushgatewayConfig
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
-from ms_exporter.store import MetricStore
 
 COMPONENT = "pushgateway"
 GROUPING_LABELS = ("project", "rank")

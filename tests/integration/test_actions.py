@@ -14,7 +14,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.demo import build_network, synthetic_dataset
+from ms_exporter.tools.demo import build_network, synthetic_dataset
 from tests.integration.boosted import Boosted
 from tests.scrape import scrape
 
@@ -168,7 +168,7 @@ def test_snapshots_keep_only_the_newest(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("form", ["fixed", "schedule", "list", "group-fixed", "group-schedule"])
 def test_every_learning_rate_form_is_scaled_in_the_compiled_step(form: str) -> None:
-    from ms_exporter.lr_scale import LrScaler
+    from ms_exporter.actions.lr_scale import LrScaler
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ms_exporter.dashboard import queries, render_dashboard
-from ms_exporter.rules import TEST_TIMING, Thresholds, render_rules, render_yaml
+from ms_exporter.generate.dashboard import queries, render_dashboard
+from ms_exporter.generate.rules import TEST_TIMING, Thresholds, render_rules, render_yaml
 from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration

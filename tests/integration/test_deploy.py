@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ms_exporter.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
-from ms_exporter.rules import RULES_FILE, render_rules, render_yaml
+from ms_exporter.generate.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
+from ms_exporter.generate.rules import RULES_FILE, render_rules, render_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_ALERTS = {

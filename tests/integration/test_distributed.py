@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ms_exporter.rules import TEST_TIMING, render_rules, render_yaml
+from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from tests.scrape import scrape
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import mindspore as ms
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.demo import build_model, synthetic_dataset
+from ms_exporter.tools.demo import build_model, synthetic_dataset
 from tests.scrape import scrape
 
 pytestmark = pytest.mark.integration

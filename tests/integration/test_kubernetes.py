@@ -18,8 +18,8 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 
-from ms_exporter.dashboard import DASHBOARD_FILE, render_dashboard, render_json
-from ms_exporter.kubernetes import (
+from ms_exporter.generate.dashboard import DASHBOARD_FILE, render_dashboard, render_json
+from ms_exporter.generate.kubernetes import (
     DASHBOARD_CONFIGMAP_FILE,
     DASHBOARD_KEY,
     PROMETHEUS_RULE_FILE,
@@ -27,7 +27,7 @@ from ms_exporter.kubernetes import (
     render_manifest,
     render_prometheus_rule,
 )
-from ms_exporter.rules import RULES_FILE, render_rules
+from ms_exporter.generate.rules import RULES_FILE, render_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy/kubernetes"

@@ -25,10 +25,10 @@ from mindspore.train import Callback, Model
 from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import PushgatewayConfig, load_config
-from ms_exporter.demo import build_network, synthetic_dataset
-from ms_exporter.rules import LIVE, RULES_FILE
+from ms_exporter.generate.rules import LIVE, RULES_FILE
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.pushgateway import PushgatewaySink
-from ms_exporter.store import MetricStore
+from ms_exporter.tools.demo import build_network, synthetic_dataset
 from tests.scrape import Scrape, scrape
 from tests.waiting import free_port, wait_until
 
@@ -327,7 +327,7 @@ from mindspore import nn
 from mindspore.train import Model
 from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor
-from ms_exporter.demo import build_network, synthetic_dataset
+from ms_exporter.tools.demo import build_network, synthetic_dataset
 
 ms.set_context(mode=ms.GRAPH_MODE)
 monitor = TrainingMonitor(sys.argv[1])

@@ -250,7 +250,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(monitors: list[Traini
 
 
 def test_a_kept_connection_ends_after_its_quota_and_says_so(monitors: list[TrainingMonitor]) -> None:
-    from ms_exporter.sinks.web import REQUESTS_PER_CONNECTION
+    from ms_exporter.sinks.http_server import REQUESTS_PER_CONNECTION
 
     monitor = start(monitors)
     connection = http.client.HTTPConnection("127.0.0.1", port_of(monitor), timeout=10)

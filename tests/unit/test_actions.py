@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ms_exporter.actions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
+from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
 
 
 def test_early_stop_waits_patience_evaluations_without_improvement() -> None:

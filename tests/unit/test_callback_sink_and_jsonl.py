@@ -101,8 +101,8 @@ def test_jsonl_records_nonfinite_as_strings_and_flushes_on_train_end(tmp_path: P
 
 
 def test_jsonl_rotates_at_max_file_mb(tmp_path: Path) -> None:
+    from ms_exporter.monitor.store import MetricStore
     from ms_exporter.sinks.jsonl import JsonlWriter
-    from ms_exporter.store import MetricStore
 
     store = MetricStore()
     store.gauge("mindspore_train_loss", "l").series().value = 1.0

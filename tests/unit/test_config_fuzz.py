@@ -64,10 +64,10 @@ def test_any_project_and_tag_value_renders_as_valid_exposition(project: str, tag
     """Quotes, backslashes, newlines and any Unicode in label values are escaped, never break a scrape."""
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from ms_exporter.monitor.ranks import RankInfo
+    from ms_exporter.monitor.store import MetricStore
     from ms_exporter.probes.identity import publish_identity
-    from ms_exporter.ranks import RankInfo
     from ms_exporter.sinks.prometheus import StoreCollector
-    from ms_exporter.store import MetricStore
 
     store = MetricStore((("rank", "0"), ("project", project)))
     publish_identity(store, RankInfo(0, 0, 1, "host"), "CPU", "2.10", {"team": tag})

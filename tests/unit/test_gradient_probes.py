@@ -9,12 +9,12 @@ import pytest
 from mindspore.train.callback import _InternalCallbackParam
 
 from ms_exporter.config import GradNormConfig, LayerNormConfig
-from ms_exporter.outputs import LayoutResolver
+from ms_exporter.monitor.output_layout import LayoutResolver
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.grad_norm import GradNormProbe, LayerIndex, layer_of
 from ms_exporter.probes.layernorm import LayerNormProbe, spread_evenly
 from ms_exporter.probes.loss_scale import LossScaleProbe
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore
 
 NAMES = ["embed.table", "block.0.attn.weight", "block.0.attn.bias", "block.1.attn.weight", "head.weight",
          "head.bias"]

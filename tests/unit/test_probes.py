@@ -8,12 +8,12 @@ import math
 import pytest
 
 from ms_exporter.config import Bound
+from ms_exporter.monitor.breach_watch import ThresholdWatcher
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.loss import LossProbe
 from ms_exporter.probes.memory import MIB, MemoryProbe
 from ms_exporter.probes.throughput import ThroughputProbe
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore
-from ms_exporter.thresholds import ThresholdWatcher
 
 
 def sample(step: int, loss: float | None = 1.0, *, steps: int = 1, duration: float = 0.1, samples: int = 8,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter import callback as callback_module
+from ms_exporter.monitor import callback as callback_module
 from tests.scrape import scrape
 from tests.unit.test_callback_sink_and_jsonl import context
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.sinks.web import RequestBudget
+from ms_exporter.sinks.http_server import RequestBudget
 
 
 class FakeClock:

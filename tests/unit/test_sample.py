@@ -8,7 +8,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.sample import BatchCounter, read_loss
+from ms_exporter.monitor.sample import BatchCounter, read_loss
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import math
 
 from prometheus_client import CollectorRegistry
 
+from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
-from ms_exporter.store import MetricStore
 
 
 def registry_for(store: MetricStore, errors: list) -> CollectorRegistry:

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ms_exporter.config import Bound
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore, Series
-from ms_exporter.thresholds import BREACHES_METRIC, WATCHED_FAMILIES
+from ms_exporter.monitor.breach_watch import BREACHES_METRIC, WATCHED_FAMILIES
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore, Series
 
 HISTORY_STEPS = 4096
 # Columns after step, time, loss and step_time: (name, family, labels) of the store series read each step.

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 
 from ms_exporter.config import Bound
-from ms_exporter.store import MetricStore, Series
+from ms_exporter.monitor.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 

@@ -1,4 +1,4 @@
-"""Carries out what ms_exporter.actions decides: stop the run, scale the learning rate, save a snapshot.
+"""Carries out what ms_exporter.actions.decisions decides: stop the run, scale the learning rate, save a snapshot.
 
 | name | type | labels | unit |
 |---|---|---|---|
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ms_exporter.actions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
+from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
 from ms_exporter.config import MonitorConfig
-from ms_exporter.sample import StepSample
-from ms_exporter.store import MetricStore
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
 
@@ -69,7 +69,7 @@ class ActionRunner:
         self._network = cb_params.get("train_network") or cb_params.get("network")
         self._lr_probe = lr_probe
         if self._backoff is not None and self._scaler is None:
-            from ms_exporter.lr_scale import LrScaler
+            from ms_exporter.actions.lr_scale import LrScaler
 
             optimizer = cb_params.get("optimizer") or getattr(self._network, "optimizer", None)
             self._scaler = LrScaler(optimizer)

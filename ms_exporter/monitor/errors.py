@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ms_exporter.store import MetricStore
+from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
 

@@ -59,7 +59,7 @@ class LayoutResolver:
         return layout
 
     def _classify(self, outputs: tuple | list) -> OutputLayout:
-        from ms_exporter.train_cells import GradNormTrainOneStepCell
+        from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell
 
         if isinstance(self._train_network, GradNormTrainOneStepCell) and len(outputs) == 3:
             return _GRAD_NORM_CELL

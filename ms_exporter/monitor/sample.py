@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter.outputs import SCALAR, OutputLayout
+from ms_exporter.monitor.output_layout import SCALAR, OutputLayout
 
 
 @dataclass(frozen=True, slots=True)

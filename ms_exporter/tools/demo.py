@@ -92,7 +92,7 @@ def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, d
     from mindspore import nn
     from mindspore.train import Model
 
-    from ms_exporter.train_cells import GradNormTrainOneStepCell
+    from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell
 
     network = build_network(layers=layers, d_model=d_model)
     if learning_rate is None:
@@ -151,7 +151,7 @@ def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None 
              mode: str = "graph", save_dir: str | None = None) -> int:
     import mindspore as ms
 
-    from ms_exporter.callback import TrainingMonitor
+    from ms_exporter.monitor.callback import TrainingMonitor
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_seed(0)  # the same run every time: a demo that behaves differently on each try confuses

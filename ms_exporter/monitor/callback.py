@@ -14,11 +14,15 @@ from typing import Any
 
 from mindspore.train import Callback
 
-from ms_exporter.action_runner import ActionRunner
+from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.config import ConfigError, MonitorConfig, load_config
-from ms_exporter.errors import Breaker, ErrorSink
-from ms_exporter.history import StepHistory
-from ms_exporter.outputs import LayoutResolver
+from ms_exporter.monitor.breach_watch import ThresholdWatcher
+from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.monitor.output_layout import LayoutResolver
+from ms_exporter.monitor.ranks import RankInfo, detect_rank
+from ms_exporter.monitor.sample import BatchCounter, StepSample, read_loss
+from ms_exporter.monitor.step_history import StepHistory
+from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.evaluation import EvalProbe
 from ms_exporter.probes.grad_norm import GradNormProbe
@@ -32,13 +36,9 @@ from ms_exporter.probes.progress import ProgressProbe
 from ms_exporter.probes.step_time import StepTimeProbe
 from ms_exporter.probes.throughput import ThroughputProbe
 from ms_exporter.probes.weight_norm import WeightNormProbe
-from ms_exporter.ranks import RankInfo, detect_rank
-from ms_exporter.sample import BatchCounter, StepSample, read_loss
 from ms_exporter.sinks.file_sd import FileSdTarget
 from ms_exporter.sinks.jsonl import JsonlWriter, series_key
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
-from ms_exporter.store import HistogramSeries, MetricStore, Series
-from ms_exporter.thresholds import ThresholdWatcher
 
 logger = logging.getLogger("ms_exporter")
 

@@ -1,0 +1,1 @@
+"""Generators of the deploy files: Prometheus rules, the Grafana dashboard, Kubernetes objects."""

@@ -1,0 +1,1 @@
+"""Operator tools behind the `ms-exporter` command: top, report and the demo job."""
