@@ -108,12 +108,13 @@ def _config_or_none(path: str | None) -> MonitorConfig | None:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml, thresholds_from_config
+    from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml
+    from ms_exporter.thresholds import Thresholds
 
     config = _config_or_none(args.config)
     if config is None:
         return 1
-    text = render_yaml(render_rules(thresholds_from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
+    text = render_yaml(render_rules(Thresholds.from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
                                     job_regex=args.job_regex, runbook_base=args.runbook_base))
     _write(text, args.output)
     return 0
@@ -124,12 +125,13 @@ def _kubernetes(args: argparse.Namespace) -> int:
 
     from ms_exporter.generate.dashboard import render_dashboard, render_json
     from ms_exporter.generate.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
-    from ms_exporter.generate.rules import Timing, render_rules, thresholds_from_config
+    from ms_exporter.generate.rules import Timing, render_rules
+    from ms_exporter.thresholds import Thresholds
 
     config = _config_or_none(args.config)
     if config is None:
         return 1
-    rules = render_rules(thresholds_from_config(config), Timing(), runbook_base=args.runbook_base)
+    rules = render_rules(Thresholds.from_config(config), Timing(), runbook_base=args.runbook_base)
     generator = "ms-exporter kubernetes"
     os.makedirs(args.output_dir, exist_ok=True)
     _write(render_manifest(render_prometheus_rule(rules), generator),

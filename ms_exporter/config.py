@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
+from ms_exporter.thresholds import DEFAULTS
+
 ENV_PREFIX = "MS_EXPORTER_"
 
 # Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
@@ -115,7 +117,7 @@ class GradNormConfig:
     layers: tuple[str, ...] = ()  # regexes matched (from the start) against layer names
     top_k: int = 5
     max_series: int = 20
-    threshold: float | None = 10.0
+    threshold: float | None = DEFAULTS.grad_norm_high
     clip: float | None = None
 
 
@@ -128,7 +130,7 @@ class LayerNormConfig:
     # and still gives the 100-step drift window four samples.
     every_n_steps: int = 25
     window: int = 100
-    drift_threshold: float | None = 0.3
+    drift_threshold: float | None = DEFAULTS.layernorm_drift
     # Three series per scale: a deep model (two norms a block) would otherwise be a rank's largest family.
     max_layers: int = 24
 

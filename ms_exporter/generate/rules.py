@@ -6,35 +6,15 @@ deploy/prometheus/rules/mindspore-training.rules.yml is exactly what the default
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from ms_exporter.config import MonitorConfig
+from ms_exporter.thresholds import Thresholds
 
 RULES_FILE = "deploy/prometheus/rules/mindspore-training.rules.yml"
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Every number the alerts compare with; docs/alerts.md explains each default."""
-
-    loss_high: float = 50.0
-    grad_norm_high: float = 10.0
-    grad_norm_exploding: float = 100.0
-    tokens_per_second_low: float = 1000.0
-    throughput_drop_ratio: float = 0.5
-    stall_seconds: float = 600.0
-    memory_growth_ratio: float = 0.3
-    memory_increases: int = 3
-    loss_rising_steps: int = 5
-    overflow_fraction: float = 0.5
-    layernorm_drift: float = 0.3
-    straggler_factor: float = 1.5
-    straggler_wait_fraction: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -56,24 +36,6 @@ class Timing:
 TEST_TIMING = Timing(evaluation="1s", short_for="2s", long_for="3s", slow_for="3s", rate_window="10s",
                      events_window="30s", errors_window="30s", overflow_window="20s", drop_window="40s",
                      lr_flat_window="20s")
-
-
-def thresholds_from_config(config: MonitorConfig) -> Thresholds:
-    """The alert thresholds the user's warn_on_value, grad_norm and layernorm sections imply."""
-    changes: dict[str, Any] = {}
-    bounds = config.warn_on_value
-    if "loss" in bounds and bounds["loss"].direction == "max":
-        changes["loss_high"] = bounds["loss"].value
-    if "tokens_per_second" in bounds and bounds["tokens_per_second"].direction == "min":
-        changes["tokens_per_second_low"] = bounds["tokens_per_second"].value
-    if "memory_growth_ratio" in bounds and bounds["memory_growth_ratio"].direction == "max":
-        changes["memory_growth_ratio"] = bounds["memory_growth_ratio"].value
-    if config.grad_norm.threshold is not None:
-        changes["grad_norm_high"] = config.grad_norm.threshold
-        changes["grad_norm_exploding"] = config.grad_norm.threshold * 10
-    if config.layernorm.drift_threshold is not None:
-        changes["layernorm_drift"] = config.layernorm.drift_threshold
-    return dataclasses.replace(Thresholds(), **changes)
 
 
 def _number(value: float) -> str:

@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from ms_exporter.generate.dashboard import queries, render_dashboard
-from ms_exporter.generate.rules import TEST_TIMING, Thresholds, render_rules, render_yaml
+from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
+from ms_exporter.thresholds import Thresholds
 from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration

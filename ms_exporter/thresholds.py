@@ -1,0 +1,59 @@
+"""Every default threshold, in one place: the config's defaults, the alerting rules and the dashboard read them.
+
+docs/alerts.md explains each number. A user's monitor_config moves some of them (`Thresholds.from_config`):
+warn_on_value bounds, grad_norm.threshold and layernorm.drift_threshold; the rest are changed by editing
+the rendered rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ms_exporter.config import MonitorConfig
+
+# An exploding gradient norm is this many times the "high" one.
+EXPLODING_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the alerts compare with."""
+
+    loss_high: float = 50.0
+    grad_norm_high: float = 10.0
+    grad_norm_exploding: float = grad_norm_high * EXPLODING_FACTOR
+    tokens_per_second_low: float = 1000.0
+    throughput_drop_ratio: float = 0.5
+    stall_seconds: float = 600.0
+    memory_growth_ratio: float = 0.3
+    memory_increases: int = 3
+    loss_rising_steps: int = 5
+    overflow_fraction: float = 0.5
+    layernorm_drift: float = 0.3
+    # A rank the job waits for: its data wait (or step cycle) over this many times the job's median ...
+    straggler_factor: float = 1.5
+    # ... and, for the data wait, at least this share of its step cycle.
+    straggler_wait_fraction: float = 0.2
+
+    @classmethod
+    def from_config(cls, config: MonitorConfig) -> Thresholds:
+        """The alert thresholds the user's warn_on_value, grad_norm and layernorm sections imply."""
+        changes: dict[str, Any] = {}
+        bounds = config.warn_on_value
+        for key, field_name, direction in (("loss", "loss_high", "max"),
+                                           ("tokens_per_second", "tokens_per_second_low", "min"),
+                                           ("memory_growth_ratio", "memory_growth_ratio", "max")):
+            if key in bounds and bounds[key].direction == direction:
+                changes[field_name] = bounds[key].value
+        if config.grad_norm.threshold is not None:
+            changes["grad_norm_high"] = config.grad_norm.threshold
+            changes["grad_norm_exploding"] = config.grad_norm.threshold * EXPLODING_FACTOR
+        if config.layernorm.drift_threshold is not None:
+            changes["layernorm_drift"] = config.layernorm.drift_threshold
+        return dataclasses.replace(cls(), **changes)
+
+
+DEFAULTS = Thresholds()
