@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,otlp,auth]'
+	$(BIN)/python -m pip install --quiet -e '.[mindspore,test,otlp,auth]'
 	touch $(STAMP)
 
 demo: install

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from ms_exporter._version import __version__
@@ -11,17 +12,39 @@ if TYPE_CHECKING:
     from ms_exporter.monitor.callback import TrainingMonitor
     from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
 
-__all__ = ["ConfigError", "GradNormTrainOneStepCell", "LossScaleTrainOneStepCell", "MonitorConfig",
-           "TrainingMonitor", "__version__", "load_config"]
+__all__ = ["ConfigError", "GradNormTrainOneStepCell", "LossScaleTrainOneStepCell", "MissingDependencyError",
+           "MonitorConfig", "TrainingMonitor", "__version__", "load_config"]
+
+# What the `mindspore` extra installs (pyproject.toml); the base install serves only the operator commands.
+_TRAINING_SIDE = {"mindspore": "MindSpore", "numpy": "numpy", "psutil": "psutil"}
+_TRAINING_INSTALL = "pip install 'ms-exporter[mindspore]' (or pip install mindspore 'numpy<2' psutil)"
+
+
+class MissingDependencyError(ImportError):
+    """The training side (MindSpore, numpy, psutil) is not installed; the message says what to install."""
+
+
+def _require_training_side(user: str) -> None:
+    """Raise MissingDependencyError naming what `user` needs and lacks, before any half-done import."""
+    missing = [name for name in _TRAINING_SIDE if importlib.util.find_spec(name) is None]
+    if missing:
+        names = [_TRAINING_SIDE[name] for name in missing]
+        names_text = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        verb = "is" if len(missing) == 1 else "are"
+        raise MissingDependencyError(f"{user} needs {names_text}, which {verb} not installed here: {_TRAINING_INSTALL}",
+                                     name=missing[0])
 
 
 def __getattr__(name: str) -> Any:
-    # Importing MindSpore takes seconds: only these need it, so `ms-exporter check-config` stays fast.
+    # Importing MindSpore takes seconds and the base install has none: only these need it, so the operator
+    # commands (check-config, rules, top ...) stay fast and work on a machine without it.
     if name == "TrainingMonitor":
+        _require_training_side(name)
         from ms_exporter.monitor.callback import TrainingMonitor
 
         return TrainingMonitor
     if name in ("GradNormTrainOneStepCell", "LossScaleTrainOneStepCell"):
+        _require_training_side(name)
         from ms_exporter.monitor import train_cells
 
         return getattr(train_cells, name)

@@ -92,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         from ms_exporter.tools.top import run_top
 
         return run_top(args, top.error)
+    from ms_exporter import MissingDependencyError, _require_training_side
+
+    try:
+        _require_training_side("ms-exporter demo")
+    except MissingDependencyError as exc:  # an operator-only install: say what to add, not a traceback
+        print(exc, file=sys.stderr)
+        return 1
     from ms_exporter.tools.demo import run_demo
 
     return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
