@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from ms_exporter import ConfigError, MonitorConfig, load_config
-from ms_exporter.config import DEFAULT_PORT, METRIC_GROUPS, Bound
+from ms_exporter.config import (
+    ACTION_SECTIONS,
+    DEFAULT_PORT,
+    METRIC_GROUPS,
+    SECTIONS,
+    Bound,
+    _Bad,
+    at_least,
+    between,
+    choice,
+    greater_than,
+    int_in,
+    names,
+    optional,
+    regexes,
+    text,
+    url,
+)
 
 PINNED_EXAMPLE = """
 monitor_config:
@@ -254,3 +273,165 @@ def test_gradient_sections_defaults_merge_and_errors(tmp_path: Path, monkeypatch
     assert load_config({"layernorm": {"max_layers": 3}}).layernorm.max_layers == 3
     with pytest.raises(ConfigError, match="layernorm.max_layers: must be an integer from 1 to 10000"):
         load_config({"layernorm": {"max_layers": 0}})
+
+
+# -- constraints declared beside their fields ----------------------------------------------------------------
+
+
+def sections_of(kind: type) -> list[type]:
+    """kind and every section nested in it, at any depth."""
+    found = [kind]
+    for f in dataclasses.fields(kind):
+        if dataclasses.is_dataclass(f.metadata.get("check")):
+            found += sections_of(f.metadata["check"])
+    return found
+
+
+def leaves(kind: type, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted path, declared check) of every field that is not itself a section."""
+    out = []
+    for f in dataclasses.fields(kind):
+        check = f.metadata["check"]
+        out += leaves(check, f"{prefix}{f.name}.") if dataclasses.is_dataclass(check) else [(prefix + f.name, check)]
+    return out
+
+
+def nested(path: str, value: Any) -> dict[str, Any]:
+    *outer, last = path.split(".")
+    raw: dict[str, Any] = {last: value}
+    for key in reversed(outer):
+        raw = {key: raw}
+    return raw
+
+
+def test_every_field_of_every_section_declares_its_constraint() -> None:
+    kinds = sections_of(MonitorConfig)
+    assert set(SECTIONS.values()) | set(ACTION_SECTIONS.values()) | {MonitorConfig} == set(kinds)
+    for kind in kinds:
+        for f in dataclasses.fields(kind):
+            assert callable(f.metadata.get("check")), f"{kind.__name__}.{f.name} declares no constraint"
+
+
+@pytest.mark.parametrize(("path", "check"), leaves(MonitorConfig), ids=[path for path, _ in leaves(MonitorConfig)])
+def test_the_declared_constraint_is_what_rejects_a_bad_value(path: str, check: Any) -> None:
+    bad = object()  # no check accepts it
+    with pytest.raises(_Bad) as declared:
+        check(bad)
+    with pytest.raises(ConfigError) as info:
+        load_config(nested(path, bad))
+    assert len(info.value.problems) == len(declared.value.problems)
+    for problem, (message, _) in zip(info.value.problems, declared.value.problems, strict=True):
+        assert problem.startswith(f"monitor_config.{path}: {message}, got ")
+        assert problem.endswith(" (from monitor_config)")
+
+
+def test_the_constraint_vocabulary_says_what_is_allowed() -> None:
+    def refusal(check: Any, value: Any) -> str:
+        with pytest.raises(_Bad) as info:
+            check(value)
+        return info.value.problems[0][0]
+
+    assert [int_in(1, 3)(1), int_in(1, 3)(3), int_in(0)(10**9)] == [1, 3, 10**9]
+    for value in (0, 4, True, 2.0, "2"):
+        assert refusal(int_in(1, 3), value) == "must be an integer from 1 to 3"
+    assert refusal(int_in(2), 1) == "must be an integer of at least 2"
+    assert greater_than(0)(2) == 2.0 and isinstance(greater_than(0)(2), float)
+    for value in (0, -1, float("inf"), float("nan"), False, "1"):
+        assert refusal(greater_than(0), value) == "must be a number greater than 0"
+    assert at_least(0)(0) == 0.0 and refusal(at_least(0), -0.5) == "must be a number of at least 0"
+    assert refusal(between(0, 1), 1) == "must be a number between 0 and 1 (exclusive)"
+    assert choice("a", "B", any_case=True)("b") == "B" and refusal(choice("a"), "A") == "must be one of ['a']"
+    assert optional(int_in(1, 3))(None) is None and refusal(optional(int_in(1, 3)), 5).startswith("must be an integer")
+    assert refusal(text(), "  ") == "must be a non-empty string"
+    assert names(("x", "y"))(["y", "x", "y"]) == ("y", "x")
+    assert refusal(names(("x",), at_least_one=True), []) == "needs at least one of ['x']"
+    assert refusal(regexes(), ["a", "("]).startswith("'(' is not a valid regular expression")
+    assert refusal(url(), "host:80") == "must be a URL such as http://host:port"
+
+
+def test_every_problem_in_every_section_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({"grad_norm": {"every_n_steps": 0}, "otlp": {"protocol": "udp", "timout": 1},
+                     "actions": {"early_stop": {"unit": "batch", "patience": 0}, "lr_backoff": {"factor": 1},
+                                 "snapshot": {"spike_factor": 1, "max_snapshots": 0}},
+                     "web": {"cache_seconds": -1}, "layernorm": {"window": 0}, "port": 65535},
+                    pushgateway={"on": "never"})
+    text = str(info.value)
+    assert len(info.value.problems) == 12, info.value.problems
+    for fragment in ("grad_norm.every_n_steps: must be an integer from 1 to 1000000, got 0",
+                     "otlp.protocol: must be one of ['grpc', 'http/protobuf'], got 'udp'",
+                     "otlp.timout: unknown key (monitor_config); did you mean 'timeout'?",
+                     "actions.early_stop.unit: must be one of ['epoch', 'step'], got 'batch'",
+                     "actions.early_stop.patience: must be an integer from 1 to 10000000, got 0",
+                     "actions.lr_backoff.factor: must be a number between 0 and 1 (exclusive), got 1",
+                     "actions.snapshot.spike_factor: must be a number greater than 1, got 1",
+                     "actions.snapshot.max_snapshots: must be an integer from 1 to 1000, got 0",
+                     "web.cache_seconds: must be a number of at least 0, got -1",
+                     "layernorm.window: must be an integer from 1 to 10000000, got 0",
+                     "port: must be 0 (any free port) or a base port from 1 to 65528",
+                     "pushgateway.on: unknown name(s) 'never'; allowed: ['train_end', 'interval'], got 'never' "
+                     "(from keyword argument pushgateway=)"):
+        assert fragment in text, fragment
+
+
+def test_cross_field_rules(tmp_path: Path) -> None:
+    cert, key, ca = (tmp_path / name for name in ("server.crt", "server.key", "ca.crt"))
+    for path in (cert, key, ca):
+        path.write_text("not checked here: the endpoint loads it\n")
+    tls = {"tls_cert_file": str(cert), "tls_key_file": str(key)}
+    assert load_config({"web": {**tls, "client_ca_file": str(ca), "client_auth_type": "RequireAndVerifyClientCert"}})
+    with pytest.raises(ConfigError) as info:
+        load_config({"web": {"tls_cert_file": str(cert)}})
+    assert info.value.problems == [
+        f"monitor_config.web: tls_cert_file and tls_key_file go together: give both for TLS, or neither, got "
+        f"{{'tls_cert_file': '{cert}', 'tls_key_file': None}} (from monitor_config)"]
+    with pytest.raises(ConfigError) as info:
+        load_config(web={"client_auth_type": "VerifyClientCertIfGiven"})
+    keys = [problem.split(":")[0] for problem in info.value.problems]
+    assert keys == ["monitor_config.web", "monitor_config.web.client_auth_type"]
+    assert "need TLS" in info.value.problems[0] and "needs client_ca_file" in info.value.problems[1]
+    assert "(from keyword argument web=)" in info.value.problems[1]
+    with pytest.raises(ConfigError, match=r"grad_norm.top_k: must not exceed max_series \(4\), got 5"):
+        load_config({"grad_norm": {"max_series": 4}})  # the default top_k meets a smaller max_series
+    with pytest.raises(ConfigError, match=r"warn_on_value.loss: watches a metric that is switched off; add 'loss'"):
+        load_config({"warn_on_value": {"loss": 3}}, metrics=["lr"])
+
+
+def test_nested_sections_merge_per_sub_key_across_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "monitor_config:\n  actions:\n    snapshot: {max_snapshots: 2}\n"
+                           "    early_stop: {patience: 9}\n")
+    monkeypatch.setenv("MS_EXPORTER_ACTIONS", "{snapshot: {enable: true}}")
+    config = load_config(path, actions={"early_stop": {"enable": True}})
+    assert (config.actions.snapshot.enable, config.actions.snapshot.max_snapshots) == (True, 2)
+    assert (config.actions.early_stop.enable, config.actions.early_stop.patience) == (True, 9)
+    monkeypatch.setenv("MS_EXPORTER_ACTIONS", "{snapshot: {spike_factor: 0.5}}")
+    with pytest.raises(ConfigError, match=r"actions.snapshot.spike_factor: must be a number greater than 1, got 0.5 "
+                                          r"\(from environment variable MS_EXPORTER_ACTIONS\)"):
+        load_config(path)
+
+
+def test_password_hashes_every_bad_user_and_never_the_hash() -> None:
+    good = "sha256:" + "0" * 64
+    assert load_config({"web": {"basic_auth_users": {"grafana": good}}}).web.basic_auth_users == {"grafana": good}
+    with pytest.raises(ConfigError) as info:
+        load_config({"web": {"basic_auth_users": {"a:b": good, "alice": "hunter2", "bob": "sha256:s3cret"}}})
+    problems = info.value.problems
+    assert len(problems) == 3 and "user names must be non-empty strings without ':', got 'a:b'" in problems[0]
+    assert "the hash for user 'alice' must be a bcrypt hash" in problems[1] and "'bob'" in problems[2]
+    assert "hunter2" not in str(info.value) and "s3cret" not in str(info.value)
+    with pytest.raises(ConfigError, match="must be a mapping of user name to password hash, got '<redacted>'"):
+        load_config({"web": {"basic_auth_users": ["hunter2"]}})
+
+
+def test_web_config_file_problems(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config: /etc/server.pem\n")  # dropped silently, it would serve plain HTTP
+    with pytest.raises(ConfigError, match=r"web.config_file: .*web.yml: tls_server_config must be a mapping of cert_"
+                                          r"file, key_file, client_ca_file, client_auth_type, got '/etc/server.pem'"):
+        load_config({"web": {"config_file": str(web)}})
+    web.write_text("- a list\n")
+    with pytest.raises(ConfigError, match=r"web.config_file: .*web.yml must hold a mapping"):
+        load_config({"web": {"config_file": str(web)}})
+    web.write_text(f"basic_auth_users:\n  grafana: 'sha256:{'0' * 64}'\n")
+    config = load_config({"web": {"config_file": str(web), "cache_seconds": 0}})
+    assert list(config.web.basic_auth_users) == ["grafana"] and config.web.cache_seconds == 0.0

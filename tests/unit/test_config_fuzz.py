@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from ms_exporter.config import KEYS, SECTIONS, ConfigError, load_config
+from ms_exporter.config import KEYS, SECTIONS, ConfigError, MonitorConfig, _Bad, load_config
 
 SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
@@ -56,6 +57,52 @@ def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path: Path, text:
     path = tmp_path / "monitor.yaml"
     path.write_text(text, encoding="utf-8")
     check(path)
+
+
+def leaves(kind: type, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for f in dataclasses.fields(kind):
+        check = f.metadata["check"]
+        out += leaves(check, f"{prefix}{f.name}.") if dataclasses.is_dataclass(check) else [(prefix + f.name, check)]
+    return out
+
+
+# Keys that a rule tying fields together (or the file web.config_file names) may still object to.
+CROSS_FIELD = {"grad_norm.top_k", "grad_norm.max_series", "web.config_file", "web.client_ca_file",
+               "web.client_auth_type", "web.tls_cert_file", "web.tls_key_file"}
+near_valid = st.one_of(values, st.integers(-3, 70000), st.floats(-2, 5), st.sampled_from(
+    ["http://h:1", "grpc", "interval", "DEBUG", "epoch", "127.0.0.1", "::", "x", ["loss"], {"loss": 3}, {"a": "b"}]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(leaves(MonitorConfig)), near_valid)
+def test_each_key_is_judged_by_the_constraint_declared_beside_it(leaf: tuple[str, Any], value: Any) -> None:
+    """What a field's declared check says about a value is what load_config says, at that key."""
+    path, check = leaf
+    *outer, last = path.split(".")
+    raw: dict[str, Any] = {last: value}
+    for key in reversed(outer):
+        raw = {key: raw}
+    try:
+        clean = check(value)
+    except _Bad as bad:
+        try:
+            load_config(raw)
+        except ConfigError as exc:
+            said = [problem for problem in exc.problems if problem.startswith(f"monitor_config.{path}: ")]
+            assert len(said) == len(bad.problems)
+            for problem, (message, _) in zip(said, bad.problems, strict=True):
+                assert problem.startswith(f"monitor_config.{path}: {message}")
+            return
+        raise AssertionError(f"{path}={value!r} was refused by its check but accepted by load_config") from None
+    try:
+        config: Any = load_config(raw)
+    except ConfigError:
+        assert path in CROSS_FIELD
+        return
+    for key in path.split("."):
+        config = getattr(config, key)
+    assert config == clean
 
 
 @settings(max_examples=200, deadline=None)
