@@ -1,9 +1,10 @@
-"""The rank's HTTP endpoint: /metrics from prometheus_client, behind TLS, basic auth, a 404 and a render cache."""
+"""The rank's HTTP endpoint: /metrics rendered by prometheus_client, behind TLS, basic auth, a 404 and a cache."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import gzip
 import hashlib
 import hmac
 import html
@@ -14,13 +15,14 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable, Mapping
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from importlib import resources
 from typing import Any
-from wsgiref.simple_server import WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ms_exporter.config import WebConfig
 
@@ -40,74 +42,88 @@ QUEUED_CONNECTIONS = 64
 KEEPALIVE_IDLE_SECONDS = 1.0
 REQUESTS_PER_CONNECTION = 100
 _MAX_VERIFIED = 64  # remembered good credentials: bcrypt costs ~60 ms per check, a scrape must not pay it
+# Rendered pages kept at once. The key is the content type prometheus_client chose from the Accept header, and a
+# client may name any version >= 1.0.0 in it: past this many the cache starts over instead of growing.
+_MAX_CACHED = 16
 
-StartResponse = Callable[..., Any]
+Headers = list[tuple[str, str]]
+Answer = tuple[str, Headers, bytes]  # status line's "200 OK", headers without Content-Length, body
+OnError = Callable[[str, BaseException], None]
 
 
-class MetricsApp:
-    """WSGI app: GET /metrics (auth first, then a cached render), 404 elsewhere, 405 for other methods."""
+class MetricsPages:
+    """What the endpoint answers: GET /metrics (auth first, then a cached render), the live page, 404 elsewhere,
+    405 for methods other than GET and HEAD. The format is prometheus_client's: `choose_encoder` reads the Accept
+    header (Prometheus text 0.0.4 or 1.0.0, OpenMetrics) and the page is gzipped when Accept-Encoding allows,
+    as prometheus_client's own handlers do."""
 
     def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float,
                  history: Any = None, labels: Mapping[str, str] | None = None) -> None:
-        self._render = make_wsgi_app(registry)
+        self._registry = registry
         self._history = history
         self._labels = dict(labels or {})
         title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
         self._page = live_page(title, history.rows.maxlen if history is not None else 0).encode()
         self._users = dict(users)
         self._cache_seconds = cache_seconds
-        self._cache: dict[tuple[bool, bool], tuple[float, str, list[tuple[str, str]], bytes]] = {}
+        self._cache: dict[tuple[str, bool], tuple[float, Answer]] = {}
         self._render_lock = threading.Lock()
         self._verified: set[bytes] = set()
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if self._users and not self._authorised(environ.get("HTTP_AUTHORIZATION", "")):
-            return _reply(start_response, "401 Unauthorized", b"Unauthorized\n",
+    def answer(self, method: str, target: str, headers: Message) -> Answer:
+        """The answer to one parsed request; for HEAD the caller sends its status and headers only."""
+        if self._users and not self._authorised(headers.get("Authorization", "")):
+            return _reply("401 Unauthorized", b"Unauthorized\n",
                           [("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')])
-        path = environ.get("PATH_INFO", "/")
+        raw_path, _, query = target.partition("?")
+        path = urllib.parse.unquote(raw_path, "iso-8859-1")
         live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
         if path != METRICS_PATH and not live:
             served = f"{METRICS_PATH}, / and {SERIES_PATH}" if self._history is not None else METRICS_PATH
-            return _reply(start_response, "404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
-        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            return _reply(start_response, "405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
+            return _reply("404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
+        if method not in ("GET", "HEAD"):
+            return _reply("405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
         if path == SERIES_PATH:
-            return self._series(environ, start_response)
+            return self._series(query)
         if path in LIVE_PATHS:
-            return _reply(start_response, "200 OK", self._page, content_type="text/html; charset=utf-8",
-                          headers=[("Cache-Control", "no-cache")])
-        status, headers, body = self._metrics(environ)
-        start_response(status, headers)
-        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+            return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
+        # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
+        return self._metrics(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
 
-    def _metrics(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
-        key = ("openmetrics" in environ.get("HTTP_ACCEPT", ""), "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
+    def _metrics(self, accept: str, accept_encoding: str) -> Answer:
+        try:
+            encoder, content_type = choose_encoder(accept)
+        except (TypeError, ValueError):  # prometheus_client compares the version it was given as numbers
+            return _reply("400 Bad Request", b"The Accept header's version is not a version number\n")
+        gzipped = gzip_accepted(accept_encoding)
+        key = (content_type, gzipped)
         # One render at a time: a burst of requests waits for it and shares it instead of rendering again.
         with self._render_lock:
             cached = self._cache.get(key)
             if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
-                return cached[1], cached[2], cached[3]
-            captured: dict[str, Any] = {}
+                return cached[1]
+            body = encoder(self._registry)
+            headers = [("Content-Type", content_type)]
+            if gzipped:
+                body = gzip.compress(body)
+                headers.append(("Content-Encoding", "gzip"))
+            answer = ("200 OK", headers, body)
+            if self._cache_seconds > 0:
+                if len(self._cache) >= _MAX_CACHED:
+                    self._cache.clear()
+                self._cache[key] = (time.monotonic(), answer)
+            return answer
 
-            def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-                captured["status"], captured["headers"] = status, headers
-
-            query_free = {**environ, "QUERY_STRING": ""}  # name[] filters would defeat the cache
-            body = b"".join(self._render(query_free, capture))
-            self._cache[key] = (time.monotonic(), captured["status"], captured["headers"], body)
-            return captured["status"], captured["headers"], body
-
-    def _series(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
+    def _series(self, query: str) -> Answer:
+        parsed = urllib.parse.parse_qs(query)
         try:
-            since = int(query.get("since", ["-1"])[0])
+            since = int(parsed.get("since", ["-1"])[0])
         except ValueError:
-            return _reply(start_response, "400 Bad Request", b"since must be an integer step number\n")
+            return _reply("400 Bad Request", b"since must be an integer step number\n")
         payload = self._history.since(since)
         payload["labels"] = self._labels
         body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
-        return _reply(start_response, "200 OK", body, content_type="application/json",
-                      headers=[("Cache-Control", "no-store")])
+        return _reply("200 OK", body, [("Cache-Control", "no-store")], "application/json")
 
     def _authorised(self, header: str) -> bool:
         scheme, _, encoded = header.partition(" ")
@@ -140,10 +156,9 @@ def password_matches(password: str, hashed: str) -> bool:
     return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
 
 
-def _reply(start_response: StartResponse, status: str, body: bytes, headers: list[tuple[str, str]] | None = None,
-           content_type: str = "text/plain; charset=utf-8") -> list[bytes]:
-    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(headers or [])])
-    return [body]
+def _reply(status: str, body: bytes, headers: Headers | None = None,
+           content_type: str = "text/plain; charset=utf-8") -> Answer:
+    return status, [("Content-Type", content_type), *(headers or [])], body
 
 
 def live_page(title: str, capacity: int) -> str:
@@ -184,17 +199,18 @@ class RequestBudget:
 class _QuietHandler(BaseHTTPRequestHandler):
     """HTTP/1.1 with keep-alive, no access log on stderr, and bounded waits for slow or silent clients.
 
-    The standard library parses and checks each request; the answer is written in one send, without wsgiref's
-    per-request copy of the process environment and its separate writes for status, headers and body: a flood
-    of requests costs the training process as little Python as the request itself needs.
+    The standard library parses and checks each request; the answer is written in one send (status line,
+    headers and body together): a flood of requests costs the training process as little Python as the request
+    itself needs.
     """
 
     timeout = REQUEST_TIMEOUT_SECONDS
     protocol_version = "HTTP/1.1"
+    server: _PooledServer
     _last = False
 
     def handle(self) -> None:
-        budget = self.server.budget  # type: ignore[attr-defined]
+        budget = self.server.budget
         for served in range(1, REQUESTS_PER_CONNECTION + 1):
             if budget is not None:
                 budget.wait()  # before the request is read: waiting costs no parsing and holds nothing
@@ -206,26 +222,20 @@ class _QuietHandler(BaseHTTPRequestHandler):
             self.connection.settimeout(KEEPALIVE_IDLE_SECONDS)
 
     def _answer(self) -> None:
-        """Every method comes here: the app answers 405 to all but GET and HEAD."""
+        """Every method comes here: the pages answer 405 to all but GET and HEAD."""
         if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
             self.close_connection = True  # a body is never read: it must not be taken for the next request
         if self._last:
             self.close_connection = True  # and the answer says so: a client must not send the next one here
-        path, _, query = self.path.partition("?")
-        environ = {"REQUEST_METHOD": self.command, "PATH_INFO": urllib.parse.unquote(path, "iso-8859-1"),
-                   "QUERY_STRING": query, "HTTP_AUTHORIZATION": self.headers.get("Authorization", ""),
-                   "HTTP_ACCEPT": self.headers.get("Accept", ""),
-                   "HTTP_ACCEPT_ENCODING": self.headers.get("Accept-Encoding", "")}
-        answer: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-            answer[:] = [status, headers]
-
-        body = b"".join(self.server.get_app()(environ, start_response))
-        status, headers = answer
-        lines = [f"HTTP/1.1 {status}"]
-        lines.extend(f"{name}: {value}" for name, value in headers if name.lower() != "content-length")
-        lines.append(f"Content-Length: {len(body)}")
+        try:
+            status, headers, body = self.server.pages.answer(self.command, self.path, self.headers)
+        except Exception as exc:  # a render or the live page's history failed: counted, never raised further
+            self.server.on_error("prometheus", exc)
+            self.close_connection = True
+            status, headers, body = _reply("500 Internal Server Error", b"The monitor failed to answer; counted "
+                                           b"in mindspore_exporter_errors_total{component=\"prometheus\"}\n")
+        lines = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in headers),
+                 f"Content-Length: {len(body)}"]  # for HEAD too: what a GET would get
         if self.close_connection:
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -249,10 +259,16 @@ def tls_context(web: WebConfig) -> ssl.SSLContext:
     return context
 
 
-class _PooledServer(WSGIServer):
+class _PooledServer(HTTPServer):
     """Hands accepted connections to WORKER_THREADS daemon threads through a bounded queue."""
 
-    budget: RequestBudget | None = None  # web.max_requests_per_second, shared by the workers
+    def __init__(self, address: tuple[str, int], pages: MetricsPages, on_error: OnError,
+                 budget: RequestBudget | None, context: ssl.SSLContext | None = None) -> None:
+        self.pages = pages
+        self.on_error = on_error
+        self.budget = budget  # web.max_requests_per_second, shared by the workers
+        self.context = context
+        super().__init__(address, _QuietHandler)  # binds and listens: OSError when the port is taken
 
     def server_activate(self) -> None:
         super().server_activate()
@@ -310,19 +326,18 @@ class _TlsServer(_PooledServer):
         super().finish_request(request, client_address)
 
 
-def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int,
+def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int, on_error: OnError,
           context: ssl.SSLContext | None = None, history: Any = None,
-          labels: Mapping[str, str] | None = None) -> tuple[WSGIServer, threading.Thread]:
-    """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound."""
+          labels: Mapping[str, str] | None = None) -> tuple[HTTPServer, threading.Thread]:
+    """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
+
+    `on_error(component, exc)` counts a request that could not be answered (a render that raised, say)."""
     base: type[_PooledServer] = _TlsServer if context is not None else _PooledServer
     server_class = type("MetricsServer", (base,), {"address_family": socket.AF_INET6 if ":" in address
                                                    else socket.AF_INET})
-    app = MetricsApp(registry, web.basic_auth_users, web.cache_seconds, history, labels)
-    server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
-    if context is not None:
-        server.context = context  # type: ignore[attr-defined]
-    if web.max_requests_per_second:
-        server.budget = RequestBudget(web.max_requests_per_second)
+    pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels)
+    budget = RequestBudget(web.max_requests_per_second) if web.max_requests_per_second else None
+    server = server_class((address, port), pages, on_error, budget, context)
     thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)
     thread.start()
     return server, thread

@@ -3,7 +3,9 @@
 Gauges and counters are observable instruments whose callbacks read the store when the reader collects, so
 the SDK does the aggregation and the training thread never calls into OpenTelemetry. The SDK has no
 asynchronous histogram instrument, and the store already holds cumulative bucket counts: histograms are added
-to each batch as SDK histogram points by the exporter wrapper, which also counts failed exports.
+to each batch as SDK histogram points by the exporter wrapper, which also counts failed exports. What needs
+SDK internals (the wrapper carrying the inner exporter's preferences, the names of the SDK's loggers) is in
+otel_sdk.py, with the versions it was tested with.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.environment_variables import OTEL_METRIC_EXPORT_INTERVAL
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -37,19 +40,12 @@ from ms_exporter._version import __version__
 from ms_exporter.config import OtlpConfig
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import Family, HistogramSeries, MetricStore, Series
+from ms_exporter.sinks import otel_sdk
 
 logger = logging.getLogger("ms_exporter")
 
 SCOPE = InstrumentationScope("ms_exporter", __version__)
-# The OpenTelemetry exporters log every failed export; the monitor counts them and logs the first itself.
-# (A filter on a logger sees only records logged to that very logger, hence the module names.)
-_SDK_LOGGERS = (
-    "opentelemetry.exporter.otlp.proto.grpc.exporter",
-    "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-    "opentelemetry.exporter.otlp.proto.http._common",
-    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-    "opentelemetry.sdk.metrics._internal.export",
-)
+DEFAULT_INTERVAL_MILLIS = 60_000.0  # the OpenTelemetry specification's default for OTEL_METRIC_EXPORT_INTERVAL
 
 
 def otlp_name(name: str, kind: str) -> str:
@@ -77,7 +73,8 @@ def build_exporter(config: OtlpConfig) -> MetricExporter:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-        return GrpcExporter(endpoint=config.endpoint, insecure=config.insecure, headers=config.headers,
+        headers = None if config.headers is None else dict(config.headers)  # None: OTEL_EXPORTER_OTLP_HEADERS
+        return GrpcExporter(endpoint=config.endpoint, insecure=config.insecure, headers=headers,
                             timeout=config.timeout)
     if protocol != "http/protobuf":
         raise ValueError(f"OTLP protocol {protocol!r} (from OTEL_EXPORTER_OTLP_PROTOCOL) is not supported; "
@@ -89,6 +86,21 @@ def build_exporter(config: OtlpConfig) -> MetricExporter:
         # The variable OTEL_EXPORTER_OTLP_ENDPOINT gets the signal path appended by the SDK; do the same here.
         endpoint = endpoint.rstrip("/") + "/v1/metrics"
     return HttpExporter(endpoint=endpoint, headers=config.headers, timeout=config.timeout)
+
+
+def export_interval_millis(config: OtlpConfig) -> float:
+    """monitor_config first, then OTEL_METRIC_EXPORT_INTERVAL (milliseconds), then 60 s, as the SDK reads them."""
+    if config.interval is not None:
+        return config.interval * 1000
+    raw = os.environ.get(OTEL_METRIC_EXPORT_INTERVAL)
+    if raw is None:
+        return DEFAULT_INTERVAL_MILLIS
+    try:
+        return float(raw)  # zero or less: the reader refuses it, as it would the variable itself
+    except ValueError:
+        logger.warning("ms_exporter: %s=%r is not a number of milliseconds; exporting every %.0f s",
+                       OTEL_METRIC_EXPORT_INTERVAL, raw, DEFAULT_INTERVAL_MILLIS / 1000)
+        return DEFAULT_INTERVAL_MILLIS
 
 
 def describe_target(config: OtlpConfig) -> str:
@@ -115,8 +127,7 @@ class StoreHistogramExporter(MetricExporter):
 
     def __init__(self, inner: MetricExporter, store: MetricStore,
                  on_error: Callable[[str, BaseException], None], target: str = "the OTLP endpoint") -> None:
-        super().__init__(preferred_temporality=inner._preferred_temporality,
-                         preferred_aggregation=inner._preferred_aggregation)
+        super().__init__(**otel_sdk.preferences(inner))  # what the reader asks its exporter for
         self._inner = inner
         self._store = store
         self._on_error = on_error
@@ -125,8 +136,10 @@ class StoreHistogramExporter(MetricExporter):
         self.exports = 0
         self.failures = 0
         self.after_export: Callable[[], None] | None = None
+        self.quiet = _QuietSdkLogs()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.quiet.enter()
         try:
             batch = self._with_histograms(metrics_data)
             result = self._inner.export(batch, timeout_millis=timeout_millis, **kwargs)
@@ -141,6 +154,8 @@ class StoreHistogramExporter(MetricExporter):
                 self._on_error("otlp", ConnectionError(
                     f"OTLP export to {self._target} failed (collector unreachable, slower than otlp.timeout, or "
                     "refusing the data); this batch was dropped, the next export sends current values"))
+        finally:
+            self.quiet.leave()
         if self.after_export is not None:
             self.after_export()
         return result
@@ -149,7 +164,10 @@ class StoreHistogramExporter(MetricExporter):
         return self._inner.force_flush(timeout_millis=timeout_millis)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+        try:
+            self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+        finally:
+            self.quiet.remove()
 
     def _with_histograms(self, data: MetricsData) -> MetricsData:
         histograms = self._histograms()
@@ -197,10 +215,9 @@ class OtlpExport:
         self._store = store
         self._timeout = config.timeout
         self.exporter = StoreHistogramExporter(build_exporter(config), store, on_error, describe_target(config))
-        interval_ms = config.interval * 1000 if config.interval is not None else None
+        interval_ms = export_interval_millis(config)
         self._reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval_ms,
                                                      export_timeout_millis=config.timeout * 1000)
-        self._quiet = _QuietSdkLogs(self._reader)
         self._provider = MeterProvider(resource=build_resource(rank, project), metric_readers=[self._reader])
         self._meter = self._provider.get_meter(SCOPE.name, SCOPE.version)
         self._instrumented: set[str] = set()
@@ -209,8 +226,7 @@ class OtlpExport:
         self._sync_instruments()
         # Families that appear during training get their instrument after the next export.
         self.exporter.after_export = self._sync_instruments
-        logger.info("ms_exporter: exporting OTLP to %s every %.1f s", describe_target(config),
-                    self._reader._export_interval_millis / 1000)
+        logger.info("ms_exporter: exporting OTLP to %s every %.1f s", describe_target(config), interval_ms / 1000)
 
     def close(self) -> None:
         """One last export, bounded by the timeout, then stop the reader thread."""
@@ -218,7 +234,7 @@ class OtlpExport:
             self._sync_instruments()  # so that the last export carries families that appeared since the previous one
             self._provider.shutdown(timeout_millis=self._timeout * 1000)
         finally:
-            self._quiet.remove()
+            self.exporter.quiet.remove()
 
     def _sync_instruments(self) -> None:
         if self._store.version == self._seen_version:
@@ -250,18 +266,43 @@ def _observer(family: Family, constant: dict[str, str]) -> Callable[[CallbackOpt
 
 
 class _QuietSdkLogs(logging.Filter):
-    """Drops the SDK's per-export failure logs from our reader's thread: the ErrorSink logs the first and counts."""
+    """Drops what the OTLP exporter logs inside our export calls (failures, retries): the ErrorSink counts them and
+    logs the first. Other users of the SDK in the process keep their logs."""
 
-    def __init__(self, reader: PeriodicExportingMetricReader) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._thread = getattr(reader, "_daemon_thread", None)
-        self._loggers = [logging.getLogger(name) for name in _SDK_LOGGERS]
+        self._inside = threading.local()  # a logger's filters run on the thread that logs
+        self._lock = threading.Lock()
+        self._running = 0
+        self._removed = False
+        self._loggers = [logging.getLogger(name) for name in otel_sdk.EXPORT_LOGGERS]
         for sdk_logger in self._loggers:
             sdk_logger.addFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self._thread is None or record.thread != self._thread.ident
+        return not getattr(self._inside, "active", False)
+
+    def enter(self) -> None:
+        self._inside.active = True
+        with self._lock:
+            self._running += 1
+
+    def leave(self) -> None:
+        self._inside.active = False
+        with self._lock:
+            self._running -= 1
+            last = self._removed and self._running == 0
+        if last:
+            self._detach()
 
     def remove(self) -> None:
+        """Detach from the SDK's loggers; an export still running (past shutdown's timeout) detaches when it ends."""
+        with self._lock:
+            self._removed = True
+            idle = self._running == 0
+        if idle:
+            self._detach()
+
+    def _detach(self) -> None:
         for sdk_logger in self._loggers:
             sdk_logger.removeFilter(self)

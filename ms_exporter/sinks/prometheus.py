@@ -75,6 +75,7 @@ class PrometheusEndpoint:
         self.bind_address = bind_address
         self.web = web or WebConfig()
         self._history = history
+        self._on_error = on_error
         self._labels = dict(store.constant_labels)
         self._tls = None
         if self.web.tls:
@@ -87,7 +88,7 @@ class PrometheusEndpoint:
         self.port = self._start(bind_address, port)
 
     def _serve(self, address: str, port: int) -> Any:
-        return serve(self.registry, self.web, address, port, self._tls, self._history, self._labels)
+        return serve(self.registry, self.web, address, port, self._on_error, self._tls, self._history, self._labels)
 
     def _start(self, address: str, port: int) -> int:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import http.client
 import socket
@@ -22,6 +23,7 @@ import pytest
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import ConfigError
+from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from tests.scrape import Scrape
 
 pytestmark = pytest.mark.integration
@@ -55,15 +57,21 @@ def users() -> dict[str, str]:
 
 
 def get(url: str, auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
-        method: str = "GET") -> tuple[int, dict[str, str], str]:
-    request = urllib.request.Request(url, method=method)
+        method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    status, got, body = get_bytes(url, auth, context, method, headers)
+    return status, got, body.decode()
+
+
+def get_bytes(url: str, auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
+              method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers or {})
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
     try:
         with urllib.request.urlopen(request, timeout=10, context=context) as response:
-            return response.status, dict(response.headers), response.read().decode()
+            return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read().decode()
+        return error.code, dict(error.headers), error.read()
 
 
 @pytest.fixture
@@ -111,6 +119,67 @@ def test_a_burst_of_scrapes_shares_one_render(monitors: list[TrainingMonitor]) -
     assert Scrape(get(monitor.url)[2]).value("mindspore_train_global_step") == before
     time.sleep(0.6)  # past the cache window (this test is about the window itself)
     assert Scrape(get(monitor.url)[2]).value("mindspore_train_global_step") == 41
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def test_formats_follow_accept_and_accept_encoding_and_the_cache_keeps_them_apart(
+        monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"cache_seconds": 60})  # every answer below within one cache window
+    status, headers, plain = get_bytes(monitor.url)
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "Content-Encoding" not in headers and Scrape(plain.decode()).has("mindspore_train_info")
+    status, headers, zipped = get_bytes(monitor.url, headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert gzip.decompress(zipped) == plain
+    # What Prometheus sends: OpenMetrics first among the formats prometheus_client writes.
+    prometheus_accept = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+                         "encoding=delimited;q=0.7,application/openmetrics-text;version=1.0.0;q=0.5,"
+                         "text/plain;version=0.0.4;q=0.4,*/*;q=0.1")
+    for accept, encoding in ((OPENMETRICS, ""), (prometheus_accept, "gzip")):
+        status, headers, body = get_bytes(monitor.url, headers={"Accept": accept, "Accept-Encoding": encoding})
+        assert status == 200 and headers["Content-Type"].startswith(OPENMETRICS + "; charset=utf-8")
+        text = (gzip.decompress(body) if encoding else body).decode()
+        assert text.endswith("# EOF\n") and "mindspore_train_info" in text
+    status, headers, _ = get_bytes(monitor.url, headers={"Accept": "text/plain; version=1.0.0"})
+    assert headers["Content-Type"].startswith("text/plain; version=1.0.0; charset=utf-8")
+    assert get(monitor.url, headers={"Accept": "application/openmetrics-text; version=soon"})[0] == 400
+    assert get(monitor.url)[0] == 200
+
+
+def test_head_answers_as_get_without_the_body_and_does_not_spoil_the_cache(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"cache_seconds": 60})
+    status, head_headers, body = get(monitor.url, method="HEAD")
+    assert status == 200 and body == ""
+    status, get_headers, page = get(monitor.url)  # from the render the HEAD made
+    assert status == 200 and Scrape(page).has("mindspore_train_info")
+    assert head_headers == get_headers and int(get_headers["Content-Length"]) == len(page.encode())
+
+
+def endpoint_of(monitor: TrainingMonitor) -> PrometheusEndpoint:
+    sink_of = getattr(monitor, "_sink_of", None)  # the monitor's list of sinks; before it, an attribute
+    endpoint = sink_of(PrometheusEndpoint) if sink_of is not None else getattr(monitor, "_endpoint", None)
+    assert isinstance(endpoint, PrometheusEndpoint)
+    return endpoint
+
+
+class BrokenCollector:
+    def collect(self) -> list[Any]:
+        raise RuntimeError("a collector that cannot be read")
+
+
+def test_a_render_that_fails_is_a_counted_500_and_the_next_scrape_works(monitors: list[TrainingMonitor]) -> None:
+    monitor = start(monitors, web={"cache_seconds": 0})
+    registry = endpoint_of(monitor).registry
+    broken = BrokenCollector()
+    registry.register(broken)  # type: ignore[arg-type]
+    status, headers, body = get(monitor.url)
+    assert status == 500 and headers["Connection"] == "close" and "mindspore_exporter_errors_total" in body
+    registry.unregister(broken)  # type: ignore[arg-type]
+    status, _, page = get(monitor.url)
+    assert status == 200 and Scrape(page).value("mindspore_exporter_errors_total", component="prometheus") == 1
 
 
 def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor]) -> None:
