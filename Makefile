@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
-.PHONY: install demo test lint bench scaling reliability debian-packages clean
+.PHONY: install demo test test-unit lint generate bench scaling reliability debian-packages clean
 
 install: $(STAMP)
 
@@ -27,12 +27,23 @@ debian-packages:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-test: install debian-packages
-	$(BIN)/ruff check ms_exporter tests examples
+test: install debian-packages lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
+# The unit tests alone: no Prometheus, no browser, no training process (about 30 s, most of it importing MindSpore).
+test-unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+# ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
 lint: install
-	$(BIN)/ruff check ms_exporter tests examples
+	$(BIN)/ruff check ms_exporter tests examples benchmarks
+	$(BIN)/mypy
+
+# Rewrites every generated deploy file from the code; tests fail while a committed one differs.
+generate: install
+	$(BIN)/ms-exporter rules -o deploy/prometheus/rules/mindspore-training.rules.yml
+	$(BIN)/ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json
+	$(BIN)/ms-exporter kubernetes -o deploy/kubernetes/base
 
 # About 26 minutes on 2 cores; rewrites docs/benchmarks.md. Run it on an otherwise idle machine.
 bench: install

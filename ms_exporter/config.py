@@ -18,11 +18,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
 
 import yaml
 
+from ms_exporter import catalogue
 from ms_exporter.thresholds import DEFAULTS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "MS_EXPORTER_"
 
@@ -48,18 +52,11 @@ METRIC_GROUPS = (
     "eval",
 )
 
-# warn_on_value keys and which way a bare number bounds them.
-WATCHABLE: dict[str, Literal["max", "min"]] = {
-    "loss": "max",
-    "loss_smoothed": "max",
-    "tokens_per_second": "min",
-    "samples_per_second": "min",
-    "memory_growth_ratio": "max",
-}
-
-# The `metrics` group that must be on for a warn_on_value key to see values.
-WATCH_GROUP = {"loss": "loss", "loss_smoothed": "loss", "tokens_per_second": "tokens_per_second",
-               "samples_per_second": "samples_per_second", "memory_growth_ratio": "memory_usage"}
+# warn_on_value keys, which way a bare number bounds each, and the `metrics` group that must be on for it to see
+# values: from the catalogue, where each key's family is.
+WATCHABLE: dict[str, Literal["max", "min"]] = {key: catalogue.WATCHABLE[key].direction
+                                                for key in catalogue.WARN_ON_VALUE_KEYS}
+WATCH_GROUP = {key: str(catalogue.WATCHABLE[key].group) for key in catalogue.WARN_ON_VALUE_KEYS}
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -258,9 +255,9 @@ def mapping(what: str, entry: Callable[[Any, Any], tuple[Any, Any]], *, secret: 
             except _Bad as bad:
                 problems += bad.problems
         if problems:
-            bad = _Bad(*problems[0])
-            bad.problems = problems
-            raise bad
+            combined = _Bad(*problems[0])
+            combined.problems = problems
+            raise combined
         return out
 
     return check
@@ -590,7 +587,8 @@ class MonitorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`)."""
-        return _plain(self)
+        plain: dict[str, Any] = _plain(self)
+        return plain
 
 
 def _plain(value: Any) -> Any:
@@ -632,10 +630,10 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     return config
 
 
-def _merge(raw: dict[str, Any], key: Any, value: Any, kind: type = MonitorConfig) -> None:
+def _merge(raw: dict[str, Any], key: Any, value: Any, kind: type[DataclassInstance] = MonitorConfig) -> None:
     """A later source replaces a key; in a section (also one inside a section) it replaces the sub-keys it names."""
     declared = {f.name: f.metadata["check"] for f in dataclasses.fields(kind)}.get(key)
-    if dataclasses.is_dataclass(declared) and isinstance(raw.get(key), Mapping) and isinstance(value, Mapping):
+    if _is_section(declared) and isinstance(raw.get(key), Mapping) and isinstance(value, Mapping):
         raw[key] = dict(raw[key])
         for sub_key, sub_value in value.items():
             _merge(raw[key], sub_key, sub_value, declared)
@@ -664,7 +662,12 @@ class _Problems:
                           f"allowed keys: {', '.join(allowed)}")
 
 
-_T = TypeVar("_T")
+_T = TypeVar("_T", bound="DataclassInstance")
+
+
+def _is_section(check: object) -> TypeGuard[type[DataclassInstance]]:
+    """A field whose declared check is a section class (a nested dataclass) rather than a check function."""
+    return isinstance(check, type) and dataclasses.is_dataclass(check)
 
 
 def _build(kind: type[_T], value: Any, path: str, problems: _Problems) -> _T | None:
@@ -684,8 +687,9 @@ def _build(kind: type[_T], value: Any, path: str, problems: _Problems) -> _T | N
         say("", f"must be a mapping (keys: {', '.join(allowed)})", value)
         return None
     before = len(problems.found)
-    if hasattr(kind, "_expand"):
-        value = kind._expand(value, say)
+    expand = getattr(kind, "_expand", None)
+    if expand is not None:
+        value = expand(value, say)
     for key in value:
         if key not in allowed:
             problems.unknown(f"{path}.{key}" if path else str(key), key, allowed)
@@ -694,7 +698,7 @@ def _build(kind: type[_T], value: Any, path: str, problems: _Problems) -> _T | N
         if f.name not in value:
             continue
         check = f.metadata["check"]
-        if dataclasses.is_dataclass(check):
+        if _is_section(check):
             clean[f.name] = _build(check, value[f.name], f"{path}.{f.name}" if path else f.name, problems)
             continue
         try:

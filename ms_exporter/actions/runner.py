@@ -14,12 +14,18 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ms_exporter import catalogue
 from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
 from ms_exporter.config import MonitorConfig
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
+from ms_exporter.probes.learning_rate import LearningRateProbe
+
+if TYPE_CHECKING:
+    from ms_exporter.actions.lr_scale import LrScaler
+    from ms_exporter.probes.base import Probe
 
 logger = logging.getLogger("ms_exporter")
 
@@ -35,36 +41,28 @@ class ActionRunner:
         self._store = store
         self._grad_threshold = config.grad_norm.threshold if config.grad_norm.enable else None
         self._snapshot_dir = Path(config.save_dir) / SNAPSHOT_DIR
-        family = store.counter("mindspore_train_actions_total", "Actions the monitor took on the run it watches.")
+        family = store.register(catalogue.ACTIONS_TAKEN)
         self._counts = {name: family.series(action=name) for name, section in
                         (("early_stop", actions.early_stop), ("lr_backoff", actions.lr_backoff),
                          ("snapshot", actions.snapshot)) if section.enable}
         self._factor = None
         if actions.lr_backoff.enable:
-            self._factor = store.gauge("mindspore_train_lr_backoff_factor",
-                                       "The scale lr_backoff put on the optimizer's learning rate (1: untouched)."
-                                       ).series()
+            self._factor = store.register(catalogue.LR_BACKOFF_FACTOR).series()
             self._factor.value = 1.0
-        self._last_snapshot = store.gauge("mindspore_train_last_snapshot_step",
-                                          "Step of the newest anomaly snapshot under save_dir/snapshots.")
+        self._last_snapshot = store.register(catalogue.LAST_SNAPSHOT_STEP)
         early = actions.early_stop
         self._early = EarlyStop(early.patience, early.min_delta, early.max_nonfinite) if early.enable else None
         backoff = actions.lr_backoff
         self._backoff = LrBackoff(backoff.factor, backoff.rising_steps, backoff.cooldown, 0.0) \
             if backoff.enable else None
         self._episodes = AnomalyEpisodes(actions.snapshot.quiet_steps) if actions.snapshot.enable else None
-        self._scaler: Any = None
-        self._lr_probe: Any = None
+        self._scaler: LrScaler | None = None
+        self._lr_probe: Probe | None = None
         self._network: Any = None
         self._previous_smoothed: float | None = None
-        # What the probes measured this step (absent when their group is off: then that trigger never fires).
-        self._smoothed = _series(store, "mindspore_train_loss_smoothed")
-        self._rising = _series(store, "mindspore_train_loss_consecutive_increases")
-        self._grad_norm = _series(store, "mindspore_train_grad_norm")
-        self._lr = store.get("mindspore_train_learning_rate")
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
-    def on_train_begin(self, cb_params: Any, lr_probe: Any) -> None:
+    def on_train_begin(self, cb_params: Any, lr_probe: Probe | None) -> None:
         """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
         self._network = cb_params.get("train_network") or cb_params.get("network")
         self._lr_probe = lr_probe
@@ -78,18 +76,21 @@ class ActionRunner:
 
     # -- every step ---------------------------------------------------------------------------------------------
     def on_step(self, sample: StepSample, run_context: Any) -> None:
+        # What the probes measured (NaN while not measured, or with their group off: then that trigger never fires).
+        store = self._store
         loss = sample.loss
-        smoothed = self._smoothed.value if self._smoothed is not None else math.nan
+        smoothed = store.value_of(catalogue.LOSS_SMOOTHED)
         if self._early is not None:
             reason = self._early.step(loss)
             if reason is None and self._config.early_stop.unit == "step":
                 reason = self._early.evaluate(smoothed)
             if reason is not None:
                 self._stop(run_context, sample.step, reason)
-        grad_norm = self._grad_norm.value if self._grad_norm is not None else math.nan
+        grad_norm = store.value_of(catalogue.GRAD_NORM)
         grad_breach = self._grad_threshold is not None and math.isfinite(grad_norm) and grad_norm > self._grad_threshold
         if self._backoff is not None and self._scaler is not None:
-            rising = int(self._rising.value) if self._rising is not None else 0
+            rising_value = store.value_of(catalogue.LOSS_RISING)
+            rising = int(rising_value) if math.isfinite(rising_value) else 0
             self._update_floor()
             decision = self._backoff.observe(sample.step, rising, grad_breach and self._config.lr_backoff.on_grad_norm)
             if decision is not None:
@@ -103,8 +104,10 @@ class ActionRunner:
         self._previous_smoothed = smoothed if math.isfinite(smoothed) else self._previous_smoothed
 
     def on_epoch_end(self, run_context: Any, step: int) -> None:
-        if self._early is not None and self._config.early_stop.unit == "epoch" and self._smoothed is not None:
-            reason = self._early.evaluate(self._smoothed.value)
+        smoothed = self._store.value_of(catalogue.LOSS_SMOOTHED)
+        if self._early is not None and self._config.early_stop.unit == "epoch" and self._store.series_of(
+                catalogue.LOSS_SMOOTHED):
+            reason = self._early.evaluate(smoothed)
             if reason is not None:
                 self._stop(run_context, step, reason)
 
@@ -113,7 +116,7 @@ class ActionRunner:
         min_lr = self._config.lr_backoff.min_lr
         if min_lr <= 0 or self._backoff is None or self._scaler is None or not self._scaler.wraps_schedule:
             return
-        values = [child.value for child in self._lr.children()] if self._lr is not None else []
+        values = [series.value for series in self._store.series_of(catalogue.LEARNING_RATE)]
         current = min((v for v in values if math.isfinite(v) and v > 0), default=0.0)
         if current > 0:
             self._backoff.min_scale = min_lr / (current / self._backoff.scale)
@@ -125,8 +128,9 @@ class ActionRunner:
         logger.warning("ms_exporter: early_stop at step %d: %s; training stops after this step", step, reason)
 
     def _scale_lr(self, step: int, scale: float, reason: str) -> None:
-        self._scaler.apply(scale)
-        if self._lr_probe is not None:
+        if self._scaler is not None:
+            self._scaler.apply(scale)
+        if isinstance(self._lr_probe, LearningRateProbe):
             self._lr_probe.set_scale(scale)
         if self._factor is not None:
             self._factor.value = scale
@@ -159,8 +163,3 @@ class ActionRunner:
         for old in snapshots[: max(0, len(snapshots) - self._config.snapshot.max_snapshots)]:
             old.unlink(missing_ok=True)
             old.with_suffix(".json").unlink(missing_ok=True)
-
-
-def _series(store: MetricStore, name: str) -> Any:
-    family = store.get(name)
-    return family.series() if family is not None else None

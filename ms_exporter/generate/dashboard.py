@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ms_exporter import catalogue as c
+
 DASHBOARD_FILE = "deploy/grafana/dashboards/mindspore-training.json"
 UID = "ms-exporter-training"
 SELECTOR = 'project=~"$project", rank=~"$rank"'
@@ -72,49 +74,49 @@ def stat(title: str, unit: str, expr: str, description: str = "") -> dict[str, A
 def render_dashboard() -> dict[str, Any]:
     s = SELECTOR
     rate = "$__rate_interval"
-    step_mean = "rank:mindspore_train_step_duration_seconds:mean"
-    wait_mean = "rank:mindspore_train_data_wait_seconds:mean"
-    cycle_mean = "rank:mindspore_train_step_cycle_seconds:mean"
+    step_mean = c.RANK_STEP_MEAN
+    wait_mean = c.RANK_WAIT_MEAN
+    cycle_mean = c.RANK_CYCLE_MEAN
     layout = _Layout()
 
     layout.row("Overview")
-    layout.add(stat("Global step", "none", f"max(mindspore_train_global_step{{{s}}})"), 4, 4)
+    layout.add(stat("Global step", "none", f"max({c.GLOBAL_STEP.name}{{{s}}})"), 4, 4)
     layout.add(stat("ETA", "s",
-                    f"(max(mindspore_train_planned_steps{{{s}}}) - max(mindspore_train_global_step{{{s}}}))"
-                    f" / clamp_min(avg(rate(mindspore_train_steps_total{{{s}}}[{rate}])), 1e-9)",
+                    f"(max({c.PLANNED_STEPS.name}{{{s}}}) - max({c.GLOBAL_STEP.name}{{{s}}}))"
+                    f" / clamp_min(avg(rate({c.STEPS.name}{{{s}}}[{rate}])), 1e-9)",
                     "Time left in the current Model.train call at the current step rate."), 4, 4)
-    layout.add(stat("Last step age", "s", f"max(time() - mindspore_train_last_step_timestamp_seconds{{{s}}})",
+    layout.add(stat("Last step age", "s", f"max(time() - {c.LAST_STEP_TIMESTAMP.name}{{{s}}})",
                     "Seconds since the slowest rank finished a step."), 4, 4)
-    layout.add(stat("Ranks reporting", "none", f"count(mindspore_train_info{{{s}}})"), 4, 4)
-    layout.add(stat("World size", "none", f"max(mindspore_train_world_size{{{s}}})"), 4, 4)
+    layout.add(stat("Ranks reporting", "none", f"count({c.INFO.name}{{{s}}})"), 4, 4)
+    layout.add(stat("World size", "none", f"max({c.WORLD_SIZE.name}{{{s}}})"), 4, 4)
     layout.add(stat("Alerts firing", "none",
                     'count(ALERTS{alertstate="firing", project=~"$project"}) or vector(0)'), 4, 4)
 
     layout.row("Loss")
-    layout.add(timeseries("Loss per rank", "none", [(f"mindspore_train_loss{{{s}}}", "rank {{rank}}")]), 8, 8)
-    layout.add(timeseries("Smoothed loss", "none", [(f"mindspore_train_loss_smoothed{{{s}}}", "rank {{rank}}")]),
+    layout.add(timeseries("Loss per rank", "none", [(f"{c.LOSS.name}{{{s}}}", "rank {{rank}}")]), 8, 8)
+    layout.add(timeseries("Smoothed loss", "none", [(f"{c.LOSS_SMOOTHED.name}{{{s}}}", "rank {{rank}}")]),
                8, 8)
     layout.add(timeseries("Non-finite losses", "none",
-                          [(f"increase(mindspore_train_nonfinite_loss_total{{{s}}}[{rate}])", "rank {{rank}}")]), 8, 8)
+                          [(f"increase({c.NONFINITE_LOSS.name}{{{s}}}[{rate}])", "rank {{rank}}")]), 8, 8)
 
     layout.row("Learning rate")
     layout.add(timeseries("Learning rate", "none",
-                          [(f"mindspore_train_learning_rate{{{s}}}", "rank {{rank}} {{group}}")]), 24, 7)
+                          [(f"{c.LEARNING_RATE.name}{{{s}}}", "rank {{rank}} {{group}}")]), 24, 7)
 
     layout.row("Actions")
     layout.add(timeseries("Actions the monitor took", "none", [
-        (f"increase(mindspore_train_actions_total{{{s}}}[{rate}])", "{{action}} rank {{rank}}"),
-        (f"mindspore_train_lr_backoff_factor{{{s}}}", "LR scale rank {{rank}}")],
+        (f"increase({c.ACTIONS_TAKEN.name}{{{s}}}[{rate}])", "{{action}} rank {{rank}}"),
+        (f"{c.LR_BACKOFF_FACTOR.name}{{{s}}}", "LR scale rank {{rank}}")],
         "monitor_config.actions: early stops, learning-rate back-offs (and the scale now on the LR), anomaly "
-        "snapshots (mindspore_train_last_snapshot_step says which step is on disk)."), 24, 7)
+        f"snapshots ({c.LAST_SNAPSHOT_STEP.name} says which step is on disk)."), 24, 7)
 
     layout.row("Throughput")
     layout.add(timeseries("Tokens per second", "suffix: tokens/s",
-                          [(f"mindspore_train_tokens_per_second{{{s}}}", "rank {{rank}}")]), 6, 8)
+                          [(f"{c.TOKENS_PER_SECOND.name}{{{s}}}", "rank {{rank}}")]), 6, 8)
     layout.add(timeseries("Samples per second", "suffix: samples/s",
-                          [(f"mindspore_train_samples_per_second{{{s}}}", "rank {{rank}}")]), 6, 8)
-    step_buckets = f"sum by (le, rank) (rate(mindspore_train_step_duration_seconds_bucket{{{s}}}[{rate}]))"
-    wait_buckets = f"sum by (le, rank) (rate(mindspore_train_data_wait_seconds_bucket{{{s}}}[{rate}]))"
+                          [(f"{c.SAMPLES_PER_SECOND.name}{{{s}}}", "rank {{rank}}")]), 6, 8)
+    step_buckets = f"sum by (le, rank) (rate({c.STEP_DURATION.bucket}{{{s}}}[{rate}]))"
+    wait_buckets = f"sum by (le, rank) (rate({c.DATA_WAIT.bucket}{{{s}}}[{rate}]))"
     layout.add(timeseries("Step time p50 / p95", "s", [
         (f"histogram_quantile(0.5, {step_buckets})", "p50 rank {{rank}}"),
         (f"histogram_quantile(0.95, {step_buckets})", "p95 rank {{rank}}")]), 6, 8)
@@ -122,23 +124,23 @@ def render_dashboard() -> dict[str, Any]:
                           "Time between steps: a stalled data loader shows here first."), 6, 8)
 
     layout.row("Gradients")
-    layout.add(timeseries("Global gradient norm", "none", [(f"mindspore_train_grad_norm{{{s}}}", "rank {{rank}}")]),
+    layout.add(timeseries("Global gradient norm", "none", [(f"{c.GRAD_NORM.name}{{{s}}}", "rank {{rank}}")]),
                6, 8)
     layout.add(timeseries("Top layer gradient norms", "none",
-                          [(f"topk(5, mindspore_train_layer_grad_norm{{{s}}})", "{{layer}} rank {{rank}}")]), 6, 8)
+                          [(f"topk(5, {c.LAYER_GRAD_NORM.name}{{{s}}})", "{{layer}} rank {{rank}}")]), 6, 8)
     layout.add(timeseries("Loss scale and overflows", "none", [
-        (f"mindspore_train_loss_scale{{{s}}}", "scale rank {{rank}}"),
-        (f"increase(mindspore_train_overflow_steps_total{{{s}}}[{rate}])", "overflows rank {{rank}}")]), 6, 8)
+        (f"{c.LOSS_SCALE.name}{{{s}}}", "scale rank {{rank}}"),
+        (f"increase({c.OVERFLOW_STEPS.name}{{{s}}}[{rate}])", "overflows rank {{rank}}")]), 6, 8)
     layout.add(timeseries("LayerNorm scale drift", "percentunit",
-                          [(f"mindspore_train_layernorm_scale_drift_ratio{{{s}}}", "{{layer}} rank {{rank}}")]), 6, 8)
+                          [(f"{c.LAYERNORM_DRIFT.name}{{{s}}}", "{{layer}} rank {{rank}}")]), 6, 8)
 
     layout.row("Memory")
     layout.add(timeseries("Memory by kind", "bytes",
-                          [(f"mindspore_train_memory_bytes{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
+                          [(f"{c.MEMORY_BYTES.name}{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
     layout.add(timeseries("Growth over baseline", "percentunit",
-                          [(f"mindspore_train_memory_growth_ratio{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
+                          [(f"{c.MEMORY_GROWTH_RATIO.name}{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
     layout.add(timeseries("Growth rate", "Bps",
-                          [(f"mindspore_train_memory_growth_bytes_per_second{{{s}}}", "{{kind}} rank {{rank}}")]),
+                          [(f"{c.MEMORY_GROWTH_RATE.name}{{{s}}}", "{{kind}} rank {{rank}}")]),
                8, 8)
 
     layout.row("Ranks")
@@ -156,21 +158,21 @@ def render_dashboard() -> dict[str, Any]:
                            (f"{wait_mean}{{{s}}}", "data wait rank {{rank}}")],
                           "A long step can be time spent waiting in a collective for another rank."), 8, 8)
     layout.add(timeseries("Monitor cost p99 per hook", "s", [
-        (f"histogram_quantile(0.99, sum by (le, hook) (rate(mindspore_exporter_callback_duration_seconds_bucket{{{s}}}"
+        (f"histogram_quantile(0.99, sum by (le, hook) (rate({c.HOOK_DURATION.bucket}{{{s}}}"
          f"[{rate}])))", "{{hook}}")]), 12, 7)
     layout.add(timeseries("Monitor errors absorbed", "none", [
-        (f"increase(mindspore_exporter_errors_total{{{s}}}[{rate}])", "{{component}} rank {{rank}}")]), 12, 7)
+        (f"increase({c.ERRORS.name}{{{s}}}[{rate}])", "{{component}} rank {{rank}}")]), 12, 7)
 
     variables = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {},
          "hide": 0},
         {"name": "project", "label": "Project", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": "label_values(mindspore_train_info, project)", "refId": "project"},
-         "definition": "label_values(mindspore_train_info, project)", "refresh": 2, "includeAll": True,
+         "query": {"query": f"label_values({c.INFO.name}, project)", "refId": "project"},
+         "definition": f"label_values({c.INFO.name}, project)", "refresh": 2, "includeAll": True,
          "multi": False, "current": {}, "hide": 0, "sort": 1},
         {"name": "rank", "label": "Rank", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": 'label_values(mindspore_train_info{project=~"$project"}, rank)', "refId": "rank"},
-         "definition": 'label_values(mindspore_train_info{project=~"$project"}, rank)', "refresh": 2,
+         "query": {"query": f'label_values({c.INFO.name}{{project=~"$project"}}, rank)', "refId": "rank"},
+         "definition": f'label_values({c.INFO.name}{{project=~"$project"}}, rank)', "refresh": 2,
          "includeAll": True, "multi": True, "current": {}, "hide": 0, "sort": 3},
     ]
     return {

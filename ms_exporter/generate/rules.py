@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from ms_exporter import catalogue as c
 from ms_exporter.thresholds import Thresholds
 
 RULES_FILE = "deploy/prometheus/rules/mindspore-training.rules.yml"
@@ -46,7 +47,7 @@ def _number(value: float) -> str:
 # and never goes stale: a job's last pushed numbers would keep alerts firing, and count as live ranks, long after
 # the job ended. The rules read only series scraped from a rank's own endpoint, which always have an instance.
 LIVE = '{instance!=""}'
-_RAW_METRIC = re.compile(r"(?<![:\w])(mindspore_(?:train|exporter)_\w+)(?![:\w{])")
+_RAW_METRIC = re.compile(rf"(?<![:\w])((?:{c.TRAIN_PREFIX}|{c.EXPORTER_PREFIX})\w+)(?![:\w{{])")
 
 
 def live(expr: str) -> str:
@@ -78,93 +79,93 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
     """The rules file as data: one recording group and one alerting group."""
     t = thresholds or Thresholds()
     w = timing or Timing()
-    step_mean = "rank:mindspore_train_step_duration_seconds:mean"
-    wait_mean = "rank:mindspore_train_data_wait_seconds:mean"
-    cycle_mean = "rank:mindspore_train_step_cycle_seconds:mean"
+    step_mean = c.RANK_STEP_MEAN
+    wait_mean = c.RANK_WAIT_MEAN
+    cycle_mean = c.RANK_CYCLE_MEAN
     factor = _number(t.straggler_factor)
     recording = [
-        {"record": "project:mindspore_train_loss:mean", "expr": "avg by (project) (mindspore_train_loss)"},
-        {"record": "project:mindspore_train_loss:min", "expr": "min by (project) (mindspore_train_loss)"},
-        {"record": "project:mindspore_train_loss:max", "expr": "max by (project) (mindspore_train_loss)"},
-        {"record": "project:mindspore_train_tokens_per_second:sum",
-         "expr": "sum by (project) (mindspore_train_tokens_per_second)"},
-        {"record": "project:mindspore_train_samples_per_second:sum",
-         "expr": "sum by (project) (mindspore_train_samples_per_second)"},
+        {"record": c.PROJECT_LOSS_MEAN, "expr": f"avg by (project) ({c.LOSS.name})"},
+        {"record": c.PROJECT_LOSS_MIN, "expr": f"min by (project) ({c.LOSS.name})"},
+        {"record": c.PROJECT_LOSS_MAX, "expr": f"max by (project) ({c.LOSS.name})"},
+        {"record": c.PROJECT_TOKENS_PER_SECOND,
+         "expr": f"sum by (project) ({c.TOKENS_PER_SECOND.name})"},
+        {"record": c.PROJECT_SAMPLES_PER_SECOND,
+         "expr": f"sum by (project) ({c.SAMPLES_PER_SECOND.name})"},
         {"record": step_mean,
-         "expr": f"rate(mindspore_train_step_duration_seconds_sum[{w.rate_window}])"
-                 f" / rate(mindspore_train_step_duration_seconds_count[{w.rate_window}])"},
-        {"record": "project:mindspore_train_step_duration_seconds:max", "expr": f"max by (project) ({step_mean})"},
-        {"record": "project:mindspore_train_step_duration_seconds:median",
+         "expr": f"rate({c.STEP_DURATION.sum}[{w.rate_window}])"
+                 f" / rate({c.STEP_DURATION.count}[{w.rate_window}])"},
+        {"record": c.PROJECT_STEP_MAX, "expr": f"max by (project) ({step_mean})"},
+        {"record": c.PROJECT_STEP_MEDIAN,
          "expr": f"quantile by (project) (0.5, {step_mean})"},
-        {"record": "project:mindspore_train_ranks_reporting:count",
-         "expr": "count by (project) (mindspore_train_info)"},
+        {"record": c.PROJECT_RANKS_REPORTING,
+         "expr": f"count by (project) ({c.INFO.name})"},
         # Per step, not per wait: in sink mode one wait covers a whole sink of steps.
         {"record": wait_mean,
-         "expr": f"rate(mindspore_train_data_wait_seconds_sum[{w.rate_window}])"
-                 f" / rate(mindspore_train_step_duration_seconds_count[{w.rate_window}])"},
+         "expr": f"rate({c.DATA_WAIT.sum}[{w.rate_window}])"
+                 f" / rate({c.STEP_DURATION.count}[{w.rate_window}])"},
         # Step plus data wait: a rank's whole time per step. Equal on every rank of a synchronous job.
         {"record": cycle_mean, "expr": f"{step_mean} + {wait_mean}"},
-        {"record": "project:mindspore_train_data_wait_seconds:median",
+        {"record": c.PROJECT_WAIT_MEDIAN,
          "expr": f"quantile by (project) (0.5, {wait_mean})"},
-        {"record": "project:mindspore_train_step_cycle_seconds:median",
+        {"record": c.PROJECT_CYCLE_MEDIAN,
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
     b = runbook_base
     alerts = [
         _alert("MindSporeTrainingLossNonFinite",
-               f"increase(mindspore_train_nonfinite_loss_total[{w.events_window}]) > 0", w.short_for, "critical",
+               f"increase({c.NONFINITE_LOSS.name}[{w.events_window}]) > 0", w.short_for, "critical",
                "Training loss became NaN or Inf",
                f"{_WHO} had {{{{ $value | humanize }}}} steps with a NaN/Inf loss in the last {w.events_window}.", b),
-        _alert("MindSporeTrainingLossHigh", f"mindspore_train_loss > {_number(t.loss_high)}", w.long_for, "warning",
+        _alert("MindSporeTrainingLossHigh", f"{c.LOSS.name} > {_number(t.loss_high)}", w.long_for, "warning",
                "Training loss is above its threshold",
                f"Loss of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.loss_high)}.", b),
         _alert("MindSporeTrainingLossRising",
-               f"mindspore_train_loss_consecutive_increases >= {t.loss_rising_steps}", w.short_for, "warning",
+               f"{c.LOSS_RISING.name} >= {t.loss_rising_steps}", w.short_for, "warning",
                "Training loss keeps rising",
                f"Loss of {_WHO} rose {{{{ $value }}}} steps in a row.", b),
-        _alert("MindSporeTrainingGradNormHigh", f"mindspore_train_grad_norm > {_number(t.grad_norm_high)}",
+        _alert("MindSporeTrainingGradNormHigh", f"{c.GRAD_NORM.name} > {_number(t.grad_norm_high)}",
                w.long_for, "warning", "Gradient norm is high",
                f"Gradient norm of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.grad_norm_high)}.", b),
-        _alert("MindSporeTrainingGradNormExploding", f"mindspore_train_grad_norm > {_number(t.grad_norm_exploding)}",
+        _alert("MindSporeTrainingGradNormExploding", f"{c.GRAD_NORM.name} > {_number(t.grad_norm_exploding)}",
                w.short_for, "critical", "Gradient norm is exploding",
                f"Gradient norm of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.grad_norm_exploding)}.", b),
         _alert("MindSporeTrainingThroughputLow",
-               f"mindspore_train_tokens_per_second < {_number(t.tokens_per_second_low)}", w.slow_for, "warning",
+               f"{c.TOKENS_PER_SECOND.name} < {_number(t.tokens_per_second_low)}", w.slow_for, "warning",
                "Training throughput is low",
                f"{_WHO} processes {{{{ $value | humanize }}}} tokens/s, below {_number(t.tokens_per_second_low)}.",
                b),
         _alert("MindSporeTrainingThroughputDrop",
-               f"mindspore_train_tokens_per_second < {_number(t.throughput_drop_ratio)}"
-               f" * avg_over_time(mindspore_train_tokens_per_second[{w.drop_window}])", w.slow_for, "warning",
+               f"{c.TOKENS_PER_SECOND.name} < {_number(t.throughput_drop_ratio)}"
+               f" * avg_over_time({c.TOKENS_PER_SECOND.name}[{w.drop_window}])", w.slow_for, "warning",
                "Training throughput dropped",
                f"{_WHO} processes {{{{ $value | humanize }}}} tokens/s, less than "
                f"{_number(t.throughput_drop_ratio)} of its {w.drop_window} average.", b),
         _alert("MindSporeTrainingStalled",
-               f"(time() - mindspore_train_last_step_timestamp_seconds > {_number(t.stall_seconds)})"
+               f"(time() - {c.LAST_STEP_TIMESTAMP.name} > {_number(t.stall_seconds)})"
                " and on (job, instance) (up == 1)", w.short_for, "critical", "Training has stalled",
                f"{_WHO} finished no step for {{{{ $value | humanizeDuration }}}} while its endpoint is up.", b),
         _alert("MindSporeTrainingMemoryGrowth",
-               f"(mindspore_train_memory_growth_ratio > {_number(t.memory_growth_ratio)})"
-               f" and (mindspore_train_memory_consecutive_increases >= {t.memory_increases})", w.short_for,
+               f"({c.MEMORY_GROWTH_RATIO.name} > {_number(t.memory_growth_ratio)})"
+               f" and ({c.MEMORY_RISING.name} >= {t.memory_increases})", w.short_for,
                "warning", "Memory keeps growing",
                f"{{{{ $labels.kind }}}} memory of {_WHO} is {{{{ $value | humanizePercentage }}}} above its "
                f"baseline and still growing.", b),
         _alert("MindSporeTrainingLearningRateFlat",
-               f"(mindspore_train_learning_rate_scheduled == 1)"
-               f" and (changes(mindspore_train_learning_rate[{w.lr_flat_window}]) == 0)"
-               f" and on (job, instance) (increase(mindspore_train_steps_total[{w.lr_flat_window}]) > 0)",
+               f"({c.LEARNING_RATE_SCHEDULED.name} == 1)"
+               f" and (changes({c.LEARNING_RATE.name}[{w.lr_flat_window}]) == 0)"
+               f" and on (job, instance) (increase({c.STEPS.name}[{w.lr_flat_window}]) > 0)",
                w.long_for, "warning", "The learning-rate schedule is not moving",
                f"The learning rate of {_WHO} is a schedule but has not changed for {w.lr_flat_window} "
                f"while training went on.", b),
         _alert("MindSporeTrainingLossScaleCollapse",
-               f"(increase(mindspore_train_overflow_steps_total[{w.overflow_window}])"
-               f" / clamp_min(increase(mindspore_train_steps_total[{w.overflow_window}]), 1)"
-               f" > {_number(t.overflow_fraction)}) or (mindspore_train_loss_scale < 1)", w.long_for, "warning",
+               f"(increase({c.OVERFLOW_STEPS.name}[{w.overflow_window}])"
+               f" / clamp_min(increase({c.STEPS.name}[{w.overflow_window}]), 1)"
+               f" > {_number(t.overflow_fraction)}) or ({c.LOSS_SCALE.name} < 1)", w.long_for, "warning",
                "Loss scaling is collapsing",
                f"{_WHO}: overflow on more than {_number(t.overflow_fraction)} of recent steps, or a loss scale "
                f"below 1 (value {{{{ printf \"%.3g\" $value }}}}).", b),
         _alert("MindSporeTrainingLayerNormDrift",
-               f"abs(mindspore_train_layernorm_scale_drift_ratio) > {_number(t.layernorm_drift)}", w.long_for,
+               f"abs({c.LAYERNORM_DRIFT.name}) > {_number(t.layernorm_drift)}", w.long_for,
                "warning", "A LayerNorm scale is drifting",
                f"LayerNorm {{{{ $labels.layer }}}} of {_WHO} moved its scale mean by "
                f"{{{{ $value | humanizePercentage }}}} within its window.", b),
@@ -173,24 +174,24 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                "Endpoint {{ $labels.instance }} of job {{ $labels.job }} (rank {{ or $labels.rank \"unknown\" }}, "
                "project {{ or $labels.project \"unknown\" }}) cannot be scraped.", b),
         _alert("MindSporeTrainingRankMissing",
-               "count by (project) (mindspore_train_info) < max by (project) (mindspore_train_world_size)",
+               f"count by (project) ({c.INFO.name}) < max by (project) ({c.WORLD_SIZE.name})",
                w.long_for, "critical", "Fewer ranks report than the job has",
                "Only {{ $value }} ranks of project {{ $labels.project }} report metrics; the job has more "
-               "(mindspore_train_world_size).", b),
+               f"({c.WORLD_SIZE.name}).", b),
         # Synchronous ranks (a collective in every step) all take the same time per step: the one the others
         # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
         # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.
         # Ranks that do not synchronise run at their own pace: there the slow rank's whole cycle is longer.
         _alert("MindSporeTrainingStraggler",
                f"(({wait_mean} > on (project) group_left ()"
-               f" ({factor} * project:mindspore_train_data_wait_seconds:median))"
+               f" ({factor} * {c.PROJECT_WAIT_MEDIAN}))"
                f" and ({wait_mean} > {_number(t.straggler_wait_fraction)} * {cycle_mean}))"
                f" or ({cycle_mean} > on (project) group_left ()"
-               f" ({factor} * project:mindspore_train_step_cycle_seconds:median))", w.slow_for, "warning",
+               f" ({factor} * {c.PROJECT_CYCLE_MEDIAN}))", w.slow_for, "warning",
                "A rank is much slower than the rest of its job",
                f"The job waits for {_WHO}: {{{{ $value | humanizeDuration }}}} per step of data wait (or of whole "
                f"step cycle, where ranks do not synchronise), over {factor} times the median of the job.", b),
-        _alert("MindSporeExporterErrors", f"increase(mindspore_exporter_errors_total[{w.errors_window}]) > 0",
+        _alert("MindSporeExporterErrors", f"increase({c.ERRORS.name}[{w.errors_window}]) > 0",
                w.short_for, "warning", "The training monitor is absorbing errors",
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "
                f"times in {w.errors_window}; training goes on, but its metrics may be incomplete.", b),

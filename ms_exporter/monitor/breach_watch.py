@@ -5,36 +5,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from ms_exporter import catalogue
+from ms_exporter.catalogue import WATCHABLE, MetricFamily
 from ms_exporter.config import Bound
 from ms_exporter.monitor.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 
-BREACHES_METRIC = "mindspore_train_threshold_breaches_total"
-
-# warn_on_value key -> the family it watches.
-WATCHED_FAMILIES = {
-    "loss": "mindspore_train_loss",
-    "loss_smoothed": "mindspore_train_loss_smoothed",
-    "tokens_per_second": "mindspore_train_tokens_per_second",
-    "samples_per_second": "mindspore_train_samples_per_second",
-    "memory_growth_ratio": "mindspore_train_memory_growth_ratio",
-    "grad_norm": "mindspore_train_grad_norm",
-    "layernorm_scale_drift_ratio": "mindspore_train_layernorm_scale_drift_ratio",
-}
-# Checked by the memory sampler thread rather than at step end.
-SLOW_KEYS = frozenset({"memory_growth_ratio"})
-# Throughput starts low while graphs compile: lower bounds wait for warm-up.
-_NEEDS_WARMUP = frozenset({"tokens_per_second", "samples_per_second"})
-
 
 class _Watch:
-    def __init__(self, key: str, bound: Bound, family_name: str, counter: Series, warmup_steps: int) -> None:
+    def __init__(self, key: str, bound: Bound, family: MetricFamily, counter: Series, warmup_steps: int) -> None:
         self.key = key
         self.bound = bound
-        self.family_name = family_name
+        self.family = family
         self.counter = counter
-        self.warmup_steps = warmup_steps if key in _NEEDS_WARMUP else 0
+        self.warmup_steps = warmup_steps if WATCHABLE[key].after_warmup else 0
         self.in_breach: dict[tuple[tuple[str, str], ...], bool] = {}
 
 
@@ -43,16 +28,12 @@ class ThresholdWatcher:
 
     def __init__(self, store: MetricStore, bounds: Mapping[str, Bound], warmup_steps: int) -> None:
         self._store = store
-        family = store.counter(BREACHES_METRIC, "warn_on_value breach episodes, by metric.")
+        family = store.register(catalogue.BREACHES)
         self._step_watches: list[_Watch] = []
         self._slow_watches: list[_Watch] = []
         for key, bound in bounds.items():
-            watch = _Watch(key, bound, WATCHED_FAMILIES[key], family.series(metric=key), warmup_steps)
-            (self._slow_watches if key in SLOW_KEYS else self._step_watches).append(watch)
-        # Series lists per family, rebuilt only when the store's set of series changed: the step path then
-        # neither takes a family lock nor copies a list.
-        self._series: dict[str, list[Series]] = {}
-        self._version = -1
+            watch = _Watch(key, bound, WATCHABLE[key].family, family.series(metric=key), warmup_steps)
+            (self._slow_watches if WATCHABLE[key].slow else self._step_watches).append(watch)
 
     def check_step(self, steps_done: int) -> None:
         for watch in self._step_watches:
@@ -64,15 +45,7 @@ class ThresholdWatcher:
             self._check(watch)
 
     def _check(self, watch: _Watch) -> None:
-        if self._version != self._store.version:
-            self._version = self._store.version
-            self._series.clear()
-        watched = self._series.get(watch.family_name)
-        if watched is None:
-            family = self._store.get(watch.family_name)
-            watched = [s for s in family.children() if isinstance(s, Series)] if family is not None else []
-            self._series[watch.family_name] = watched
-        for series in watched:
+        for series in self._store.series_of(watch.family):
             breached = watch.bound.breached(series.value)
             was = watch.in_breach.get(series.labels, False)
             if breached and not was:

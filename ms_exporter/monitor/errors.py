@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
 
-ERRORS_METRIC = "mindspore_exporter_errors_total"
 
 
 class ErrorSink:
     """Counts absorbed errors in `mindspore_exporter_errors_total{component}` and logs the first of each."""
 
-    def __init__(self, store: MetricStore, components: tuple[str, ...] = ()) -> None:
-        self._family = store.counter(ERRORS_METRIC, "Failures the monitor absorbed instead of raising into training.")
+    def __init__(self, store: MetricStore, components: Iterable[str] = ()) -> None:
+        self._family = store.register(catalogue.ERRORS)
         self._logged: set[str] = set()
         self._lock = threading.Lock()  # errors come from the training, sampler, writer and scrape threads
+        self.expect(components)
+
+    def expect(self, components: Iterable[str]) -> None:
+        """Show these components at 0 from the start: a dashboard then sees a series before the first failure."""
         for component in components:
             self._family.series(component=component)
 
@@ -33,7 +38,7 @@ class ErrorSink:
                     "ms_exporter: %s failed and was skipped (training continues; further failures of this "
                     "component are only counted in %s): %r",
                     component,
-                    ERRORS_METRIC,
+                    catalogue.ERRORS.name,
                     exc,
                     exc_info=exc,
                 )
@@ -41,8 +46,7 @@ class ErrorSink:
             pass
 
 
-DISABLE_AFTER = 3
-DISABLED_METRIC = "mindspore_exporter_component_disabled"
+DISABLE_AFTER = catalogue.FAILURES_BEFORE_DISABLE
 
 
 class Breaker:
@@ -56,8 +60,7 @@ class Breaker:
         self._errors = errors
         self._limit = limit
         self._streaks: dict[str, tuple[int, int]] = {}  # component -> (failures in a row, index of the last)
-        self._disabled_family = store.gauge(DISABLED_METRIC, "1 for a component the monitor switched off after "
-                                                             f"{limit} failures in a row.")
+        self._disabled_family = store.register(catalogue.COMPONENT_DISABLED)
         self.disabled: set[str] = set()
 
     def failed(self, component: str, exc: BaseException, index: int) -> bool:

@@ -13,9 +13,11 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import cast
 
-Kind = Literal["gauge", "counter", "histogram"]
+from ms_exporter.catalogue import MetricFamily, MetricType
+
+Kind = MetricType
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -118,9 +120,14 @@ class MetricStore:
         self._lock = threading.Lock()
         # Bumped whenever a series appears or goes, so readers that cache series lists know to rebuild them.
         self.version = 0
+        self._readers_cache: dict[str, tuple[int, tuple[Series, ...]]] = {}
 
     def _bump(self) -> None:
         self.version += 1
+
+    def register(self, spec: MetricFamily) -> Family:
+        """The family a catalogue entry describes, created on first use (the way probes and sinks register)."""
+        return self._family(spec.name, spec.type, spec.help, spec.buckets)
 
     def gauge(self, name: str, help_text: str) -> Family:
         return self._family(name, "gauge", help_text)
@@ -143,6 +150,28 @@ class MetricStore:
 
     def get(self, name: str) -> Family | None:
         return self._families.get(name)
+
+    def series_of(self, spec: MetricFamily) -> tuple[Series, ...]:
+        """The gauge or counter series a family has now (nothing is created), the unlabelled one first.
+
+        For the readers that look every step (breach watching, the live history, JSON Lines columns, actions):
+        the tuple is kept until a series appears or goes, so the step path neither locks nor copies. Any thread
+        may call it: an entry is stamped with the version it was built at and used only while that is current.
+        """
+        version = self.version
+        cached = self._readers_cache.get(spec.name)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        family = self._families.get(spec.name)
+        children = family.children() if family is not None else []
+        found = tuple(sorted((c for c in children if isinstance(c, Series)), key=lambda c: bool(c.labels)))
+        self._readers_cache[spec.name] = (version, found)
+        return found
+
+    def value_of(self, spec: MetricFamily) -> float:
+        """The value of the family's unlabelled series (else its first), NaN while nothing was measured."""
+        found = self.series_of(spec)
+        return found[0].value if found else math.nan
 
     def families(self, on_error: Callable[[BaseException], None] | None = None) -> Iterator[FamilySnapshot]:
         """A consistent view for readers: family list and each family's children copied under their locks.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
 
@@ -15,7 +16,7 @@ class EvalProbe(Probe):
     name = "eval"
 
     def __init__(self, store: MetricStore) -> None:
-        self._family = store.gauge("mindspore_train_eval_metric", "Each metric of the latest evaluation.")
+        self._family = store.register(catalogue.EVAL_METRIC)
 
     def on_eval(self, metrics: Mapping[str, Any] | None) -> None:
         for name, value in (metrics or {}).items():

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter import catalogue
 from ms_exporter.config import GradNormConfig
 from ms_exporter.monitor.sample import StepSample, read_scalar, to_numpy
 from ms_exporter.monitor.store import MetricStore, Series
@@ -46,8 +47,8 @@ class LayerIndex:
             logger.warning("ms_exporter: grad_norm.layers matches %d layers; watching the first %d (max_series)",
                            len(watched), max_watched)
         self.watched = watched[:max_watched]
-        position = {layer: i for i, layer in enumerate(self.layer_names)}
-        self.watched_positions = np.asarray([position[layer] for layer in self.watched], dtype=np.intp)
+        layer_position = {layer: i for i, layer in enumerate(self.layer_names)}
+        self.watched_positions = np.asarray([layer_position[layer] for layer in self.watched], dtype=np.intp)
         others = np.ones(len(self.layer_names), dtype=bool)
         others[self.watched_positions] = False
         self.other_positions = np.flatnonzero(others)
@@ -79,14 +80,10 @@ class GradNormProbe(Probe):
     def __init__(self, store: MetricStore, config: GradNormConfig) -> None:
         self._config = config
         self._store = store
-        self._norm = store.gauge("mindspore_train_grad_norm", "Global L2 norm of the gradients (before clipping) "
-                                 "at the last sampled step.")
-        self._distribution = store.histogram("mindspore_train_grad_norm_distribution",
-                                             "Global gradient norm at sampled steps.", NORM_BUCKETS)
-        self._layer_norm = store.gauge("mindspore_train_layer_grad_norm",
-                                       "L2 norm of a layer's gradients at the last sampled step.")
-        self._layer_zero = store.counter("mindspore_train_layer_grad_zero_total",
-                                         "Sampled steps where a watched layer's gradient norm was exactly zero.")
+        self._norm = store.register(catalogue.GRAD_NORM)
+        self._distribution = store.register(catalogue.GRAD_NORM_DISTRIBUTION)
+        self._layer_norm = store.register(catalogue.LAYER_GRAD_NORM)
+        self._layer_zero = store.register(catalogue.LAYER_GRAD_ZERO)
         self._clipped: Series | None = None
         self._clip: float | None = None
         self._index: LayerIndex | None = None
@@ -111,9 +108,7 @@ class GradNormProbe(Probe):
             # The cell measures exactly the steps the monitor wants.
             train_network.every_n_steps = self._config.every_n_steps
         if self._clip is not None and self._clipped is None:
-            self._clipped = self._store.counter(
-                "mindspore_train_grad_norm_clipped_total",
-                "Sampled steps whose gradient norm exceeded the clip threshold.").series()
+            self._clipped = self._store.register(catalogue.GRAD_NORM_CLIPPED).series()
         step = int(cb_params.get("cur_step_num", 0) or 0)
         every = self._config.every_n_steps
         self._next_step = (step // every + 1) * every
@@ -140,7 +135,7 @@ class GradNormProbe(Probe):
             if not self._warned_no_source:
                 self._warned_no_source = True
                 logger.info("ms_exporter: the train cell reports no gradient norm; wrap it with "
-                               "ms_exporter.GradNormTrainOneStepCell to export mindspore_train_grad_norm")
+                            "ms_exporter.GradNormTrainOneStepCell to export %s", catalogue.GRAD_NORM.name)
             return
         self._norm.series().value = global_norm
         self._distribution.histogram().observe(global_norm)

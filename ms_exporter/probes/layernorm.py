@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter import catalogue
 from ms_exporter.config import LayerNormConfig
 from ms_exporter.monitor.sample import StepSample, to_numpy
 from ms_exporter.monitor.store import MetricStore, Series
@@ -74,10 +75,9 @@ class LayerNormProbe(Probe):
 
     def __init__(self, store: MetricStore, config: LayerNormConfig) -> None:
         self._config = config
-        self._mean = store.gauge("mindspore_train_layernorm_scale_mean", "Mean of a LayerNorm scale (gamma).")
-        self._std = store.gauge("mindspore_train_layernorm_scale_std", "Standard deviation of a LayerNorm scale.")
-        self._drift = store.gauge("mindspore_train_layernorm_scale_drift_ratio",
-                                  "Relative change of the LayerNorm scale mean over the last `window` steps.")
+        self._mean = store.register(catalogue.LAYERNORM_MEAN)
+        self._std = store.register(catalogue.LAYERNORM_STD)
+        self._drift = store.register(catalogue.LAYERNORM_DRIFT)
         self._scales: list[_Scale] = []
         self._next_step = 0
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -36,10 +37,8 @@ class LearningRateProbe(Probe):
     name = "learning_rate"
 
     def __init__(self, store: MetricStore) -> None:
-        self._family = store.gauge("mindspore_train_learning_rate",
-                                   "Learning rate the optimizer used for the last step.")
-        self._scheduled = store.gauge("mindspore_train_learning_rate_scheduled",
-                                      "1 when the learning rate is a schedule (it should change), 0 when fixed.")
+        self._family = store.register(catalogue.LEARNING_RATE)
+        self._scheduled = store.register(catalogue.LEARNING_RATE_SCHEDULED)
         self._readers: list[_Reader] = []
         self._optimizer: Any = None
         self._offset = 0
@@ -48,7 +47,7 @@ class LearningRateProbe(Probe):
         self._readers = []
         self._optimizer = _find_optimizer(cb_params)
         if self._optimizer is None:
-            logger.warning("ms_exporter: no optimizer in cb_params; mindspore_train_learning_rate is not exported")
+            logger.warning("ms_exporter: no optimizer in cb_params; %s is not exported", catalogue.LEARNING_RATE.name)
             return
         # The optimizer's own step counter may differ from cur_step_num (resumed runs): read it once.
         step = int(cb_params.get("cur_step_num", 0) or 0)

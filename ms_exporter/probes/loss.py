@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
@@ -24,13 +25,10 @@ class LossProbe(Probe):
     name = "loss"
 
     def __init__(self, store: MetricStore, window: int) -> None:
-        self._loss = store.gauge("mindspore_train_loss", "Loss of the last step.").series()
-        self._smoothed = store.gauge("mindspore_train_loss_smoothed",
-                                     "Mean of the last loss_window finite losses.").series()
-        self._rising = store.gauge("mindspore_train_loss_consecutive_increases",
-                                   "Steps in a row the loss went up.").series()
-        self._nonfinite = store.counter("mindspore_train_nonfinite_loss_total",
-                                        "Steps whose loss was NaN or Inf.").series()
+        self._loss = store.register(catalogue.LOSS).series()
+        self._smoothed = store.register(catalogue.LOSS_SMOOTHED).series()
+        self._rising = store.register(catalogue.LOSS_RISING).series()
+        self._nonfinite = store.register(catalogue.NONFINITE_LOSS).series()
         self._window: deque[float] = deque(maxlen=window)
         self._previous: float | None = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample, read_scalar
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -45,8 +46,7 @@ class LossScaleProbe(Probe):
         outputs = sample.outputs
         overflow = bool(read_scalar(outputs[layout.overflow]))
         if self._overflows is None:
-            self._overflows = self._store.counter("mindspore_train_overflow_steps_total",
-                                                  "Steps the loss-scale cell reported as overflow.").series()
+            self._overflows = self._store.register(catalogue.OVERFLOW_STEPS).series()
         if overflow:
             self._overflows.value += 1
         if layout.scale is not None and (overflow or sample.step >= self._next_step):
@@ -57,5 +57,5 @@ class LossScaleProbe(Probe):
 
     def _scale_series(self) -> Series:
         if self._scale is None:
-            self._scale = self._store.gauge("mindspore_train_loss_scale", "Current loss scale.").series()
+            self._scale = self._store.register(catalogue.LOSS_SCALE).series()
         return self._scale

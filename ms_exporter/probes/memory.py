@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import psutil
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -68,13 +69,10 @@ class MemoryProbe(Probe):
 
     def __init__(self, store: MetricStore, warmup_steps: int, window: int, interval: float,
                  device_readers: dict[str, Callable[[], int]] | None = None) -> None:
-        self._bytes = store.gauge("mindspore_train_memory_bytes", "Memory in use, by kind.")
-        self._ratio = store.gauge("mindspore_train_memory_growth_ratio",
-                                  "(current - baseline) / baseline, baseline taken after warm-up.")
-        self._slope = store.gauge("mindspore_train_memory_growth_bytes_per_second",
-                                  "Memory growth rate over the recent samples.")
-        self._increases = store.gauge("mindspore_train_memory_consecutive_increases",
-                                      "Samples in a row that grew by more than 1 MiB.")
+        self._bytes = store.register(catalogue.MEMORY_BYTES)
+        self._ratio = store.register(catalogue.MEMORY_GROWTH_RATIO)
+        self._slope = store.register(catalogue.MEMORY_GROWTH_RATE)
+        self._increases = store.register(catalogue.MEMORY_RISING)
         self._warmup_steps = warmup_steps
         self._window = window
         self._process = psutil.Process()

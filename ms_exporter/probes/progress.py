@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
@@ -25,14 +26,11 @@ class ProgressProbe(Probe):
     name = "progress"
 
     def __init__(self, store: MetricStore) -> None:
-        self._step = store.gauge("mindspore_train_global_step",
-                                 "Current global step (cb_params.cur_step_num).").series()
-        self._epoch = store.gauge("mindspore_train_epoch", "Current epoch (cb_params.cur_epoch_num).").series()
-        self._steps = store.counter("mindspore_train_steps_total", "Steps this process completed.").series()
-        self._last = store.gauge("mindspore_train_last_step_timestamp_seconds",
-                                 "Unix time the last step ended (train begin, before the first step).").series()
-        self._planned = store.gauge("mindspore_train_planned_steps",
-                                    "Global step at which the current training call ends, when known.")
+        self._step = store.register(catalogue.GLOBAL_STEP).series()
+        self._epoch = store.register(catalogue.EPOCH).series()
+        self._steps = store.register(catalogue.STEPS).series()
+        self._last = store.register(catalogue.LAST_STEP_TIMESTAMP).series()
+        self._planned = store.register(catalogue.PLANNED_STEPS)
 
     def on_train_begin(self, cb_params: Any) -> None:
         # A hang in the very first step (graph compilation, the first batch) must look like a stall too.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
@@ -24,12 +25,8 @@ class StepTimeProbe(Probe):
     name = "step_time"
 
     def __init__(self, store: MetricStore) -> None:
-        self._duration = store.histogram("mindspore_train_step_duration_seconds",
-                                         "Wall time per step, measured after the loss was read.",
-                                         STEP_BUCKETS).histogram()
-        self._wait = store.histogram("mindspore_train_data_wait_seconds",
-                                     "Time from one step's end to the next step's begin (data loading, host work).",
-                                     WAIT_BUCKETS).histogram()
+        self._duration = store.register(catalogue.STEP_DURATION).histogram()
+        self._wait = store.register(catalogue.DATA_WAIT).histogram()
 
     def on_step(self, sample: StepSample) -> None:
         self._duration.observe(sample.duration / sample.steps, sample.steps)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
 
 WINDOW_SECONDS = 10.0
@@ -30,13 +31,12 @@ class ThroughputProbe(Probe):
         self._store = store
         self._want_samples = samples
         self._want_tokens = tokens
-        self._samples_total = store.counter("mindspore_train_samples_total", "Samples consumed.").series()
-        self._samples_rate = (store.gauge("mindspore_train_samples_per_second",
-                                          "Samples per second over a short recent window.").series()
+        self._samples_total = store.register(catalogue.SAMPLES).series()
+        self._samples_rate = (store.register(catalogue.SAMPLES_PER_SECOND).series()
                               if samples else None)
         # Token series appear only once a batch with a token column was seen: image data has none.
-        self._tokens_total = None
-        self._tokens_rate = None
+        self._tokens_total: Series | None = None
+        self._tokens_rate: Series | None = None
         self._points: deque[tuple[float, int, int]] = deque(maxlen=WINDOW_POINTS)
         self._samples = 0
         self._tokens = 0
@@ -71,8 +71,6 @@ class ThroughputProbe(Probe):
                 self._tokens_rate.value = (self._tokens - tokens0) / elapsed
 
     def _bind_token_series(self) -> None:
-        self._tokens_total = self._store.counter("mindspore_train_tokens_total",
-                                                 "Non-padding tokens consumed.").series()
+        self._tokens_total = self._store.register(catalogue.TOKENS).series()
         if self._want_tokens:
-            self._tokens_rate = self._store.gauge("mindspore_train_tokens_per_second",
-                                                  "Tokens per second over a short recent window.").series()
+            self._tokens_rate = self._store.register(catalogue.TOKENS_PER_SECOND).series()

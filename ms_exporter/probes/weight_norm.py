@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter import catalogue
 from ms_exporter.config import GradNormConfig
 from ms_exporter.monitor.sample import StepSample, to_numpy
 from ms_exporter.monitor.store import MetricStore
@@ -26,7 +27,7 @@ class WeightNormProbe(Probe):
 
     def __init__(self, store: MetricStore, config: GradNormConfig) -> None:
         self._config = config
-        self._family = store.gauge("mindspore_train_weight_norm", "L2 norm of a watched layer's weights.")
+        self._family = store.register(catalogue.WEIGHT_NORM)
         self._layers: list[tuple[str, list[Any]]] = []
         self._next_step = 0
 

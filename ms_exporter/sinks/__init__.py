@@ -1,1 +1,103 @@
-"""Where numbers go. Sinks read the MetricStore; probes never import them."""
+"""Where numbers go. Sinks read the MetricStore; probes never import them.
+
+`build_sinks` is the one place that decides which sinks a configuration gets: adding a sink means a `Sink`
+subclass in this package and one branch here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ms_exporter.config import ConfigError, MonitorConfig
+from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.store import MetricStore
+from ms_exporter.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from ms_exporter.sinks.live_history import StepHistory
+    from ms_exporter.sinks.prometheus import PrometheusEndpoint
+
+logger = logging.getLogger("ms_exporter")
+
+OnError = Callable[[str, BaseException], None]
+
+
+def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
+                breaker: Breaker) -> list[Sink]:
+    """The sinks `config` asks for, in the order of `backend`, then file_sd and the Pushgateway.
+
+    A sink that cannot start (no address to bind, an unreachable OTLP setting) is counted and left out: training
+    goes on without it. A missing optional package raises ConfigError: that is the user's install to fix.
+    """
+    sinks: list[Sink] = []
+    port: int | None = None  # the port the endpoint really got
+    for backend in config.backend:
+        if backend == "prometheus":
+            served = _prometheus(config, store, rank, on_error)
+            if served is not None:
+                port = served[0].port
+                sinks.extend(served)
+        elif backend == "local":
+            from ms_exporter.sinks.jsonl import JsonlWriter
+
+            sinks.append(JsonlWriter(store, config.save_dir, rank.rank, config.project, config.interval,
+                                     config.max_file_mb, config.max_files, on_error, breaker))
+        elif backend == "otlp":
+            sinks.extend(_otlp(config, store, rank, on_error))
+    if config.file_sd_dir and port is not None:
+        sinks.extend(_file_sd(config.file_sd_dir, config, rank, port, on_error))
+    if config.pushgateway.url:
+        from ms_exporter.sinks.pushgateway import PushgatewaySink
+
+        sinks.append(PushgatewaySink(store, config.pushgateway, on_error))
+    return sinks
+
+
+def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo,
+                on_error: OnError) -> tuple[PrometheusEndpoint, StepHistory] | None:
+    """The endpoint and the live page's ring it serves; None when no port on the address could be bound."""
+    from ms_exporter.sinks.live_history import StepHistory
+    from ms_exporter.sinks.prometheus import PrometheusEndpoint
+
+    history = StepHistory(store, config.all_bounds())
+    port = config.port + rank.local_rank if config.port else 0
+    try:
+        endpoint = PrometheusEndpoint(store, config.bind_address, port, on_error, config.web, history)
+    except OSError as exc:
+        # Not even a free port on this address: training goes on without an endpoint.
+        on_error("prometheus", exc)
+        logger.error("ms_exporter: cannot serve metrics on %s (%s); training continues without /metrics",
+                     config.bind_address, exc.strerror or exc)
+        return None
+    logger.info("ms_exporter: rank %d serves metrics at %s", rank.rank, endpoint.url)
+    return endpoint, history
+
+
+def _file_sd(directory: str, config: MonitorConfig, rank: RankInfo, port: int, on_error: OnError) -> list[Sink]:
+    """The rank's file_sd target, with the port the endpoint really got."""
+    from ms_exporter.sinks.file_sd import FileSdTarget
+
+    target = FileSdTarget(directory, config.project, rank, config.bind_address, port)
+    try:
+        target.write()
+    except OSError as exc:
+        on_error("file_sd", exc)
+        return []
+    logger.info("ms_exporter: registered %s for Prometheus file_sd", target.path)
+    return [target]
+
+
+def _otlp(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError) -> list[Sink]:
+    try:
+        from ms_exporter.sinks.otlp import OtlpExport
+    except ImportError as exc:
+        raise ConfigError([f"monitor_config.backend: otlp needs the OpenTelemetry SDK ({exc.name} is missing); "
+                           "install it with: pip install 'ms-exporter[otlp]'"]) from exc
+    try:
+        return [OtlpExport(store, config.otlp, rank, config.project, on_error)]
+    except Exception as exc:  # a bad endpoint or TLS setting: train without OTLP, say so once
+        on_error("otlp", exc)
+        return []

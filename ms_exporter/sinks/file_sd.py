@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.sinks.base import Sink
 
 
 def target_host(bind_address: str) -> str:
@@ -20,13 +21,17 @@ def target_host(bind_address: str) -> str:
     return bind_address
 
 
-class FileSdTarget:
+class FileSdTarget(Sink):
     """`<dir>/ms-exporter-<project>-rank<r>.json` in Prometheus' file_sd format.
 
     The file carries the actual port (after a fallback from a taken one) and `__meta_ms_exporter_*` labels:
     meta labels, so that relabel_configs can use them without clashing with the `rank`/`project` labels every
-    series already has (Prometheus would rename those to `exported_rank`).
+    series already has (Prometheus would rename those to `exported_rank`). Written when the endpoint is up,
+    removed at close and on SIGTERM/SIGINT: a stopped rank leaves discovery, not a dead target.
     """
+
+    name = "file_sd"
+    needs_signals = True
 
     def __init__(self, directory: str, project: str, rank: RankInfo, bind_address: str, port: int) -> None:
         safe_project = "".join(c if c.isalnum() or c in "-_." else "_" for c in project)
@@ -52,3 +57,9 @@ class FileSdTarget:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+    def interrupted(self, signal_name: str, step: int) -> None:
+        self.remove()
+
+    def close(self) -> None:
+        self.remove()

@@ -19,12 +19,15 @@ from collections.abc import Callable, Mapping
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ms_exporter.config import WebConfig
+
+if TYPE_CHECKING:
+    from ms_exporter.sinks.live_history import StepHistory
 
 METRICS_PATH = "/metrics"
 LIVE_PATHS = ("/", "/index.html")
@@ -58,12 +61,12 @@ class MetricsPages:
     as prometheus_client's own handlers do."""
 
     def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float,
-                 history: Any = None, labels: Mapping[str, str] | None = None) -> None:
+                 history: StepHistory | None = None, labels: Mapping[str, str] | None = None) -> None:
         self._registry = registry
         self._history = history
         self._labels = dict(labels or {})
         title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
-        self._page = live_page(title, history.rows.maxlen if history is not None else 0).encode()
+        self._page = live_page(title, history.capacity if history is not None else 0).encode()
         self._users = dict(users)
         self._cache_seconds = cache_seconds
         self._cache: dict[tuple[str, bool], tuple[float, Answer]] = {}
@@ -83,8 +86,8 @@ class MetricsPages:
             return _reply("404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
         if method not in ("GET", "HEAD"):
             return _reply("405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
-        if path == SERIES_PATH:
-            return self._series(query)
+        if path == SERIES_PATH and self._history is not None:
+            return self._series(self._history, query)
         if path in LIVE_PATHS:
             return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
@@ -114,13 +117,13 @@ class MetricsPages:
                 self._cache[key] = (time.monotonic(), answer)
             return answer
 
-    def _series(self, query: str) -> Answer:
+    def _series(self, history: StepHistory, query: str) -> Answer:
         parsed = urllib.parse.parse_qs(query)
         try:
             since = int(parsed.get("since", ["-1"])[0])
         except ValueError:
             return _reply("400 Bad Request", b"since must be an integer step number\n")
-        payload = self._history.since(since)
+        payload = history.since(since)
         payload["labels"] = self._labels
         body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
         return _reply("200 OK", body, [("Cache-Control", "no-store")], "application/json")
@@ -327,7 +330,7 @@ class _TlsServer(_PooledServer):
 
 
 def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int, on_error: OnError,
-          context: ssl.SSLContext | None = None, history: Any = None,
+          context: ssl.SSLContext | None = None, history: StepHistory | None = None,
           labels: Mapping[str, str] | None = None) -> tuple[HTTPServer, threading.Thread]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
 

@@ -10,20 +10,22 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ms_exporter import catalogue
 from ms_exporter.monitor.errors import Breaker
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
+from ms_exporter.sinks.base import Sink
 
 logger = logging.getLogger("ms_exporter")
 
 QUEUE_CAP = 100_000  # step records held between flushes; older ones are dropped (and counted) past this
 FLUSH_AT = 5_000  # a backlog this long wakes the writer before its interval: bounds memory on fast steps
 STEP_FIELDS = ("step", "epoch", "steps", "loss", "duration", "data_wait", "samples", "tokens", "wall_time")
-_FIELD_NAMES = {"duration": "step_duration_seconds", "data_wait": "data_wait_seconds", "wall_time": "time"}
+_FIELD_NAMES = {"duration": catalogue.STEP_DURATION.short, "data_wait": catalogue.DATA_WAIT.short, "wall_time": "time"}
 
 
 def _json_number(value: float | int | None) -> float | int | str | None:
@@ -34,22 +36,23 @@ def _json_number(value: float | int | None) -> float | int | str | None:
 
 
 def series_key(family_name: str, series: Series | HistogramSeries) -> str:
-    short = family_name.removeprefix("mindspore_train_")
-    if not series.labels:
-        return short
-    return short + "{" + ",".join(f'{k}="{v}"' for k, v in series.labels) + "}"
+    return catalogue.jsonl_key(family_name, series.labels)
 
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     pass
 
 
-class JsonlWriter:
-    """Hot path: `record()` appends to a bounded deque. The thread drains it every `interval` seconds.
+class JsonlWriter(Sink):
+    """Hot path: `on_step()` appends to a bounded deque. The thread drains it every `interval` seconds.
 
-    Lines: {"type": "step", ...} per step; {"type": "snapshot", "metrics": {...}} with every series at each
-    flush; {"type": "event", "event": ...} for train begin/end and evaluations.
+    Lines: {"type": "step", ...} per step, with the sample's own fields and the catalogue's JSONL_STEP_COLUMNS
+    (one key per series, e.g. `learning_rate`, `learning_rate{group="1"}`); {"type": "snapshot", "metrics": {...}}
+    with every series at each flush; {"type": "event", "event": ...} for train begin/end, evaluations, signals.
     """
+
+    name = "local"
+    needs_signals = True
 
     def __init__(self, store: MetricStore, save_dir: str, rank: int, project: str, interval: float,
                  max_file_mb: float, max_files: int, on_error: Callable[[str, BaseException], None],
@@ -61,8 +64,7 @@ class JsonlWriter:
         self._max_bytes = int(max_file_mb * 1024 * 1024)
         self._max_files = max_files
         self._queue: deque[tuple[str, Any]] = deque(maxlen=QUEUE_CAP)
-        self._dropped = store.counter("mindspore_exporter_dropped_samples_total",
-                                      "Records a sink dropped because it fell behind.").series(sink="local")
+        self._dropped = store.register(catalogue.DROPPED_RECORDS).series(sink="local")
         self._file: IO[str] | None = None
         # One flush at a time (the thread, train end, signal handlers); re-entrant because a signal handler may
         # interrupt the training thread while it is itself flushing at train end.
@@ -74,6 +76,38 @@ class JsonlWriter:
         self._breaker = breaker
         self._flushes = 0
         self._off = False
+        self._column_keys: tuple[str, ...] = ()
+        self._columns: tuple[Series, ...] = ()
+        self._columns_version = -1
+
+    # -- the sink lifecycle --------------------------------------------------------------------------
+    def start(self, step: int) -> None:
+        self.record_event("train_begin", step=step)
+        self._start_thread()
+
+    def on_step(self, sample: StepSample) -> None:
+        if self._columns_version != self._store.version:
+            self._bind_columns()
+        self.record_step(sample, self._column_keys, tuple([series.value for series in self._columns]))
+
+    def on_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
+        self.record_event("eval", step=step, metrics={str(k): _plain(v) for k, v in metrics.items()})
+
+    def run_ended(self, step: int) -> None:
+        self.record_event("train_end", step=step)
+        self.stop()
+
+    def interrupted(self, signal_name: str, step: int) -> None:
+        self.record_event("signal", signal=signal_name, step=step)
+        self.flush()
+
+    def _bind_columns(self) -> None:
+        """The per-step series and their keys; the keys tuple is shared by every record until a series appears."""
+        self._columns_version = self._store.version
+        columns = [(series_key(family.name, series), series)
+                   for family in catalogue.JSONL_STEP_COLUMNS for series in self._store.series_of(family)]
+        self._column_keys = tuple(key for key, _ in columns)
+        self._columns = tuple(series for _, series in columns)
 
     # -- training thread -----------------------------------------------------------------------------
     def record_step(self, sample: StepSample, keys: tuple[str, ...], values: tuple[float, ...]) -> None:
@@ -89,8 +123,8 @@ class JsonlWriter:
     def record_event(self, event: str, **fields: Any) -> None:
         self._queue.append(("event", {"event": event, "time": time.time(), **fields}))
 
-    # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> None:
+    # -- the writer thread ----------------------------------------------------------------------------
+    def _start_thread(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stopping = False
@@ -142,6 +176,7 @@ class JsonlWriter:
     def _switch_off(self) -> None:
         """Stop queueing: an instance attribute shadows the methods, so the training thread pays nothing."""
         self._off = True
+        self.on_step = _ignore  # type: ignore[method-assign]
         self.record_step = _ignore  # type: ignore[method-assign]
         self.record_event = _ignore  # type: ignore[method-assign]
         self._queue.clear()
@@ -199,3 +234,10 @@ class JsonlWriter:
                            self.path.with_name(f"{self.path.name}.{index + 1}"))
         with contextlib.suppress(FileNotFoundError):
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+
+def _plain(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -41,6 +41,7 @@ from ms_exporter.config import OtlpConfig
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import Family, HistogramSeries, MetricStore, Series
 from ms_exporter.sinks import otel_sdk
+from ms_exporter.sinks.base import Sink
 
 logger = logging.getLogger("ms_exporter")
 
@@ -207,8 +208,10 @@ class StoreHistogramExporter(MetricExporter):
         return out
 
 
-class OtlpExport:
+class OtlpExport(Sink):
     """Pushes this rank's series to an OTLP endpoint every `interval` from the SDK's own reader thread."""
+
+    name = "otlp"
 
     def __init__(self, store: MetricStore, config: OtlpConfig, rank: RankInfo, project: str,
                  on_error: Callable[[str, BaseException], None]) -> None:

@@ -6,7 +6,7 @@ import logging
 import math
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -14,7 +14,11 @@ from prometheus_client.registry import Collector
 
 from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
+from ms_exporter.sinks.base import Sink
 from ms_exporter.sinks.http_server import serve, tls_context
+
+if TYPE_CHECKING:
+    from ms_exporter.sinks.live_history import StepHistory
 
 logger = logging.getLogger("ms_exporter")
 
@@ -60,12 +64,14 @@ def _render(family: FamilySnapshot, constant: dict[str, str]) -> Metric:
     return metric
 
 
-class PrometheusEndpoint:
+class PrometheusEndpoint(Sink):
     """A private registry served on bind_address:port; a taken port falls back to any free one."""
+
+    name = "prometheus"
 
     def __init__(self, store: MetricStore, bind_address: str, port: int,
                  on_error: Callable[[str, BaseException], None], web: WebConfig | None = None,
-                 history: Any = None) -> None:
+                 history: StepHistory | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = StoreCollector(store, on_error)
         self.registry.register(self.collector)

@@ -9,13 +9,14 @@ from prometheus_client import CollectorRegistry, push_to_gateway
 
 from ms_exporter.config import PushgatewayConfig
 from ms_exporter.monitor.store import MetricStore
+from ms_exporter.sinks.base import Sink
 from ms_exporter.sinks.prometheus import StoreCollector
 
 COMPONENT = "pushgateway"
 GROUPING_LABELS = ("project", "rank")
 
 
-class PushgatewaySink:
+class PushgatewaySink(Sink):
     """PUTs the whole store (what /metrics serves) to `{url}/metrics/job/{job}/project/{project}/rank/{rank}`.
 
     Each push replaces the group's previous state, so the Pushgateway always holds this rank's latest numbers.
@@ -29,6 +30,9 @@ class PushgatewaySink:
     |---|---|---|
     | every series of the store, with its `rank` and `project` labels | `project`, `rank` | `config.job` |
     """
+
+    name = COMPONENT
+    needs_signals = True  # a stopped job leaves its last numbers behind
 
     def __init__(self, store: MetricStore, config: PushgatewayConfig,
                  on_error: Callable[[str, BaseException], None]) -> None:
@@ -52,7 +56,7 @@ class PushgatewaySink:
         self._final_attempted = False  # a run_ended() push was tried since the last start()
         self._closed = False
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
         """A run begins: start the periodic pusher if `interval` is in `on`. Calling it again is harmless."""
         try:
             with self._state_lock:
@@ -69,7 +73,7 @@ class PushgatewaySink:
         except Exception as exc:  # e.g. no thread can be started: train without periodic pushes
             self._on_error(COMPONENT, exc)
 
-    def run_ended(self) -> None:
+    def run_ended(self, step: int = 0) -> None:
         """A run ended (or is being stopped): stop the periodic pusher, then push once if `train_end` is in `on`."""
         try:
             self._stop_thread()
@@ -78,6 +82,9 @@ class PushgatewaySink:
                 self._push()
         except Exception as exc:
             self._on_error(COMPONENT, exc)
+
+    def interrupted(self, signal_name: str, step: int) -> None:
+        self.run_ended(step)
 
     def close(self) -> None:
         """Stop pushing; push the last state if `train_end` is in `on` and no run ended since the last start."""

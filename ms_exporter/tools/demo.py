@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter import catalogue as c
+
 DEMO_CONFIG = {
     "backend": ["prometheus", "local"],
     "project": "ms-exporter-demo",
@@ -123,10 +125,8 @@ def _stopper(steps: int | None, seconds: float) -> Any:
 def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
     from mindspore.train import Callback
 
-    def value(name: str) -> float:
-        family = monitor.store.get(name)
-        children = family.children() if family is not None else []
-        return float(children[0].value) if children else float("nan")
+
+    value = monitor.store.value_of
 
     class Progress(Callback):
         def __init__(self) -> None:
@@ -137,12 +137,10 @@ def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
             if time.monotonic() < self.next_print:
                 return
             self.next_print = time.monotonic() + every_seconds
-            print(f"step {int(value('mindspore_train_global_step')):>6} | loss {value('mindspore_train_loss'):.4f} "
-                  f"(smoothed {value('mindspore_train_loss_smoothed'):.4f}) | "
-                  f"lr {value('mindspore_train_learning_rate'):.2e}"
-                  f" | grad norm {value('mindspore_train_grad_norm'):.3f}"
-                  f" | {value('mindspore_train_tokens_per_second'):,.0f} tokens/s | "
-                  f"{value('mindspore_train_samples_per_second'):,.0f} samples/s", flush=True)
+            print(f"step {int(value(c.GLOBAL_STEP)):>6} | loss {value(c.LOSS):.4f} "
+                  f"(smoothed {value(c.LOSS_SMOOTHED):.4f}) | lr {value(c.LEARNING_RATE):.2e}"
+                  f" | grad norm {value(c.GRAD_NORM):.3f} | {value(c.TOKENS_PER_SECOND):,.0f} tokens/s | "
+                  f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s", flush=True)
 
     return Progress()
 
@@ -171,8 +169,8 @@ def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None 
     dataset = synthetic_dataset()
     model.train(100_000, dataset, callbacks=[monitor, _stopper(steps, seconds), _progress(monitor)],
                 dataset_sink_mode=False)
-    steps_done = monitor.store.get("mindspore_train_steps_total")
-    total = int(steps_done.children()[0].value) if steps_done is not None else 0
+    done = monitor.store.value_of(c.STEPS)
+    total = int(done) if done == done else 0  # NaN: the monitor is off
     print(f"done: {total} steps; final metrics were served at {monitor.url}", flush=True)
     if monitor.jsonl_path:
         print(f"JSON Lines left at {monitor.jsonl_path}", flush=True)

@@ -15,12 +15,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ms_exporter import catalogue
+
 # Step-record columns the report plots, in chart order; memory comes from the snapshots.
-PLOTTED = ("loss", "loss_smoothed", "learning_rate", "tokens_per_second", "samples_per_second",
-           "step_duration_seconds", "grad_norm")
+PLOTTED = tuple(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE,
+                                             catalogue.TOKENS_PER_SECOND, catalogue.SAMPLES_PER_SECOND,
+                                             catalogue.STEP_DURATION, catalogue.GRAD_NORM))
 _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
-_MEMORY_KEYS = ('memory_bytes{kind="device_used"}', 'memory_bytes{kind="device_reserved"}',
-                'memory_bytes{kind="host_rss"}')
+# Snapshot keys of the memory figure, in the order of preference (memory in use on the device, else the host's).
+_MEMORY_KEYS = {catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind
+                for kind in catalogue.MEMORY_IN_USE_ORDER}
 
 
 class ReportError(ValueError):
@@ -33,6 +37,7 @@ class Run:
     files: list[str]
     steps: dict[str, list[Any]] = field(default_factory=lambda: {"step": [], **{k: [] for k in PLOTTED}})
     memory: list[tuple[int, float]] = field(default_factory=list)  # (step, bytes) from snapshots
+    memory_kind: str | None = None  # which kind `memory` holds (catalogue.MEMORY_IN_USE_ORDER)
     last_snapshot: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
@@ -92,9 +97,11 @@ def load_run(files: list[Path]) -> Run:
                 elif kind == "snapshot":
                     metrics = record.get("metrics", {})
                     run.last_snapshot = metrics
-                    memory = next((_number(metrics[k]) for k in _MEMORY_KEYS if k in metrics), None)
-                    if memory is not None and last_step:
+                    memory_key = next((k for k in _MEMORY_KEYS if k in metrics), None)
+                    memory = _number(metrics[memory_key]) if memory_key is not None else None
+                    if memory is not None and memory_key is not None and last_step:
                         run.memory.append((last_step, memory))
+                        run.memory_kind = _MEMORY_KEYS[memory_key]
                 elif kind == "event":
                     run.events.append(record)
     if not run.steps["step"]:
@@ -111,10 +118,11 @@ def summary(run: Run) -> dict[str, Any]:
     def counters(prefix: str, label: str) -> dict[str, float]:
         found = {}
         for key, value in snapshot.items():
-            if key.startswith(prefix + "{"):
+            number = _number(value)
+            if key.startswith(prefix + "{") and number:
                 name = re.search(label + r'="([^"]*)"', key)
-                if name and _number(value):
-                    found[name.group(1)] = _number(value)
+                if name:
+                    found[name.group(1)] = number
         return found
 
     return {
@@ -142,7 +150,8 @@ def render(runs: list[Run]) -> str:
     for index, run in enumerate(runs):
         duplicate = labels.count(labels[index]) > 1
         run.label = labels[index] + (f" ({Path(run.files[-1]).name}, run {index + 1})" if duplicate else "")
-    data = [{"label": r.label, "steps": r.steps, "memory": r.memory, "summary": summary(r)} for r in runs]
+    data = [{"label": r.label, "steps": r.steps, "memory": r.memory, "memory_kind": r.memory_kind,
+             "summary": summary(r)} for r in runs]
     assets = resources.files("ms_exporter") / "web_assets"
     template = (assets / "report.html").read_text(encoding="utf-8")
     payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import ssl
+import statistics
 import sys
 import threading
 import time
@@ -31,7 +32,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ms_exporter import catalogue
 from ms_exporter._version import __version__
+from ms_exporter.thresholds import is_straggler
 
 PASSWORD_ENV = "MS_EXPORTER_TOP_PASSWORD"
 STALE_SECONDS = 60.0
@@ -48,8 +51,8 @@ TARGET_HELP = ("a URL (http[s]://host:port[/path], path default /metrics), host:
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _HOST_PORT_PATH = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/")
 # Preferred first: the device memory in use when the device reports it, else the process's resident set.
-_MEMORY_KINDS = (("device_allocated", "dev"), ("device_reserved", "dev-res"), ("device_peak", "dev-peak"),
-                 ("host_rss", "rss"))
+# The memory column's kind (catalogue.MEMORY_IN_USE_ORDER: in use on the device, else the host's) and its short name.
+_MEMORY_SHORT = {catalogue.DEVICE_ALLOCATED: "dev", catalogue.DEVICE_RESERVED: "dev-res", catalogue.HOST_RSS: "rss"}
 
 
 # -- targets ---------------------------------------------------------------------------------------------------
@@ -244,15 +247,15 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
     _count), the last such mean when no step ended in between, and the mean over the whole run on the first poll
     or after the counters went back (a restarted rank).
     """
-    duration_sum = samples.value("mindspore_train_step_duration_seconds_sum")
-    duration_count = samples.value("mindspore_train_step_duration_seconds_count")
+    duration_sum = samples.value(catalogue.STEP_DURATION.sum)
+    duration_count = samples.value(catalogue.STEP_DURATION.count)
     duration = None if duration_sum is None or duration_count is None else (duration_sum, duration_count)
-    wait_sum = samples.value("mindspore_train_data_wait_seconds_sum")
+    wait_sum = samples.value(catalogue.DATA_WAIT.sum)
     step_seconds, wait_seconds = _step_means(duration, wait_sum, history)
 
     counters = {f"breach {metric}": value
-                for metric, value in samples.by_label("mindspore_train_threshold_breaches_total", "metric").items()}
-    nonfinite = samples.value("mindspore_train_nonfinite_loss_total")
+                for metric, value in samples.by_label(catalogue.BREACHES.name, "metric").items()}
+    nonfinite = samples.value(catalogue.NONFINITE_LOSS.name)
     if nonfinite is not None:
         counters["non-finite loss"] = nonfinite
     held = {alert: until for alert, until in (history.held.items() if history else ()) if until > now}
@@ -261,8 +264,8 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
             if value > history.counters.get(alert, 0.0):
                 held[alert] = now + hold_seconds
 
-    loss = samples.value("mindspore_train_loss")
-    timestamp = samples.value("mindspore_train_last_step_timestamp_seconds")
+    loss = samples.value(catalogue.LOSS.name)
+    timestamp = samples.value(catalogue.LAST_STEP_TIMESTAMP.name)
     age = max(0.0, now - timestamp) if timestamp is not None else None
     alerts: list[str] = []
     if loss is not None and not math.isfinite(loss):
@@ -272,23 +275,23 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
     alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
     if age is not None and age > stale_seconds:
         alerts.append(f"no step for {_age(age)}")
-    disabled = samples.by_label("mindspore_exporter_component_disabled", "component")
+    disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
     alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
 
-    memory = samples.by_label("mindspore_train_memory_bytes", "kind")
+    memory = samples.by_label(catalogue.MEMORY_BYTES.name, "kind")
     memory_bytes = memory_kind = None
-    for kind, short in _MEMORY_KINDS:
+    for kind in catalogue.MEMORY_IN_USE_ORDER:
         if kind in memory:
-            memory_bytes, memory_kind = memory[kind], short
+            memory_bytes, memory_kind = memory[kind], _MEMORY_SHORT[kind]
             break
 
     row = Row(target=target, rank=rank, project=project,
-              step=samples.value("mindspore_train_global_step"),
+              step=samples.value(catalogue.GLOBAL_STEP.name),
               loss=loss,
-              loss_smoothed=samples.value("mindspore_train_loss_smoothed"),
-              tokens_per_second=samples.value("mindspore_train_tokens_per_second"),
+              loss_smoothed=samples.value(catalogue.LOSS_SMOOTHED.name),
+              tokens_per_second=samples.value(catalogue.TOKENS_PER_SECOND.name),
               step_seconds=step_seconds, wait_seconds=wait_seconds,
-              grad_norm=samples.value("mindspore_train_grad_norm"),
+              grad_norm=samples.value(catalogue.GRAD_NORM.name),
               memory_bytes=memory_bytes, memory_kind=memory_kind,
               age_seconds=age, alerts=tuple(alerts))
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held)
@@ -324,21 +327,29 @@ def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list
     `tolerance` of the longest, the one with the largest data-wait share. Ranks that do not synchronise run at
     their own pace, and the slow one has the longest cycle. Ranks that meet in a collective every step all have
     the same cycle: the slow one arrives late because of work between steps, so its step is short and its data
-    wait long, while the others' steps grow by the time they wait for it. MindSporeTrainingStraggler
-    (docs/alerts.md) reasons the same way, with thresholds; this picks one rank even when none is far off.
+    wait long, while the others' steps grow by the time they wait for it. This picks one rank even when none is
+    far off; a rank that MindSporeTrainingStraggler would page for (`thresholds.is_straggler`, the same rule and
+    thresholds as the alert) also gets "straggler" in its alerts.
     """
     by_project: dict[str | None, list[int]] = {}
     for index, row in enumerate(rows):
         if row.error is None and row.cycle_seconds is not None:
             by_project.setdefault(row.project, []).append(index)
     chosen: set[int] = set()
+    stragglers: set[int] = set()
     for indices in by_project.values():
         if len(indices) < 2:
             continue
-        longest = max(rows[i].cycle_seconds or 0.0 for i in indices)
-        candidates = [i for i in indices if (rows[i].cycle_seconds or 0.0) >= (1.0 - tolerance) * longest]
-        chosen.add(max(candidates, key=lambda i: (_wait_share(rows[i]), rows[i].cycle_seconds or 0.0)))
-    return [replace(row, slowest=index in chosen) for index, row in enumerate(rows)]
+        cycles = {i: rows[i].cycle_seconds or 0.0 for i in indices}
+        waits = {i: rows[i].wait_seconds or 0.0 for i in indices}
+        longest = max(cycles.values())
+        candidates = [i for i in indices if cycles[i] >= (1.0 - tolerance) * longest]
+        chosen.add(max(candidates, key=lambda i: (_wait_share(rows[i]), cycles[i])))
+        median_wait, median_cycle = statistics.median(waits.values()), statistics.median(cycles.values())
+        stragglers.update(i for i in indices if is_straggler(waits[i], cycles[i], median_wait, median_cycle))
+    return [replace(row, slowest=index in chosen,
+                    alerts=(*row.alerts, "straggler") if index in stragglers else row.alerts)
+            for index, row in enumerate(rows)]
 
 
 def _wait_share(row: Row) -> float:
@@ -510,11 +521,12 @@ def _age(seconds: float) -> str:
 
 
 def _bytes(value: float) -> str:
+    unit = "B"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+            break
         value /= 1024
-    raise AssertionError("unreachable")
+    return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
 
 
 # -- polling ---------------------------------------------------------------------------------------------------
@@ -544,7 +556,7 @@ def fetch(url: str, access: Access) -> str:
                                          urllib.request.HTTPSHandler(context=access.context))
     try:
         with opener.open(request, timeout=access.timeout) as response:
-            body = response.read(MAX_PAGE_BYTES + 1)
+            body: bytes = response.read(MAX_PAGE_BYTES + 1)
     except urllib.error.HTTPError as exc:
         hint = " (check --user and the password)" if exc.code == 401 else ""
         raise FetchError(f"HTTP {exc.code} {exc.reason}{hint}") from None
@@ -554,7 +566,7 @@ def fetch(url: str, access: Access) -> str:
             raise FetchError(f"TLS: {reason.verify_message} (--cafile, or --insecure)") from None
         if isinstance(reason, TimeoutError):
             raise FetchError(f"timed out after {access.timeout:g}s") from None
-        raise FetchError(reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)) \
+        raise FetchError(str(reason.strerror) if isinstance(reason, OSError) and reason.strerror else str(reason)) \
             from None
     except TimeoutError:
         raise FetchError(f"timed out after {access.timeout:g}s") from None

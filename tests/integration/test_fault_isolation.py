@@ -11,6 +11,7 @@ import mindspore as ms
 import pytest
 
 from ms_exporter import TrainingMonitor
+from ms_exporter.sinks.jsonl import JsonlWriter
 from ms_exporter.tools.demo import build_model, synthetic_dataset
 from tests.scrape import scrape
 
@@ -42,7 +43,7 @@ def switched_off_logs(caplog: pytest.LogCaptureFixture, component: str) -> list[
 def test_every_probe_is_listed() -> None:
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
-        assert sorted(p.name for p in monitor._step_probes) == sorted(PROBES)
+        assert sorted(p.name for p in monitor._publisher.probes) == sorted(PROBES)
     finally:
         monitor.close()
 
@@ -53,7 +54,7 @@ def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(probe_name: s
     caplog.set_level(logging.INFO, logger="ms_exporter")
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
-        probe = next(p for p in monitor._step_probes if p.name == probe_name)
+        probe = next(p for p in monitor._publisher.probes if p.name == probe_name)
         probe.on_step = injected  # type: ignore[method-assign]
         train(monitor)
         page = scrape(monitor.url)
@@ -61,7 +62,7 @@ def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(probe_name: s
         assert page.value("mindspore_exporter_errors_total", component=probe_name) == 3
         assert page.value("mindspore_exporter_component_disabled", component=probe_name) == 1
         assert len(switched_off_logs(caplog, probe_name)) == 1
-        assert probe not in monitor._step_probes
+        assert probe not in monitor._publisher.probes
         # The others kept measuring to the end.
         assert page.value("mindspore_train_global_step") == STEPS or probe_name == "progress"
         for other in set(PROBES) - {probe_name}:
@@ -73,7 +74,7 @@ def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(probe_name: s
 def test_failures_that_are_not_in_a_row_do_not_switch_off(caplog: pytest.LogCaptureFixture) -> None:
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
-        probe = next(p for p in monitor._step_probes if p.name == "throughput")
+        probe = next(p for p in monitor._publisher.probes if p.name == "throughput")
         real = probe.on_step
         calls = {"n": 0}
 
@@ -88,7 +89,7 @@ def test_failures_that_are_not_in_a_row_do_not_switch_off(caplog: pytest.LogCapt
         page = scrape(monitor.url)
         assert page.value("mindspore_exporter_errors_total", component="throughput") == STEPS // 2
         assert not page.has("mindspore_exporter_component_disabled", component="throughput")
-        assert probe in monitor._step_probes
+        assert probe in monitor._publisher.probes
     finally:
         monitor.close()
 
@@ -111,13 +112,14 @@ def test_a_jsonl_file_that_cannot_be_written_is_switched_off(tmp_path: Path, cap
     monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=0.05,
                               **EVERYTHING)
     try:
-        assert monitor._jsonl is not None
-        monitor._jsonl._write = injected  # type: ignore[method-assign]  # a full disk
+        writer = monitor._sink_of(JsonlWriter)
+        assert writer is not None
+        writer._write = injected  # type: ignore[method-assign]  # a full disk
         train(monitor, steps=40)
         page = scrape(monitor.url)
         assert page.value("mindspore_exporter_errors_total", component="local") == 3
         assert page.value("mindspore_exporter_component_disabled", component="local") == 1
-        assert len(monitor._jsonl._queue) == 0  # nothing piles up behind a dead writer
+        assert len(writer._queue) == 0  # nothing piles up behind a dead writer
         assert page.value("mindspore_train_steps_total") == 40
     finally:
         monitor.close()

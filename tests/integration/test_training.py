@@ -114,7 +114,7 @@ def test_a_failing_probe_is_counted_and_training_finishes() -> None:
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
-        loss_probe = next(p for p in monitor._step_probes if p.name == "loss")
+        loss_probe = next(p for p in monitor._publisher.probes if p.name == "loss")
 
         def broken(sample: Any) -> None:
             raise RuntimeError("injected probe failure")

@@ -159,9 +159,8 @@ def test_head_answers_as_get_without_the_body_and_does_not_spoil_the_cache(monit
 
 
 def endpoint_of(monitor: TrainingMonitor) -> PrometheusEndpoint:
-    sink_of = getattr(monitor, "_sink_of", None)  # the monitor's list of sinks; before it, an attribute
-    endpoint = sink_of(PrometheusEndpoint) if sink_of is not None else getattr(monitor, "_endpoint", None)
-    assert isinstance(endpoint, PrometheusEndpoint)
+    endpoint = monitor._sink_of(PrometheusEndpoint)
+    assert endpoint is not None
     return endpoint
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.monitor import callback as callback_module
+from ms_exporter.monitor import publisher as publisher_module
 from tests.scrape import scrape
 from tests.unit.test_callback_sink_and_jsonl import context
 
@@ -54,13 +54,13 @@ def test_only_the_training_thread_publishes_even_when_records_wait() -> None:
     # deadlock, so records left waiting (training busy in a long step) wait for the training thread.
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, interval=0.05)  # the sampler thread runs
     threads: set[int] = set()
-    probe = monitor._step_probes[0]
+    probe = monitor._publisher.probes[0]
     original = probe.on_step
     probe.on_step = lambda sample: (threads.add(threading.get_ident()), original(sample))  # type: ignore[method-assign]
     try:
         monitor.on_train_begin(context(0, 0.0))
         steps(monitor, 1, 3)  # step 1 is published at once, 2 and 3 wait
-        time.sleep(3 * callback_module.PUBLISH_SECONDS)
+        time.sleep(3 * publisher_module.PUBLISH_SECONDS)
         assert scrape(monitor.url).value("mindspore_train_global_step") == 1
         steps(monitor, 4, 4)  # the next step end is past the interval: it publishes 2, 3 and 4
         assert scrape(monitor.url).value("mindspore_train_global_step") == 4
@@ -70,7 +70,7 @@ def test_only_the_training_thread_publishes_even_when_records_wait() -> None:
 
 
 def test_steps_slower_than_the_publication_interval_are_published_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(callback_module, "PUBLISH_SECONDS", 0.0)
+    monkeypatch.setattr(publisher_module, "PUBLISH_SECONDS", 0.0)
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
         monitor.on_train_begin(context(0, 0.0))

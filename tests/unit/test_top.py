@@ -151,6 +151,21 @@ def test_ranks_at_their_own_pace_the_longest_cycle_is_slowest() -> None:
     assert slowest(rows) == ["1"]
 
 
+def test_a_rank_far_behind_is_flagged_straggler_as_the_alert_would() -> None:
+    synchronous = mark_slowest([row("0", 0.259, 0.0003), row("1", 0.080, 0.180), row("2", 0.255, 0.001)])
+    assert [r.rank for r in synchronous if "straggler" in r.alerts] == ["1"]
+    own_pace = mark_slowest([row("0", 0.100, 0.001), row("1", 0.300, 0.000), row("2", 0.100, 0.020)])
+    assert [r.rank for r in own_pace if "straggler" in r.alerts] == ["1"]
+    # A data wait over 1.5 times the median is a straggler only where it is at least 20% of the rank's cycle.
+    waiting = mark_slowest([row("0", 0.100, 0.001), row("1", 0.100, 0.030), row("2", 0.100, 0.001)])
+    assert [r.rank for r in waiting if "straggler" in r.alerts] == ["1"]
+    assert all("straggler" not in r.alerts for r in mark_slowest(
+        [row("0", 0.100, 0.001), row("1", 0.100, 0.020), row("2", 0.100, 0.001)]))
+    # Near-equal ranks: one is still marked slowest, none is a straggler.
+    close = mark_slowest([row("0", 0.100, 0.010), row("1", 0.105, 0.012), row("2", 0.100, 0.011)])
+    assert [r.rank for r in close if r.slowest] == ["1"] and all("straggler" not in r.alerts for r in close)
+
+
 def test_slowest_needs_two_ranks_ignores_down_ones_and_is_per_project() -> None:
     assert slowest([row("0", 0.1, 0.0)]) == []
     down = down_row(Target("http://h:1/metrics", rank="3", project="p"), "Connection refused")

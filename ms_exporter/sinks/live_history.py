@@ -12,37 +12,40 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from ms_exporter import catalogue
+from ms_exporter.catalogue import MEMORY_IN_USE_ORDER
 from ms_exporter.config import Bound
-from ms_exporter.monitor.breach_watch import BREACHES_METRIC, WATCHED_FAMILIES
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
+from ms_exporter.sinks.base import Sink
 
 HISTORY_STEPS = 4096
-# Columns after step, time, loss and step_time: (name, family, labels) of the store series read each step.
-SERIES_COLUMNS = (
-    ("loss_smoothed", "mindspore_train_loss_smoothed", {}),
-    ("learning_rate", "mindspore_train_learning_rate", {}),
-    ("tokens_per_second", "mindspore_train_tokens_per_second", {}),
-    ("samples_per_second", "mindspore_train_samples_per_second", {}),
-    ("grad_norm", "mindspore_train_grad_norm", {}),
-    ("memory_bytes", "mindspore_train_memory_bytes", None),  # the first kind present (device, else host)
-)
-COLUMNS = ("step", "time", "loss", "step_time", *(name for name, _, _ in SERIES_COLUMNS), "breaches")
-_MEMORY_KINDS = ("device_used", "device_reserved", "host_rss")
+# Columns after step, time, loss and step_time: the store series read each step (the unlabelled one, else the
+# first); memory is the first kind of MEMORY_IN_USE_ORDER present, and `memory_kind` in the payload names it.
+SERIES_COLUMNS = (catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE, catalogue.TOKENS_PER_SECOND,
+                  catalogue.SAMPLES_PER_SECOND, catalogue.GRAD_NORM, catalogue.MEMORY_BYTES)
+COLUMNS = ("step", "time", "loss", "step_time", *(family.short for family in SERIES_COLUMNS), "breaches")
 
 
-class StepHistory:
-    """A ring of the last HISTORY_STEPS steps: (step, time, loss, step time, the SERIES_COLUMNS, breaches)."""
+class StepHistory(Sink):
+    """A ring of the last HISTORY_STEPS steps: (step, time, loss, step time, the SERIES_COLUMNS, breaches).
+
+    A sink of the `prometheus` backend: its endpoint serves the ring.
+    """
+
+    name = "prometheus"
 
     def __init__(self, store: MetricStore, bounds: Mapping[str, Bound], size: int = HISTORY_STEPS) -> None:
         self._store = store
         self.bounds = {key: {bound.direction: bound.value} for key, bound in bounds.items()}
         self.rows: deque[tuple[float, ...]] = deque(maxlen=size)
+        self.capacity = size
         self._series: tuple[Series | None, ...] = ()
         self._breaches: tuple[Series, ...] = ()
         self._version = -1
+        self.memory_kind: str | None = None
 
-    def record(self, sample: StepSample) -> None:
+    def on_step(self, sample: StepSample) -> None:
         """Hot path: one tuple into the ring."""
         if self._version != self._store.version:
             self._bind()
@@ -54,18 +57,17 @@ class StepHistory:
 
     def _bind(self) -> None:
         self._version = self._store.version
-        bound = []
-        for _, name, labels in SERIES_COLUMNS:
-            family = self._store.get(name)
-            children = [c for c in family.children() if isinstance(c, Series)] if family is not None else []
-            if labels is None:  # memory: prefer the device's figure, else the host's
+        bound: list[Series | None] = []
+        for family in SERIES_COLUMNS:
+            children = self._store.series_of(family)
+            if family is catalogue.MEMORY_BYTES:
                 by_kind = {dict(c.labels).get("kind"): c for c in children}
-                bound.append(next((by_kind[k] for k in _MEMORY_KINDS if k in by_kind), None))
+                self.memory_kind = next((kind for kind in MEMORY_IN_USE_ORDER if kind in by_kind), None)
+                bound.append(by_kind.get(self.memory_kind))
             else:
-                bound.append(next((c for c in children if not c.labels), children[0] if children else None))
+                bound.append(children[0] if children else None)
         self._series = tuple(bound)
-        family = self._store.get(BREACHES_METRIC)
-        self._breaches = tuple(c for c in family.children() if isinstance(c, Series)) if family else ()
+        self._breaches = self._store.series_of(catalogue.BREACHES)
 
     def since(self, step: int, limit: int = HISTORY_STEPS) -> dict[str, Any]:
         """Rows after `step` (at most `limit`, the newest), as JSON-ready data: non-finite numbers become null."""
@@ -76,13 +78,15 @@ class StepHistory:
             "rows": [[_json(v) for v in row] for row in newer],
             "nonfinite_loss_steps": [int(row[0]) for row in newer if not math.isfinite(row[2])],
             "last_step": int(rows[-1][0]) if rows else None,
-            "capacity": self.rows.maxlen,
+            "capacity": self.capacity,
+            "memory_kind": self.memory_kind,
             "bounds": {key: bound for key, bound in self.bounds.items() if key in _PLOTTED},
             "now": time.time(),
         }
 
 
-_PLOTTED = {"loss", "loss_smoothed", "tokens_per_second", "samples_per_second", "grad_norm"} & set(WATCHED_FAMILIES)
+# Bounds drawn on the live page's charts (memory growth has no chart of its own).
+_PLOTTED = frozenset({"loss", "loss_smoothed", "tokens_per_second", "samples_per_second", "grad_norm"})
 
 
 def _number(value: float | None) -> float:

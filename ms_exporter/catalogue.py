@@ -1,0 +1,261 @@
+"""Every metric family the monitor exports, the closed sets of label values, and the recording-rule names.
+
+This is the one place a name is written. Probes register their families from it, and the readers (threshold
+watching, the live page's history, the JSON Lines columns, `top`, the report, the rules and the dashboard) take
+their names from it too. docs/metrics.md is held to it by tests/unit/test_catalogue.py: a family added here
+without a row there fails, and so does a row for a family that is not here.
+
+Importing this module costs nothing: no MindSpore, no numpy (the operator tools use it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["gauge", "counter", "histogram"]
+
+TRAIN_PREFIX = "mindspore_train_"
+EXPORTER_PREFIX = "mindspore_exporter_"  # the monitor's own health
+# Labels every series of a rank carries (MetricStore's constant labels).
+CONSTANT_LABELS = ("rank", "project")
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    """One exported family. `labels` are its own label names (the constant ones come on top).
+
+    `group` is what switches the family on: a `metrics` entry (loss, lr, ...), a config section (grad_norm,
+    layernorm, weight_norm, actions), or "always".
+    """
+
+    name: str
+    type: MetricType
+    help: str
+    unit: str
+    group: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def short(self) -> str:
+        """The name without `mindspore_train_`: the JSON Lines key and the live page's column stem."""
+        return self.name.removeprefix(TRAIN_PREFIX)
+
+    @property
+    def sum(self) -> str:
+        return self.name + "_sum"
+
+    @property
+    def count(self) -> str:
+        return self.name + "_count"
+
+    @property
+    def bucket(self) -> str:
+        return self.name + "_bucket"
+
+
+def jsonl_key(family_name: str, labels: tuple[tuple[str, str], ...] = ()) -> str:
+    """A series' key in JSON Lines records: the short name, with its own labels in Prometheus' notation."""
+    short = family_name.removeprefix(TRAIN_PREFIX)
+    if not labels:
+        return short
+    return short + "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+
+
+# -- closed label values -----------------------------------------------------------------------------------------
+
+# mindspore_train_memory_bytes{kind}: host RSS (psutil) and MindSpore's runtime memory API on Ascend/GPU.
+HOST_RSS = "host_rss"
+DEVICE_ALLOCATED = "device_allocated"  # runtime.memory_allocated(): tensors in use
+DEVICE_RESERVED = "device_reserved"  # runtime.memory_reserved(): what the allocator holds
+DEVICE_PEAK = "device_peak"  # runtime.max_memory_allocated()
+MEMORY_KINDS = (HOST_RSS, DEVICE_ALLOCATED, DEVICE_RESERVED, DEVICE_PEAK)
+# A view with room for one memory figure shows the first kind present: memory in use on the device, else what
+# the device's allocator holds, else the host's. A peak is never shown as memory in use.
+MEMORY_IN_USE_ORDER = (DEVICE_ALLOCATED, DEVICE_RESERVED, HOST_RSS)
+
+# mindspore_exporter_callback_duration_seconds{hook}
+HOOKS = ("train_begin", "step_begin", "step_end", "train_end", "eval_end")
+
+# mindspore_train_actions_total{action}
+ACTIONS = ("early_stop", "lr_backoff", "snapshot")
+
+# mindspore_exporter_errors_total{component} and mindspore_exporter_component_disabled{component}: the
+# monitor's own parts, the probes (by their `name`) and the sinks (by their backend name).
+PROBE_COMPONENTS = ("progress", "loss", "learning_rate", "step_time", "throughput", "loss_scale", "grad_norm",
+                    "weight_norm", "layernorm", "memory", "eval")
+SINK_COMPONENTS = ("prometheus", "otlp", "local", "file_sd", "pushgateway")
+COMPONENTS = ("callback", "sampler", "actions", *PROBE_COMPONENTS, *SINK_COMPONENTS)
+# A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).
+FAILURES_BEFORE_DISABLE = 3
+
+# -- buckets -------------------------------------------------------------------------------------------------------
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0, 600.0)
+WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, *STEP_BUCKETS)
+NORM_BUCKETS = tuple(10.0 ** (k / 2) for k in range(-8, 9))  # 1e-4 to 1e4 in half-decades
+HOOK_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
+
+# -- families ------------------------------------------------------------------------------------------------------
+
+INFO = MetricFamily("mindspore_train_info", "gauge", "Identity of this rank; always 1.", "1", "global_rank",
+                    ("world_size", "local_rank", "node", "device_target", "mindspore_version", "exporter_version"))
+WORLD_SIZE = MetricFamily("mindspore_train_world_size", "gauge", "Number of ranks in the job.", "ranks",
+                          "global_rank")
+
+GLOBAL_STEP = MetricFamily("mindspore_train_global_step", "gauge", "Current global step (cb_params.cur_step_num).",
+                           "steps", "always")
+EPOCH = MetricFamily("mindspore_train_epoch", "gauge", "Current epoch (cb_params.cur_epoch_num).", "epochs", "always")
+STEPS = MetricFamily("mindspore_train_steps_total", "counter", "Steps this process completed.", "steps", "always")
+LAST_STEP_TIMESTAMP = MetricFamily("mindspore_train_last_step_timestamp_seconds", "gauge",
+                                   "Unix time the last step ended (train begin, before the first step).",
+                                   "seconds", "always")
+PLANNED_STEPS = MetricFamily("mindspore_train_planned_steps", "gauge",
+                             "Global step at which the current training call ends, when known.", "steps", "always")
+
+LOSS = MetricFamily("mindspore_train_loss", "gauge", "Loss of the last step.", "loss", "loss")
+LOSS_SMOOTHED = MetricFamily("mindspore_train_loss_smoothed", "gauge", "Mean of the last loss_window finite losses.",
+                             "loss", "loss")
+LOSS_RISING = MetricFamily("mindspore_train_loss_consecutive_increases", "gauge", "Steps in a row the loss went up.",
+                           "steps", "loss")
+NONFINITE_LOSS = MetricFamily("mindspore_train_nonfinite_loss_total", "counter", "Steps whose loss was NaN or Inf.",
+                              "steps", "loss")
+
+LEARNING_RATE = MetricFamily("mindspore_train_learning_rate", "gauge",
+                             "Learning rate the optimizer used for the last step.", "1", "lr", ("group",))
+LEARNING_RATE_SCHEDULED = MetricFamily("mindspore_train_learning_rate_scheduled", "gauge",
+                                       "1 when the learning rate is a schedule (it should change), 0 when fixed.",
+                                       "1", "lr", ("group",))
+
+STEP_DURATION = MetricFamily("mindspore_train_step_duration_seconds", "histogram",
+                             "Wall time per step, measured after the loss was read.", "seconds", "step_time",
+                             buckets=STEP_BUCKETS)
+DATA_WAIT = MetricFamily("mindspore_train_data_wait_seconds", "histogram",
+                         "Time from one step's end to the next step's begin (data loading, host work).", "seconds",
+                         "step_time", buckets=WAIT_BUCKETS)
+
+SAMPLES = MetricFamily("mindspore_train_samples_total", "counter", "Samples consumed.", "samples", "throughput")
+TOKENS = MetricFamily("mindspore_train_tokens_total", "counter", "Non-padding tokens consumed.", "tokens",
+                      "throughput")
+SAMPLES_PER_SECOND = MetricFamily("mindspore_train_samples_per_second", "gauge",
+                                  "Samples per second over a short recent window.", "samples/s", "samples_per_second")
+TOKENS_PER_SECOND = MetricFamily("mindspore_train_tokens_per_second", "gauge",
+                                 "Tokens per second over a short recent window.", "tokens/s", "tokens_per_second")
+
+EVAL_METRIC = MetricFamily("mindspore_train_eval_metric", "gauge", "Each metric of the latest evaluation.", "1",
+                           "eval", ("name",))
+
+MEMORY_BYTES = MetricFamily("mindspore_train_memory_bytes", "gauge", "Memory in use, by kind.", "bytes",
+                            "memory_usage", ("kind",))
+MEMORY_GROWTH_RATIO = MetricFamily("mindspore_train_memory_growth_ratio", "gauge",
+                                   "(current - baseline) / baseline, baseline taken after warm-up.", "ratio",
+                                   "memory_usage", ("kind",))
+MEMORY_GROWTH_RATE = MetricFamily("mindspore_train_memory_growth_bytes_per_second", "gauge",
+                                  "Memory growth rate over the recent samples.", "bytes/s", "memory_usage", ("kind",))
+MEMORY_RISING = MetricFamily("mindspore_train_memory_consecutive_increases", "gauge",
+                             "Samples in a row that grew by more than 1 MiB.", "samples", "memory_usage", ("kind",))
+
+BREACHES = MetricFamily("mindspore_train_threshold_breaches_total", "counter",
+                        "warn_on_value breach episodes, by metric.", "episodes", "always", ("metric",))
+
+GRAD_NORM = MetricFamily("mindspore_train_grad_norm", "gauge",
+                         "Global L2 norm of the gradients (before clipping) at the last sampled step.", "1",
+                         "grad_norm")
+GRAD_NORM_DISTRIBUTION = MetricFamily("mindspore_train_grad_norm_distribution", "histogram",
+                                      "Global gradient norm at sampled steps.", "1", "grad_norm",
+                                      buckets=NORM_BUCKETS)
+GRAD_NORM_CLIPPED = MetricFamily("mindspore_train_grad_norm_clipped_total", "counter",
+                                 "Sampled steps whose gradient norm exceeded the clip threshold.", "steps", "grad_norm")
+LAYER_GRAD_NORM = MetricFamily("mindspore_train_layer_grad_norm", "gauge",
+                               "L2 norm of a layer's gradients at the last sampled step.", "1", "grad_norm",
+                               ("layer",))
+LAYER_GRAD_ZERO = MetricFamily("mindspore_train_layer_grad_zero_total", "counter",
+                               "Sampled steps where a watched layer's gradient norm was exactly zero.", "steps",
+                               "grad_norm", ("layer",))
+LOSS_SCALE = MetricFamily("mindspore_train_loss_scale", "gauge", "Current loss scale.", "1", "always")
+OVERFLOW_STEPS = MetricFamily("mindspore_train_overflow_steps_total", "counter",
+                              "Steps the loss-scale cell reported as overflow.", "steps", "always")
+LAYERNORM_MEAN = MetricFamily("mindspore_train_layernorm_scale_mean", "gauge", "Mean of a LayerNorm scale (gamma).",
+                              "1", "layernorm", ("layer",))
+LAYERNORM_STD = MetricFamily("mindspore_train_layernorm_scale_std", "gauge",
+                             "Standard deviation of a LayerNorm scale.", "1", "layernorm", ("layer",))
+LAYERNORM_DRIFT = MetricFamily("mindspore_train_layernorm_scale_drift_ratio", "gauge",
+                               "Relative change of the LayerNorm scale mean over the last `window` steps.", "ratio",
+                               "layernorm", ("layer",))
+WEIGHT_NORM = MetricFamily("mindspore_train_weight_norm", "gauge", "L2 norm of a watched layer's weights.", "1",
+                           "weight_norm", ("layer",))
+
+ACTIONS_TAKEN = MetricFamily("mindspore_train_actions_total", "counter",
+                             "Actions the monitor took on the run it watches.", "actions", "actions", ("action",))
+LR_BACKOFF_FACTOR = MetricFamily("mindspore_train_lr_backoff_factor", "gauge",
+                                 "The scale lr_backoff put on the optimizer's learning rate (1: untouched).", "1",
+                                 "actions")
+LAST_SNAPSHOT_STEP = MetricFamily("mindspore_train_last_snapshot_step", "gauge",
+                                  "Step of the newest anomaly snapshot under save_dir/snapshots.", "steps", "actions")
+
+HOOK_DURATION = MetricFamily("mindspore_exporter_callback_duration_seconds", "histogram",
+                             "The monitor's own cost per hook call.", "seconds", "always", ("hook",),
+                             buckets=HOOK_BUCKETS)
+ERRORS = MetricFamily("mindspore_exporter_errors_total", "counter",
+                      "Failures the monitor absorbed instead of raising into training.", "errors", "always",
+                      ("component",))
+COMPONENT_DISABLED = MetricFamily("mindspore_exporter_component_disabled", "gauge",
+                                  f"1 for a component the monitor switched off after {FAILURES_BEFORE_DISABLE} "
+                                  "failures in a row.", "1", "always", ("component",))
+DROPPED_RECORDS = MetricFamily("mindspore_exporter_dropped_samples_total", "counter",
+                               "Records a sink dropped because it fell behind.", "records", "local", ("sink",))
+
+FAMILIES: tuple[MetricFamily, ...] = tuple(value for value in list(globals().values())
+                                           if isinstance(value, MetricFamily))
+BY_NAME = {family.name: family for family in FAMILIES}
+
+
+# -- what warn_on_value (and the grad_norm / layernorm thresholds) can watch -------------------------------------
+
+@dataclass(frozen=True)
+class Watchable:
+    """A key of the breach counter's `metric` label: the family it watches, which way a bare number bounds it,
+    and the `metrics` group that must be on for it to see values (None: a config section of its own)."""
+
+    family: MetricFamily
+    direction: Literal["max", "min"]
+    group: str | None
+    # Checked by the memory sampler thread rather than at step end.
+    slow: bool = False
+    # Throughput starts low while graphs compile: a lower bound waits for warm-up.
+    after_warmup: bool = False
+
+
+WATCHABLE: dict[str, Watchable] = {
+    "loss": Watchable(LOSS, "max", "loss"),
+    "loss_smoothed": Watchable(LOSS_SMOOTHED, "max", "loss"),
+    "tokens_per_second": Watchable(TOKENS_PER_SECOND, "min", "tokens_per_second", after_warmup=True),
+    "samples_per_second": Watchable(SAMPLES_PER_SECOND, "min", "samples_per_second", after_warmup=True),
+    "memory_growth_ratio": Watchable(MEMORY_GROWTH_RATIO, "max", "memory_usage", slow=True),
+    # Set by grad_norm.threshold and layernorm.drift_threshold, not by warn_on_value.
+    "grad_norm": Watchable(GRAD_NORM, "max", None),
+    "layernorm_scale_drift_ratio": Watchable(LAYERNORM_DRIFT, "max", None),
+}
+# The keys warn_on_value itself accepts.
+WARN_ON_VALUE_KEYS = tuple(key for key, watch in WATCHABLE.items() if watch.group is not None)
+
+# Per-step values that go into each JSON Lines step record (beside the sample's own loss, time and counts).
+JSONL_STEP_COLUMNS = (LOSS_SMOOTHED, LOSS_RISING, LEARNING_RATE, SAMPLES_PER_SECOND, TOKENS_PER_SECOND, GRAD_NORM)
+
+# -- recording rules (deploy/prometheus/rules) ---------------------------------------------------------------------
+
+RANK_STEP_MEAN = "rank:mindspore_train_step_duration_seconds:mean"
+RANK_WAIT_MEAN = "rank:mindspore_train_data_wait_seconds:mean"
+RANK_CYCLE_MEAN = "rank:mindspore_train_step_cycle_seconds:mean"
+PROJECT_LOSS_MEAN = "project:mindspore_train_loss:mean"
+PROJECT_LOSS_MIN = "project:mindspore_train_loss:min"
+PROJECT_LOSS_MAX = "project:mindspore_train_loss:max"
+PROJECT_TOKENS_PER_SECOND = "project:mindspore_train_tokens_per_second:sum"
+PROJECT_SAMPLES_PER_SECOND = "project:mindspore_train_samples_per_second:sum"
+PROJECT_STEP_MAX = "project:mindspore_train_step_duration_seconds:max"
+PROJECT_STEP_MEDIAN = "project:mindspore_train_step_duration_seconds:median"
+PROJECT_RANKS_REPORTING = "project:mindspore_train_ranks_reporting:count"
+PROJECT_WAIT_MEDIAN = "project:mindspore_train_data_wait_seconds:median"
+PROJECT_CYCLE_MEDIAN = "project:mindspore_train_step_cycle_seconds:median"

@@ -1,0 +1,92 @@
+"""The metric catalogue is the one place a name is written, and docs/metrics.md is held to it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from ms_exporter import catalogue
+from ms_exporter.catalogue import FAMILIES, MetricFamily
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "ms_exporter"
+NAME = re.compile(r"mindspore_(?:train|exporter)_[a-z_]+")
+# docs/metrics.md rows: | `name` | type | labels | ...
+ROW = re.compile(r"^\| `(mindspore_(?:train|exporter)_[a-z_]+)` \|([^|]*)\|([^|]*)\|")
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """String constants in code, docstrings left out (they document what a class emits)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_no_module_but_the_catalogue_writes_a_metric_name() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "catalogue.py":
+            continue
+        for line, text in _code_strings(path):
+            found += [f"{path.relative_to(ROOT)}:{line}: {name}" for name in NAME.findall(text)]
+    assert found == [], "metric names belong in ms_exporter/catalogue.py:\n" + "\n".join(found)
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+    for family in FAMILIES:
+        assert family.name.startswith((catalogue.TRAIN_PREFIX, catalogue.EXPORTER_PREFIX)), family.name
+        assert family.name.endswith("_total") == (family.type == "counter"), family.name
+        assert (family.unit == "seconds") <= ("seconds" in family.name), family.name
+        assert (family.type == "histogram") == bool(family.buckets), family.name
+        assert list(family.buckets) == sorted(family.buckets), family.name
+        assert family.help.strip() and not set(family.labels) & set(catalogue.CONSTANT_LABELS), family.name
+
+
+def _documented() -> dict[str, tuple[str, str]]:
+    rows = {}
+    for line in (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8").splitlines():
+        match = ROW.match(line)
+        if match:
+            rows[match.group(1)] = (match.group(2).strip(), match.group(3).strip())
+    return rows
+
+
+def _histogram_series(family: MetricFamily) -> set[str]:
+    return {family.bucket, family.sum, family.count} if family.type == "histogram" else set()
+
+
+def test_every_family_has_a_row_in_the_metrics_doc_with_its_type_and_labels() -> None:
+    documented = _documented()
+    missing = [f.name for f in FAMILIES if f.name not in documented]
+    assert missing == [], f"families without a row in docs/metrics.md: {missing}"
+    for family in FAMILIES:
+        type_text, labels_text = documented[family.name]
+        assert type_text.split()[0] == family.type, (family.name, type_text)
+        labels = set(re.findall(r"`([a-z_]+)`", labels_text)) & set(family.labels + ("le",))
+        assert labels == set(family.labels), (family.name, labels_text)
+
+
+def test_every_row_of_the_metrics_doc_names_a_family() -> None:
+    known = {f.name for f in FAMILIES}.union(*(_histogram_series(f) for f in FAMILIES))
+    unknown = sorted(set(_documented()) - known)
+    assert unknown == [], f"docs/metrics.md documents series the catalogue does not have: {unknown}"
+
+
+def test_closed_label_values_are_documented() -> None:
+    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    for value in (*catalogue.MEMORY_KINDS, *catalogue.HOOKS, *catalogue.ACTIONS, *catalogue.SINK_COMPONENTS):
+        assert f"`{value}`" in text, value
+
+
+def test_watchable_keys_name_their_families() -> None:
+    for key, watch in catalogue.WATCHABLE.items():
+        assert watch.family in FAMILIES
+        assert watch.family.short.startswith(key) or key == "memory_growth_ratio", key
