@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from ms_exporter import catalogue as c
+from ms_exporter.thresholds import DEFAULTS, Thresholds
 
 DASHBOARD_FILE = "deploy/grafana/dashboards/mindspore-training.json"
 UID = "ms-exporter-training"
@@ -55,10 +56,19 @@ def _targets(queries: list[tuple[str, str]]) -> list[dict[str, Any]]:
             for i, (expr, legend) in enumerate(queries)]
 
 
-def timeseries(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> dict[str, Any]:
+def timeseries(title: str, unit: str, queries: list[tuple[str, str]], description: str = "",
+               above: float | None = None, below: float | None = None) -> dict[str, Any]:
+    """A time series panel; `above`/`below` draw the alert threshold a value should stay under/over as a dashed
+    line (Grafana's thresholds, the numbers from ms_exporter/thresholds.py)."""
+    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 0}}
+    if above is not None or below is not None:
+        limit = above if above is not None else below
+        ok, bad = {"color": "green", "value": None}, {"color": "red", "value": None}
+        steps = [ok, {**bad, "value": limit}] if above is not None else [bad, {**ok, "value": limit}]
+        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+        defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
     return {"type": "timeseries", "title": title, "description": description, "datasource": DATASOURCE,
-            "fieldConfig": {"defaults": {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 0}},
-                            "overrides": []},
+            "fieldConfig": {"defaults": defaults, "overrides": []},
             "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
             "targets": _targets(queries)}
 
@@ -71,7 +81,9 @@ def stat(title: str, unit: str, expr: str, description: str = "") -> dict[str, A
             "targets": _targets([(expr, "")])}
 
 
-def render_dashboard() -> dict[str, Any]:
+def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
+    """The dashboard as data; the dashed lines follow `thresholds` (Thresholds.from_config for a user's config)."""
+    t = thresholds
     s = SELECTOR
     rate = "$__rate_interval"
     step_mean = c.RANK_STEP_MEAN
@@ -93,9 +105,10 @@ def render_dashboard() -> dict[str, Any]:
                     'count(ALERTS{alertstate="firing", project=~"$project"}) or vector(0)'), 4, 4)
 
     layout.row("Loss")
-    layout.add(timeseries("Loss per rank", "none", [(f"{c.LOSS.name}{{{s}}}", "rank {{rank}}")]), 8, 8)
-    layout.add(timeseries("Smoothed loss", "none", [(f"{c.LOSS_SMOOTHED.name}{{{s}}}", "rank {{rank}}")]),
-               8, 8)
+    layout.add(timeseries("Loss per rank", "none", [(f"{c.LOSS.name}{{{s}}}", "rank {{rank}}")],
+                          above=t.loss_high), 8, 8)
+    layout.add(timeseries("Smoothed loss", "none", [(f"{c.LOSS_SMOOTHED.name}{{{s}}}", "rank {{rank}}")],
+                          above=t.loss_high), 8, 8)
     layout.add(timeseries("Non-finite losses", "none",
                           [(f"increase({c.NONFINITE_LOSS.name}{{{s}}}[{rate}])", "rank {{rank}}")]), 8, 8)
 
@@ -112,7 +125,8 @@ def render_dashboard() -> dict[str, Any]:
 
     layout.row("Throughput")
     layout.add(timeseries("Tokens per second", "suffix: tokens/s",
-                          [(f"{c.TOKENS_PER_SECOND.name}{{{s}}}", "rank {{rank}}")]), 6, 8)
+                          [(f"{c.TOKENS_PER_SECOND.name}{{{s}}}", "rank {{rank}}")], below=t.tokens_per_second_low),
+               6, 8)
     layout.add(timeseries("Samples per second", "suffix: samples/s",
                           [(f"{c.SAMPLES_PER_SECOND.name}{{{s}}}", "rank {{rank}}")]), 6, 8)
     step_buckets = f"sum by (le, rank) (rate({c.STEP_DURATION.bucket}{{{s}}}[{rate}]))"
@@ -124,21 +138,23 @@ def render_dashboard() -> dict[str, Any]:
                           "Time between steps: a stalled data loader shows here first."), 6, 8)
 
     layout.row("Gradients")
-    layout.add(timeseries("Global gradient norm", "none", [(f"{c.GRAD_NORM.name}{{{s}}}", "rank {{rank}}")]),
-               6, 8)
+    layout.add(timeseries("Global gradient norm", "none", [(f"{c.GRAD_NORM.name}{{{s}}}", "rank {{rank}}")],
+                          above=t.grad_norm_high), 6, 8)
     layout.add(timeseries("Top layer gradient norms", "none",
                           [(f"topk(5, {c.LAYER_GRAD_NORM.name}{{{s}}})", "{{layer}} rank {{rank}}")]), 6, 8)
     layout.add(timeseries("Loss scale and overflows", "none", [
         (f"{c.LOSS_SCALE.name}{{{s}}}", "scale rank {{rank}}"),
         (f"increase({c.OVERFLOW_STEPS.name}{{{s}}}[{rate}])", "overflows rank {{rank}}")]), 6, 8)
     layout.add(timeseries("LayerNorm scale drift", "percentunit",
-                          [(f"{c.LAYERNORM_DRIFT.name}{{{s}}}", "{{layer}} rank {{rank}}")]), 6, 8)
+                          [(f"{c.LAYERNORM_DRIFT.name}{{{s}}}", "{{layer}} rank {{rank}}")],
+                          above=t.layernorm_drift), 6, 8)
 
     layout.row("Memory")
     layout.add(timeseries("Memory by kind", "bytes",
                           [(f"{c.MEMORY_BYTES.name}{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
     layout.add(timeseries("Growth over baseline", "percentunit",
-                          [(f"{c.MEMORY_GROWTH_RATIO.name}{{{s}}}", "{{kind}} rank {{rank}}")]), 8, 8)
+                          [(f"{c.MEMORY_GROWTH_RATIO.name}{{{s}}}", "{{kind}} rank {{rank}}")],
+                          above=t.memory_growth_ratio), 8, 8)
     layout.add(timeseries("Growth rate", "Bps",
                           [(f"{c.MEMORY_GROWTH_RATE.name}{{{s}}}", "{{kind}} rank {{rank}}")]),
                8, 8)

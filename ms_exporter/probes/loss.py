@@ -7,7 +7,7 @@ from collections import deque
 
 from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
 
 
@@ -25,9 +25,13 @@ class LossProbe(Probe):
     name = "loss"
 
     def __init__(self, store: MetricStore, window: int) -> None:
-        self._loss = store.register(catalogue.LOSS).series()
-        self._smoothed = store.register(catalogue.LOSS_SMOOTHED).series()
-        self._rising = store.register(catalogue.LOSS_RISING).series()
+        # The gauges appear with the first loss read (the first finite one for the smoothed loss and the streak):
+        # before that a 0 would be a loss nobody measured. The count of non-finite steps is 0 from the start.
+        self._families = (store.register(catalogue.LOSS), store.register(catalogue.LOSS_SMOOTHED),
+                          store.register(catalogue.LOSS_RISING))
+        self._loss: Series | None = None
+        self._smoothed: Series | None = None
+        self._rising: Series | None = None
         self._nonfinite = store.register(catalogue.NONFINITE_LOSS).series()
         self._window: deque[float] = deque(maxlen=window)
         self._previous: float | None = None
@@ -36,15 +40,21 @@ class LossProbe(Probe):
         loss = sample.loss
         if loss is None:
             return
+        if self._loss is None:
+            self._loss = self._families[0].series()
         self._loss.value = loss
         if not math.isfinite(loss):
             # A NaN is not "higher" than anything: count it, keep the rising streak and the window as they were.
             self._nonfinite.value += sample.steps
             return
+        smoothed, rising = self._smoothed, self._rising
+        if smoothed is None or rising is None:
+            smoothed = self._smoothed = self._families[1].series()
+            rising = self._rising = self._families[2].series()
         self._window.append(loss)
-        self._smoothed.value = sum(self._window) / len(self._window)
+        smoothed.value = sum(self._window) / len(self._window)
         if self._previous is not None and loss > self._previous:
-            self._rising.value += 1
+            rising.value += 1
         else:
-            self._rising.value = 0
+            rising.value = 0
         self._previous = loss

@@ -7,7 +7,7 @@ from typing import Any
 
 from ms_exporter import catalogue
 from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
 
 
@@ -26,13 +26,21 @@ class ProgressProbe(Probe):
     name = "progress"
 
     def __init__(self, store: MetricStore) -> None:
-        self._step = store.register(catalogue.GLOBAL_STEP).series()
-        self._epoch = store.register(catalogue.EPOCH).series()
+        # The step, the epoch and the heartbeat appear at train begin, when they are known: a monitor constructed
+        # long before training (imports, data loading) must not show step 0 or a heartbeat from 1970.
+        step, epoch = store.register(catalogue.GLOBAL_STEP), store.register(catalogue.EPOCH)
         self._steps = store.register(catalogue.STEPS).series()
-        self._last = store.register(catalogue.LAST_STEP_TIMESTAMP).series()
+        self._families = (step, epoch, store.register(catalogue.LAST_STEP_TIMESTAMP))
+        self._step: Series | None = None
+        self._epoch: Series | None = None
+        self._last: Series | None = None
         self._planned = store.register(catalogue.PLANNED_STEPS)
 
     def on_train_begin(self, cb_params: Any) -> None:
+        step_family, epoch_family, last_family = self._families
+        self._step, self._epoch, self._last = step_family.series(), epoch_family.series(), last_family.series()
+        self._step.value = int(cb_params.get("cur_step_num", 0) or 0)
+        self._epoch.value = int(cb_params.get("cur_epoch_num", 0) or 0)
         # A hang in the very first step (graph compilation, the first batch) must look like a stall too.
         self._last.value = time.time()
         # MindSpore sets epoch_num to the epochs of this call and batch_num to the steps per epoch (the sink size
@@ -43,6 +51,8 @@ class ProgressProbe(Probe):
             self._planned.series().value = int(cb_params.get("cur_step_num", 0) or 0) + epochs * per_epoch
 
     def on_step(self, sample: StepSample) -> None:
+        if self._step is None or self._epoch is None or self._last is None:
+            self._step, self._epoch, self._last = (family.series() for family in self._families)
         self._step.value = sample.step
         self._epoch.value = sample.epoch
         self._steps.value += sample.steps

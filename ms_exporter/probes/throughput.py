@@ -32,8 +32,9 @@ class ThroughputProbe(Probe):
         self._want_samples = samples
         self._want_tokens = tokens
         self._samples_total = store.register(catalogue.SAMPLES).series()
-        self._samples_rate = (store.register(catalogue.SAMPLES_PER_SECOND).series()
-                              if samples else None)
+        # Rates appear with the first one measured; before it a 0 would read as a stopped job.
+        self._samples_rate_family = store.register(catalogue.SAMPLES_PER_SECOND) if samples else None
+        self._samples_rate: Series | None = None
         # Token series appear only once a batch with a token column was seen: image data has none.
         self._tokens_total: Series | None = None
         self._tokens_rate: Series | None = None
@@ -63,6 +64,8 @@ class ThroughputProbe(Probe):
         elapsed = now - start
         if elapsed <= 0:
             return
+        if self._samples_rate is None and self._samples_rate_family is not None:
+            self._samples_rate = self._samples_rate_family.series()
         if self._samples_rate is not None:
             self._samples_rate.value = (self._samples - samples0) / elapsed
         if self._tokens_total is not None:

@@ -105,21 +105,19 @@ def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, d
     return Model(network, optimizer=optimizer)
 
 
-def _stopper(steps: int | None, seconds: float) -> Any:
+def _stopper(seconds: float) -> Any:
     from mindspore.train import Callback
 
-    class StopWhenDone(Callback):
+    class StopAfter(Callback):
         def __init__(self) -> None:
             super().__init__()
             self.started = time.monotonic()
 
         def on_train_step_end(self, run_context: Any) -> None:
-            cb_params = run_context.original_args()
-            done = cb_params.cur_step_num >= steps if steps else time.monotonic() - self.started >= seconds
-            if done:
+            if time.monotonic() - self.started >= seconds:
                 run_context.request_stop()
 
-    return StopWhenDone()
+    return StopAfter()
 
 
 def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
@@ -145,8 +143,11 @@ def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
     return Progress()
 
 
-def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None = None, config: str | None = None,
+def run_demo(steps: int, seconds: float | None = None, port: int | None = None, config: str | None = None,
              mode: str = "graph", save_dir: str | None = None) -> int:
+    """Train the demo model for `steps` steps: one epoch of exactly that many batches, so the monitor's planned
+    steps (and the dashboard's ETA) and the LR schedule, which decays over the same steps, follow the real run.
+    `seconds` stops it early."""
     import mindspore as ms
 
     from ms_exporter.monitor.callback import TrainingMonitor
@@ -159,20 +160,31 @@ def run_demo(steps: int | None = None, seconds: float = 120.0, port: int | None 
     if save_dir is not None:
         overrides["save_dir"] = save_dir
     monitor = TrainingMonitor(config if config is not None else DEMO_CONFIG, **overrides)
-    print(f"metrics: {monitor.url}", flush=True)
+    url = monitor.url
+    if url:
+        print(f"metrics: {url}\nlive page: {url.removesuffix('metrics')}", flush=True)
     if monitor.jsonl_path:
         print(f"JSON Lines: {monitor.jsonl_path}", flush=True)
-    limit = f"{steps} steps" if steps else f"about {seconds:.0f} s"
+    limit = f"{steps} steps" + (f" (at most {seconds:.0f} s)" if seconds else "")
     print(f"training a {mode.upper()}-mode Transformer classifier for {limit} ...", flush=True)
-    # Decay over the whole run (about 75 steps a second on 2 cores in GRAPH mode) so the LR keeps moving.
-    model = build_model(decay_steps=steps or max(int(seconds * 75), 100))
-    dataset = synthetic_dataset()
-    model.train(100_000, dataset, callbacks=[monitor, _stopper(steps, seconds), _progress(monitor)],
-                dataset_sink_mode=False)
+    model = build_model(decay_steps=steps)
+    callbacks = [monitor, _progress(monitor)] + ([_stopper(seconds)] if seconds else [])
+    model.train(1, synthetic_dataset(size=steps * BATCH), callbacks=callbacks, dataset_sink_mode=False)
     done = monitor.store.value_of(c.STEPS)
     total = int(done) if done == done else 0  # NaN: the monitor is off
-    print(f"done: {total} steps; final metrics were served at {monitor.url}", flush=True)
-    if monitor.jsonl_path:
-        print(f"JSON Lines left at {monitor.jsonl_path}", flush=True)
+    print(f"done: {total} steps", flush=True)
     monitor.close()
+    _next_steps(url, monitor.jsonl_path)
     return 0
+
+
+def _next_steps(url: str | None, jsonl_path: str | None) -> None:
+    """What to try next with what the run left behind."""
+    lines = ["next:"]
+    if jsonl_path:
+        lines.append(f"  ms-exporter report {jsonl_path} -o report.html   # the run as one HTML page")
+    if url:
+        endpoint = url.removeprefix("http://").removeprefix("https://").removesuffix("/metrics")
+        lines.append(f"  ms-exporter top {endpoint}   # a live table of the ranks (run it beside the next demo)")
+    lines.append("  Prometheus, Alertmanager and the dashboard: README.md, 'Alerts and dashboards'")
+    print("\n".join(lines), flush=True)

@@ -13,6 +13,7 @@ import yaml
 
 from ms_exporter.generate.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
 from ms_exporter.generate.rules import RULES_FILE, render_rules, render_yaml
+from ms_exporter.thresholds import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_ALERTS = {
@@ -91,6 +92,14 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     assert alerts["MindSporeTrainingGradNormExploding"]["expr"] == 'mindspore_train_grad_norm{instance!=""} > 40'
     assert alerts["MindSporeTrainingLayerNormDrift"]["expr"] == (
         'abs(mindspore_train_layernorm_scale_drift_ratio{instance!=""}) > 0.1')
+    dashboard = run(sys.executable, "-m", "ms_exporter", "dashboard", "--config", str(config))
+    assert dashboard.returncode == 0, dashboard.stderr
+    lines = {panel["title"]: [step["value"] for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+             for panel in json.loads(dashboard.stdout)["panels"]
+             if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})}
+    assert lines == {"Loss per rank": [None, 20], "Smoothed loss": [None, 20], "Tokens per second": [None, 500],
+                     "Global gradient norm": [None, 4], "LayerNorm scale drift": [None, 0.1],
+                     "Growth over baseline": [None, DEFAULTS.memory_growth_ratio]}
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
     fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
     assert fast["MindSporeTrainingLossHigh"]["for"] == "3s"

@@ -41,6 +41,12 @@ def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
     first, last = [r["loss"] for r in steps[:20]], [r["loss"] for r in steps[-20:]]
     assert sum(last) < 0.9 * sum(first)  # the demo model really learns
     assert steps[0]["tokens"] < 16 * 32  # padding excluded
+    # The run is planned: the ETA's planned steps are the run's, and the LR schedule decays over exactly it.
+    snapshot = [r for r in records if r["type"] == "snapshot"][-1]["metrics"]
+    assert snapshot["planned_steps"] == 200
+    assert steps[-1]["learning_rate"] < 1.1e-4 < 9e-4 < steps[0]["learning_rate"]
+    assert "live page: http://127.0.0.1:" in run.stdout
+    assert f"ms-exporter report {tmp_path / 'metrics-rank0.jsonl'}" in run.stdout
 
 
 def wait_for_step(url_holder: list[str], proc: subprocess.Popen, minimum: int, deadline: float) -> float:
@@ -48,9 +54,10 @@ def wait_for_step(url_holder: list[str], proc: subprocess.Popen, minimum: int, d
         assert proc.poll() is None, "training ended before the signal"
         if url_holder:
             try:
-                step = scrape(url_holder[0], timeout=2).value("mindspore_train_global_step")
-                if step >= minimum:
-                    return step
+                # No step series before train begin: a rank that has not started shows no step at all.
+                found = scrape(url_holder[0], timeout=2).find("mindspore_train_global_step")
+                if found and found[0] >= minimum:
+                    return found[0]
             except OSError:
                 pass
         time.sleep(0.2)

@@ -141,10 +141,13 @@ def test_live_view_in_tmux_marks_the_slowest_rank_adapts_to_resize_and_quits_on_
         screen = wait_until(screen_with_both_ranks, 30, "both ranks on the live screen")
         lines = screen.splitlines()
         assert lines[0].startswith("ms-exporter top - 2 up, 0 down - ") and "q quits" in lines[0]
-        # 120 columns: everything but the TARGET column (the URLs are long) fits.
-        assert lines[1].split()[:3] == ["RANK", "STEP", "LOSS"] and lines[1].split()[-2:] == ["PROJECT", "ALERTS"]
+        # 120 columns: the TARGET column (the URLs are long) goes first, the alerts stay.
+        assert lines[1].split()[:3] == ["RANK", "STEP", "LOSS"] and lines[1].split()[-1] == "ALERTS"
+        assert "TARGET" not in lines[1]
         rows = table_rows(screen)
         assert rows["1"][0] == ">" and rows["0"][0] == " "
+        # Rank 1's data wait is far above rank 0's: the straggler alert's rule names it, and only it.
+        assert rows["1"][-1] == "straggler" and "straggler" not in rows["0"]
         assert rows["0"][2] == str(STEPS[0]) and rows["1"][2] == str(STEPS[1])
         assert any(line.startswith("> slowest: rank 1 of top-test") for line in lines)
         assert all(len(line) <= 120 for line in lines)

@@ -1,0 +1,42 @@
+"""Default thresholds live once: the config's defaults, the rules and the dashboard read the same numbers."""
+
+from __future__ import annotations
+
+from ms_exporter import load_config
+from ms_exporter.generate.dashboard import render_dashboard
+from ms_exporter.generate.rules import render_rules
+from ms_exporter.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_straggler
+
+
+def _alerts(thresholds: Thresholds) -> dict[str, str]:
+    return {rule["alert"]: rule["expr"] for group in render_rules(thresholds)["groups"] for rule in group["rules"]
+            if "alert" in rule}
+
+
+def test_the_config_defaults_are_the_alert_defaults() -> None:
+    config = load_config({})
+    assert config.grad_norm.threshold == DEFAULTS.grad_norm_high
+    assert config.layernorm.drift_threshold == DEFAULTS.layernorm_drift
+    assert Thresholds.from_config(config) == DEFAULTS
+    assert DEFAULTS.grad_norm_exploding == DEFAULTS.grad_norm_high * EXPLODING_FACTOR
+
+
+def test_a_changed_default_moves_rules_and_dashboard_together() -> None:
+    moved = Thresholds(loss_high=7.5, grad_norm_high=2.5)
+    assert _alerts(moved)["MindSporeTrainingLossHigh"].endswith("> 7.5")
+    assert _alerts(moved)["MindSporeTrainingGradNormHigh"].endswith("> 2.5")
+    drawn = {panel["title"]: panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]
+             for panel in render_dashboard(moved)["panels"]
+             if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})}
+    assert drawn["Loss per rank"] == 7.5 and drawn["Global gradient norm"] == 2.5
+
+
+def test_is_straggler_is_the_alert_s_rule() -> None:
+    # Synchronous ranks: equal cycles, the late one has the long data wait.
+    assert is_straggler(wait=0.18, cycle=0.26, median_wait=0.001, median_cycle=0.26)
+    assert not is_straggler(wait=0.001, cycle=0.26, median_wait=0.001, median_cycle=0.26)
+    # A long wait that is a small part of a long step is not enough.
+    assert not is_straggler(wait=0.02, cycle=0.12, median_wait=0.001, median_cycle=0.12)
+    # Ranks at their own pace: a cycle over 1.5 times the median.
+    assert is_straggler(wait=0.0, cycle=0.31, median_wait=0.0, median_cycle=0.2)
+    assert not is_straggler(wait=0.0, cycle=0.29, median_wait=0.0, median_cycle=0.2)
