@@ -115,7 +115,9 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
         _alert("MindSporeTrainingLossNonFinite",
                f"increase({c.NONFINITE_LOSS.name}[{w.events_window}]) > 0", w.short_for, "critical",
                "Training loss became NaN or Inf",
-               f"{_WHO} had {{{{ $value | humanize }}}} steps with a NaN/Inf loss in the last {w.events_window}.", b),
+               # increase() extrapolates to the window's edges: a count of steps is shown whole, never "619.8".
+               f"{_WHO} had {{{{ printf \"%.0f\" $value }}}} steps with a NaN/Inf loss in the last "
+               f"{w.events_window}.", b),
         _alert("MindSporeTrainingLossHigh", f"{c.LOSS.name} > {_number(t.loss_high)}", w.long_for, "warning",
                "Training loss is above its threshold",
                f"Loss of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.loss_high)}.", b),

@@ -38,6 +38,7 @@ class Run:
     steps: dict[str, list[Any]] = field(default_factory=lambda: {"step": [], **{k: [] for k in PLOTTED}})
     memory: list[tuple[int, float]] = field(default_factory=list)  # (step, bytes) from snapshots
     memory_kind: str | None = None  # which kind `memory` holds (catalogue.MEMORY_IN_USE_ORDER)
+    last_loss: float | str | None = None  # the last step's loss as written: a number, or "NaN"/"Inf"/"-Inf"
     last_snapshot: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
@@ -94,6 +95,7 @@ def load_run(files: list[Path]) -> Run:
                     run.steps["step"].append(last_step)
                     for key in PLOTTED:
                         run.steps[key].append(_number(record.get(key)))
+                    run.last_loss = record.get("loss")
                 elif kind == "snapshot":
                     metrics = record.get("metrics", {})
                     run.last_snapshot = metrics
@@ -127,7 +129,11 @@ def summary(run: Run) -> dict[str, Any]:
 
     return {
         "label": run.label, "steps": run.steps["step"][-1], "records": len(run.steps["step"]),
-        "final_loss": next((v for v in reversed(run.steps["loss"]) if v is not None), None),
+        # The last step's loss as it was, NaN included: a run that ended NaN did not end at its last finite loss.
+        "final_loss": run.last_loss if isinstance(run.last_loss, (int, float, str)) else None,
+        "last_finite_loss": next((v for v in reversed(run.steps["loss"]) if v is not None), None),
+        "last_finite_step": next((s for s, v in zip(reversed(run.steps["step"]), reversed(run.steps["loss"]),
+                                                    strict=True) if v is not None), None),
         "min_loss": min(losses) if losses else None,
         "nonfinite_losses": sum(1 for v in run.steps["loss"] if v is None),
         "throughput_unit": throughput_key.replace("_per_second", "/s"),

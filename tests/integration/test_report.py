@@ -97,3 +97,19 @@ def test_rotated_pieces_are_one_run_and_bad_input_is_named(tmp_path: Path, runs:
     done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(tmp_path / "missing.jsonl")],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 1 and "no such file" in done.stderr
+
+
+def test_a_run_that_ended_nan_shows_nan_as_its_final_loss(tmp_path: Path) -> None:
+    path = tmp_path / "metrics-rank0.jsonl"
+    lines = [{"type": "step", "rank": 0, "project": "nan-run", "step": step, "loss": loss}
+             for step, loss in ((1, 0.9), (2, 0.7), (3, 0.52), (4, "NaN"), (5, "NaN"))]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    facts = summary(load_run([path]))
+    assert facts["final_loss"] == "NaN" and facts["nonfinite_losses"] == 2
+    assert (facts["last_finite_loss"], facts["last_finite_step"]) == (0.52, 3)
+    output = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(path), "-o", str(output)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    (row,) = re.findall(r"<tr><td>.*?</tr>", dom(output.as_uri()))
+    assert '<span class="bad">NaN</span> (last finite: 0.52 at step 3)' in row
