@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter import catalogue
 from ms_exporter._version import __version__
-from ms_exporter.thresholds import is_straggler
+from ms_exporter.thresholds import DEFAULTS, is_straggler
 
 PASSWORD_ENV = "MS_EXPORTER_TOP_PASSWORD"
 STALE_SECONDS = 60.0
@@ -52,7 +52,8 @@ _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _HOST_PORT_PATH = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/")
 # Preferred first: the device memory in use when the device reports it, else the process's resident set.
 # The memory column's kind (catalogue.MEMORY_IN_USE_ORDER: in use on the device, else the host's) and its short name.
-_MEMORY_SHORT = {catalogue.DEVICE_ALLOCATED: "dev", catalogue.DEVICE_RESERVED: "dev-res", catalogue.HOST_RSS: "rss"}
+_MEMORY_SHORT = {catalogue.DEVICE_ALLOCATED: "dev", catalogue.DEVICE_RESERVED: "dev-res", catalogue.HOST_RSS: "rss",
+                 catalogue.DEVICE_PEAK: "dev-peak"}
 
 
 # -- targets ---------------------------------------------------------------------------------------------------
@@ -284,6 +285,7 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
         if kind in memory:
             memory_bytes, memory_kind = memory[kind], _MEMORY_SHORT[kind]
             break
+    alerts.extend(_memory_growth(samples))
 
     row = Row(target=target, rank=rank, project=project,
               step=samples.value(catalogue.GLOBAL_STEP.name),
@@ -295,6 +297,15 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
               memory_bytes=memory_bytes, memory_kind=memory_kind,
               age_seconds=age, alerts=tuple(alerts))
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held)
+
+
+def _memory_growth(samples: RankSamples) -> list[str]:
+    """MindSporeTrainingMemoryGrowth's condition, per memory kind, with its default thresholds: grown more than
+    `memory_growth_ratio` over the post-warm-up baseline and still growing (`memory_increases` samples in a row)."""
+    ratios = samples.by_label(catalogue.MEMORY_GROWTH_RATIO.name, "kind")
+    rising = samples.by_label(catalogue.MEMORY_RISING.name, "kind")
+    return [f"memory +{ratio:.0%} {_MEMORY_SHORT.get(kind, kind)}" for kind, ratio in sorted(ratios.items())
+            if ratio > DEFAULTS.memory_growth_ratio and rising.get(kind, 0) >= DEFAULTS.memory_increases]
 
 
 def _step_means(duration: tuple[float, float] | None, wait_sum: float | None,

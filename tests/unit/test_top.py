@@ -317,3 +317,14 @@ def test_cli_errors_say_what_is_allowed(capsys: pytest.CaptureFixture[str], monk
     with pytest.raises(SystemExit):
         cli.main(["top", "--once", "h:1"])  # a password from the environment still needs a user
     assert "needs --user" in capsys.readouterr().err
+
+
+def test_memory_growth_is_flagged_as_the_alert_would() -> None:
+    def grown(ratio: float, rising: int) -> tuple[str, ...]:
+        page = (STEP8 + f'mindspore_train_memory_growth_ratio{{kind="host_rss",project="capture",rank="1"}} {ratio}\n'
+                f'mindspore_train_memory_consecutive_increases{{kind="host_rss",project="capture",rank="1"}} {rising}\n')
+        return first_row(page)[0].alerts
+
+    assert "memory +45% rss" in grown(0.45, 3)  # above the default 30% and still growing
+    assert not any(alert.startswith("memory") for alert in grown(0.45, 1))  # grew once, stopped: no leak
+    assert not any(alert.startswith("memory") for alert in grown(0.1, 5))  # growing, but within 30%
