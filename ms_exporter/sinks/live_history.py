@@ -20,11 +20,14 @@ from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.sinks.base import Sink
 
 HISTORY_STEPS = 4096
-# Columns after step, time, loss and step_time: the store series read each step (the unlabelled one, else the
-# first); memory is the first kind of MEMORY_IN_USE_ORDER present, and `memory_kind` in the payload names it.
+# Columns after step, time, loss, step_time and data_wait (the sample's own): the store series read each step
+# (the unlabelled one, else the first); memory is the first kind of MEMORY_IN_USE_ORDER present, and
+# `memory_kind` in the payload names it.
 SERIES_COLUMNS = (catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE, catalogue.TOKENS_PER_SECOND,
                   catalogue.SAMPLES_PER_SECOND, catalogue.GRAD_NORM, catalogue.MEMORY_BYTES)
-COLUMNS = ("step", "time", "loss", "step_time", *(family.short for family in SERIES_COLUMNS), "breaches")
+COLUMNS = ("step", "time", "loss", "step_time", "data_wait", *(family.short for family in SERIES_COLUMNS),
+           "breaches")
+_SMOOTHED = 5  # index of loss_smoothed in a row
 
 
 class StepHistory(Sink):
@@ -44,16 +47,28 @@ class StepHistory(Sink):
         self._breaches: tuple[Series, ...] = ()
         self._version = -1
         self.memory_kind: str | None = None
+        # (step, metric) where a breach episode began: the page marks it on that metric's chart only.
+        self.breach_events: deque[tuple[int, str]] = deque(maxlen=size)
+        self._breach_counts: dict[str, float] = {}
 
     def on_step(self, sample: StepSample) -> None:
         """Hot path: one tuple into the ring."""
         if self._version != self._store.version:
             self._bind()
         breaches = 0.0
+        counts = self._breach_counts
         for counter in self._breaches:
-            breaches += counter.value
-        self.rows.append((sample.step, sample.wall_time, _number(sample.loss), sample.duration / max(sample.steps, 1),
-                          *[s.value if s is not None else math.nan for s in self._series], breaches))
+            value = counter.value
+            breaches += value
+            if value > counts.get(counter.labels[0][1], 0.0):  # a new episode of this metric (label `metric`)
+                self.breach_events.append((sample.step, counter.labels[0][1]))
+            counts[counter.labels[0][1]] = value
+        loss = _number(sample.loss)
+        row = [sample.step, sample.wall_time, loss, sample.duration / max(sample.steps, 1),
+               _number(sample.data_wait), *[s.value if s is not None else math.nan for s in self._series], breaches]
+        if not math.isfinite(loss):
+            row[_SMOOTHED] = math.nan  # the smoothed loss of a NaN step is no loss: a gap, not a flat line
+        self.rows.append(tuple(row))
 
     def _bind(self) -> None:
         self._version = self._store.version
@@ -77,6 +92,8 @@ class StepHistory(Sink):
             "columns": list(COLUMNS),
             "rows": [[_json(v) for v in row] for row in newer],
             "nonfinite_loss_steps": [int(row[0]) for row in newer if not math.isfinite(row[2])],
+            "breach_events": [[event_step, metric] for event_step, metric in list(self.breach_events)
+                              if event_step > step],
             "last_step": int(rows[-1][0]) if rows else None,
             "capacity": self.capacity,
             "memory_kind": self.memory_kind,

@@ -1,6 +1,9 @@
 // ms_exporter's small canvas line chart: no dependencies, used by the live page and the run report.
 // drawChart(canvas, {series: [{name, color, xs, ys}], markers: [{x, color, title}], bound: {max|min: value},
-//                    xLabel, unit, logY}) draws every series on shared axes and returns the number of points drawn.
+//                    unit, logY, zero, clipAbove}) draws every series on shared axes and returns the number of
+// points drawn. unit "bytes" labels the axis in binary units (KiB, MiB, GiB: as `ms-exporter top`); zero starts
+// the axis at 0; clipAbove caps the axis there and draws the points above it as triangles on the top edge (the
+// compile step, which would flatten every other step time).
 "use strict";
 (function (global) {
   const PAD = {left: 56, right: 10, top: 10, bottom: 24};
@@ -29,7 +32,15 @@
     return v.toPrecision(2);
   }
 
+  function formatBytes(v) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return i === 0 ? v.toFixed(0) + "B" : v.toFixed(1) + units[i];
+  }
+
   function drawChart(canvas, spec) {
+    const label = spec.unit === "bytes" ? formatBytes : format;
     const ratio = global.devicePixelRatio || 1;
     const width = canvas.clientWidth || 320, height = canvas.clientHeight || 180;
     canvas.width = Math.round(width * ratio);
@@ -48,6 +59,10 @@
         points++;
       }
     }
+    const clip = finite(spec.clipAbove) && !spec.logY && spec.clipAbove < yMax ? spec.clipAbove : undefined;
+    if (clip !== undefined) { yMax = clip; }
+    if (spec.zero && !spec.logY) { yMin = Math.min(yMin, 0); }
+    canvas.dataset.clipped = "0";
     const bound = spec.bound ? (spec.bound.max !== undefined ? spec.bound.max : spec.bound.min) : undefined;
     if (bound !== undefined && points) { yMin = Math.min(yMin, tr(bound)); yMax = Math.max(yMax, tr(bound)); }
     canvas.dataset.points = String(points);
@@ -69,7 +84,7 @@
     for (const t of niceTicks(yMin, yMax, 4)) {
       const py = PAD.top + (1 - (t - yMin) / (yMax - yMin)) * plotH;
       ctx.beginPath(); ctx.moveTo(PAD.left, py); ctx.lineTo(width - PAD.right, py); ctx.stroke();
-      ctx.fillText(format(spec.logY ? Math.pow(10, t) : t), 4, py + 4);
+      ctx.fillText(label(spec.logY ? Math.pow(10, t) : t), 4, py + 4);
     }
     for (const t of niceTicks(xMin, xMax, 5)) {
       const px = X(t);
@@ -100,9 +115,22 @@
       for (let i = 0; i < s.xs.length; i++) {
         const y = s.ys[i];
         if (!finite(y) || (spec.logY && y <= 0)) { pen = false; continue; }
-        if (pen) { ctx.lineTo(X(s.xs[i]), Y(y)); } else { ctx.moveTo(X(s.xs[i]), Y(y)); pen = true; }
+        const shown = clip !== undefined ? Math.min(y, clip) : y;
+        if (pen) { ctx.lineTo(X(s.xs[i]), Y(shown)); } else { ctx.moveTo(X(s.xs[i]), Y(shown)); pen = true; }
       }
       ctx.stroke();
+      if (clip !== undefined) {  // points above the axis: a triangle on the top edge, so they are not hidden
+        ctx.fillStyle = s.color;
+        let clipped = 0;
+        for (let i = 0; i < s.xs.length; i++) {
+          if (!(finite(s.ys[i]) && s.ys[i] > clip)) { continue; }
+          const px = X(s.xs[i]);
+          ctx.beginPath(); ctx.moveTo(px, PAD.top); ctx.lineTo(px - 4, PAD.top + 7); ctx.lineTo(px + 4, PAD.top + 7);
+          ctx.fill();
+          clipped++;
+        }
+        canvas.dataset.clipped = String(Number(canvas.dataset.clipped) + clipped);
+      }
       if (bound !== undefined && !s.noBound) {
         ctx.fillStyle = "#e03131";
         for (let i = 0; i < s.xs.length; i++) {
@@ -115,5 +143,5 @@
     return points;
   }
 
-  global.msExporterChart = {drawChart: drawChart, format: format};
+  global.msExporterChart = {drawChart: drawChart, format: format, formatBytes: formatBytes};
 })(typeof window !== "undefined" ? window : this);

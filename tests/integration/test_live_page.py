@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 STEPS = 40
 NAN_STEP = 25
-CHARTS = ("loss", "learning_rate", "throughput", "step_time", "grad_norm", "memory")
+CHARTS = ("loss", "learning_rate", "throughput", "step_time", "data_wait", "grad_norm", "memory")
 
 
 class ReportNaN(Callback):
@@ -65,6 +65,12 @@ def test_series_api_returns_the_run_with_non_finite_steps_and_bounds(trained: Tr
     assert steps == list(range(1, STEPS + 1)) and payload["last_step"] == STEPS
     assert payload["nonfinite_loss_steps"] == [NAN_STEP]
     assert payload["rows"][NAN_STEP - 1][2] is None  # NaN travels as null
+    smoothed = columns.index("loss_smoothed")
+    assert payload["rows"][NAN_STEP - 1][smoothed] is None  # no smoothed loss for a NaN step: a gap
+    assert payload["rows"][NAN_STEP][smoothed] is not None
+    assert payload["breach_events"] and {metric for _, metric in payload["breach_events"]} == {"loss"}
+    wait = columns.index("data_wait")
+    assert payload["rows"][0][wait] is None and all(row[wait] >= 0 for row in payload["rows"][1:])
     assert payload["bounds"]["loss"] == {"max": 0.5}
     assert payload["labels"] == {"rank": "0", "project": "live-page"}
     newer = fetch(base + f"api/series?since={STEPS - 5}")
@@ -84,9 +90,12 @@ def test_the_page_draws_every_chart_with_the_runs_points(trained: TrainingMonito
     assert set(points) == set(CHARTS), points
     assert int(points["loss"]) >= 2 * (STEPS - 1) - 2  # loss and smoothed loss, the NaN step left out
     for chart in CHARTS[1:]:
-        assert int(points[chart]) >= STEPS - 2, (chart, points)
-    # The non-finite step is marked on the loss chart, and breaches of the loss bound on every chart.
-    assert int(markers["loss"]) >= 2 and int(markers["step_time"]) >= 1
+        assert int(points[chart]) >= STEPS - 3, (chart, points)  # data wait: none before the first step
+    # The non-finite step and the breaches of the loss bound are marked on the loss chart, and only there.
+    assert int(markers["loss"]) >= 2
+    assert all(markers[chart] == "0" for chart in CHARTS if chart != "loss"), markers
+    # The compile step is clipped, not drawn as the top of an axis that flattens every other step.
+    assert int(canvases["step_time"]["data-clipped"]) >= 1
     assert "<script src=" not in page and "https://" not in page  # self-contained: nothing from elsewhere
 
 
