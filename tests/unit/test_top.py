@@ -321,8 +321,9 @@ def test_cli_errors_say_what_is_allowed(capsys: pytest.CaptureFixture[str], monk
 
 def test_memory_growth_is_flagged_as_the_alert_would() -> None:
     def grown(ratio: float, rising: int) -> tuple[str, ...]:
-        page = (STEP8 + f'mindspore_train_memory_growth_ratio{{kind="host_rss",project="capture",rank="1"}} {ratio}\n'
-                f'mindspore_train_memory_consecutive_increases{{kind="host_rss",project="capture",rank="1"}} {rising}\n')
+        labels = '{kind="host_rss",project="capture",rank="1"}'
+        page = (STEP8 + f"mindspore_train_memory_growth_ratio{labels} {ratio}\n"
+                f"mindspore_train_memory_consecutive_increases{labels} {rising}\n")
         return first_row(page)[0].alerts
 
     assert "memory +45% rss" in grown(0.45, 3)  # above the default 30% and still growing
