@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter.config import KEYS, SECTIONS, ConfigError, MonitorConfig, _Bad, load_config
+from tests.unit.test_config import leaves
 
 SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
@@ -59,12 +59,6 @@ def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path: Path, text:
     check(path)
 
 
-def leaves(kind: type, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for f in dataclasses.fields(kind):
-        check = f.metadata["check"]
-        out += leaves(check, f"{prefix}{f.name}.") if dataclasses.is_dataclass(check) else [(prefix + f.name, check)]
-    return out
 
 
 # Keys that a rule tying fields together (or the file web.config_file names) may still object to.
