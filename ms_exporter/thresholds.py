@@ -26,7 +26,8 @@ class Thresholds:
     grad_norm_high: float = 10.0
     grad_norm_exploding: float = grad_norm_high * EXPLODING_FACTOR
     tokens_per_second_low: float = 1000.0
-    throughput_drop_ratio: float = 0.5
+    # ThroughputDrop: the recent level below this share of the run's own recent best (0.6: a 2x drop pages).
+    throughput_drop_ratio: float = 0.6
     stall_seconds: float = 600.0
     memory_growth_ratio: float = 0.3
     memory_increases: int = 3

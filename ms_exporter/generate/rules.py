@@ -30,13 +30,18 @@ class Timing:
     events_window: str = "5m"  # how long a non-finite loss keeps its alert
     errors_window: str = "10m"
     overflow_window: str = "10m"
-    drop_window: str = "30m"
+    # ThroughputDrop: the last `drop_recent` against the best `drop_smooth` average of the `drop_baseline` before
+    # it (the recent window left out, so the slow period never lowers its own baseline), for `drop_for`.
+    drop_recent: str = "2m"
+    drop_smooth: str = "5m"
+    drop_baseline: str = "1h"
+    drop_for: str = "1m"
     lr_flat_window: str = "30m"
 
 
 TEST_TIMING = Timing(evaluation="1s", short_for="2s", long_for="3s", slow_for="3s", rate_window="10s",
-                     events_window="30s", errors_window="30s", overflow_window="20s", drop_window="40s",
-                     lr_flat_window="20s")
+                     events_window="30s", errors_window="30s", overflow_window="20s", drop_recent="4s",
+                     drop_smooth="6s", drop_baseline="40s", drop_for="2s", lr_flat_window="20s")
 
 
 def _number(value: float) -> str:
@@ -137,11 +142,13 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"{_WHO} processes {{{{ $value | humanize }}}} tokens/s, below {_number(t.tokens_per_second_low)}.",
                b),
         _alert("MindSporeTrainingThroughputDrop",
-               f"{c.TOKENS_PER_SECOND.name} < {_number(t.throughput_drop_ratio)}"
-               f" * avg_over_time({c.TOKENS_PER_SECOND.name}[{w.drop_window}])", w.slow_for, "warning",
+               f"avg_over_time({c.TOKENS_PER_SECOND.name}[{w.drop_recent}]) < {_number(t.throughput_drop_ratio)}"
+               f" * max_over_time(avg_over_time({c.TOKENS_PER_SECOND.name}[{w.drop_smooth}])"
+               f"[{w.drop_baseline}:{w.drop_recent}] offset {w.drop_recent})", w.drop_for, "warning",
                "Training throughput dropped",
-               f"{_WHO} processes {{{{ $value | humanize }}}} tokens/s, less than "
-               f"{_number(t.throughput_drop_ratio)} of its {w.drop_window} average.", b),
+               f"{_WHO} processed {{{{ $value | humanize }}}} tokens/s over the last {w.drop_recent}, less than "
+               f"{_number(t.throughput_drop_ratio)} of its best {w.drop_smooth} average in the {w.drop_baseline} "
+               f"before.", b),
         _alert("MindSporeTrainingStalled",
                f"(time() - {c.LAST_STEP_TIMESTAMP.name} > {_number(t.stall_seconds)})"
                " and on (job, instance) (up == 1)", w.short_for, "critical", "Training has stalled",
