@@ -21,11 +21,10 @@ from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff,
 from ms_exporter.config import MonitorConfig
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.learning_rate import LearningRateProbe
 
 if TYPE_CHECKING:
     from ms_exporter.actions.lr_scale import LrScaler
-    from ms_exporter.probes.base import Probe
+    from ms_exporter.probes.learning_rate import LearningRateProbe
 
 logger = logging.getLogger("ms_exporter")
 
@@ -42,9 +41,8 @@ class ActionRunner:
         self._grad_threshold = config.grad_norm.threshold if config.grad_norm.enable else None
         self._snapshot_dir = Path(config.save_dir) / SNAPSHOT_DIR
         family = store.register(catalogue.ACTIONS_TAKEN)
-        self._counts = {name: family.series(action=name) for name, section in
-                        (("early_stop", actions.early_stop), ("lr_backoff", actions.lr_backoff),
-                         ("snapshot", actions.snapshot)) if section.enable}
+        self._counts = {name: family.series(action=name) for name in catalogue.ACTIONS
+                        if getattr(actions, name).enable}
         self._factor = None
         if actions.lr_backoff.enable:
             self._factor = store.register(catalogue.LR_BACKOFF_FACTOR).series()
@@ -57,12 +55,12 @@ class ActionRunner:
             if backoff.enable else None
         self._episodes = AnomalyEpisodes(actions.snapshot.quiet_steps) if actions.snapshot.enable else None
         self._scaler: LrScaler | None = None
-        self._lr_probe: Probe | None = None
+        self._lr_probe: LearningRateProbe | None = None
         self._network: Any = None
         self._previous_smoothed: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
-    def on_train_begin(self, cb_params: Any, lr_probe: Probe | None) -> None:
+    def on_train_begin(self, cb_params: Any, lr_probe: LearningRateProbe | None) -> None:
         """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
         self._network = cb_params.get("train_network") or cb_params.get("network")
         self._lr_probe = lr_probe
@@ -130,7 +128,7 @@ class ActionRunner:
     def _scale_lr(self, step: int, scale: float, reason: str) -> None:
         if self._scaler is not None:
             self._scaler.apply(scale)
-        if isinstance(self._lr_probe, LearningRateProbe):
+        if self._lr_probe is not None:
             self._lr_probe.set_scale(scale)
         if self._factor is not None:
             self._factor.value = scale

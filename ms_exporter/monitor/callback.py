@@ -23,6 +23,7 @@ from ms_exporter.monitor.sampler import MemorySampler
 from ms_exporter.monitor.signals import SignalRelay
 from ms_exporter.monitor.store import HistogramSeries, MetricStore
 from ms_exporter.probes import build_probes
+from ms_exporter.probes.learning_rate import LearningRateProbe
 from ms_exporter.sinks import build_sinks
 from ms_exporter.sinks.base import Sink
 from ms_exporter.sinks.jsonl import JsonlWriter
@@ -128,7 +129,7 @@ class TrainingMonitor(Callback):
             self._batch.bind(cb_params.get("train_dataset"))
             self._publisher.layouts.bind(cb_params.get("train_network"))
             if self._actions is not None:  # first: lr_backoff wraps a schedule before anything compiles or reads it
-                lr_probe = next((p for p in self._publisher.probes if p.name == "learning_rate"), None)
+                lr_probe = next((p for p in self._publisher.probes if isinstance(p, LearningRateProbe)), None)
                 self._guard("actions", self._actions.on_train_begin, cb_params, lr_probe)
             for probe in self._publisher.probes:
                 self._guard(probe.name, probe.on_train_begin, cb_params)

@@ -17,7 +17,6 @@ from typing import cast
 
 from ms_exporter.catalogue import MetricFamily, MetricType
 
-Kind = MetricType
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -61,7 +60,7 @@ class HistogramSeries:
 class Family:
     """A named metric with its series; label names may differ between the series of one family."""
 
-    def __init__(self, name: str, kind: Kind, help_text: str, buckets: Sequence[float] = (),
+    def __init__(self, name: str, kind: MetricType, help_text: str, buckets: Sequence[float] = (),
                  on_new_series: Callable[[], None] | None = None) -> None:
         self.name = name
         self._on_new_series = on_new_series
@@ -106,7 +105,7 @@ class Family:
 @dataclass(frozen=True)
 class FamilySnapshot:
     name: str
-    kind: Kind
+    kind: MetricType
     help: str
     children: list[Series | HistogramSeries]
 
@@ -138,7 +137,7 @@ class MetricStore:
     def histogram(self, name: str, help_text: str, buckets: Sequence[float]) -> Family:
         return self._family(name, "histogram", help_text, buckets)
 
-    def _family(self, name: str, kind: Kind, help_text: str, buckets: Sequence[float] = ()) -> Family:
+    def _family(self, name: str, kind: MetricType, help_text: str, buckets: Sequence[float] = ()) -> Family:
         with self._lock:
             family = self._families.get(name)
             if family is None:

@@ -44,7 +44,7 @@ class StepHistory(Sink):
         self.rows: deque[tuple[float, ...]] = deque(maxlen=size)
         self.capacity = size
         self._series: tuple[Series | None, ...] = ()
-        self._breaches: tuple[Series, ...] = ()
+        self._breaches: tuple[tuple[Series, str], ...] = ()  # each breach counter with its `metric` label
         self._version = -1
         self.memory_kind: str | None = None
         # (step, metric) where a breach episode began: the page marks it on that metric's chart only.
@@ -57,12 +57,12 @@ class StepHistory(Sink):
             self._bind()
         breaches = 0.0
         counts = self._breach_counts
-        for counter in self._breaches:
+        for counter, metric in self._breaches:
             value = counter.value
             breaches += value
-            if value > counts.get(counter.labels[0][1], 0.0):  # a new episode of this metric (label `metric`)
-                self.breach_events.append((sample.step, counter.labels[0][1]))
-            counts[counter.labels[0][1]] = value
+            if value > counts.get(metric, 0.0):  # a new episode of this metric
+                self.breach_events.append((sample.step, metric))
+            counts[metric] = value
         loss = _number(sample.loss)
         row = [sample.step, sample.wall_time, loss, sample.duration / max(sample.steps, 1),
                _number(sample.data_wait), *[s.value if s is not None else math.nan for s in self._series], breaches]
@@ -82,7 +82,8 @@ class StepHistory(Sink):
             else:
                 bound.append(children[0] if children else None)
         self._series = tuple(bound)
-        self._breaches = self._store.series_of(catalogue.BREACHES)
+        self._breaches = tuple((counter, dict(counter.labels)["metric"])
+                               for counter in self._store.series_of(catalogue.BREACHES))
 
     def since(self, step: int, limit: int = HISTORY_STEPS) -> dict[str, Any]:
         """Rows after `step` (at most `limit`, the newest), as JSON-ready data: non-finite numbers become null."""

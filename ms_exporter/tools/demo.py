@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -171,7 +172,7 @@ def run_demo(steps: int, seconds: float | None = None, port: int | None = None, 
     callbacks = [monitor, _progress(monitor)] + ([_stopper(seconds)] if seconds else [])
     model.train(1, synthetic_dataset(size=steps * BATCH), callbacks=callbacks, dataset_sink_mode=False)
     done = monitor.store.value_of(c.STEPS)
-    total = int(done) if done == done else 0  # NaN: the monitor is off
+    total = 0 if math.isnan(done) else int(done)  # NaN: the monitor is off
     print(f"done: {total} steps", flush=True)
     monitor.close()
     _next_steps(url, monitor.jsonl_path)
