@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
-.PHONY: install demo test test-unit lint generate bench scaling reliability debian-packages clean
+.PHONY: install demo test test-unit lint generate bench scaling reliability detection debian-packages clean
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ bench: install
 # About 4 minutes: per-rank series and bytes, a real Prometheus over replayed ranks; rewrites docs/scaling.md.
 scaling: install debian-packages
 	$(BIN)/python -m benchmarks.scaling
+
+# About 15 minutes: every documented failure injected into a real training, timed to the first webhook POST of a real
+# Prometheus and Alertmanager running the shipped files, beside a healthy run; rewrites docs/detection.md.
+detection: install debian-packages
+	$(BIN)/python -m benchmarks.detection --output docs/detection.md
 
 # About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
 reliability: install debian-packages

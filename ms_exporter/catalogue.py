@@ -78,13 +78,18 @@ MEMORY_IN_USE_ORDER = (DEVICE_ALLOCATED, DEVICE_RESERVED, HOST_RSS)
 # mindspore_exporter_callback_duration_seconds{hook}
 HOOKS = ("train_begin", "step_begin", "step_end", "train_end", "eval_end")
 
+# mindspore_train_phase{phase}: where a rank is (ms_exporter/monitor/phases.py says when each begins and ends).
+COMPILE, DATA_WAIT_PHASE, STEP_PHASE, EVAL_PHASE, CHECKPOINT, CALLBACKS, ENDED = (
+    "compile", "data_wait", "step", "eval", "checkpoint", "callbacks", "ended")
+PHASES = (COMPILE, DATA_WAIT_PHASE, STEP_PHASE, EVAL_PHASE, CHECKPOINT, CALLBACKS, ENDED)
+
 # mindspore_train_actions_total{action}
 ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 
 # mindspore_exporter_errors_total{component} and mindspore_exporter_component_disabled{component}: the
 # monitor's own parts, the probes (by their `name`) and the sinks (by their backend name).
-PROBE_COMPONENTS = ("progress", "loss", "learning_rate", "step_time", "throughput", "loss_scale", "grad_norm",
-                    "weight_norm", "layernorm", "memory", "eval")
+PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "loss_scale",
+                    "grad_norm", "weight_norm", "layernorm", "memory", "eval")
 SINK_COMPONENTS = ("prometheus", "otlp", "local", "file_sd", "pushgateway")
 COMPONENTS = ("callback", "sampler", "actions", *PROBE_COMPONENTS, *SINK_COMPONENTS)
 # A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).
@@ -114,6 +119,15 @@ LAST_STEP_TIMESTAMP = MetricFamily("mindspore_train_last_step_timestamp_seconds"
                                    "seconds", "always")
 PLANNED_STEPS = MetricFamily("mindspore_train_planned_steps", "gauge",
                              "Global step at which the current training call ends, when known.", "steps", "always")
+
+PHASE = MetricFamily("mindspore_train_phase", "gauge",
+                     "1 for the phase this rank is in, 0 for the others (ended: training ended normally).", "1",
+                     "always", ("phase",))
+PHASE_SECONDS = MetricFamily("mindspore_train_phase_seconds", "gauge", "Seconds since the current phase began.",
+                             "seconds", "always")
+HANG_DEADLINE = MetricFamily("mindspore_train_hang_deadline_seconds", "gauge",
+                             "Seconds the current phase may last before it counts as a hang (learned from the "
+                             "run's own step cycles in data_wait and step).", "seconds", "hang")
 
 LOSS = MetricFamily("mindspore_train_loss", "gauge", "Loss of the last step.", "loss", "loss")
 LOSS_SMOOTHED = MetricFamily("mindspore_train_loss_smoothed", "gauge", "Mean of the last loss_window finite losses.",

@@ -58,6 +58,10 @@ WATCHABLE: dict[str, Literal["max", "min"]] = {key: catalogue.WATCHABLE[key].dir
                                                 for key in catalogue.WARN_ON_VALUE_KEYS}
 WATCH_GROUP = {key: str(catalogue.WATCHABLE[key].group) for key in catalogue.WARN_ON_VALUE_KEYS}
 
+# Host memory is read at least this often (psutil, ~20 µs on the sampler thread): the growth slope then spans
+# `memory_window` x 5 s, and a leak is seen growing within seconds.
+MEMORY_SAMPLE_SECONDS = 5.0
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # Labels the exporter sets itself; a tag may not reuse them.
@@ -305,6 +309,12 @@ def _bound(spec: Any, default_direction: Literal["max", "min"]) -> Bound | None:
     return None
 
 
+def _percentile(value: Any) -> float:
+    if not _is_number(value) or not 50 <= value <= 100:
+        raise _Bad("must be a percentile from 50 to 100 (99: the 99th percentile)", value)
+    return float(value)
+
+
 def _tag(name: Any, tag: Any) -> tuple[str, str]:
     if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
         raise _Bad(f"tag name {name!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)", {name: tag})
@@ -475,6 +485,23 @@ class ActionsConfig:
 ACTION_SECTIONS = {"early_stop": EarlyStopConfig, "lr_backoff": LrBackoffConfig, "snapshot": SnapshotConfig}
 
 
+@dataclass(frozen=True)
+class HangConfig:
+    """monitor_config.hang: how long a phase may last before it counts as a hang (docs/hangs.md).
+
+    In `step` and `data_wait` the deadline is learned: `factor` times the `percentile` of the last `window` step
+    cycles (step + data wait), never below `min_seconds`. The other phases have fixed deadlines."""
+
+    enable: bool = setting(True, check=boolean())
+    min_seconds: float = setting(120.0, check=greater_than(0))
+    factor: float = setting(3.0, check=at_least(1))
+    percentile: float = setting(99.0, check=_percentile)
+    window: int = setting(500, check=int_in(10, 1_000_000))  # step cycles
+    compile_seconds: float = setting(3600.0, check=greater_than(0))  # train begin to the first step's end
+    eval_seconds: float = setting(1800.0, check=greater_than(0))
+    checkpoint_seconds: float = setting(1800.0, check=greater_than(0))
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -522,7 +549,7 @@ class WebConfig:
 
 
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
-            "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig}
+            "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig}
 
 
 @dataclass(frozen=True)
@@ -557,6 +584,7 @@ class MonitorConfig:
     pushgateway: PushgatewayConfig = section(PushgatewayConfig)
     web: WebConfig = section(WebConfig)
     actions: ActionsConfig = section(ActionsConfig)
+    hang: HangConfig = section(HangConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:
@@ -564,6 +592,12 @@ class MonitorConfig:
             if group not in self.metrics:
                 say(f"warn_on_value.{metric}", f"watches a metric that is switched off; add '{group}' to "
                                                "monitor_config.metrics or drop the bound")
+
+    @property
+    def memory_interval(self) -> float:
+        """Seconds between memory samples: `interval`, but at most MEMORY_SAMPLE_SECONDS, so that a leak pages in
+        minutes (docs/alerts.md#how-fast-an-alert-arrives) whatever the JSON Lines flush period."""
+        return min(self.interval, MEMORY_SAMPLE_SECONDS)
 
     def wants(self, group: str) -> bool:
         return group in self.metrics

@@ -28,9 +28,9 @@ class Thresholds:
     tokens_per_second_low: float = 1000.0
     # ThroughputDrop: the recent level below this share of the run's own recent best (0.6: a 2x drop pages).
     throughput_drop_ratio: float = 0.6
-    stall_seconds: float = 600.0
     memory_growth_ratio: float = 0.3
-    memory_increases: int = 3
+    # MemoryGrowth: still growing at least this fast (bytes/s, the least-squares slope of the recent samples).
+    memory_growth_rate: float = 2**20 / 60  # 1 MiB a minute: 1.4 GiB a day
     loss_rising_steps: int = 5
     overflow_fraction: float = 0.5
     layernorm_drift: float = 0.3

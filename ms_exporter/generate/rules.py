@@ -20,16 +20,23 @@ RULES_FILE = "deploy/prometheus/rules/mindspore-training.rules.yml"
 
 @dataclass(frozen=True)
 class Timing:
-    """Windows and `for:` durations. `TEST_TIMING` shrinks them so that integration tests fire in seconds."""
+    """Evaluation interval, windows and `for:` durations (docs/alerts.md#how-fast-an-alert-arrives gives each its
+    reason). `TEST_TIMING` shrinks them so that integration tests fire in seconds."""
 
-    evaluation: str = "30s"
-    short_for: str = "1m"  # events that are real at once (NaN loss, errors, a dead endpoint)
-    long_for: str = "5m"  # levels that one noisy sample must not page for
-    slow_for: str = "10m"  # throughput and stragglers: a checkpoint or an evaluation pauses training briefly
+    evaluation: str = "10s"
+    event_for: str = "0s"  # a counted event (a NaN loss): real the moment it is counted
+    spike_for: str = "10s"  # an exploding gradient norm: two evaluations, so that one odd step does not page
+    gone_for: str = "20s"  # a rank gone: several failed scrapes, not one slow one
+    scale_for: str = "30s"  # loss-scale collapse: its window already spans a minute of steps
+    short_for: str = "1m"  # levels that are real once they last a minute (loss high or rising, memory growth)
+    long_for: str = "5m"  # warnings nobody need act on at once (gradient norm high, LR flat, LayerNorm drift)
+    slow_for: str = "10m"  # throughput low and stragglers: a checkpoint or an evaluation pauses training briefly
     rate_window: str = "5m"
     events_window: str = "5m"  # how long a non-finite loss keeps its alert
     errors_window: str = "10m"
-    overflow_window: str = "10m"
+    overflow_window: str = "1m"
+    # A rank that reported within this window, does not now and did not end normally is gone.
+    reported_window: str = "1h"
     # ThroughputDrop: the last `drop_recent` against the best `drop_smooth` average of the `drop_baseline` before
     # it (the recent window left out, so the slow period never lowers its own baseline), for `drop_for`.
     drop_recent: str = "2m"
@@ -39,9 +46,14 @@ class Timing:
     lr_flat_window: str = "30m"
 
 
-TEST_TIMING = Timing(evaluation="1s", short_for="2s", long_for="3s", slow_for="3s", rate_window="10s",
-                     events_window="30s", errors_window="30s", overflow_window="20s", drop_recent="4s",
-                     drop_smooth="6s", drop_baseline="40s", drop_for="2s", lr_flat_window="20s")
+TEST_TIMING = Timing(evaluation="1s", event_for="0s", spike_for="1s", gone_for="2s", scale_for="2s", short_for="2s",
+                     long_for="3s", slow_for="3s", rate_window="10s", events_window="30s", errors_window="30s",
+                     overflow_window="20s", reported_window="10m", drop_recent="4s", drop_smooth="6s",
+                     drop_baseline="40s", drop_for="2s", lr_flat_window="20s")
+
+# Loss-scale collapse by overflow fraction needs this many steps in its window: a dynamic scaler overflows on its
+# first steps by design (it starts high and halves), and with slow steps those few would be most of a minute.
+OVERFLOW_MIN_STEPS = 20
 
 
 def _number(value: float) -> str:
@@ -51,13 +63,14 @@ def _number(value: float) -> str:
 # What the Pushgateway holds (monitor_config.pushgateway, scraped with honor_labels as shipped) has no `instance`
 # and never goes stale: a job's last pushed numbers would keep alerts firing, and count as live ranks, long after
 # the job ended. The rules read only series scraped from a rank's own endpoint, which always have an instance.
-LIVE = '{instance!=""}'
-_RAW_METRIC = re.compile(rf"(?<![:\w])((?:{c.TRAIN_PREFIX}|{c.EXPORTER_PREFIX})\w+)(?![:\w{{])")
+LIVE = 'instance!=""'
+_RAW_METRIC = re.compile(rf"(?<![:\w])((?:{c.TRAIN_PREFIX}|{c.EXPORTER_PREFIX})\w+)(?![:\w])(\{{)?")
 
 
 def live(expr: str) -> str:
     """`expr` with every raw mindspore_* selector limited to scraped series (recorded rule names stay as they are)."""
-    return _RAW_METRIC.sub(lambda match: match.group(1) + LIVE, expr)
+    return _RAW_METRIC.sub(lambda match: match.group(1) + ("{" + LIVE + "," if match.group(2) else "{" + LIVE + "}"),
+                           expr)
 
 
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
@@ -116,14 +129,19 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
     b = runbook_base
+    # A rank that reported: any process of it served its always-present step counter within the window.
+    reported = f"max by (job, instance, project, rank) (last_over_time({c.STEPS.name}[{w.reported_window}]))"
+    # ...and one that ended normally: it served phase="ended" (it keeps serving until a scrape read it).
+    ended = (f"on (job, instance, project, rank) "
+             f"(last_over_time({c.PHASE.name}{{phase=\"{c.ENDED}\"}}[{w.reported_window}]) == 1)")
     alerts = [
         _alert("MindSporeTrainingLossNonFinite",
-               f"increase({c.NONFINITE_LOSS.name}[{w.events_window}]) > 0", w.short_for, "critical",
+               f"increase({c.NONFINITE_LOSS.name}[{w.events_window}]) > 0", w.event_for, "critical",
                "Training loss became NaN or Inf",
                # increase() extrapolates to the window's edges: a count of steps is shown whole, never "619.8".
                f"{_WHO} had {{{{ printf \"%.0f\" $value }}}} steps with a NaN/Inf loss in the last "
                f"{w.events_window}.", b),
-        _alert("MindSporeTrainingLossHigh", f"{c.LOSS.name} > {_number(t.loss_high)}", w.long_for, "warning",
+        _alert("MindSporeTrainingLossHigh", f"{c.LOSS.name} > {_number(t.loss_high)}", w.short_for, "warning",
                "Training loss is above its threshold",
                f"Loss of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.loss_high)}.", b),
         _alert("MindSporeTrainingLossRising",
@@ -134,7 +152,7 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                w.long_for, "warning", "Gradient norm is high",
                f"Gradient norm of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.grad_norm_high)}.", b),
         _alert("MindSporeTrainingGradNormExploding", f"{c.GRAD_NORM.name} > {_number(t.grad_norm_exploding)}",
-               w.short_for, "critical", "Gradient norm is exploding",
+               w.spike_for, "critical", "Gradient norm is exploding",
                f"Gradient norm of {_WHO} is {{{{ $value | humanize }}}}, above {_number(t.grad_norm_exploding)}.", b),
         _alert("MindSporeTrainingThroughputLow",
                f"{c.TOKENS_PER_SECOND.name} < {_number(t.tokens_per_second_low)}", w.slow_for, "warning",
@@ -149,13 +167,18 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"{_WHO} processed {{{{ $value | humanize }}}} tokens/s over the last {w.drop_recent}, less than "
                f"{_number(t.throughput_drop_ratio)} of its best {w.drop_smooth} average in the {w.drop_baseline} "
                f"before.", b),
+        # The phase a rank is stuck in comes along as a label: one phase series is 1 per rank (topk keeps one should a
+        # scrape ever catch the hook between two of them).
         _alert("MindSporeTrainingStalled",
-               f"(time() - {c.LAST_STEP_TIMESTAMP.name} > {_number(t.stall_seconds)})"
-               " and on (job, instance) (up == 1)", w.short_for, "critical", "Training has stalled",
-               f"{_WHO} finished no step for {{{{ $value | humanizeDuration }}}} while its endpoint is up.", b),
+               f"({c.PHASE_SECONDS.name} > {c.HANG_DEADLINE.name})"
+               f" * on (job, instance) group_left (phase) topk by (job, instance) (1, {c.PHASE.name} == 1)",
+               w.event_for, "critical", "Training has stalled",
+               f"{_WHO} has been in phase {{{{ $labels.phase }}}} for {{{{ $value | humanizeDuration }}}}, longer "
+               f"than its deadline ({c.HANG_DEADLINE.name}: hang.factor x its recent step cycle, "
+               f"at least hang.min_seconds).", b),
         _alert("MindSporeTrainingMemoryGrowth",
                f"({c.MEMORY_GROWTH_RATIO.name} > {_number(t.memory_growth_ratio)})"
-               f" and ({c.MEMORY_RISING.name} >= {t.memory_increases})", w.short_for,
+               f" and ({c.MEMORY_GROWTH_RATE.name} > {_number(t.memory_growth_rate)})", w.short_for,
                "warning", "Memory keeps growing",
                f"{{{{ $labels.kind }}}} memory of {_WHO} is {{{{ $value | humanizePercentage }}}} above its "
                f"baseline and still growing.", b),
@@ -168,8 +191,9 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"while training went on.", b),
         _alert("MindSporeTrainingLossScaleCollapse",
                f"(increase({c.OVERFLOW_STEPS.name}[{w.overflow_window}])"
-               f" / clamp_min(increase({c.STEPS.name}[{w.overflow_window}]), 1)"
-               f" > {_number(t.overflow_fraction)}) or ({c.LOSS_SCALE.name} < 1)", w.long_for, "warning",
+               f" / (increase({c.STEPS.name}[{w.overflow_window}])"
+               f" >= {OVERFLOW_MIN_STEPS}) > {_number(t.overflow_fraction)}) or ({c.LOSS_SCALE.name} < 1)",
+               w.scale_for, "warning",
                "Loss scaling is collapsing",
                f"{_WHO}: overflow on more than {_number(t.overflow_fraction)} of recent steps, or a loss scale "
                f"below 1 (value {{{{ printf \"%.3g\" $value }}}}).", b),
@@ -178,15 +202,21 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                "warning", "A LayerNorm scale is drifting",
                f"LayerNorm {{{{ $labels.layer }}}} of {_WHO} moved its scale mean by "
                f"{{{{ $value | humanizePercentage }}}} within its window.", b),
-        _alert("MindSporeTrainingRankDown", f'up{{job=~"{job_regex}"}} == 0', w.short_for, "critical",
-               "A training rank's metrics endpoint is down",
-               "Endpoint {{ $labels.instance }} of job {{ $labels.job }} (rank {{ or $labels.rank \"unknown\" }}, "
-               "project {{ or $labels.project \"unknown\" }}) cannot be scraped.", b),
+        # Only ranks that reported (any series in the last hour) and did not end normally: an unused port of a
+        # static scrape config, a rank still importing MindSpore and a finished job page nothing.
+        _alert("MindSporeTrainingRankDown",
+               f"{reported} and on (job, instance) (up{{job=~\"{job_regex}\"}} == 0) unless {ended}",
+               w.gone_for, "critical", "A training rank's metrics endpoint is down",
+               f"Endpoint {{{{ $labels.instance }}}} of {_WHO} cannot be scraped; it reported until recently and "
+               f"did not end normally.", b),
+        # The same where the target itself went (file_sd, Kubernetes): the rank's series stopped and its endpoint
+        # is no longer scraped at all.
         _alert("MindSporeTrainingRankMissing",
-               f"count by (project) ({c.INFO.name}) < max by (project) ({c.WORLD_SIZE.name})",
-               w.long_for, "critical", "Fewer ranks report than the job has",
-               "Only {{ $value }} ranks of project {{ $labels.project }} report metrics; the job has more "
-               f"({c.WORLD_SIZE.name}).", b),
+               f"{reported} unless on (project, rank) {c.STEPS.name} unless {ended}"
+               f" unless on (project, rank) ({reported} and on (job, instance) up)",
+               w.gone_for, "critical", "A training rank stopped reporting",
+               f"{_WHO} reported within the last {w.reported_window} and no longer does, without ending normally "
+               f"(its target left service discovery).", b),
         # Synchronous ranks (a collective in every step) all take the same time per step: the one the others
         # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
         # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.

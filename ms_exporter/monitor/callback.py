@@ -12,10 +12,11 @@ from mindspore.train import Callback
 
 from ms_exporter import catalogue
 from ms_exporter.actions.runner import ActionRunner
-from ms_exporter.catalogue import HOOKS
+from ms_exporter.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, HOOKS, STEP_PHASE
 from ms_exporter.config import MonitorConfig, load_config
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.publisher import StepPublisher
 from ms_exporter.monitor.ranks import RankInfo, detect_rank
 from ms_exporter.monitor.sample import BatchCounter, read_loss
@@ -57,7 +58,8 @@ class TrainingMonitor(Callback):
         _configure_logging(self.config.log_level)
         self.rank: RankInfo = detect_rank()
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
-        probes = build_probes(self.config, self.store, self.rank)
+        self.phases = PhaseClock(self.store)
+        probes = build_probes(self.config, self.store, self.rank, self.phases)
         self._eval = probes.eval
         self._memory = probes.memory
         self._actions = ActionRunner(self.config, self.store) if self.config.actions.any else None
@@ -72,7 +74,7 @@ class TrainingMonitor(Callback):
         self._errors.expect(sink.name for sink in self._sinks)
         self._publisher = StepPublisher(probes.step, self._thresholds, self._actions, self._sinks, self._batch,
                                         self._errors, self._breaker)
-        self._sampler = MemorySampler(probes.memory, self.config.interval, self._breaker,
+        self._sampler = MemorySampler(probes.memory, self.config.memory_interval, self._breaker,
                                       self._thresholds.check_slow, lambda exc: self._errors.absorb("sampler", exc)) \
             if probes.memory is not None else None
         self._signals = SignalRelay(self._on_signal, lambda exc: self._errors.absorb("callback", exc))
@@ -124,6 +126,7 @@ class TrainingMonitor(Callback):
             cb_params = run_context.original_args()
             self._publisher.publish(None, wait=True)  # anything left from an earlier run belongs to that run
             self._reset_step_state()
+            self.phases.enter(COMPILE)
             step = int(cb_params.get("cur_step_num", 0) or 0)
             self._publisher.reset(step)
             self._batch.bind(cb_params.get("train_dataset"))
@@ -145,6 +148,9 @@ class TrainingMonitor(Callback):
             return
         began = time.perf_counter()
         self._step_began = began
+        phases = self.phases
+        if phases.state[0] is not COMPILE:  # compilation lasts until the first step ends
+            phases.state = (STEP_PHASE, began)
         if self._previous_end is not None:
             self._data_wait = began - self._previous_end
         try:
@@ -189,6 +195,7 @@ class TrainingMonitor(Callback):
             self._data_wait = None
             self._kept = None
             self._previous_end = now = time.perf_counter()
+            self.phases.state = (DATA_WAIT_PHASE, now)
             self._hook_cost["step_end"].observe(now - entered)
 
     def on_train_epoch_end(self, run_context: Any) -> None:
@@ -199,10 +206,18 @@ class TrainingMonitor(Callback):
         if not self._enabled:
             return
         with self._cost("train_end", "callback"):
+            self.phases.enter(ENDED)  # before the sinks' last push: this rank ended normally
             self._finish_run()
 
+    def on_eval_begin(self, run_context: Any) -> None:
+        if self._enabled:
+            self.phases.enter(EVAL_PHASE)
+
     def on_eval_end(self, run_context: Any) -> None:
-        if not self._enabled or self._eval is None:
+        if not self._enabled:
+            return
+        self.phases.enter(DATA_WAIT_PHASE)
+        if self._eval is None:
             return
         with self._cost("eval_end", "eval"):
             self._publisher.publish(None, wait=True)

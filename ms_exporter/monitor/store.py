@@ -30,6 +30,21 @@ class Series:
         self.value = value
 
 
+class ReadSeries(Series):
+    """A gauge whose value is computed when a reader asks (the time spent in the current phase): the writer
+    then only keeps its own state, and a scrape sees the value as of the scrape."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self, labels: Labels, read: Callable[[], float]) -> None:  # noqa: PLW0231 - no value to set
+        self.labels = labels
+        self._read = read
+
+    @property
+    def value(self) -> float:  # type: ignore[override]  # read only: its writer is `read`
+        return self._read()
+
+
 class HistogramSeries:
     """One histogram time series with fixed upper bounds (the +Inf bucket is implicit)."""
 
@@ -77,6 +92,16 @@ class Family:
 
     def histogram(self, **labels: str) -> HistogramSeries:
         return cast(HistogramSeries, self._child(labels))
+
+    def bind(self, read: Callable[[], float], **labels: str) -> Series:
+        """A gauge series whose value `read()` gives at each reading (it replaces one with the same labels)."""
+        key = tuple(labels.items())
+        child = ReadSeries(key, read)
+        with self._lock:
+            self._children[key] = child
+        if self._on_new_series is not None:
+            self._on_new_series()
+        return child
 
     def _child(self, labels: dict[str, str]) -> Series | HistogramSeries:
         key = tuple(labels.items())

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ms_exporter.config import MonitorConfig
+from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
 from ms_exporter.probes.evaluation import EvalProbe
 from ms_exporter.probes.grad_norm import GradNormProbe
+from ms_exporter.probes.hang_deadline import HangDeadlineProbe
 from ms_exporter.probes.identity import publish_identity
 from ms_exporter.probes.layernorm import LayerNormProbe
 from ms_exporter.probes.learning_rate import LearningRateProbe
@@ -36,13 +38,15 @@ class ProbeSet:
     eval: EvalProbe | None  # fed at evaluation end, not per step
 
 
-def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo) -> ProbeSet:
+def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phases: PhaseClock) -> ProbeSet:
     if config.wants("global_rank"):
         import mindspore
 
         publish_identity(store, rank, str(mindspore.get_context("device_target")), mindspore.__version__,
                          config.tags)
     probes: list[Probe] = [ProgressProbe(store)]
+    if config.hang.enable:
+        probes.append(HangDeadlineProbe(store, config.hang, phases))
     if config.wants("loss"):
         probes.append(LossProbe(store, config.loss_window))
     if config.wants("lr"):
@@ -60,6 +64,6 @@ def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo) -> P
         probes.append(LayerNormProbe(store, config.layernorm))
     memory = None
     if config.wants("memory_usage"):
-        memory = MemoryProbe(store, config.warmup_steps, config.memory_window, config.interval)
+        memory = MemoryProbe(store, config.warmup_steps, config.memory_window, config.memory_interval)
         probes.append(memory)
     return ProbeSet(probes, memory, EvalProbe(store) if config.wants("eval") else None)

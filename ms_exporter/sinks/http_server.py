@@ -9,12 +9,15 @@ import hashlib
 import hmac
 import html
 import json
+import math
 import queue
 import socket
 import ssl
+import statistics
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Mapping
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -72,6 +75,10 @@ class MetricsPages:
         self._cache: dict[tuple[str, bool], tuple[float, Answer]] = {}
         self._render_lock = threading.Lock()
         self._verified: set[bytes] = set()
+        # When /metrics was asked for (perf_counter), and when the newest page served was rendered: how a rank that
+        # ended knows the interval its scrapers keep and whether they have seen its last state.
+        self.metrics_requests: deque[float] = deque(maxlen=4)
+        self.served_render = -math.inf
 
     def answer(self, method: str, target: str, headers: Message) -> Answer:
         """The answer to one parsed request; for HEAD the caller sends its status and headers only."""
@@ -93,18 +100,33 @@ class MetricsPages:
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
         return self._metrics(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
 
+    def scrape_interval(self) -> float | None:
+        """The median gap between the last /metrics requests; None before two were seen."""
+        times = list(self.metrics_requests)
+        if len(times) < 2:
+            return None
+        return statistics.median(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+
     def _metrics(self, accept: str, accept_encoding: str) -> Answer:
+        self.metrics_requests.append(time.perf_counter())
+        rendered, answer = self._render(accept, accept_encoding)
+        self.served_render = max(self.served_render, rendered)
+        return answer
+
+    def _render(self, accept: str, accept_encoding: str) -> tuple[float, Answer]:
+        """The page and the perf_counter time it was rendered at (-inf for an error)."""
         try:
             encoder, content_type = choose_encoder(accept)
         except (TypeError, ValueError):  # prometheus_client compares the version it was given as numbers
-            return _reply("400 Bad Request", b"The Accept header's version is not a version number\n")
+            return -math.inf, _reply("400 Bad Request", b"The Accept header's version is not a version number\n")
         gzipped = gzip_accepted(accept_encoding)
         key = (content_type, gzipped)
         # One render at a time: a burst of requests waits for it and shares it instead of rendering again.
         with self._render_lock:
             cached = self._cache.get(key)
-            if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
-                return cached[1]
+            if cached is not None and time.perf_counter() - cached[0] < self._cache_seconds:
+                return cached
+            rendered = time.perf_counter()
             body = encoder(self._registry)
             headers = [("Content-Type", content_type)]
             if gzipped:
@@ -114,8 +136,8 @@ class MetricsPages:
             if self._cache_seconds > 0:
                 if len(self._cache) >= _MAX_CACHED:
                     self._cache.clear()
-                self._cache[key] = (time.monotonic(), answer)
-            return answer
+                self._cache[key] = (rendered, answer)
+            return rendered, answer
 
     def _series(self, history: StepHistory, query: str) -> Answer:
         parsed = urllib.parse.parse_qs(query)

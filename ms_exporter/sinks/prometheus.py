@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ms_exporter import catalogue
 from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.sinks.base import Sink
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
     from ms_exporter.sinks.live_history import StepHistory
 
 logger = logging.getLogger("ms_exporter")
+
+# A rank that ended normally keeps serving at close until its scrapers have read `phase="ended"` (alerts tell a
+# finished rank from a dead one by it), for at most two of their intervals and never longer than this.
+LINGER_MAX_SECONDS = 30.0
 
 
 class StoreCollector(Collector):
@@ -83,6 +89,7 @@ class PrometheusEndpoint(Sink):
         self._history = history
         self._on_error = on_error
         self._labels = dict(store.constant_labels)
+        self._store = store
         self._tls = None
         if self.web.tls:
             try:
@@ -120,6 +127,25 @@ class PrometheusEndpoint(Sink):
 
     def close(self) -> None:
         if self._server is not None:
+            self._linger()
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def _ended_since(self) -> float | None:
+        """perf_counter time training ended normally (the phase clock's `ended`), None if it did not."""
+        for series in self._store.series_of(catalogue.PHASE):
+            if series.labels == (("phase", catalogue.ENDED),) and series.value == 1:
+                return time.perf_counter() - self._store.value_of(catalogue.PHASE_SECONDS)
+        return None
+
+    def _linger(self) -> None:
+        """Wait until a page rendered after training ended has been served, when someone scrapes regularly."""
+        ended = self._ended_since()
+        interval = self._server.pages.scrape_interval()
+        if ended is None or interval is None:
+            return
+        pages = self._server.pages
+        deadline = time.perf_counter() + min(2 * interval + 1.0, LINGER_MAX_SECONDS)
+        while pages.served_render < ended and time.perf_counter() < deadline:
+            time.sleep(0.05)

@@ -16,6 +16,8 @@ DEMO_CONFIG = {
     "interval": 5,
     "tags": {"model": "transformer-demo"},
     "grad_norm": {"layers": ["head"], "threshold": 10.0},
+    # Where deploy/prometheus/prometheus.yml discovers ranks: the README's alerting recipe finds the demo there.
+    "file_sd_dir": "/tmp/ms-exporter-targets",
 }
 VOCAB = 1000
 SEQ_LEN = 32

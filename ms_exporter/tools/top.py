@@ -301,11 +301,11 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
 
 def _memory_growth(samples: RankSamples) -> list[str]:
     """MindSporeTrainingMemoryGrowth's condition, per memory kind, with its default thresholds: grown more than
-    `memory_growth_ratio` over the post-warm-up baseline and still growing (`memory_increases` samples in a row)."""
+    `memory_growth_ratio` over the post-warm-up baseline and still growing (faster than `memory_growth_rate`)."""
     ratios = samples.by_label(catalogue.MEMORY_GROWTH_RATIO.name, "kind")
-    rising = samples.by_label(catalogue.MEMORY_RISING.name, "kind")
+    rates = samples.by_label(catalogue.MEMORY_GROWTH_RATE.name, "kind")
     return [f"memory +{ratio:.0%} {_MEMORY_SHORT.get(kind, kind)}" for kind, ratio in sorted(ratios.items())
-            if ratio > DEFAULTS.memory_growth_ratio and rising.get(kind, 0) >= DEFAULTS.memory_increases]
+            if ratio > DEFAULTS.memory_growth_ratio and rates.get(kind, 0) > DEFAULTS.memory_growth_rate]
 
 
 def _step_means(duration: tuple[float, float] | None, wait_sum: float | None,

@@ -1,6 +1,8 @@
 """A real training job with the monitor on and one fault injected after a healthy start (test helper).
 
-    python fault_job.py --port P --project NAME --fault {none,nan,loss,stall,leak,slow} [--seconds S]
+    python fault_job.py --port P --project NAME --fault {none,nan,loss,stall,leak,slow,kill} [--seconds S]
+
+`kill` trains healthily: the test kills the process from outside.
 
 The train cell returns MindSpore Transformers' 7-tuple (loss, overflow, scale, lr, global_norm, local_norms,
 sizes) so that every dashboard panel, gradients and loss scale included, has data.
@@ -71,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--project", required=True)
-    parser.add_argument("--fault", choices=("none", "nan", "loss", "stall", "leak", "slow"), default="none")
+    parser.add_argument("--fault", choices=("none", "nan", "loss", "stall", "leak", "slow", "kill"), default="none")
     parser.add_argument("--seconds", type=float, default=600)
     args = parser.parse_args()
 
@@ -88,7 +90,10 @@ def main() -> None:
                               # On but never triggered, so that the dashboard's actions panel has series.
                               actions={"early_stop": {"enable": True, "patience": 10**6, "unit": "epoch",
                                                       "max_nonfinite": None},
-                                       "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False}})
+                                       "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False}},
+                              # A short hang deadline only where the stall is the fault: a loaded machine's pauses
+                              # must not make the healthy run stall.
+                              hang={"min_seconds": 5 if args.fault == "stall" else 120})
     print(f"metrics: {monitor.url}", flush=True)
     model.train(10_000, synthetic_dataset(size=16 * 64), callbacks=[monitor, Fault(args.fault, network, args.seconds)],
                 dataset_sink_mode=False)

@@ -188,8 +188,9 @@ def test_the_shipped_rules_read_no_pushed_copy(gateway: Gateway, tmp_path: Path)
         assert pushed and all("instance" not in series["metric"] for series in pushed)
         assert {series["metric"]["job"] for series in pushed} == {JOB}
         text = (ROOT / RULES_FILE).read_text()
-        names = sorted(set(re.findall(r"(mindspore_\w+)" + re.escape(LIVE), text)))
-        assert {"mindspore_train_info", "mindspore_train_loss", "mindspore_train_world_size"} <= set(names)
+        names = sorted(set(re.findall(r"(mindspore_\w+)\{" + re.escape(LIVE), text)))
+        assert {"mindspore_train_info", "mindspore_train_loss", "mindspore_train_steps_total",
+                "mindspore_train_phase"} <= set(names)
         for name in names:
             assert prometheus.query(f'{name}{{instance!="", project="pg-rules"}}') == [], name
         assert prometheus.query('mindspore_train_loss{project="pg-rules"}'), "the unfiltered selector sees the push"

@@ -320,12 +320,12 @@ def test_cli_errors_say_what_is_allowed(capsys: pytest.CaptureFixture[str], monk
 
 
 def test_memory_growth_is_flagged_as_the_alert_would() -> None:
-    def grown(ratio: float, rising: int) -> tuple[str, ...]:
+    def grown(ratio: float, bytes_per_second: float) -> tuple[str, ...]:
         labels = '{kind="host_rss",project="capture",rank="1"}'
         page = (STEP8 + f"mindspore_train_memory_growth_ratio{labels} {ratio}\n"
-                f"mindspore_train_memory_consecutive_increases{labels} {rising}\n")
+                f"mindspore_train_memory_growth_bytes_per_second{labels} {bytes_per_second}\n")
         return first_row(page)[0].alerts
 
-    assert "memory +45% rss" in grown(0.45, 3)  # above the default 30% and still growing
-    assert not any(alert.startswith("memory") for alert in grown(0.45, 1))  # grew once, stopped: no leak
-    assert not any(alert.startswith("memory") for alert in grown(0.1, 5))  # growing, but within 30%
+    assert "memory +45% rss" in grown(0.45, 2e6)  # above the default 30% and still growing (2 MB/s)
+    assert not any(alert.startswith("memory") for alert in grown(0.45, 1000))  # grew once, now flat: no leak
+    assert not any(alert.startswith("memory") for alert in grown(0.1, 2e6))  # growing, but within 30%

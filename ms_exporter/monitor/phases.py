@@ -1,0 +1,59 @@
+"""Which phase a rank is in and since when, exported as `mindspore_train_phase{phase}` and `_phase_seconds`.
+
+| phase | from | to |
+|---|---|---|
+| compile | train begin | the first step's end (graph compilation and the first batch) |
+| step | a step's begin | its end (compute and the collectives inside it) |
+| data_wait | a step's end | the next step's begin (the data pipeline, host work, other callbacks) |
+| eval | an evaluation's begin | its end |
+| ended | training ended normally | the next train begin |
+
+`checkpoint` and `callbacks` are in the closed set of values (catalogue.PHASES) and exported as 0 until they are
+told apart from data_wait. A training call that raised keeps the phase it was in: the rank did not end normally.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from ms_exporter import catalogue
+from ms_exporter.monitor.store import MetricStore
+
+
+class PhaseClock:
+    """The training thread's hooks write `state` (one tuple assignment, so a reader never sees a phase with the
+    previous phase's start); scrapes and other threads read it."""
+
+    __slots__ = ("state", "_store", "_bound")
+
+    def __init__(self, store: MetricStore) -> None:
+        self.state: tuple[str | None, float] = (None, time.perf_counter())  # (phase, perf_counter at its start)
+        self._store = store
+        self._bound = False
+
+    @property
+    def phase(self) -> str | None:
+        return self.state[0]
+
+    def enter(self, phase: str, now: float | None = None) -> None:
+        self.state = (phase, time.perf_counter() if now is None else now)
+        if not self._bound:
+            self._bind()
+
+    def seconds(self) -> float:
+        """Time in the current phase; NaN before training began."""
+        phase, since = self.state
+        return math.nan if phase is None else time.perf_counter() - since
+
+    def _is_in(self, name: str) -> Callable[[], float]:
+        return lambda: 1.0 if self.state[0] == name else 0.0
+
+    def _bind(self) -> None:
+        """The series appear when training begins: before it, no phase was measured."""
+        self._bound = True
+        family = self._store.register(catalogue.PHASE)
+        for name in catalogue.PHASES:
+            family.bind(self._is_in(name), phase=name)
+        self._store.register(catalogue.PHASE_SECONDS).bind(self.seconds)

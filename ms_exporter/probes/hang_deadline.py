@@ -1,0 +1,78 @@
+"""The hang deadline: how long the current phase may last, learned from the run's own step cycles."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from ms_exporter import catalogue
+from ms_exporter.config import HangConfig
+from ms_exporter.monitor.phases import PhaseClock
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
+from ms_exporter.probes.base import Probe
+
+# Cycles seen before the learned figure replaces the first step's: a few, so that one odd step does not set it.
+MIN_CYCLES = 5
+# The percentile is recomputed this often (or at once when a cycle is longer than the figure in use).
+_REFRESH_EVERY = 16
+
+
+class HangDeadlineProbe(Probe):
+    """`hang.factor` x the `hang.percentile` of the last `hang.window` step cycles (step + data wait of one hook
+    call: a whole sink in sink mode), at least `hang.min_seconds`; fixed deadlines for compile, eval and
+    checkpoint. Until MIN_CYCLES cycles are in, the first step (compilation included) stands in for them.
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_hang_deadline_seconds | gauge | | seconds (NaN once training ended) |
+    """
+
+    name = "hang_deadline"
+
+    def __init__(self, store: MetricStore, config: HangConfig, phases: PhaseClock) -> None:
+        self._config = config
+        self._phases = phases
+        self._family = store.register(catalogue.HANG_DEADLINE)
+        self._bound = False
+        self._cycles: deque[float] = deque(maxlen=config.window)
+        self._first: float | None = None
+        self._base = math.nan  # the percentile in use
+        self._since_refresh = 0
+        self._fixed = {catalogue.COMPILE: config.compile_seconds, catalogue.EVAL_PHASE: config.eval_seconds,
+                       catalogue.CHECKPOINT: config.checkpoint_seconds, catalogue.ENDED: math.nan}
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        self._first = None  # a new call compiles again; its first cycle is not a step cycle
+        if not self._bound:
+            self._bound = True
+            self._family.bind(self.current)
+
+    def on_step(self, sample: StepSample) -> None:
+        cycle = sample.duration + (sample.data_wait or 0.0)
+        if self._first is None:
+            self._first = cycle
+            return
+        self._cycles.append(cycle)
+        self._since_refresh += 1
+        if self._since_refresh >= _REFRESH_EVERY or not cycle <= self._base:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        self._since_refresh = 0
+        ordered = sorted(self._cycles)
+        index = max(0, math.ceil(len(ordered) * self._config.percentile / 100) - 1)
+        self._base = ordered[index]
+
+    def learned(self) -> float:
+        """The deadline of the step and data_wait phases."""
+        first = self._first if self._first is not None else 0.0
+        base = self._base if len(self._cycles) >= MIN_CYCLES else first
+        return max(self._config.min_seconds, self._config.factor * base)
+
+    def current(self) -> float:
+        """The deadline of the phase the rank is in now (read at scrape time)."""
+        phase = self._phases.phase
+        fixed = self._fixed.get(phase) if phase is not None else math.nan
+        return fixed if fixed is not None else self.learned()

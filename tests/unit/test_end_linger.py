@@ -1,0 +1,84 @@
+"""A rank that ended normally keeps serving until its scraper has read `phase="ended"` (real sockets)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ms_exporter import catalogue
+from ms_exporter.monitor.phases import PhaseClock
+from ms_exporter.monitor.store import MetricStore
+from ms_exporter.sinks.prometheus import LINGER_MAX_SECONDS, PrometheusEndpoint
+
+
+def ended_value(page: str) -> float | None:
+    for family in text_string_to_metric_families(page):
+        for found in family.samples:
+            if found.name == catalogue.PHASE.name and found.labels.get("phase") == catalogue.ENDED:
+                return found.value
+    return None
+
+
+class Scraper:
+    """Scrapes every `interval` seconds until the endpoint goes, keeping each page's `ended` value."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        self.seen: list[float | None] = []
+        self._url, self._interval = url, interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                with urllib.request.urlopen(self._url, timeout=5) as response:
+                    self.seen.append(ended_value(response.read().decode()))
+            except OSError:
+                return
+            time.sleep(self._interval)
+
+    def join(self) -> None:
+        self._thread.join(10)
+
+
+def endpoint() -> tuple[PrometheusEndpoint, PhaseClock]:
+    store = MetricStore((("rank", "0"), ("project", "p")))
+    clock = PhaseClock(store)
+    served = PrometheusEndpoint(store, "127.0.0.1", 0, lambda component, exc: None)
+    return served, clock
+
+
+def test_close_waits_for_a_scrape_that_reads_ended() -> None:
+    served, clock = endpoint()
+    clock.enter(catalogue.STEP_PHASE)
+    scraper = Scraper(served.url, 1.5)
+    deadline = time.monotonic() + 30
+    while len(scraper.seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    clock.enter(catalogue.ENDED)
+    served.close()  # right after the end, as a script that exits when training returns
+    scraper.join()
+    assert scraper.seen[-1] == 1.0, scraper.seen
+    assert 0.0 in scraper.seen
+
+
+def test_close_does_not_wait_when_nobody_scrapes_or_training_did_not_end() -> None:
+    served, clock = endpoint()
+    clock.enter(catalogue.ENDED)
+    began = time.monotonic()
+    served.close()
+    assert time.monotonic() - began < LINGER_MAX_SECONDS / 2
+
+    served, clock = endpoint()
+    clock.enter(catalogue.STEP_PHASE)  # a run that raised keeps its phase: it did not end normally
+    scraper = Scraper(served.url, 0.5)
+    deadline = time.monotonic() + 30
+    while len(scraper.seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    count = len(scraper.seen)
+    served.close()
+    scraper.join()
+    assert len(scraper.seen) <= count + 1
