@@ -59,11 +59,12 @@ FAILURES = (
     Failure("grad", "MindSporeTrainingGradNormExploding", 45, "the loss (and so every gradient) x 1e5"),
     Failure("loss_high", "MindSporeTrainingLossHigh", 120, "the loss + 100, gradients unchanged"),
     Failure("loss_rising", "MindSporeTrainingLossRising", 120, "the loss + 0.5 more at every step"),
-    Failure("leak", "MindSporeTrainingMemoryGrowth", 120, "4 MiB of host memory more at every step"),
+    Failure("leak", "MindSporeTrainingMemoryGrowth", 120, "4 MiB of host memory more at every step (8 MiB/s)"),
     Failure("scale", "MindSporeTrainingLossScaleCollapse", 120,
             "every step overflows and the loss scale halves (from 1024)"),
     Failure("stall", "MindSporeTrainingStalled", 180, "a step begins and never ends (a sleep of an hour)"),
-    Failure("slow", "MindSporeTrainingThroughputDrop", 300, "each step cycle twice as long (tokens/s halved)",
+    Failure("slow", "MindSporeTrainingThroughputDrop", 300,
+            "each step cycle twice as long as the healthy ones (tokens/s halved)",
             healthy_seconds=210.0),
     Failure("kill", "MindSporeTrainingRankDown", 60, "the process is killed (SIGKILL): its target stays"),
     Failure("crash", "MindSporeTrainingRankMissing", 60,
@@ -259,7 +260,7 @@ def render(measured: dict[str, Any]) -> str:
         "sets), its rules as committed, and deploy/alertmanager/alertmanager.yml (group_wait "
         + ", ".join(f"{wait} for {matcher}" for matcher, wait in measured["group_wait"].items())
         + "). Only the target directory, the ports and the webhook URLs are changed. Each failure is a real "
-        "training (benchmarks/detection_job.py: a small classifier in PYNATIVE mode, 0.25 s per step, the "
+        "training (benchmarks/detection_job.py: a small classifier in PYNATIVE mode, 0.5 s per step, the "
         "monitor with its defaults), healthy first and then with its fault, all at the same time, with a healthy "
         "run beside them. The time is from the first faulty step to the first webhook POST that carries the "
         "alert; the job is stopped then.",

@@ -26,7 +26,8 @@ from mindspore.train import Callback, Model
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
 from ms_exporter.tools.demo import VOCAB, synthetic_dataset
 
-CYCLE = 0.25  # seconds per step, data wait included
+CYCLE = 0.5  # seconds per step, data wait included
+BATCH = 64  # about 1,300 real tokens a step: ~2,600 tokens/s, well above ThroughputLow's default 1,000
 FAULTS = ("none", "nan", "grad", "loss_high", "loss_rising", "leak", "scale", "stall", "slow", "kill", "crash")
 
 
@@ -76,6 +77,7 @@ class Fault(Callback):
         self.healthy_seconds, self.seconds = healthy_seconds, seconds
         self.fault_at: float | None = None
         self.previous_end = time.monotonic()
+        self.healthy_cycle = CYCLE  # the mean cycle before the fault (more than CYCLE when the host is busy)
         self.leak: list[np.ndarray] = []
         self.rising = 0.0
 
@@ -96,7 +98,7 @@ class Fault(Callback):
             self.rising += 0.5
             self.network.offset.set_data(Tensor(self.rising, ms.float32))
         elif fault == "leak":
-            self.leak.append(np.ones(4 * 2**20, np.uint8))  # 4 MiB more every step, really touched
+            self.leak.append(np.ones(4 * 2**20, np.uint8))  # 4 MiB more every step (8 MiB/s), really touched
         elif fault == "scale":
             self.cell.overflow.set_data(Tensor(True, ms.bool_))
             self.cell.scale.set_data(Tensor(max(float(self.cell.scale.asnumpy()) / 2, 2.0**-20), ms.float32))
@@ -108,10 +110,13 @@ class Fault(Callback):
             raise RuntimeError("detection benchmark: a rank fails")
 
     def on_train_step_end(self, run_context: Any) -> None:
-        cycle = CYCLE * (2 if self.fault == "slow" and self.fault_at is not None else 1)
-        rest = cycle - (time.monotonic() - self.previous_end)
+        rest = CYCLE - (time.monotonic() - self.previous_end)
         if rest > 0:
             time.sleep(rest)
+        if self.fault_at is None:
+            self.healthy_cycle = 0.9 * self.healthy_cycle + 0.1 * (time.monotonic() - self.previous_end)
+        elif self.fault == "slow":  # every cycle twice as long as the healthy ones, however busy the host is
+            time.sleep(self.healthy_cycle)
         self.previous_end = time.monotonic()
         if time.monotonic() - self.started > self.seconds:
             run_context.request_stop()
@@ -135,7 +140,8 @@ def main() -> None:
     monitor = TrainingMonitor(project=args.project, port=0, file_sd_dir=args.file_sd_dir, save_dir=args.save_dir)
     print(json.dumps({"metrics": monitor.url}), flush=True)
     fault = Fault(args.fault, network, cell, args.healthy_seconds, args.seconds)
-    Model(cell).train(1000, synthetic_dataset(size=16 * 64), callbacks=[monitor, fault], dataset_sink_mode=False)
+    Model(cell).train(1000, synthetic_dataset(size=BATCH * 32, batch=BATCH), callbacks=[monitor, fault],
+                      dataset_sink_mode=False)
     monitor.close()
 
 

@@ -91,7 +91,7 @@ ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "loss_scale",
                     "grad_norm", "weight_norm", "layernorm", "memory", "eval")
 SINK_COMPONENTS = ("prometheus", "otlp", "local", "file_sd", "pushgateway")
-COMPONENTS = ("callback", "sampler", "actions", *PROBE_COMPONENTS, *SINK_COMPONENTS)
+COMPONENTS = ("callback", "sampler", "watchdog", "actions", *PROBE_COMPONENTS, *SINK_COMPONENTS)
 # A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).
 FAILURES_BEFORE_DISABLE = 3
 
@@ -125,6 +125,10 @@ PHASE = MetricFamily("mindspore_train_phase", "gauge",
                      "always", ("phase",))
 PHASE_SECONDS = MetricFamily("mindspore_train_phase_seconds", "gauge", "Seconds since the current phase began.",
                              "seconds", "always")
+HANG_SUSPECTED = MetricFamily("mindspore_train_hang_suspected", "gauge",
+                              "1 while the current phase has outlasted its hang deadline, else 0.", "1", "hang")
+HANG_DUMPS = MetricFamily("mindspore_train_hang_dumps_total", "counter",
+                          "Stack dumps the hang watchdog wrote to save_dir.", "dumps", "hang")
 HANG_DEADLINE = MetricFamily("mindspore_train_hang_deadline_seconds", "gauge",
                              "Seconds the current phase may last before it counts as a hang (learned from the "
                              "run's own step cycles in data_wait and step).", "seconds", "hang")

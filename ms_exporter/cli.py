@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("files", nargs="+", help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
                                                  "one file (.jsonl.1, .2 ...) are read as one run")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
+    report.add_argument("--hang-min-seconds", type=float, default=None, metavar="S",
+                        help="a pause between steps counts as a stall past max(S, hang.factor x the recent step "
+                             "cycle), as the monitor's hang deadline (default: hang.min_seconds' default, 120)")
 
     args = parser.parse_args(argv)
     if args.command == "dashboard":
@@ -168,16 +171,20 @@ def _kubernetes(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from ms_exporter.config import HangConfig
     from ms_exporter.tools.report import ReportError, summary, write_report
 
     try:
-        runs = write_report(args.files, args.output)
+        hang = HangConfig() if args.hang_min_seconds is None else HangConfig(min_seconds=args.hang_min_seconds)
+        runs = write_report(args.files, args.output, hang)
     except (ReportError, OSError) as exc:
         print(f"ms-exporter report: {exc}", file=sys.stderr)
         return 1
     for run in runs:
-        facts = summary(run)
-        print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}")
+        facts = summary(run, hang)
+        stalled = "".join(f", stalled {stall['seconds']:.0f} s at step {stall['step']}" for stall in facts["stalls"])
+        print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
+              f"{stalled}")
     print(f"wrote {args.output}")
     return 0
 

@@ -500,6 +500,9 @@ class HangConfig:
     compile_seconds: float = setting(3600.0, check=greater_than(0))  # train begin to the first step's end
     eval_seconds: float = setting(1800.0, check=greater_than(0))
     checkpoint_seconds: float = setting(1800.0, check=greater_than(0))
+    # GET /debug/stacks on the rank's endpoint serves the latest dump (same TLS and auth as /metrics)
+    debug_endpoint: bool = setting(True, check=boolean())
+    native_stacks: bool = setting(True, check=boolean())  # add py-spy's native frames when py-spy is installed
 
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")

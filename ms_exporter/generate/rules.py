@@ -27,8 +27,10 @@ class Timing:
     event_for: str = "0s"  # a counted event (a NaN loss): real the moment it is counted
     spike_for: str = "10s"  # an exploding gradient norm: two evaluations, so that one odd step does not page
     gone_for: str = "20s"  # a rank gone: several failed scrapes, not one slow one
-    scale_for: str = "30s"  # loss-scale collapse: its window already spans a minute of steps
-    short_for: str = "1m"  # levels that are real once they last a minute (loss high or rising, memory growth)
+    # Trends already measured over a window (loss scale: the overflow fraction of a minute; memory: the growth slope
+    # of the last memory_window samples, 50 s by default): 30 s more of them is enough.
+    trend_for: str = "30s"
+    short_for: str = "1m"  # levels that are real once they last a minute (loss high, loss rising)
     long_for: str = "5m"  # warnings nobody need act on at once (gradient norm high, LR flat, LayerNorm drift)
     slow_for: str = "10m"  # throughput low and stragglers: a checkpoint or an evaluation pauses training briefly
     rate_window: str = "5m"
@@ -46,7 +48,7 @@ class Timing:
     lr_flat_window: str = "30m"
 
 
-TEST_TIMING = Timing(evaluation="1s", event_for="0s", spike_for="1s", gone_for="2s", scale_for="2s", short_for="2s",
+TEST_TIMING = Timing(evaluation="1s", event_for="0s", spike_for="1s", gone_for="2s", trend_for="2s", short_for="2s",
                      long_for="3s", slow_for="3s", rate_window="10s", events_window="30s", errors_window="30s",
                      overflow_window="20s", reported_window="10m", drop_recent="4s", drop_smooth="6s",
                      drop_baseline="40s", drop_for="2s", lr_flat_window="20s")
@@ -178,7 +180,7 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"at least hang.min_seconds).", b),
         _alert("MindSporeTrainingMemoryGrowth",
                f"({c.MEMORY_GROWTH_RATIO.name} > {_number(t.memory_growth_ratio)})"
-               f" and ({c.MEMORY_GROWTH_RATE.name} > {_number(t.memory_growth_rate)})", w.short_for,
+               f" and ({c.MEMORY_GROWTH_RATE.name} > {_number(t.memory_growth_rate)})", w.trend_for,
                "warning", "Memory keeps growing",
                f"{{{{ $labels.kind }}}} memory of {_WHO} is {{{{ $value | humanizePercentage }}}} above its "
                f"baseline and still growing.", b),
@@ -193,7 +195,7 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"(increase({c.OVERFLOW_STEPS.name}[{w.overflow_window}])"
                f" / (increase({c.STEPS.name}[{w.overflow_window}])"
                f" >= {OVERFLOW_MIN_STEPS}) > {_number(t.overflow_fraction)}) or ({c.LOSS_SCALE.name} < 1)",
-               w.scale_for, "warning",
+               w.trend_for, "warning",
                "Loss scaling is collapsing",
                f"{_WHO}: overflow on more than {_number(t.overflow_fraction)} of recent steps, or a loss scale "
                f"below 1 (value {{{{ printf \"%.3g\" $value }}}}).", b),

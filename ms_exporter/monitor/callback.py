@@ -23,6 +23,7 @@ from ms_exporter.monitor.sample import BatchCounter, read_loss
 from ms_exporter.monitor.sampler import MemorySampler
 from ms_exporter.monitor.signals import SignalRelay
 from ms_exporter.monitor.store import HistogramSeries, MetricStore
+from ms_exporter.monitor.watchdog import HangWatchdog
 from ms_exporter.probes import build_probes
 from ms_exporter.probes.learning_rate import LearningRateProbe
 from ms_exporter.sinks import build_sinks
@@ -63,14 +64,21 @@ class TrainingMonitor(Callback):
         self._eval = probes.eval
         self._memory = probes.memory
         self._actions = ActionRunner(self.config, self.store) if self.config.actions.any else None
-        self._errors = ErrorSink(self.store, ("callback", "sampler", *(p.name for p in probes.step),
+        self._errors = ErrorSink(self.store, ("callback", "sampler", *(("watchdog",) if probes.hang else ()),
+                                              *(p.name for p in probes.step),
                                               *(("actions",) if self._actions is not None else ())))
         self._breaker = Breaker(self._errors, self.store)
         hooks = self.store.register(catalogue.HOOK_DURATION)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
         self._thresholds = ThresholdWatcher(self.store, self.config.all_bounds(), self.config.warmup_steps)
         self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column)
-        self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker)
+        hang = self.config.hang
+        self._watchdog = HangWatchdog(self.phases, probes.hang.current, self.store, self.config.save_dir,
+                                      self.rank.rank, lambda exc: self._errors.absorb("watchdog", exc),
+                                      hang.native_stacks) if probes.hang is not None else None
+        watchdog = self._watchdog
+        stacks = (lambda: watchdog.latest) if watchdog is not None and hang.debug_endpoint else None
+        self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker, stacks)
         self._errors.expect(sink.name for sink in self._sinks)
         self._publisher = StepPublisher(probes.step, self._thresholds, self._actions, self._sinks, self._batch,
                                         self._errors, self._breaker)
@@ -140,6 +148,8 @@ class TrainingMonitor(Callback):
                 self._guard(sink.name, sink.start, step)
             if self._sampler is not None:
                 self._sampler.start()
+            if self._watchdog is not None:
+                self._watchdog.start()
             if any(sink.needs_signals for sink in self._sinks):
                 self._signals.install()
 
@@ -253,6 +263,8 @@ class TrainingMonitor(Callback):
     def _stop_sampler(self) -> None:
         if self._sampler is not None:
             self._sampler.stop()
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     def _guard(self, component: str, func: Callable[..., Any], *args: Any) -> None:
         try:

@@ -36,6 +36,7 @@ class ProbeSet:
     step: list[Probe]
     memory: MemoryProbe | None  # host memory is sampled by the monitor's sampler thread
     eval: EvalProbe | None  # fed at evaluation end, not per step
+    hang: HangDeadlineProbe | None = None  # its deadline is what the hang watchdog waits for
 
 
 def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phases: PhaseClock) -> ProbeSet:
@@ -45,8 +46,9 @@ def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phas
         publish_identity(store, rank, str(mindspore.get_context("device_target")), mindspore.__version__,
                          config.tags)
     probes: list[Probe] = [ProgressProbe(store)]
-    if config.hang.enable:
-        probes.append(HangDeadlineProbe(store, config.hang, phases))
+    hang = HangDeadlineProbe(store, config.hang, phases) if config.hang.enable else None
+    if hang is not None:
+        probes.append(hang)
     if config.wants("loss"):
         probes.append(LossProbe(store, config.loss_window))
     if config.wants("lr"):
@@ -66,4 +68,4 @@ def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phas
     if config.wants("memory_usage"):
         memory = MemoryProbe(store, config.warmup_steps, config.memory_window, config.memory_interval)
         probes.append(memory)
-    return ProbeSet(probes, memory, EvalProbe(store) if config.wants("eval") else None)
+    return ProbeSet(probes, memory, EvalProbe(store) if config.wants("eval") else None, hang)

@@ -17,6 +17,7 @@ from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.base import Sink
 
 if TYPE_CHECKING:
+    from ms_exporter.sinks.http_server import Stacks
     from ms_exporter.sinks.live_history import StepHistory
     from ms_exporter.sinks.prometheus import PrometheusEndpoint
 
@@ -26,7 +27,7 @@ OnError = Callable[[str, BaseException], None]
 
 
 def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
-                breaker: Breaker) -> list[Sink]:
+                breaker: Breaker, stacks: Stacks | None = None) -> list[Sink]:
     """The sinks `config` asks for, in the order of `backend`, then file_sd and the Pushgateway.
 
     A sink that cannot start (no address to bind, an unreachable OTLP setting) is counted and left out: training
@@ -36,7 +37,7 @@ def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
     port: int | None = None  # the port the endpoint really got
     for backend in config.backend:
         if backend == "prometheus":
-            served = _prometheus(config, store, rank, on_error)
+            served = _prometheus(config, store, rank, on_error, stacks)
             if served is not None:
                 port = served[0].port
                 sinks.extend(served)
@@ -56,8 +57,8 @@ def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
     return sinks
 
 
-def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo,
-                on_error: OnError) -> tuple[PrometheusEndpoint, StepHistory] | None:
+def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
+                stacks: Stacks | None) -> tuple[PrometheusEndpoint, StepHistory] | None:
     """The endpoint and the live page's ring it serves; None when no port on the address could be bound."""
     from ms_exporter.sinks.live_history import StepHistory
     from ms_exporter.sinks.prometheus import PrometheusEndpoint
@@ -65,7 +66,7 @@ def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo,
     history = StepHistory(store, config.all_bounds())
     port = config.port + rank.local_rank if config.port else 0
     try:
-        endpoint = PrometheusEndpoint(store, config.bind_address, port, on_error, config.web, history)
+        endpoint = PrometheusEndpoint(store, config.bind_address, port, on_error, config.web, history, stacks)
     except OSError as exc:
         # Not even a free port on this address: training goes on without an endpoint.
         on_error("prometheus", exc)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 METRICS_PATH = "/metrics"
 LIVE_PATHS = ("/", "/index.html")
 SERIES_PATH = "/api/series"
+STACKS_PATH = "/debug/stacks"  # the hang watchdog's latest dump (hang.debug_endpoint)
+Stacks = Callable[[], "str | None"]
 LIVE_REFRESH_MS = 2000
 # A client that connects and then says nothing (or drips bytes) holds one server thread this long, at most.
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -64,8 +66,10 @@ class MetricsPages:
     as prometheus_client's own handlers do."""
 
     def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float,
-                 history: StepHistory | None = None, labels: Mapping[str, str] | None = None) -> None:
+                 history: StepHistory | None = None, labels: Mapping[str, str] | None = None,
+                 stacks: Stacks | None = None) -> None:
         self._registry = registry
+        self._stacks = stacks
         self._history = history
         self._labels = dict(labels or {})
         title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
@@ -88,13 +92,19 @@ class MetricsPages:
         raw_path, _, query = target.partition("?")
         path = urllib.parse.unquote(raw_path, "iso-8859-1")
         live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
-        if path != METRICS_PATH and not live:
+        stacks = self._stacks is not None and path == STACKS_PATH
+        if path != METRICS_PATH and not live and not stacks:
             served = f"{METRICS_PATH}, / and {SERIES_PATH}" if self._history is not None else METRICS_PATH
             return _reply("404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
         if method not in ("GET", "HEAD"):
             return _reply("405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
         if path == SERIES_PATH and self._history is not None:
             return self._series(self._history, query)
+        if stacks and self._stacks is not None:
+            dump = self._stacks()
+            if dump is None:
+                return _reply("404 Not Found", b"No hang dump yet: this rank has not outlasted a hang deadline\n")
+            return _reply("200 OK", dump.encode(), [("Cache-Control", "no-cache")], "text/plain; charset=utf-8")
         if path in LIVE_PATHS:
             return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
@@ -353,14 +363,14 @@ class _TlsServer(_PooledServer):
 
 def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int, on_error: OnError,
           context: ssl.SSLContext | None = None, history: StepHistory | None = None,
-          labels: Mapping[str, str] | None = None) -> tuple[HTTPServer, threading.Thread]:
+          labels: Mapping[str, str] | None = None, stacks: Stacks | None = None) -> tuple[HTTPServer, threading.Thread]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
 
     `on_error(component, exc)` counts a request that could not be answered (a render that raised, say)."""
     base: type[_PooledServer] = _TlsServer if context is not None else _PooledServer
     server_class = type("MetricsServer", (base,), {"address_family": socket.AF_INET6 if ":" in address
                                                    else socket.AF_INET})
-    pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels)
+    pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels, stacks)
     budget = RequestBudget(web.max_requests_per_second) if web.max_requests_per_second else None
     server = server_class((address, port), pages, on_error, budget, context)
     thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)

@@ -100,7 +100,14 @@ class StepHistory(Sink):
             "memory_kind": self.memory_kind,
             "bounds": {key: bound for key, bound in self.bounds.items() if key in _PLOTTED},
             "now": time.time(),
+            **self._phase(),
         }
+
+    def _phase(self) -> dict[str, Any]:
+        """Where the rank is now and for how long, and how long that phase may last (docs/hangs.md)."""
+        phase = next((dict(s.labels)["phase"] for s in self._store.series_of(catalogue.PHASE) if s.value == 1), None)
+        return {"phase": phase, "phase_seconds": _json(self._store.value_of(catalogue.PHASE_SECONDS)),
+                "hang_deadline": _json(self._store.value_of(catalogue.HANG_DEADLINE))}
 
 
 # Bounds drawn on the live page's charts (memory growth has no chart of its own).

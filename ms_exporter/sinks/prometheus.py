@@ -17,7 +17,7 @@ from ms_exporter import catalogue
 from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.sinks.base import Sink
-from ms_exporter.sinks.http_server import serve, tls_context
+from ms_exporter.sinks.http_server import Stacks, serve, tls_context
 
 if TYPE_CHECKING:
     from ms_exporter.sinks.live_history import StepHistory
@@ -77,8 +77,9 @@ class PrometheusEndpoint(Sink):
 
     def __init__(self, store: MetricStore, bind_address: str, port: int,
                  on_error: Callable[[str, BaseException], None], web: WebConfig | None = None,
-                 history: StepHistory | None = None) -> None:
+                 history: StepHistory | None = None, stacks: Stacks | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        self._stacks = stacks
         self.collector = StoreCollector(store, on_error)
         self.registry.register(self.collector)
         self._server: Any = None
@@ -101,7 +102,8 @@ class PrometheusEndpoint(Sink):
         self.port = self._start(bind_address, port)
 
     def _serve(self, address: str, port: int) -> Any:
-        return serve(self.registry, self.web, address, port, self._on_error, self._tls, self._history, self._labels)
+        return serve(self.registry, self.web, address, port, self._on_error, self._tls, self._history, self._labels,
+                     self._stacks)
 
     def _start(self, address: str, port: int) -> int:
         try:

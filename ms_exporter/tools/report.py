@@ -16,11 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter import catalogue
+from ms_exporter.config import HangConfig
 
-# Step-record columns the report plots, in chart order; memory comes from the snapshots.
-PLOTTED = tuple(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE,
-                                             catalogue.TOKENS_PER_SECOND, catalogue.SAMPLES_PER_SECOND,
-                                             catalogue.STEP_DURATION, catalogue.GRAD_NORM))
+# Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
+# the snapshots.
+PLOTTED = (*(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE,
+                                          catalogue.TOKENS_PER_SECOND, catalogue.SAMPLES_PER_SECOND,
+                                          catalogue.STEP_DURATION, catalogue.DATA_WAIT, catalogue.GRAD_NORM)),
+           "time")
+_LOSS, _SMOOTHED = catalogue.LOSS.short, catalogue.LOSS_SMOOTHED.short
 _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
 # Snapshot keys of the memory figure, in the order of preference (memory in use on the device, else the host's).
 _MEMORY_KEYS = {catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind
@@ -95,6 +99,8 @@ def load_run(files: list[Path]) -> Run:
                     run.steps["step"].append(last_step)
                     for key in PLOTTED:
                         run.steps[key].append(_number(record.get(key)))
+                    if run.steps[_LOSS][-1] is None:  # the smoothed loss of a NaN step is no loss: a gap
+                        run.steps[_SMOOTHED][-1] = None
                     run.last_loss = record.get("loss")
                 elif kind == "snapshot":
                     metrics = record.get("metrics", {})
@@ -111,7 +117,7 @@ def load_run(files: list[Path]) -> Run:
     return run
 
 
-def summary(run: Run) -> dict[str, Any]:
+def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
     losses = [v for v in run.steps["loss"] if v is not None]
     throughput_key = "tokens_per_second" if any(run.steps["tokens_per_second"]) else "samples_per_second"
     rates = sorted(v for v in run.steps[throughput_key] if v is not None and v > 0)
@@ -142,7 +148,36 @@ def summary(run: Run) -> dict[str, Any]:
         "breaches": counters("threshold_breaches_total", "metric"),
         "actions": counters("actions_total", "action"),
         "events": [e.get("event") for e in run.events],
+        "stalls": stalls(run, hang),
+        "wall_seconds": _wall_seconds(run),
     }
+
+
+def _wall_seconds(run: Run) -> float | None:
+    times = [t for t in run.steps["time"] if t is not None]
+    return times[-1] - times[0] if len(times) > 1 else None
+
+
+def stalls(run: Run, hang: HangConfig | None = None) -> list[dict[str, float]]:
+    """Where the run stood still: two records further apart in wall-clock time than the hang deadline the monitor
+    would have had there (`hang.factor` x the `hang.percentile` of the cycles before, at least `hang.min_seconds`;
+    docs/hangs.md), with the step it stood at and for how long."""
+    hang = hang or HangConfig()
+    times, steps = run.steps["time"], run.steps["step"]
+    found: list[dict[str, float]] = []
+    cycles: list[float] = []
+    for index in range(1, len(times)):
+        earlier, later = times[index - 1], times[index]
+        if earlier is None or later is None:
+            continue
+        gap = later - earlier
+        recent = sorted(cycles[-hang.window:])
+        base = recent[max(0, math.ceil(len(recent) * hang.percentile / 100) - 1)] if recent else 0.0
+        if gap > max(hang.min_seconds, hang.factor * base):
+            found.append({"step": steps[index - 1], "start": earlier, "seconds": gap})
+        else:
+            cycles.append(gap)
+    return found
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -151,13 +186,13 @@ def _percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def render(runs: list[Run]) -> str:
+def render(runs: list[Run], hang: HangConfig | None = None) -> str:
     labels = [f"project {r.project} rank {r.rank}" for r in runs]
     for index, run in enumerate(runs):
         duplicate = labels.count(labels[index]) > 1
         run.label = labels[index] + (f" ({Path(run.files[-1]).name}, run {index + 1})" if duplicate else "")
     data = [{"label": r.label, "steps": r.steps, "memory": r.memory, "memory_kind": r.memory_kind,
-             "summary": summary(r)} for r in runs]
+             "summary": summary(r, hang)} for r in runs]
     assets = resources.files("ms_exporter") / "web_assets"
     template = (assets / "report.html").read_text(encoding="utf-8")
     payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
@@ -166,7 +201,7 @@ def render(runs: list[Run]) -> str:
             .replace("__TITLE__", html.escape(title)).replace("__DATA__", payload))
 
 
-def write_report(paths: list[str], output: str) -> list[Run]:
+def write_report(paths: list[str], output: str, hang: HangConfig | None = None) -> list[Run]:
     runs = [load_run(files) for files in group_files(paths)]
-    Path(output).write_text(render(runs), encoding="utf-8")
+    Path(output).write_text(render(runs, hang), encoding="utf-8")
     return runs

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
@@ -187,6 +187,12 @@ class Row:
     alerts: tuple[str, ...] = ()
     error: str | None = None
     slowest: bool = False
+    phase: str | None = None  # mindspore_train_phase: compile, step, data_wait, eval, ..., ended
+
+    @property
+    def ended(self) -> bool:
+        """The rank said its training ended normally (its endpoint may be gone since)."""
+        return self.phase == catalogue.ENDED
 
     @property
     def cycle_seconds(self) -> float | None:
@@ -206,6 +212,7 @@ class History:
     wait_seconds: float | None = None
     counters: dict[str, float] = field(default_factory=dict)
     held: dict[str, float] = field(default_factory=dict)  # alert -> shown until (unix seconds)
+    row: Row | None = None  # what this poll showed: an ended rank keeps its last row once its endpoint goes
 
 
 class RankSamples:
@@ -274,7 +281,11 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
     elif "non-finite loss" in held:
         alerts.append("non-finite loss")
     alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
-    if age is not None and age > stale_seconds:
+    phases = samples.by_label(catalogue.PHASE.name, "phase")
+    phase = next((name for name, value in phases.items() if value == 1), None)
+    if phase == catalogue.ENDED:
+        alerts.insert(0, "ended")  # no step since is the end, not a stall
+    elif age is not None and age > stale_seconds:
         alerts.append(f"no step for {_age(age)}")
     disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
     alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
@@ -295,8 +306,8 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
               step_seconds=step_seconds, wait_seconds=wait_seconds,
               grad_norm=samples.value(catalogue.GRAD_NORM.name),
               memory_bytes=memory_bytes, memory_kind=memory_kind,
-              age_seconds=age, alerts=tuple(alerts))
-    return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held)
+              age_seconds=age, alerts=tuple(alerts), phase=phase)
+    return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
 
 
 def _memory_growth(samples: RankSamples) -> list[str]:
@@ -329,6 +340,15 @@ def _step_means(duration: tuple[float, float] | None, wait_sum: float | None,
 
 def down_row(target: Target, error: str) -> Row:
     return Row(target=target.url, rank=target.rank, project=target.project, error=error)
+
+
+def gone_rows(url: str, histories: Mapping[tuple[str, str, str], History], error: str) -> list[Row] | None:
+    """The rows of a target that no longer answers, when every rank it served had ended normally: their last
+    rows, marked as ended with the endpoint gone. None when it did not end (the target is down)."""
+    last = [history.row for key, history in histories.items() if key[0] == url and history.row is not None]
+    if not last or not all(row.ended for row in last):
+        return None
+    return [replace(row, alerts=(f"ended; endpoint gone ({error})",), age_seconds=None) for row in last]
 
 
 def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list[Row]:
@@ -425,6 +445,7 @@ COLUMNS = (
     _Column("GRAD NORM", _up(lambda row: _number(row.grad_norm, 4))),
     _Column("MEMORY", _up(_memory)),
     _Column("LAST STEP", _up(lambda row: "-" if row.age_seconds is None else _age(row.age_seconds) + " ago")),
+    _Column("PHASE", _up(lambda row: row.phase or "-"), left=True),
     _Column("PROJECT", lambda row: row.project or "-", left=True),
     _Column("TARGET", lambda row: row.target, left=True),
 )
@@ -454,11 +475,14 @@ def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> S
     header = Line(line([column.header for column in COLUMNS], ALERTS_HEADER), "header")
     body = []
     for row, values, alert in zip(rows, cells, alerts, strict=True):
-        style = "slowest" if row.slowest else "down" if row.error is not None else "alert" if row.alerts else "normal"
+        style = ("slowest" if row.slowest else "down" if row.error is not None
+                 else "alert" if row.alerts and not row.ended else "normal")
         body.append(Line(line(values, alert), style))
 
-    up = sum(1 for row in rows if row.error is None)
-    summary = f"{up} up, {len(rows) - up} down" if rows else "no targets yet"
+    ended = sum(1 for row in rows if row.error is None and row.ended)
+    up = sum(1 for row in rows if row.error is None) - ended
+    summary = (f"{up} up, " + (f"{ended} ended, " if ended else "") + f"{len(rows) - up - ended} down"
+               if rows else "no targets yet")
     title = Line(_fit(f"ms-exporter top - {summary}" + (f" - {status}" if status else ""), width), "title")
     footer = [Line(_fit(_slowest_text(row), width)) for row in rows if row.slowest]
     if footer:
@@ -604,6 +628,9 @@ class Poller:
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ms-exporter-top")
         self._pending: dict[str, Future[str]] = {}
         self._histories: dict[tuple[str, str, str], History] = {}
+        # Ranks whose target left discovery (a file_sd file removed) before they said they ended: shown DOWN until
+        # the same project and rank report again.
+        self._vanished: dict[tuple[str, str], Row] = {}
 
     def poll(self) -> list[Row]:
         targets = expand_targets(self._specs, self._scheme)
@@ -627,7 +654,7 @@ class Poller:
             try:
                 groups = parse_ranks(future.result())
             except FetchError as exc:
-                rows.append(down_row(target, str(exc)))
+                rows.extend(gone_rows(target.url, self._histories, str(exc)) or [down_row(target, str(exc))])
                 continue
             except Exception as exc:  # the parser's errors are ValueErrors and worse: all mean "not our page"
                 rows.append(down_row(target, f"not the Prometheus text format: {exc}"))
@@ -641,7 +668,13 @@ class Poller:
                                                       now, self._stale_seconds)
                 rows.append(row)
         urls = {target.url for target in targets}
+        for key, history in self._histories.items():
+            if key[0] not in urls and history.row is not None and not history.row.ended:
+                self._vanished[key[1:]] = replace(history.row, error="left discovery without ending")
         self._histories = {key: value for key, value in self._histories.items() if key[0] in urls}
+        reporting = {(row.project, row.rank) for row in rows if row.error is None}
+        self._vanished = {key: row for key, row in self._vanished.items() if key not in reporting}
+        rows.extend(self._vanished.values())
         return mark_slowest(sorted(rows, key=_sort_key))
 
     def close(self) -> None:

@@ -59,6 +59,10 @@
         points++;
       }
     }
+    // A shared x range (every chart of a report spans the whole run, also where a series has no finite value).
+    if (spec.xRange) { xMin = Math.min(xMin, spec.xRange[0]); xMax = Math.max(xMax, spec.xRange[1]); }
+    canvas.dataset.xMin = String(xMin);
+    canvas.dataset.xMax = String(xMax);
     const clip = finite(spec.clipAbove) && !spec.logY && spec.clipAbove < yMax ? spec.clipAbove : undefined;
     if (clip !== undefined) { yMax = clip; }
     if (spec.zero && !spec.logY) { yMin = Math.min(yMin, 0); }

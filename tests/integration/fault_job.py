@@ -1,8 +1,10 @@
 """A real training job with the monitor on and one fault injected after a healthy start (test helper).
 
-    python fault_job.py --port P --project NAME --fault {none,nan,loss,stall,leak,slow,kill} [--seconds S]
+    python fault_job.py --port P --project NAME --fault {none,nan,loss,stall,pause,leak,slow,kill} [--seconds S]
+        [--pause P] [--save-dir D]
 
-`kill` trains healthily: the test kills the process from outside.
+`kill` trains healthily: the test kills the process from outside. `pause` stops once for --pause seconds (a stall
+that ends). With --save-dir the monitor also writes JSON Lines there.
 
 The train cell returns MindSpore Transformers' 7-tuple (loss, overflow, scale, lr, global_norm, local_norms,
 sizes) so that every dashboard panel, gradients and loss scale included, has data.
@@ -42,8 +44,9 @@ class SevenTuple(nn.Cell):
 
 
 class Fault(Callback):
-    def __init__(self, fault: str, network: Boosted, seconds: float) -> None:
+    def __init__(self, fault: str, network: Boosted, seconds: float, pause: float = 0.0) -> None:
         super().__init__()
+        self.pause = pause
         self.fault = fault
         self.network = network
         self.deadline = time.monotonic() + seconds
@@ -59,6 +62,8 @@ class Fault(Callback):
             self.network.boost.set_data(Tensor(100.0, ms.float32))
         elif self.fault == "stall":
             time.sleep(3600)  # the test kills the job once the alert arrived
+        elif self.fault == "pause" and step == HEALTHY_STEPS + 1:
+            time.sleep(self.pause)
         elif self.fault == "leak":
             self.leak.append(np.ones(4 * 2**20, np.uint8))  # 4 MiB more every step, really touched
         elif self.fault == "slow":
@@ -73,8 +78,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--project", required=True)
-    parser.add_argument("--fault", choices=("none", "nan", "loss", "stall", "leak", "slow", "kill"), default="none")
+    parser.add_argument("--fault", choices=("none", "nan", "loss", "stall", "pause", "leak", "slow", "kill"),
+                        default="none")
     parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--pause", type=float, default=20.0)
+    parser.add_argument("--save-dir", default=None)
     args = parser.parse_args()
 
     # PYNATIVE: set_data on the boost reaches the step there (a compiled graph keeps its own copy).
@@ -93,10 +101,12 @@ def main() -> None:
                                        "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False}},
                               # A short hang deadline only where the stall is the fault: a loaded machine's pauses
                               # must not make the healthy run stall.
-                              hang={"min_seconds": 5 if args.fault == "stall" else 120})
+                              hang={"min_seconds": 5 if args.fault in ("stall", "pause") else 120},
+                              **({"backend": ["prometheus", "local"], "save_dir": args.save_dir}
+                                 if args.save_dir else {}))
     print(f"metrics: {monitor.url}", flush=True)
-    model.train(10_000, synthetic_dataset(size=16 * 64), callbacks=[monitor, Fault(args.fault, network, args.seconds)],
-                dataset_sink_mode=False)
+    fault = Fault(args.fault, network, args.seconds, args.pause)
+    model.train(10_000, synthetic_dataset(size=16 * 64), callbacks=[monitor, fault], dataset_sink_mode=False)
 
 
 if __name__ == "__main__":

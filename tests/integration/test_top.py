@@ -140,7 +140,7 @@ def test_live_view_in_tmux_marks_the_slowest_rank_adapts_to_resize_and_quits_on_
 
         screen = wait_until(screen_with_both_ranks, 30, "both ranks on the live screen")
         lines = screen.splitlines()
-        assert lines[0].startswith("ms-exporter top - 2 up, 0 down - ") and "q quits" in lines[0]
+        assert lines[0].startswith("ms-exporter top - 0 up, 2 ended, 0 down - ") and "q quits" in lines[0]
         # 120 columns: the TARGET column (the URLs are long) goes first, the alerts stay.
         assert lines[1].split()[:3] == ["RANK", "STEP", "LOSS"] and lines[1].split()[-1] == "ALERTS"
         assert "TARGET" not in lines[1]
@@ -192,7 +192,7 @@ def test_dead_ranks_show_down_without_holding_up_the_others(ranks: dict[int, Tra
     assert len(down) == 2, out
     assert any(f"http://{refused}/metrics" in line and "Connection refused" in line for line in down)
     assert any(f"http://{hanging}/metrics" in line and "timed out after 1s" in line for line in down)
-    assert out.startswith("ms-exporter top - 2 up, 2 down - ")
+    assert out.startswith("ms-exporter top - 0 up, 2 ended, 2 down - ")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import cli
+from ms_exporter import catalogue, cli
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.sinks.file_sd import FileSdTarget
 from ms_exporter.tools.top import (
@@ -329,3 +329,60 @@ def test_memory_growth_is_flagged_as_the_alert_would() -> None:
     assert "memory +45% rss" in grown(0.45, 2e6)  # above the default 30% and still growing (2 MB/s)
     assert not any(alert.startswith("memory") for alert in grown(0.45, 1000))  # grew once, now flat: no leak
     assert not any(alert.startswith("memory") for alert in grown(0.1, 2e6))  # growing, but within 30%
+
+
+def with_phase(page: str, phase: str, rank: str = "1") -> str:
+    """The captured page (taken before phases existed) with the phase series a rank now serves."""
+    page = page.replace('rank="1"', f'rank="{rank}"')
+    lines = [f'mindspore_train_phase{{phase="{name}",project="capture",rank="{rank}"}} {float(name == phase)}'
+             for name in catalogue.PHASES]
+    return page + "\n".join(lines) + "\n"
+
+
+def test_the_phase_is_shown_and_an_ended_rank_is_not_stalled() -> None:
+    row, _ = first_row(with_phase(STEP8, "data_wait"))
+    assert row.phase == "data_wait" and not row.ended
+    late = Scrape(STEP8).value("mindspore_train_last_step_timestamp_seconds") + 3600
+    stalled, _ = first_row(with_phase(STEP8, "step"), now=late)
+    assert any(alert.startswith("no step for") for alert in stalled.alerts)
+    ended, _ = first_row(with_phase(STEP8, "ended"), now=late)
+    assert ended.ended and ended.alerts[0] == "ended"
+    assert not any(alert.startswith("no step for") for alert in ended.alerts)
+    screen = render([row, ended])
+    assert "PHASE" in screen.header.text and "data_wait" in screen.rows[0].text
+    assert screen.title.text.startswith("ms-exporter top - 1 up, 1 ended, 0 down")
+
+
+def test_a_rank_that_ended_and_went_is_ended_and_one_that_crashed_is_down(tmp_path: Path) -> None:
+    answering = {"http://127.0.0.1:19420/metrics", "http://127.0.0.1:19421/metrics"}
+
+    def fetcher(url: str, access: Access) -> str:
+        if url not in answering:
+            raise FetchError("Connection refused")
+        return with_phase(STEP8, "ended", "0") if url.endswith("19420/metrics") else with_phase(STEP8, "step", "1")
+
+    poller = Poller([TargetSpec("url", url) for url in sorted(answering)], Access(timeout=1), fetcher=fetcher)
+    try:
+        assert [(r.rank, r.phase, r.error) for r in poller.poll()] == [("0", "ended", None), ("1", "step", None)]
+        answering.clear()  # both processes exit: rank 0 after its training ended, rank 1 in the middle of it
+        ended, down = poller.poll()
+        assert ended.error is None and ended.ended and ended.step == 8
+        assert ended.alerts == ("ended; endpoint gone (Connection refused)",)
+        assert down.rank is None and down.error == "Connection refused"
+        assert render([ended, down]).title.text.startswith("ms-exporter top - 0 up, 1 ended, 1 down")
+    finally:
+        poller.close()
+
+    # Discovered through file_sd: a rank that leaves discovery without having ended stays on screen as DOWN.
+    for rank in (0, 1):
+        FileSdTarget(str(tmp_path), "capture", RankInfo(rank, rank, 2, "node-a"), "127.0.0.1", 19420 + rank).write()
+    answering.update({"http://127.0.0.1:19420/metrics", "http://127.0.0.1:19421/metrics"})
+    poller = Poller([TargetSpec("dir", str(tmp_path))], Access(timeout=1), fetcher=fetcher)
+    try:
+        assert len(poller.poll()) == 2
+        for rank in (0, 1):
+            FileSdTarget(str(tmp_path), "capture", RankInfo(rank, rank, 2, "node-a"), "127.0.0.1", 0).remove()
+        (left,) = poller.poll()
+        assert (left.rank, left.error) == ("1", "left discovery without ending")
+    finally:
+        poller.close()
