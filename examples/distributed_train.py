@@ -7,12 +7,16 @@ Each rank serves http://127.0.0.1:<port + local rank>/metrics and writes its fil
 `--slow-rank 1 --slow-seconds 0.2` makes rank 1's data loader take 200 ms longer per batch: the other rank waits
 for it in every step's all-reduce, and MindSporeTrainingStraggler names rank 1. A stall shorter than a step
 (40-100 ms with 2 workers on 2 CPU cores) hides behind the pipeline's prefetch and slows nothing, as it should.
+`--block-rank 1 --block-after 2400` makes rank 1's data loader block for good after that many samples (step
+~150, once the prefetched batches are used up): the others wait for it in the all-reduce, and
+MindSporeTrainingHang names rank 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,11 +43,43 @@ class SlowSamples:
         return len(self._samples)
 
 
-def dataset_for_this_rank(size: int, slow_seconds: float) -> Any:
-    """This rank's shard; with slow_seconds > 0, read through a loader that is that much slower per batch."""
-    if slow_seconds <= 0:
+class BlockingSamples:
+    """A data loader that hangs: the `block_at`-th sample this rank reads (and any after it) never comes. The moment
+    it first blocks goes to `mark` (unix time), for a test to measure from."""
+
+    def __init__(self, samples: PaddedTokens, block_at: int, mark: Path | None) -> None:
+        self._samples = samples
+        self._block_at = block_at
+        self._mark = mark
+        self._read = 0
+        self._never = threading.Event()
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        self._read += 1
+        if self._read > self._block_at:
+            if self._mark is not None and not self._mark.exists():
+                self._mark.parent.mkdir(parents=True, exist_ok=True)
+                self._mark.write_text(str(time.time()))
+            self._never.wait()
+        return self._samples[index]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+
+def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None = None,
+                          mark: Path | None = None) -> Any:
+    """This rank's shard; with slow_seconds > 0, read through a loader that is that much slower per batch; with
+    block_at, through one that blocks for good at that sample."""
+    if slow_seconds <= 0 and block_at is None:
         return synthetic_dataset(size=size, num_shards=get_group_size(), shard_id=get_rank())
     import mindspore.dataset as ds
+
+    if block_at is not None:
+        blocking = BlockingSamples(PaddedTokens(size=size), block_at, mark)
+        dataset = ds.GeneratorDataset(blocking, ["input_ids", "attention_mask", "label"], shuffle=False,
+                                      num_shards=get_group_size(), shard_id=get_rank())
+        return dataset.batch(BATCH, drop_remainder=True)
 
     # One reader (GeneratorDataset's default num_parallel_workers=1): the stall cannot be spread over
     # parallel workers. The pipeline's prefetch queues fill while the first step compiles, but a loader slower
@@ -65,19 +101,32 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=None, help="slow this rank's data loader on purpose")
     parser.add_argument("--slow-seconds", type=float, default=0.2,
                         help="how much longer the slowed rank's loader takes per batch")
+    parser.add_argument("--block-rank", type=int, default=None, help="this rank's data loader blocks for good")
+    parser.add_argument("--block-after", type=int, default=2400, help="after this many samples of its shard")
+    parser.add_argument("--hang-min-seconds", type=float, default=None, help="monitor_config hang.min_seconds")
+    parser.add_argument("--save-dir", default=None, help="each rank's save_dir is <this>/rank<r>")
     args = parser.parse_args()
 
     ms.set_context(mode=ms.GRAPH_MODE)
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    monitor = TrainingMonitor(port=args.port, project=args.project, file_sd_dir=args.file_sd_dir, interval=1)
+    options: dict[str, Any] = {}
+    if args.hang_min_seconds is not None:
+        options["hang"] = {"min_seconds": args.hang_min_seconds}
+    if args.save_dir is not None:
+        options["save_dir"] = str(Path(args.save_dir, f"rank{get_rank()}"))
+    monitor = TrainingMonitor(port=args.port, project=args.project, file_sd_dir=args.file_sd_dir, interval=1,
+                              **options)
     if args.file_sd_dir:  # lets a test find (and stop) one rank's process
         Path(args.file_sd_dir, f"pid-rank{get_rank()}").write_text(str(os.getpid()))
     print(f"rank {get_rank()} of {get_group_size()}: {monitor.url}", flush=True)
     ms.set_seed(0)
     model = build_model()
     slow = args.slow_seconds if args.slow_rank == get_rank() else 0.0
-    dataset = dataset_for_this_rank(1024, slow)
+    blocked = args.block_rank == get_rank()
+    mark = Path(args.save_dir, "blocked-at") if blocked and args.save_dir else None
+    dataset = dataset_for_this_rank(1024 if args.block_rank is None else 6144, slow,
+                                    args.block_after if blocked else None, mark)
     model.train(args.epochs, dataset, callbacks=[monitor], dataset_sink_mode=False)
     time.sleep(args.linger)
     monitor.close()

@@ -78,6 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("--cert", default=None, help="client certificate, for web.client_auth_type")
     top.add_argument("--key", default=None, help="the client certificate's private key")
 
+    hangs = commands.add_parser(
+        "hangs", help="where each rank is stuck and which rank the others wait for (docs/hangs.md)",
+        description="Reads each rank's phase, time in it, hang deadline and top frame, live from its endpoint or "
+                    "from the hang dumps in its save_dir, and names the rank(s) the job waits for. Exit status 1 "
+                    "when a rank is past its deadline.")
+    hangs.add_argument("targets", nargs="+", metavar="TARGET",
+                       help="http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
+                            "or a rank's save_dir (the hang-rank*.txt dumps it left)")
+    hangs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
+    hangs.add_argument("--scheme", choices=("http", "https"), default="http",
+                       help="for host:port and file_sd targets (default http)")
+
     report = commands.add_parser("report", help="render finished runs' JSON Lines into one static HTML report")
     report.add_argument("files", nargs="+", help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
                                                  "one file (.jsonl.1, .2 ...) are read as one run")
@@ -101,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         from ms_exporter.tools.top import run_top
 
         return run_top(args, top.error)
+    if args.command == "hangs":
+        from ms_exporter.tools.hangs import run_hangs
+
+        return run_hangs(args, hangs.error)
     from ms_exporter import MissingDependencyError, _require_training_side
 
     try:

@@ -73,6 +73,22 @@ def timeseries(title: str, unit: str, queries: list[tuple[str, str]], descriptio
             "targets": _targets(queries)}
 
 
+def phase_timeline(title: str, selector: str, description: str = "") -> dict[str, Any]:
+    """A state timeline of each rank's phase: the phase's position in catalogue.PHASES (1-based) as the value,
+    mapped back to its name and a colour; a rank that stands out in a hang is the row of another colour."""
+    terms = " + ".join(f'sum by (rank) ({c.PHASE.name}{{{selector}, phase="{name}"}}) * {index}'
+                       for index, name in enumerate(c.PHASES, start=1))
+    colours = ("purple", "orange", "green", "blue", "yellow", "red", "text")
+    mappings = [{"type": "value", "options": {str(index): {"text": name, "color": colour, "index": index - 1}}}
+                for index, (name, colour) in enumerate(zip(c.PHASES, colours, strict=True), start=1)]
+    return {"type": "state-timeline", "title": title, "description": description, "datasource": DATASOURCE,
+            "fieldConfig": {"defaults": {"unit": "none", "mappings": mappings, "color": {"mode": "thresholds"},
+                                         "custom": {"fillOpacity": 80, "lineWidth": 0}}, "overrides": []},
+            "options": {"showValue": "never", "mergeValues": True, "rowHeight": 0.8,
+                        "legend": {"displayMode": "list", "placement": "bottom"}},
+            "targets": _targets([(terms, "rank {{rank}}")])}
+
+
 def stat(title: str, unit: str, expr: str, description: str = "") -> dict[str, Any]:
     return {"type": "stat", "title": title, "description": description, "datasource": DATASOURCE,
             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
@@ -148,6 +164,22 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
     layout.add(timeseries("LayerNorm scale drift", "percentunit",
                           [(f"{c.LAYERNORM_DRIFT.name}{{{s}}}", "{{layer}} rank {{rank}}")],
                           above=t.layernorm_drift), 6, 8)
+
+    layout.row("Hangs")
+    layout.add(phase_timeline("Phase per rank", s,
+                              "Where each rank is (docs/hangs.md). In a hang the ranks that wait sit in step, inside "
+                              "the collective; the rank they wait for is the row of another colour "
+                              "(MindSporeTrainingHang names it)."), 12, 8)
+    layout.add(timeseries("Time in phase and its deadline", "s", [
+        (f"{c.PHASE_SECONDS.name}{{{s}}}", "in phase rank {{rank}}"),
+        (f"{c.HANG_DEADLINE.name}{{{s}}}", "deadline rank {{rank}}")],
+        "A rank whose time in its phase crosses its deadline is stalled (MindSporeTrainingStalled); the deadline "
+        "is learned from the run's own step cycles."), 6, 8)
+    layout.add(timeseries("Hangs suspected and stack dumps", "none", [
+        (f"{c.HANG_SUSPECTED.name}{{{s}}}", "suspected rank {{rank}}"),
+        (f"increase({c.HANG_DUMPS.name}{{{s}}}[{rate}])", "dumps rank {{rank}}")],
+        "1 while a rank is past its hang deadline; its stacks are in save_dir/hang-rank*.txt and at "
+        "/debug/stacks on its endpoint."), 6, 8)
 
     layout.row("Memory")
     layout.add(timeseries("Memory by kind", "bytes",

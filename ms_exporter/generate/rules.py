@@ -131,6 +131,17 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
     b = runbook_base
+    # A rank past its hang deadline, valued in seconds, with the phase it is in as a label.
+    stopped = (f"(({c.PHASE_SECONDS.name} > {c.HANG_DEADLINE.name})"
+               f" * on (job, instance) group_left (phase) topk by (job, instance) (1, {c.PHASE.name} == 1))")
+    # Each rank's current phase (ranks that ended left out), as a label.
+    current = (f"(topk by (job, instance) (1, {c.PHASE.name} == 1)"
+               f" unless on (job, instance) ({c.PHASE.name}{{phase=\"{c.ENDED}\"}} == 1))")
+    # How many ranks of a project are in each phase now (all of them: ranks scraped a few seconds apart cross their
+    # deadlines a few seconds apart, and the ones not yet past it still say where they are); `step` counts half a
+    # rank more (ties).
+    weights = (f"((count by (project, phase) ({current} and on (job, instance) "
+               f"({c.PHASE.name}{{phase=\"{c.STEP_PHASE}\"}} == 1)) + 0.5) or count by (project, phase) ({current}))")
     # A rank that reported: any process of it served its always-present step counter within the window.
     reported = f"max by (job, instance, project, rank) (last_over_time({c.STEPS.name}[{w.reported_window}]))"
     # ...and one that ended normally: it served phase="ended" (it keeps serving until a scrape read it).
@@ -171,13 +182,24 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"before.", b),
         # The phase a rank is stuck in comes along as a label: one phase series is 1 per rank (topk keeps one should a
         # scrape ever catch the hook between two of them).
-        _alert("MindSporeTrainingStalled",
-               f"({c.PHASE_SECONDS.name} > {c.HANG_DEADLINE.name})"
-               f" * on (job, instance) group_left (phase) topk by (job, instance) (1, {c.PHASE.name} == 1)",
+        _alert("MindSporeTrainingStalled", stopped,
                w.event_for, "critical", "Training has stalled",
                f"{_WHO} has been in phase {{{{ $labels.phase }}}} for {{{{ $value | humanizeDuration }}}}, longer "
                f"than its deadline ({c.HANG_DEADLINE.name}: hang.factor x its recent step cycle, "
                f"at least hang.min_seconds).", b),
+        # The job's verdict (ms_exporter/tools/hangs.py says the same in Python): a rank past its deadline in a
+        # phase fewer of its project's ranks are in (a tie goes against the ranks outside `step`, where the
+        # collective is), or every rank past its deadline when all the project's ranks are in one phase.
+        _alert("MindSporeTrainingHang",
+               f'label_replace({stopped} and on (project, phase) ({weights} < on (project) group_left () '
+               f'max by (project) ({weights})), "verdict", "never arrived", "", "")'
+               f' or label_replace({stopped} and on (project) (count by (project) ({weights}) == 1),'
+               f' "verdict", "every rank stopped", "", "")',
+               w.event_for, "critical", "Training hangs: the rank the job waits for",
+               f"{_WHO} has been in phase {{{{ $labels.phase }}}} for {{{{ $value | humanizeDuration }}}}, past its "
+               f"hang deadline: {{{{ if eq $labels.verdict \"never arrived\" }}}}the other ranks of its job are in "
+               f"another phase, waiting for it{{{{ else }}}}every rank of its job is in this phase, so no rank "
+               f"stands out{{{{ end }}}}.", b),
         _alert("MindSporeTrainingMemoryGrowth",
                f"({c.MEMORY_GROWTH_RATIO.name} > {_number(t.memory_growth_ratio)})"
                f" and ({c.MEMORY_GROWTH_RATE.name} > {_number(t.memory_growth_rate)})", w.trend_for,

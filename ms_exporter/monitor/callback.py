@@ -75,7 +75,7 @@ class TrainingMonitor(Callback):
         hang = self.config.hang
         self._watchdog = HangWatchdog(self.phases, probes.hang.current, self.store, self.config.save_dir,
                                       self.rank.rank, lambda exc: self._errors.absorb("watchdog", exc),
-                                      hang.native_stacks) if probes.hang is not None else None
+                                      hang.native_stacks, self.config.project) if probes.hang is not None else None
         watchdog = self._watchdog
         stacks = (lambda: watchdog.latest) if watchdog is not None and hang.debug_endpoint else None
         self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker, stacks)

@@ -42,7 +42,9 @@ class HangWatchdog:
     """
 
     def __init__(self, phases: PhaseClock, deadline: Callable[[], float], store: MetricStore, save_dir: str,
-                 rank: int, on_error: Callable[[BaseException], None], native: bool = True) -> None:
+                 rank: int, on_error: Callable[[BaseException], None], native: bool = True,
+                 project: str = "default") -> None:
+        self._project = project
         self._phases = phases
         self._deadline = deadline
         self._save_dir = Path(save_dir)
@@ -110,7 +112,7 @@ class HangWatchdog:
 
     def _dump(self, phase: str, seconds: float, deadline: float) -> None:
         now = datetime.datetime.now(datetime.timezone.utc)
-        text = render_dump(self._rank, phase, seconds, deadline, now, self.training_thread,
+        text = render_dump(self._rank, self._project, phase, seconds, deadline, now, self.training_thread,
                            native_stacks(os.getpid()) if self._native else None)
         self.latest = text
         self._dumps.value += 1
@@ -173,7 +175,7 @@ def native_stacks(pid: int) -> str | None:
     return done.stdout
 
 
-def render_dump(rank: int, phase: str, seconds: float, deadline: float, now: datetime.datetime,
+def render_dump(rank: int, project: str, phase: str, seconds: float, deadline: float, now: datetime.datetime,
                 training_thread: int | None, native: str | None) -> str:
     stacks, top = python_stacks(training_thread)
     if native is None:
@@ -182,7 +184,8 @@ def render_dump(rank: int, phase: str, seconds: float, deadline: float, now: dat
         kind = f"Python frames only {native}"
     else:
         kind = "Python frames, and native frames from py-spy below"
-    lines = [f"ms_exporter hang dump: rank {rank}, pid {os.getpid()}, {now.isoformat(timespec='seconds')}",
+    lines = [f"ms_exporter hang dump: rank {rank} of project {project}, pid {os.getpid()}, "
+             f"{now.isoformat(timespec='seconds')}",
              f"phase: {phase} for {seconds:.1f} s (deadline {deadline:.1f} s)" if math.isfinite(deadline)
              else f"phase: {phase} for {seconds:.1f} s",
              f"training thread top frame: {top or 'unknown'}",

@@ -21,6 +21,7 @@ PINNED_ALERTS = {
     "MindSporeTrainingLossRising": "warning", "MindSporeTrainingGradNormHigh": "warning",
     "MindSporeTrainingGradNormExploding": "critical", "MindSporeTrainingThroughputLow": "warning",
     "MindSporeTrainingThroughputDrop": "warning", "MindSporeTrainingStalled": "critical",
+    "MindSporeTrainingHang": "critical",
     "MindSporeTrainingMemoryGrowth": "warning", "MindSporeTrainingLearningRateFlat": "warning",
     "MindSporeTrainingLossScaleCollapse": "warning", "MindSporeTrainingLayerNormDrift": "warning",
     "MindSporeTrainingRankDown": "critical", "MindSporeTrainingRankMissing": "critical",
@@ -112,7 +113,8 @@ def test_dashboard_has_variables_units_and_rate_intervals() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["rank"]["multi"] is True and "project" in variables
     titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
-    assert titles == {"Overview", "Loss", "Learning rate", "Actions", "Throughput", "Gradients", "Memory", "Ranks"}
+    assert titles == {"Overview", "Loss", "Learning rate", "Actions", "Throughput", "Gradients", "Hangs", "Memory",
+                      "Ranks"}
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["fieldConfig"]["defaults"]["unit"], f"{panel['title']} has no unit"
@@ -139,7 +141,10 @@ def test_alertmanager_routes_by_severity(severity: str, receiver: str) -> None:
 def test_alertmanager_mutes_warnings_of_a_rank_with_a_critical_alert() -> None:
     routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
     assert routing["inhibit_rules"] == [{"source_matchers": ['severity="critical"'],
-                                         "target_matchers": ['severity="warning"'], "equal": ["project", "rank"]}]
+                                         "target_matchers": ['severity="warning"'], "equal": ["project", "rank"]},
+                                        {"source_matchers": ['alertname="MindSporeTrainingHang"'],
+                                         "target_matchers": ['alertname="MindSporeTrainingStalled"'],
+                                         "equal": ["project"]}]
     assert routing["route"]["group_by"] == ["project", "alertname"]
 
 

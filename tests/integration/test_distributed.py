@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,41 +22,11 @@ import yaml
 
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from tests.scrape import scrape
+from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 64  # 1024 samples / batch 16 / 2 shards = 32 steps per epoch, 2 epochs
-
-
-def free_port(count: int = 1) -> int:
-    """A port p such that p .. p+count-1 are all free on loopback."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        try:
-            for offset in range(1, count):
-                with socket.socket() as other:
-                    other.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
-
-
-def wait_until(condition: Any, seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            result = condition()
-        except OSError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
 
 
 @dataclass

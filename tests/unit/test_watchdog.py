@@ -130,8 +130,9 @@ def test_a_dump_says_which_stacks_it_has() -> None:
     import datetime
 
     now = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
-    native = render_dump(0, "step", 200.0, 120.0, now, threading.get_ident(), "Thread 1 (idle): native frames\n")
+    native = render_dump(0, "p", "step", 200.0, 120.0, now, threading.get_ident(), "Thread 1 (idle): native frames\n")
     assert "stacks: Python frames, and native frames from py-spy below" in native and "py-spy dump --native:" in native
-    refused = render_dump(0, "step", 200.0, 120.0, now, None, "(py-spy could not read this process, exit 1: denied)")
+    refused = render_dump(0, "p", "step", 200.0, 120.0, now, None,
+                          "(py-spy could not read this process, exit 1: denied)")
     assert "stacks: Python frames only (py-spy could not read this process" in refused
     assert "training thread top frame: unknown" in refused

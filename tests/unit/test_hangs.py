@@ -1,0 +1,111 @@
+"""`ms-exporter hangs`: the verdict on recorded phase states (the same cases as the MindSporeTrainingHang promtool
+tests), reading dumps a watchdog wrote and pages ranks serve."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ms_exporter import catalogue
+from ms_exporter.monitor.watchdog import render_dump
+from ms_exporter.tools.hangs import RankState, collect, from_dump, newest_dumps, verdicts
+from ms_exporter.tools.top import Access, FetchError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def state(rank: int, phase: str, seconds: float, deadline: float | None = 120.0, project: str = "demo") -> RankState:
+    return RankState(project, str(rank), phase, seconds, deadline)
+
+
+@pytest.mark.parametrize(("ranks", "culprits", "all_same"), [
+    # rank 1's data iterator blocks; ranks 0 and 2 wait for it in the all-reduce, inside their step
+    ([state(0, "step", 180), state(1, "data_wait", 185), state(2, "step", 180)], ["1"], False),
+    ([state(0, "step", 180), state(1, "step", 181)], ["0", "1"], True),  # no rank stands out
+    ([state(0, "step", 180), state(1, "data_wait", 180)], ["1"], False),  # a tie goes against the one outside step
+    ([state(0, "step", 0.1), state(1, "data_wait", 0.05)], [], False),  # advancing
+    ([state(0, "ended", 900, None), state(1, "ended", 900, None)], [], False),  # finished
+    # the ranks are scraped a few seconds apart: rank 1 is seen past its deadline first, the others not yet, but
+    # they say where they are (in step, waiting for it)
+    ([state(0, "step", 2.0), state(1, "data_wait", 130), state(2, "step", 1.0)], ["1"], False),
+    # ... and a rank of the waiting majority seen past its deadline first is not named
+    ([state(0, "step", 125), state(1, "data_wait", 100), state(2, "step", 90)], [], False),
+])
+def test_the_verdict_names_the_rank_the_job_waits_for(ranks: list[RankState], culprits: list[str],
+                                                      all_same: bool) -> None:
+    (verdict,) = verdicts(ranks)
+    assert [r.rank for r in verdict.culprits] == culprits
+    assert verdict.all_same_phase == all_same
+
+
+def test_each_project_gets_its_own_verdict() -> None:
+    found = verdicts([state(0, "step", 200, project="a"), state(1, "data_wait", 200, project="a"),
+                      state(0, "step", 0.1, project="b")])
+    assert [(v.project, [r.rank for r in v.culprits]) for v in found] == [("a", ["1"]), ("b", [])]
+    assert found[0].text() == "project a: rank 1 never arrived: in data_wait while 1 rank(s) are in step"
+    assert found[1].text() == "project b: no rank is past its hang deadline"
+
+
+def write_dump(directory: Path, rank: int, phase: str, seconds: float, when: datetime.datetime) -> Path:
+    path = directory / f"hang-rank{rank}-{when:%Y%m%dT%H%M%SZ}.txt"
+    path.write_text(render_dump(rank, "demo", phase, seconds, 5.0, when, None, None))
+    return path
+
+
+def test_dumps_left_in_save_dirs_give_the_verdict_after_the_processes_died(tmp_path: Path) -> None:
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
+    dirs = [tmp_path / f"rank{r}" for r in range(3)]
+    for directory in dirs:
+        directory.mkdir()
+    write_dump(dirs[0], 0, "step", 6.0, day)
+    write_dump(dirs[1], 1, "step", 3.0, day)  # an older episode of rank 1 ...
+    newest = write_dump(dirs[1], 1, "data_wait", 6.5, day + datetime.timedelta(minutes=1))  # ... and the newest
+    write_dump(dirs[2], 2, "step", 6.0, day)
+    assert newest_dumps(dirs[1]) == [newest]
+    read = from_dump(newest)
+    assert (read.project, read.rank, read.phase, read.seconds, read.deadline) == ("demo", "1", "data_wait", 6.5, 5.0)
+    states = collect([str(d) for d in dirs], Access())
+    (verdict,) = verdicts(states)
+    assert [r.rank for r in verdict.culprits] == ["1"]
+    done = subprocess.run([sys.executable, "-m", "ms_exporter", "hangs", *map(str, dirs)], capture_output=True,
+                          text=True, check=False, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("rank 1 (project demo): data_wait for 6 s (deadline 5 s)  PAST DEADLINE")
+    assert lines[-1] == "project demo: rank 1 never arrived: in data_wait while 2 rank(s) are in step"
+
+
+def test_live_endpoints_are_read_with_their_stacks(tmp_path: Path) -> None:
+    def page(rank: int, phase: str, seconds: float) -> str:
+        lines = [f'mindspore_train_phase{{phase="{p}",project="demo",rank="{rank}"}} {float(p == phase)}'
+                 for p in catalogue.PHASES]
+        lines += [f'mindspore_train_phase_seconds{{project="demo",rank="{rank}"}} {seconds}',
+                  f'mindspore_train_hang_deadline_seconds{{project="demo",rank="{rank}"}} 5.0']
+        return "\n".join(lines) + "\n"
+
+    dump = render_dump(1, "demo", "data_wait", 9.0, 5.0, datetime.datetime.now(datetime.timezone.utc),
+                       threading.get_ident(), None)
+
+    def fetcher(url: str, access: Access) -> str:
+        if url == "http://h:2/debug/stacks":
+            return dump
+        if url.endswith("/debug/stacks"):
+            raise FetchError("HTTP 404 Not Found")
+        if url == "http://h:3/metrics":
+            raise FetchError("Connection refused")
+        return page(1, "data_wait", 9.0) if url == "http://h:2/metrics" else page(0, "step", 8.0)
+
+    states = collect(["h:1", "h:2", "h:3"], Access(), fetcher=fetcher)
+    by_rank = {s.rank: s for s in states}
+    # The dump named this thread as the training thread: its top frame was the dump's own stack walk.
+    assert re.search(r"monitor/watchdog\.py:\d+ in python_stacks$", by_rank["1"].top_frame or "")
+    assert by_rank["0"].phase == "step" and by_rank["0"].stopped and by_rank["0"].top_frame is None
+    assert by_rank["?"].error == "Connection refused"
+    (verdict,) = [v for v in verdicts(states) if v.project == "demo"]
+    assert [r.rank for r in verdict.culprits] == ["1"]
