@@ -186,8 +186,8 @@ def render_dump(rank: int, project: str, phase: str, seconds: float, deadline: f
         kind = "Python frames, and native frames from py-spy below"
     lines = [f"ms_exporter hang dump: rank {rank} of project {project}, pid {os.getpid()}, "
              f"{now.isoformat(timespec='seconds')}",
-             f"phase: {phase} for {seconds:.1f} s (deadline {deadline:.1f} s)" if math.isfinite(deadline)
-             else f"phase: {phase} for {seconds:.1f} s",
+             f"phase: {phase} for {seconds:.3f} s (deadline {deadline:.3f} s)" if math.isfinite(deadline)
+             else f"phase: {phase} for {seconds:.3f} s",
              f"training thread top frame: {top or 'unknown'}",
              f"stacks: {kind}", "", stacks]
     if native is not None and not native.startswith("(py-spy"):

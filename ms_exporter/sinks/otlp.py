@@ -11,6 +11,7 @@ otel_sdk.py, with the versions it was tested with.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -262,9 +263,11 @@ class OtlpExport(Sink):
 
 
 def _observer(family: Family, constant: dict[str, str]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    # The SDK ignores a non-finite measurement with a warning each time: a NaN loss or the deadline of a rank that
+    # ended (NaN) is left out here instead, quietly. /metrics still shows them.
     def observe(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(float(child.value), {**constant, **dict(child.labels)})
-                for child in family.children() if isinstance(child, Series)]
+        values = [(float(child.value), child.labels) for child in family.children() if isinstance(child, Series)]
+        return [Observation(value, {**constant, **dict(labels)}) for value, labels in values if math.isfinite(value)]
     return observe
 
 

@@ -39,10 +39,13 @@ class RankState:
     top_frame: str | None = None
     source: str = ""
     error: str | None = None  # an endpoint that gave no page
+    dumped: bool = False  # read from a hang dump: written because the phase was past its deadline
 
     @property
     def stopped(self) -> bool:
         """Past its hang deadline (the condition of MindSporeTrainingStalled)."""
+        if self.dumped:
+            return True
         return (self.phase not in (None, catalogue.ENDED) and self.seconds is not None
                 and self.deadline is not None and self.seconds > self.deadline)
 
@@ -55,8 +58,12 @@ class Verdict:
     all_same_phase: bool
 
     def text(self) -> str:
-        if not self.culprits:
+        if not self.culprits and not self.waiting:
             return f"project {self.project}: no rank is past its hang deadline"
+        if not self.culprits:
+            stopped = ", ".join(f"rank {r.rank}" for r in self.waiting if r.stopped)
+            return (f"project {self.project}: {stopped or 'no rank'} past the hang deadline in the phase most "
+                    "ranks are in; the rank(s) in another phase are not past theirs yet")
         names = ", ".join(f"rank {r.rank}" for r in self.culprits)
         if self.all_same_phase:
             return (f"project {self.project}: every stopped rank ({names}) is in {self.culprits[0].phase}: no rank "
@@ -106,7 +113,7 @@ def from_dump(path: Path) -> RankState:
     """A rank as its newest dump left it (after the process died)."""
     fields = _dump_fields(path.read_text(encoding="utf-8", errors="replace"))
     return RankState(fields["project"] or "?", fields["rank"] or "?", fields["phase"], fields["seconds"],
-                     fields["deadline"], fields["top_frame"], str(path))
+                     fields["deadline"], fields["top_frame"], str(path), dumped=True)
 
 
 def _dump_fields(text: str) -> dict[str, Any]:

@@ -283,9 +283,7 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
     alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
     phases = samples.by_label(catalogue.PHASE.name, "phase")
     phase = next((name for name, value in phases.items() if value == 1), None)
-    if phase == catalogue.ENDED:
-        alerts.insert(0, "ended")  # no step since is the end, not a stall
-    elif age is not None and age > stale_seconds:
+    if phase != catalogue.ENDED and age is not None and age > stale_seconds:  # an ended rank is not stalled
         alerts.append(f"no step for {_age(age)}")
     disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
     alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)

@@ -70,6 +70,8 @@ def test_dumps_left_in_save_dirs_give_the_verdict_after_the_processes_died(tmp_p
     assert newest_dumps(dirs[1]) == [newest]
     read = from_dump(newest)
     assert (read.project, read.rank, read.phase, read.seconds, read.deadline) == ("demo", "1", "data_wait", 6.5, 5.0)
+    # A dump is written past the deadline: it counts as stopped even where its figures round to the deadline.
+    assert from_dump(write_dump(tmp_path, 7, "data_wait", 5.0, day)).stopped
     states = collect([str(d) for d in dirs], Access())
     (verdict,) = verdicts(states)
     assert [r.rank for r in verdict.culprits] == ["1"]

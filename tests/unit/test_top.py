@@ -346,8 +346,7 @@ def test_the_phase_is_shown_and_an_ended_rank_is_not_stalled() -> None:
     stalled, _ = first_row(with_phase(STEP8, "step"), now=late)
     assert any(alert.startswith("no step for") for alert in stalled.alerts)
     ended, _ = first_row(with_phase(STEP8, "ended"), now=late)
-    assert ended.ended and ended.alerts[0] == "ended"
-    assert not any(alert.startswith("no step for") for alert in ended.alerts)
+    assert ended.ended and not any(alert.startswith("no step for") for alert in ended.alerts)
     screen = render([row, ended])
     assert "PHASE" in screen.header.text and "data_wait" in screen.rows[0].text
     assert screen.title.text.startswith("ms-exporter top - 1 up, 1 ended, 0 down")

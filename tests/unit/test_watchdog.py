@@ -62,7 +62,7 @@ def test_a_blocked_training_thread_gets_one_dump_naming_the_phase_and_the_frame(
     text = dump.read_text()
     assert list(tmp_path.glob("hang-rank3-*.txt")) == [dump] and watchdog.latest == text
     first = text.splitlines()
-    assert first[1].startswith("phase: data_wait for ") and "(deadline 0.5 s)" in first[1]
+    assert first[1].startswith("phase: data_wait for ") and "(deadline 0.500 s)" in first[1]
     assert first[2].startswith("training thread top frame: ") and first[2].endswith("in batches")
     assert "Python frames only" in first[3]
     assert '"trainer" (training thread' in text and "blocked_in_a_data_iterator" in text and "next(batches())" in text
