@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from ms_exporter import catalogue
+from ms_exporter.monitor.periodic import PeriodicThread
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.store import MetricStore, Series
 
@@ -58,28 +59,16 @@ class HangWatchdog:
         self.latest: str | None = None  # the newest dump, for GET /debug/stacks
         self.latest_path: Path | None = None
         self.training_thread: int | None = None  # set at train begin: whose top frame names where training is
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread("ms_exporter-watchdog", CHECK_SECONDS, self.check, first_at_once=False)
 
     def start(self) -> None:
         self.training_thread = threading.get_ident()
         if self._suspected is None:
             self._suspected = self._suspected_family.series()
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="ms_exporter-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(CHECK_SECONDS):
-            self.check()
+        self._thread.stop()
 
     def check(self) -> None:
         """One look; never raises (a failure is counted under the `callback` component)."""
