@@ -9,36 +9,21 @@ come before that (hang.min_seconds 3 here; steps take 0.1-0.3 s).
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
+from tests.integration.test_distributed import distributed_job
 from tests.scrape import scrape
-from tests.waiting import free_port, wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
-
-
-def query(port: int, expr: str) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return list(json.loads(response.read())["data"]["result"])
 
 
 def phases(port: int) -> dict[str, tuple[str, float]]:
@@ -58,33 +43,12 @@ def hangs(*targets: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_path: Path) -> None:
-    targets, saves = tmp_path / "sd", tmp_path / "save"
-    prometheus_port, base_port, master_port = free_port(), free_port(WORKERS), free_port()
-    (tmp_path / "rules.yml").write_text(render_yaml(render_rules(timing=TEST_TIMING, job_regex="mindspore")))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "5s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp_path / "rules.yml")],
-        "scrape_configs": [{"job_name": "mindspore", "file_sd_configs": [
-            {"files": [str(targets / "ms-exporter-*.json")], "refresh_interval": "1s"}]}],
-    }))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    prometheus = subprocess.Popen([shutil.which("prometheus") or "prometheus",
-                                   f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    job = subprocess.Popen([shutil.which("msrun", path=env["PATH"]) or "msrun", f"--worker_num={WORKERS}",
-                            f"--local_worker_num={WORKERS}", f"--master_port={master_port}",
-                            f"--log_dir={tmp_path / 'log'}", "--join=True",
-                            str(ROOT / "examples" / "distributed_train.py"), "--port", str(base_port),
-                            "--file-sd-dir", str(targets), "--project", "hang", "--epochs", "50",
-                            "--block-rank", "1", "--block-after", "2400", "--hang-min-seconds", "3",
-                            "--save-dir", str(saves)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
-                           start_new_session=True)
-    endpoints = [f"127.0.0.1:{base_port + rank}" for rank in range(WORKERS)]
-    try:
+    saves = tmp_path / "save"
+    with distributed_job(tmp_path, "--epochs", "50", "--block-rank", "1", "--block-after", "2400",
+                         "--hang-min-seconds", "3", "--save-dir", str(saves), workers=WORKERS, project="hang",
+                         scrape_interval="5s") as job:
+        base_port = job.base_port
+        endpoints = [f"127.0.0.1:{base_port + rank}" for rank in range(WORKERS)]
         blocked_at = float(wait_until(lambda: (saves / "blocked-at").exists() and (saves / "blocked-at").read_text(),
                                       300, "rank 1's data loader to block"))
         # Live: rank 1 waits in its data iterator, ranks 0 and 2 inside their step, in the all-reduce.
@@ -97,7 +61,7 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
         live = hangs(*endpoints)
         assert live.returncode == 1, live.stdout + live.stderr
         assert "project hang: rank 1 never arrived: in data_wait while 2 rank(s) are in step" in live.stdout
-        firing = wait_until(lambda: query(prometheus_port, 'ALERTS{alertname="MindSporeTrainingHang", '
+        firing = wait_until(lambda: job.query('ALERTS{alertname="MindSporeTrainingHang", '
                                                            'alertstate="firing"}'), 25, "MindSporeTrainingHang")
         assert [(a["metric"]["rank"], a["metric"]["phase"], a["metric"]["verdict"]) for a in firing] == [
             ("1", "data_wait", "never arrived")]
@@ -108,16 +72,6 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
         assert text.splitlines()[1].startswith("phase: data_wait for ")
         assert "in __getitem__" in text and "self._never.wait()" in text  # the blocked loader's frame
         assert re.search(r"training thread top frame: .*mindspore.*", text), text.splitlines()[2]
-    finally:
-        # msrun starts each worker in a session of its own: killing msrun's group would leave them training.
-        for pid_file in targets.glob("pid-rank*"):
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait(60)
-        prometheus.terminate()
-        prometheus.wait(30)
     # Afterwards, from what the ranks left in their save_dirs.
     later = hangs(*(str(saves / f"rank{rank}") for rank in range(WORKERS)))
     assert "project hang: rank 1 never arrived: in data_wait" in later.stdout, later.stdout + later.stderr
