@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
-.PHONY: install demo test test-unit lint generate bench scaling reliability detection debian-packages clean
+.PHONY: install demo test test-unit lint generate bench scaling reliability detection gil-hold hangs-healthy debian-packages clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[mindspore,test,otlp,auth]'
+	$(BIN)/python -m pip install --quiet -e '.[mindspore,test,otlp,auth,stacks]'
 	touch $(STAMP)
 
 demo: install
@@ -57,6 +57,15 @@ scaling: install debian-packages
 # Prometheus and Alertmanager running the shipped files, beside a healthy run; rewrites docs/detection.md.
 detection: install debian-packages
 	$(BIN)/python -m benchmarks.detection --output docs/detection.md
+
+# About 2 minutes: the watchdog and the endpoint while a native call holds the GIL; rewrites docs/gil-hold.md.
+gil-hold: install
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m benchmarks.gil_hold --output docs/gil-hold.md
+
+# About 11 minutes: the healthy-run test of tests/integration/test_hangs.py for 10+ minutes instead of 2
+# (70 epochs: 1,470 steps, 9 pauses of 40 s, 14 evaluations).
+hangs-healthy: install debian-packages
+	MS_EXPORTER_HEALTHY_EPOCHS=70 $(BIN)/python -m pytest -q -s tests/integration/test_hangs.py -k healthy
 
 # About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
 reliability: install debian-packages

@@ -10,6 +10,11 @@ for it in every step's all-reduce, and MindSporeTrainingStraggler names rank 1. 
 `--block-rank 1 --block-after 2400` makes rank 1's data loader block for good after that many samples (step
 ~150, once the prefetched batches are used up): the others wait for it in the all-reduce, and
 MindSporeTrainingHang names rank 1.
+`--checkpoint-every 100 --pause-every 200 --pause-seconds 40 --eval-every 5` is a healthy job with the slow
+parts a real one has: each rank saves a checkpoint (ModelCheckpoint, in its save_dir) every 100 steps, a
+checkpoint-like callback (an upload, say) holds every rank for 40 s every 200 steps, and an evaluation pass over a
+validation set runs every 5 epochs. None of it is a hang: the monitor counts those times as the `checkpoint`
+(ModelCheckpoint, and the pause, named in hang.checkpoint_callbacks) and `eval` phases, each with its own deadline.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
+from mindspore.train import Callback, CheckpointConfig, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.tools.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
@@ -67,6 +73,20 @@ class BlockingSamples:
         return len(self._samples)
 
 
+class PeriodicPause(Callback):
+    """A checkpoint-like callback: every `every` steps it holds training for `seconds` (copying the checkpoint to
+    remote storage, say)."""
+
+    def __init__(self, every: int, seconds: float) -> None:
+        super().__init__()
+        self._every = every
+        self._seconds = seconds
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        if run_context.original_args().cur_step_num % self._every == 0:
+            time.sleep(self._seconds)
+
+
 def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None = None,
                           mark: Path | None = None) -> Any:
     """This rank's shard; with slow_seconds > 0, read through a loader that is that much slower per batch; with
@@ -105,14 +125,26 @@ def main() -> None:
     parser.add_argument("--block-after", type=int, default=2400, help="after this many samples of its shard")
     parser.add_argument("--hang-min-seconds", type=float, default=None, help="monitor_config hang.min_seconds")
     parser.add_argument("--save-dir", default=None, help="each rank's save_dir is <this>/rank<r>")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="save a checkpoint every this many steps (ModelCheckpoint, into the rank's save_dir)")
+    parser.add_argument("--pause-every", type=int, default=0, help="a callback holds training every this many steps")
+    parser.add_argument("--pause-seconds", type=float, default=40.0, help="... for this long")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many epochs (Model.fit)")
     args = parser.parse_args()
+    if args.checkpoint_every and not args.save_dir:
+        parser.error("--checkpoint-every needs --save-dir (each rank saves into its own save_dir)")
 
     ms.set_context(mode=ms.GRAPH_MODE)
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     options: dict[str, Any] = {}
+    hang: dict[str, Any] = {}
     if args.hang_min_seconds is not None:
-        options["hang"] = {"min_seconds": args.hang_min_seconds}
+        hang["min_seconds"] = args.hang_min_seconds
+    if args.pause_every:
+        hang["checkpoint_callbacks"] = [PeriodicPause.__name__]  # its time is a checkpoint's, not a hang
+    if hang:
+        options["hang"] = hang
     if args.save_dir is not None:
         options["save_dir"] = str(Path(args.save_dir, f"rank{get_rank()}"))
     monitor = TrainingMonitor(port=args.port, project=args.project, file_sd_dir=args.file_sd_dir, interval=1,
@@ -121,13 +153,25 @@ def main() -> None:
         Path(args.file_sd_dir, f"pid-rank{get_rank()}").write_text(str(os.getpid()))
     print(f"rank {get_rank()} of {get_group_size()}: {monitor.url}", flush=True)
     ms.set_seed(0)
-    model = build_model()
+    model = build_model(evaluate=args.eval_every > 0)
     slow = args.slow_seconds if args.slow_rank == get_rank() else 0.0
     blocked = args.block_rank == get_rank()
     mark = Path(args.save_dir, "blocked-at") if blocked and args.save_dir else None
     dataset = dataset_for_this_rank(1024 if args.block_rank is None else 6144, slow,
                                     args.block_after if blocked else None, mark)
-    model.train(args.epochs, dataset, callbacks=[monitor], dataset_sink_mode=False)
+    callbacks: list[Any] = [monitor]
+    if args.checkpoint_every:
+        callbacks.append(ModelCheckpoint(prefix="demo", directory=str(Path(args.save_dir, f"rank{get_rank()}", "ckpt")),
+                                         config=CheckpointConfig(save_checkpoint_steps=args.checkpoint_every,
+                                                                 keep_checkpoint_max=2)))
+    if args.pause_every:
+        callbacks.append(PeriodicPause(args.pause_every, args.pause_seconds))
+    if args.eval_every:
+        validation = synthetic_dataset(size=256, seed=1, num_shards=get_group_size(), shard_id=get_rank())
+        model.fit(args.epochs, dataset, validation, valid_frequency=args.eval_every, callbacks=callbacks,
+                  dataset_sink_mode=False)
+    else:
+        model.train(args.epochs, dataset, callbacks=callbacks, dataset_sink_mode=False)
     time.sleep(args.linger)
     monitor.close()
 

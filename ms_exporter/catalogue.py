@@ -131,7 +131,7 @@ HANG_DUMPS = MetricFamily("mindspore_train_hang_dumps_total", "counter",
                           "Stack dumps the hang watchdog wrote to save_dir.", "dumps", "hang")
 HANG_DEADLINE = MetricFamily("mindspore_train_hang_deadline_seconds", "gauge",
                              "Seconds the current phase may last before it counts as a hang (learned from the "
-                             "run's own step cycles in data_wait and step).", "seconds", "hang")
+                             "run's own step cycles in step, data_wait and callbacks).", "seconds", "hang")
 
 LOSS = MetricFamily("mindspore_train_loss", "gauge", "Loss of the last step.", "loss", "loss")
 LOSS_SMOOTHED = MetricFamily("mindspore_train_loss_smoothed", "gauge", "Mean of the last loss_window finite losses.",

@@ -225,6 +225,21 @@ def names(allowed: Sequence[str], *, at_least_one: bool = False) -> Check:
     return check
 
 
+def class_names() -> Check:
+    """A Python class name or a list of them."""
+
+    def check(value: Any) -> tuple[str, ...]:
+        items = _strings(value)
+        if items is None:
+            raise _Bad("must be a class name or a list of class names", value)
+        bad = [f"'{item}'" for item in items if not item.isidentifier()]
+        if bad:
+            raise _Bad(f"{', '.join(bad)} is not a class name (a Python identifier such as UploadCallback)", value)
+        return tuple(dict.fromkeys(items))
+
+    return check
+
+
 def regexes() -> Check:
     """A regular expression or a list of them."""
 
@@ -489,8 +504,9 @@ ACTION_SECTIONS = {"early_stop": EarlyStopConfig, "lr_backoff": LrBackoffConfig,
 class HangConfig:
     """monitor_config.hang: how long a phase may last before it counts as a hang (docs/hangs.md).
 
-    In `step` and `data_wait` the deadline is learned: `factor` times the `percentile` of the last `window` step
-    cycles (step + data wait), never below `min_seconds`. The other phases have fixed deadlines."""
+    In `step`, `data_wait` and `callbacks` the deadline is learned: `factor` times the `percentile` of the last
+    `window` step cycles (from one step's end to the next), never below `min_seconds`. The other phases have fixed
+    deadlines."""
 
     enable: bool = setting(True, check=boolean())
     min_seconds: float = setting(120.0, check=greater_than(0))
@@ -500,6 +516,9 @@ class HangConfig:
     compile_seconds: float = setting(3600.0, check=greater_than(0))  # train begin to the first step's end
     eval_seconds: float = setting(1800.0, check=greater_than(0))
     checkpoint_seconds: float = setting(1800.0, check=greater_than(0))
+    # Callbacks whose step and epoch hooks count as `checkpoint` (their class or a base class has one of these
+    # names), besides ModelCheckpoint and its subclasses: an uploader, a custom saver.
+    checkpoint_callbacks: tuple[str, ...] = setting((), check=class_names())
     # GET /debug/stacks on the rank's endpoint serves the latest dump (same TLS and auth as /metrics)
     debug_endpoint: bool = setting(True, check=boolean())
     native_stacks: bool = setting(True, check=boolean())  # add py-spy's native frames when py-spy is installed

@@ -131,9 +131,17 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
     ]
     b = runbook_base
-    # A rank past its hang deadline, valued in seconds, with the phase it is in as a label.
-    stopped = (f"(({c.PHASE_SECONDS.name} > {c.HANG_DEADLINE.name})"
-               f" * on (job, instance) group_left (phase) topk by (job, instance) (1, {c.PHASE.name} == 1))")
+    # A rank past its hang deadline, valued in seconds, with the phase it is in as a label...
+    past = (f"(({c.PHASE_SECONDS.name} > {c.HANG_DEADLINE.name})"
+            f" * on (job, instance) group_left (phase) topk by (job, instance) (1, {c.PHASE.name} == 1))")
+    # ...unless it waits in `step` (in the collective) for a rank of its project that is in another phase within
+    # that phase's deadline: rank 0 saving a checkpoint for 5 minutes holds the others in the next step's
+    # all-reduce, past their learned deadline but not stopped. Once the rank they wait for is past its own
+    # deadline, they count again.
+    busy_elsewhere = (f"(({c.PHASE_SECONDS.name} <= {c.HANG_DEADLINE.name}) and on (job, instance) "
+                      f"({c.PHASE.name}{{phase!~\"{c.STEP_PHASE}|{c.ENDED}\"}} == 1))")
+    stopped = (f"({past} unless on (job, instance) (({c.PHASE.name}{{phase=\"{c.STEP_PHASE}\"}} == 1)"
+               f" and on (project) {busy_elsewhere}))")
     # Each rank's current phase (ranks that ended left out), as a label.
     current = (f"(topk by (job, instance) (1, {c.PHASE.name} == 1)"
                f" unless on (job, instance) ({c.PHASE.name}{{phase=\"{c.ENDED}\"}} == 1))")
@@ -189,11 +197,14 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"at least hang.min_seconds).", b),
         # The job's verdict (ms_exporter/tools/hangs.py says the same in Python): a rank past its deadline in a
         # phase fewer of its project's ranks are in (a tie goes against the ranks outside `step`, where the
-        # collective is), or every rank past its deadline when all the project's ranks are in one phase.
+        # collective is), or every rank when all the project's ranks are in one phase and all are past their
+        # deadline. "All" matters: ranks are scraped seconds apart, and a rank whose last scrape predates the
+        # block still shows the step it was in then, not yet the data wait it is stuck in.
         _alert("MindSporeTrainingHang",
                f'label_replace({stopped} and on (project, phase) ({weights} < on (project) group_left () '
                f'max by (project) ({weights})), "verdict", "never arrived", "", "")'
-               f' or label_replace({stopped} and on (project) (count by (project) ({weights}) == 1),'
+               f' or label_replace({stopped} and on (project) (count by (project) ({weights}) == 1)'
+               f' and on (project) (count by (project) ({stopped}) == count by (project) ({current})),'
                f' "verdict", "every rank stopped", "", "")',
                w.event_for, "critical", "Training hangs: the rank the job waits for",
                f"{_WHO} has been in phase {{{{ $labels.phase }}}} for {{{{ $value | humanizeDuration }}}}, past its "

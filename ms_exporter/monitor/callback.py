@@ -15,6 +15,7 @@ from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, HOOKS, STEP_PHASE
 from ms_exporter.config import MonitorConfig, load_config
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
+from ms_exporter.monitor.callback_timer import CallbackTimer
 from ms_exporter.monitor.errors import Breaker, ErrorSink
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.publisher import StepPublisher
@@ -60,6 +61,7 @@ class TrainingMonitor(Callback):
         self.rank: RankInfo = detect_rank()
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self.phases = PhaseClock(self.store)
+        self._other_callbacks = CallbackTimer(self.phases, self.config.hang.checkpoint_callbacks)
         probes = build_probes(self.config, self.store, self.rank, self.phases)
         self._eval = probes.eval
         self._memory = probes.memory
@@ -94,6 +96,7 @@ class TrainingMonitor(Callback):
         self._step_began: float | None = None
         self._previous_end: float | None = None
         self._data_wait: float | None = None
+        self._eval_began: float | None = None
 
     # -- public ------------------------------------------------------------------------------------------
     @property
@@ -135,6 +138,8 @@ class TrainingMonitor(Callback):
             self._publisher.publish(None, wait=True)  # anything left from an earlier run belongs to that run
             self._reset_step_state()
             self.phases.enter(COMPILE)
+            self.phases.aside = 0.0
+            self._guard("callback", self._other_callbacks.wrap, cb_params.get("list_callback"), self)
             step = int(cb_params.get("cur_step_num", 0) or 0)
             self._publisher.reset(step)
             self._batch.bind(cb_params.get("train_dataset"))
@@ -161,8 +166,9 @@ class TrainingMonitor(Callback):
         phases = self.phases
         if phases.state[0] is not COMPILE:  # compilation lasts until the first step ends
             phases.state = (STEP_PHASE, began)
+        aside = phases.take_aside()  # other callbacks' time and evaluations since the last step ended
         if self._previous_end is not None:
-            self._data_wait = began - self._previous_end
+            self._data_wait = max(0.0, began - self._previous_end - aside)
         try:
             # Keep what counting the batch needs (shape, mask): it is counted when the step is published.
             self._kept = self._batch.keep(run_context.original_args().get("train_dataset_element"))
@@ -191,9 +197,10 @@ class TrainingMonitor(Callback):
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
             kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get("train_dataset_element"))
             publisher = self._publisher
+            # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
+            began = (self._step_began if self._step_began is not None else entered) + self.phases.take_aside()
             # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
-            publisher.pending.append((cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss,
-                                      self._step_began if self._step_began is not None else entered, ended,
+            publisher.pending.append((cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss, began, ended,
                                       self._data_wait, kept, outputs if isinstance(outputs, (tuple, list)) else None))
             if publisher.due(ended):
                 publisher.published_at = ended
@@ -222,11 +229,15 @@ class TrainingMonitor(Callback):
     def on_eval_begin(self, run_context: Any) -> None:
         if self._enabled:
             self.phases.enter(EVAL_PHASE)
+            self._eval_began = self.phases.state[1]
 
     def on_eval_end(self, run_context: Any) -> None:
         if not self._enabled:
             return
         self.phases.enter(DATA_WAIT_PHASE)
+        if self._eval_began is not None:  # an evaluation inside training: not the data pipeline's time
+            self.phases.aside += self.phases.state[1] - self._eval_began
+            self._eval_began = None
         if self._eval is None:
             return
         with self._cost("eval_end", "eval"):
@@ -246,6 +257,7 @@ class TrainingMonitor(Callback):
 
     # -- internals ----------------------------------------------------------------------------------------
     def _finish_run(self) -> None:
+        self._guard("callback", self._other_callbacks.unwrap)
         self._stop_sampler()
         self._guard("callback", self._publisher.publish, None, True)
         for probe in self._publisher.probes:

@@ -4,12 +4,15 @@
 |---|---|---|
 | compile | train begin | the first step's end (graph compilation and the first batch) |
 | step | a step's begin | its end (compute and the collectives inside it) |
-| data_wait | a step's end | the next step's begin (the data pipeline, host work, other callbacks) |
+| data_wait | a step's end | the next step's begin (the data pipeline, host work) |
 | eval | an evaluation's begin | its end |
+| checkpoint | a ModelCheckpoint's step or epoch hook begins | it returns (monitor/callback_timer.py) |
+| callbacks | another callback's step or epoch hook begins | it returns |
 | ended | training ended normally | the next train begin |
 
-`checkpoint` and `callbacks` are in the closed set of values (catalogue.PHASES) and exported as 0 until they are
-told apart from data_wait. A training call that raised keeps the phase it was in: the rank did not end normally.
+After a checkpoint or callbacks hook the phase it interrupted goes on, counted from the hook's return. The time
+spent in those hooks and in evaluations is kept `aside` and taken out of the step or data wait it fell in. A
+training call that raised keeps the phase it was in: the rank did not end normally.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ class PhaseClock:
     """The training thread's hooks write `state` (one tuple assignment, so a reader never sees a phase with the
     previous phase's start); scrapes and other threads read it."""
 
-    __slots__ = ("state", "_store", "_bound")
+    __slots__ = ("state", "aside", "_store", "_bound")
 
     def __init__(self, store: MetricStore) -> None:
         self.state: tuple[str | None, float] = (None, time.perf_counter())  # (phase, perf_counter at its start)
+        self.aside = 0.0  # seconds in other callbacks and evaluations since take_aside() was last called
         self._store = store
         self._bound = False
 
@@ -41,6 +45,10 @@ class PhaseClock:
         self.state = (phase, time.perf_counter() if now is None else now)
         if not self._bound:
             self._bind()
+
+    def take_aside(self) -> float:
+        aside, self.aside = self.aside, 0.0
+        return aside
 
     def seconds(self) -> float:
         """Time in the current phase; NaN before training began."""

@@ -20,9 +20,11 @@ _REFRESH_EVERY = 16
 
 
 class HangDeadlineProbe(Probe):
-    """`hang.factor` x the `hang.percentile` of the last `hang.window` step cycles (step + data wait of one hook
-    call: a whole sink in sink mode), at least `hang.min_seconds`; fixed deadlines for compile, eval and
-    checkpoint. Until MIN_CYCLES cycles are in, the first step (compilation included) stands in for them.
+    """`hang.factor` x the `hang.percentile` of the last `hang.window` step cycles, at least `hang.min_seconds`, for
+    `step`, `data_wait` and `callbacks`; fixed deadlines for compile, eval and checkpoint. A cycle is the time from
+    one step's end to the next (one hook call: a whole sink in sink mode), everything between included: a callback
+    or a data wait that is regularly slow raises the deadline once it is more than the percentile leaves out. Until
+    MIN_CYCLES cycles are in, the first step (compilation included) stands in for them.
 
     | name | type | labels | unit |
     |---|---|---|---|
@@ -38,6 +40,7 @@ class HangDeadlineProbe(Probe):
         self._bound = False
         self._cycles: deque[float] = deque(maxlen=config.window)
         self._first: float | None = None
+        self._previous_end: float | None = None  # perf_counter at the last step's end
         self._base = math.nan  # the percentile in use
         self._since_refresh = 0
         self._fixed = {catalogue.COMPILE: config.compile_seconds, catalogue.EVAL_PHASE: config.eval_seconds,
@@ -45,15 +48,17 @@ class HangDeadlineProbe(Probe):
 
     def on_train_begin(self, cb_params: Any) -> None:
         self._first = None  # a new call compiles again; its first cycle is not a step cycle
+        self._previous_end = None
         if not self._bound:
             self._bound = True
             self._family.bind(self.current)
 
     def on_step(self, sample: StepSample) -> None:
-        cycle = sample.duration + (sample.data_wait or 0.0)
-        if self._first is None:
-            self._first = cycle
+        previous, self._previous_end = self._previous_end, sample.monotonic
+        if previous is None:  # the first step of a training call
+            self._first = sample.duration + (sample.data_wait or 0.0)
             return
+        cycle = sample.monotonic - previous
         self._cycles.append(cycle)
         self._since_refresh += 1
         if self._since_refresh >= _REFRESH_EVERY or not cycle <= self._base:
@@ -66,7 +71,7 @@ class HangDeadlineProbe(Probe):
         self._base = ordered[index]
 
     def learned(self) -> float:
-        """The deadline of the step and data_wait phases."""
+        """The deadline of the step, data_wait and callbacks phases."""
         first = self._first if self._first is not None else 0.0
         base = self._base if len(self._cycles) >= MIN_CYCLES else first
         return max(self._config.min_seconds, self._config.factor * base)

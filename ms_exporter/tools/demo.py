@@ -80,20 +80,40 @@ def build_network(layers: int = 2, d_model: int = 64, heads: int = 4, seq_len: i
             self.head = nn.Dense(d_model, 2)
             self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
-        def construct(self, input_ids: Any, attention_mask: Any, label: Any) -> Any:
+        def logits(self, input_ids: Any, attention_mask: Any) -> Any:
             hidden = self.embed(input_ids) + self.position
             hidden = self.encoder(hidden, src_key_padding_mask=attention_mask == 0)
             weights = ops.expand_dims(attention_mask.astype(ms.float32), -1)
             pooled = (hidden * weights).sum(1) / weights.sum(1)
-            return self.loss(self.head(pooled), label)
+            return self.head(pooled)
+
+        def construct(self, input_ids: Any, attention_mask: Any, label: Any) -> Any:
+            return self.loss(self.logits(input_ids, attention_mask), label)
 
     return TokenClassifierWithLoss()
 
 
+def _evaluation(network: Any) -> dict[str, Any]:
+    """Model's arguments for evaluating the demo network: outputs (loss, logits, label), as Model.fit needs."""
+    from mindspore import nn
+
+    class LossLogitsLabel(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__(auto_prefix=False)
+            self.network = network
+
+        def construct(self, input_ids: Any, attention_mask: Any, label: Any) -> Any:
+            logits = self.network.logits(input_ids, attention_mask)
+            return self.network.loss(logits, label), logits, label
+
+    return {"eval_network": LossLogitsLabel(), "eval_indexes": [0, 1, 2], "metrics": {"accuracy": nn.Accuracy()}}
+
+
 def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, decay_steps: int = 2000,
-                grad_norm: bool = True) -> Any:
+                grad_norm: bool = True, evaluate: bool = False) -> Any:
     """A mindspore Model over the demo network with AdamW, a cosine-decaying LR and (by default) the train cell
-    that reports gradient norms."""
+    that reports gradient norms; with `evaluate`, `Model.fit` reports the validation set's `eval_loss` and
+    `accuracy`."""
     from mindspore import nn
     from mindspore.train import Model
 
@@ -103,9 +123,10 @@ def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, d
     if learning_rate is None:
         learning_rate = nn.CosineDecayLR(1e-4, 1e-3, decay_steps)
     optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=learning_rate)
+    evaluation = _evaluation(network) if evaluate else {}
     if grad_norm:
-        return Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=5.0))
-    return Model(network, optimizer=optimizer)
+        return Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=5.0), **evaluation)
+    return Model(network, optimizer=optimizer, **evaluation)
 
 
 def _stopper(seconds: float) -> Any:

@@ -2,8 +2,10 @@
 
 The verdict is MindSporeTrainingHang's rule (ms_exporter/generate/rules.py), in Python: the ranks past their
 hang deadline that are in a phase fewer of their project's ranks are in (the ranks that never reached the
-collective the others wait in); on a tie, the ones not in `step`, where the collective is; every rank past its
-deadline when all the project's ranks are in one phase. Ranks that ended are left out.
+collective the others wait in); on a tie, the ones not in `step`, where the collective is; every rank when all the
+project's ranks are in one phase and every one is past its deadline. Ranks that ended are left out, and a rank in
+`step` does not count as stopped while another rank of its project is in another phase within that phase's
+deadline (it waits in the collective for a rank that is still busy, a long checkpoint save on rank 0, say).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class Verdict:
             return f"project {self.project}: no rank is past its hang deadline"
         if not self.culprits:
             stopped = ", ".join(f"rank {r.rank}" for r in self.waiting if r.stopped)
+            if len({r.phase for r in self.waiting}) == 1:
+                others = ", ".join(f"rank {r.rank}" for r in self.waiting if not r.stopped)
+                return (f"project {self.project}: {stopped} past the hang deadline in {self.waiting[0].phase}, "
+                        f"{others} not yet: no verdict until every rank is past it or one is seen in another phase")
             return (f"project {self.project}: {stopped or 'no rank'} past the hang deadline in the phase most "
                     "ranks are in; the rank(s) in another phase are not past theirs yet")
         names = ", ".join(f"rank {r.rank}" for r in self.culprits)
@@ -80,13 +86,16 @@ def verdicts(ranks: Iterable[RankState]) -> list[Verdict]:
         by_project.setdefault(state.project, []).append(state)
     found = []
     for project, states in sorted(by_project.items()):
-        stopped = [s for s in states if s.stopped]
         present = [s for s in states if s.phase is not None and s.phase != catalogue.ENDED]
+        busy_elsewhere = any(s.phase != catalogue.STEP_PHASE and not s.stopped for s in present)
+        stopped = [s for s in states if s.stopped and not (busy_elsewhere and s.phase == catalogue.STEP_PHASE)]
         weights: dict[str | None, float] = dict(Counter(s.phase for s in present))
         if catalogue.STEP_PHASE in weights:  # a tie goes against the ranks outside the collective
             weights[catalogue.STEP_PHASE] += 0.5
-        if len(weights) <= 1:
-            found.append(Verdict(project, tuple(stopped), (), bool(stopped)))
+        if len(weights) <= 1:  # every rank in one phase: named when every one is past its deadline
+            everyone = len(stopped) == len(present) > 0
+            found.append(Verdict(project, tuple(stopped) if everyone else (),
+                                 tuple(present) if stopped and not everyone else (), everyone))
             continue
         most = max(weights.values())
         culprits = tuple(s for s in stopped if weights[s.phase] < most)

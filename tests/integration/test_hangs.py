@@ -9,6 +9,7 @@ come before that (hang.min_seconds 3 here; steps take 0.1-0.3 s).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -42,6 +43,20 @@ def hangs(*targets: str) -> subprocess.CompletedProcess[str]:
                           check=False, cwd=ROOT, timeout=60)
 
 
+def py_spy_may_read_processes() -> bool:
+    """Whether py-spy may attach to another process of this user here (ptrace permitted)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == "ready\n"  # its interpreter is up
+        spy = Path(sys.executable).parent / "py-spy"
+        return subprocess.run([str(spy), "dump", "--pid", str(sleeper.pid)], capture_output=True,
+                              timeout=60, check=False).returncode == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_path: Path) -> None:
     saves = tmp_path / "save"
     with distributed_job(tmp_path, "--epochs", "50", "--block-rank", "1", "--block-after", "2400",
@@ -72,6 +87,56 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
         assert text.splitlines()[1].startswith("phase: data_wait for ")
         assert "in __getitem__" in text and "self._never.wait()" in text  # the blocked loader's frame
         assert re.search(r"training thread top frame: .*mindspore.*", text), text.splitlines()[2]
+        # py-spy is among the test dependencies: the dump has native frames where the machine lets it read them.
+        if py_spy_may_read_processes():
+            assert text.splitlines()[3] == "stacks: Python frames, and native frames from py-spy below"
+            native = text.split("py-spy dump --native:\n", 1)[1]
+            assert "__getitem__" in native and "(libc" in native, native[:2000]
+        else:
+            assert text.splitlines()[3].startswith("stacks: Python frames only (py-spy could not read")
     # Afterwards, from what the ranks left in their save_dirs.
     later = hangs(*(str(saves / f"rank{rank}") for rank in range(WORKERS)))
     assert "project hang: rank 1 never arrived: in data_wait" in later.stdout, later.stdout + later.stderr
+
+
+# The healthy run's slow parts: a ModelCheckpoint save every 50 steps, a checkpoint-like callback (named in
+# hang.checkpoint_callbacks) that holds every rank for PAUSE_SECONDS every PAUSE_EVERY steps, an evaluation every
+# 5 epochs. hang.min_seconds is set under the
+# pause, so a pause counted as data wait or step would page. `make hangs-healthy` runs the same for 10+ minutes.
+HEALTHY_EPOCHS = int(os.environ.get("MS_EXPORTER_HEALTHY_EPOCHS", "15"))  # 21 steps an epoch
+PAUSE_EVERY, PAUSE_SECONDS, MIN_SECONDS = 150, 40, 20
+
+
+def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp_path: Path) -> None:
+    saves = tmp_path / "save"
+    steps = HEALTHY_EPOCHS * 21
+    with distributed_job(tmp_path, "--epochs", str(HEALTHY_EPOCHS), "--checkpoint-every", "50", "--pause-every",
+                         str(PAUSE_EVERY), "--pause-seconds", str(PAUSE_SECONDS), "--eval-every", "5",
+                         "--hang-min-seconds", str(MIN_SECONDS), "--save-dir", str(saves), workers=WORKERS,
+                         project="healthy", scrape_interval="5s") as job:
+        began = time.time()
+        ended = 'mindspore_train_phase{project="healthy", phase="ended"} == 1'
+        wait_until(lambda: len(job.query(ended)) == WORKERS, 60 + steps * 3 + 2 * PAUSE_SECONDS * steps // PAUSE_EVERY,
+                   "every rank to end its training")
+        minutes = (time.time() - began) / 60
+        time.sleep(10)  # one more scrape and rule evaluation after the end
+        window = f"[{int(time.time() - began) + 60}s]"
+        final = job.by_rank('mindspore_train_global_step{project="healthy"}')
+        assert final == {str(rank): steps for rank in range(WORKERS)}
+        # Nothing took the slow parts for a hang: no alert ever pending, no suspicion, no dump...
+        hang_alerts = job.query(f'count_over_time(ALERTS{{alertname=~"MindSporeTraining(Hang|Stalled)"}}{window})')
+        assert hang_alerts == [], hang_alerts
+        assert set(job.by_rank(f"max_over_time(mindspore_train_hang_suspected{window})").values()) == {0.0}
+        assert set(job.by_rank("mindspore_train_hang_dumps_total").values()) == {0.0}
+        # ...though each rank was held longer than its step deadline, in the checkpoint phase.
+        held = job.by_rank(f'max_over_time((mindspore_train_phase_seconds and on (instance) '
+                           f'mindspore_train_phase{{phase="checkpoint"}} == 1){window[:-1]}:5s])')
+        assert len(held) == WORKERS and min(held.values()) > MIN_SECONDS, held
+        assert set(job.by_rank(f"min_over_time(mindspore_train_hang_deadline_seconds{window})").values()) == {
+            float(MIN_SECONDS)}
+        assert set(job.by_rank('mindspore_train_eval_metric{name="accuracy"}')) == {"0", "1", "2"}
+    assert list(saves.rglob("hang-*.txt")) == []
+    for rank in range(WORKERS):
+        assert list((saves / f"rank{rank}" / "ckpt").glob("demo-*.ckpt")), f"rank {rank} saved no checkpoint"
+    print(f"\nhealthy 3-rank run of {minutes:.1f} minutes, {steps} steps, pauses of {PAUSE_SECONDS} s every "
+          f"{PAUSE_EVERY} steps: no hang alert, no dump")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn
-from mindspore.train import Callback, Model
+from mindspore.train import Callback, CheckpointConfig, Model, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.tools.demo import PaddedTokens, build_network, synthetic_dataset
@@ -163,6 +166,48 @@ def test_evaluation_metrics_from_model_fit() -> None:
         assert final.value("mindspore_train_samples_total") == 2 * 64
     finally:
         monitor.close()
+
+
+PAUSE = 0.3  # seconds each slow callback takes, far above a step of the tiny network
+
+
+def test_checkpoint_and_other_callbacks_are_phases_of_their_own(tmp_path: Path) -> None:
+    """A callback before the monitor runs inside what it measures as the step, one after it inside the data wait:
+    both are phases of their own, and their time is in neither the step duration nor the data wait."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    network = build_network(layers=1, d_model=32, heads=2)
+    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
+    monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=0.2)
+    seen: list[tuple[str, str | None]] = []
+
+    class Pausing(Callback):
+        def on_train_step_end(self, run_context: Any) -> None:
+            seen.append(("pausing", monitor.phases.phase))
+            time.sleep(PAUSE)
+
+    class SlowCheckpoint(ModelCheckpoint):
+        def step_end(self, run_context: Any) -> None:  # the older hook name, as ModelCheckpoint itself uses
+            seen.append(("saving", monitor.phases.phase))
+            time.sleep(PAUSE)
+            super().step_end(run_context)
+
+    pausing = Pausing()
+    saving = SlowCheckpoint(directory=str(tmp_path / "ckpt"), config=CheckpointConfig(save_checkpoint_steps=2))
+    try:
+        model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[pausing, monitor, saving],
+                    dataset_sink_mode=False)
+        records = [json.loads(line) for line in Path(monitor.jsonl_path).read_text().splitlines()]
+    finally:
+        monitor.close()
+    assert seen == [("pausing", "callbacks"), ("saving", "checkpoint")] * STEPS
+    assert len(list((tmp_path / "ckpt").glob("*.ckpt"))) >= STEPS // 2  # the wrapped hook still saved
+    steps = [r for r in records if r["type"] == "step"]
+    assert len(steps) == STEPS
+    # The first step compiles; after it, neither figure holds a pause.
+    assert all(r["step_duration_seconds"] < PAUSE for r in steps[1:]), steps
+    assert all(r["data_wait_seconds"] < PAUSE for r in steps[1:]), steps
+    # The wrappers were instance attributes for this training only.
+    assert "on_train_step_end" not in vars(pausing) and "on_train_step_end" not in vars(saving)
 
 
 def test_port_in_use_falls_back_to_a_free_port(caplog: pytest.LogCaptureFixture) -> None:

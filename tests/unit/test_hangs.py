@@ -28,6 +28,9 @@ def state(rank: int, phase: str, seconds: float, deadline: float | None = 120.0,
     # rank 1's data iterator blocks; ranks 0 and 2 wait for it in the all-reduce, inside their step
     ([state(0, "step", 180), state(1, "data_wait", 185), state(2, "step", 180)], ["1"], False),
     ([state(0, "step", 180), state(1, "step", 181)], ["0", "1"], True),  # no rank stands out
+    # rank 1's last scrape predates the block: it still shows the step it was in then; no verdict until it is
+    # seen where it is stuck
+    ([state(0, "step", 125), state(1, "step", 0.0), state(2, "step", 124)], [], False),
     ([state(0, "step", 180), state(1, "data_wait", 180)], ["1"], False),  # a tie goes against the one outside step
     ([state(0, "step", 0.1), state(1, "data_wait", 0.05)], [], False),  # advancing
     ([state(0, "ended", 900, None), state(1, "ended", 900, None)], [], False),  # finished
@@ -36,6 +39,13 @@ def state(rank: int, phase: str, seconds: float, deadline: float | None = 120.0,
     ([state(0, "step", 2.0), state(1, "data_wait", 130), state(2, "step", 1.0)], ["1"], False),
     # ... and a rank of the waiting majority seen past its deadline first is not named
     ([state(0, "step", 125), state(1, "data_wait", 100), state(2, "step", 90)], [], False),
+    # rank 0 alone saves a checkpoint within its deadline: the others, past theirs in the next all-reduce, are held
+    ([state(0, "checkpoint", 300, 1800), state(1, "step", 299), state(2, "step", 299)], [], False),
+    # ... until rank 0 is past its own
+    ([state(0, "checkpoint", 1900, 1800), state(1, "step", 1899), state(2, "step", 1899)], ["0"], False),
+    # only ranks in step are held: a rank stuck in data_wait is named while the others are busy in a callback
+    ([state(0, "callbacks", 180, 1800), state(1, "data_wait", 180), state(2, "callbacks", 180, 1800)], ["1"],
+     False),
 ])
 def test_the_verdict_names_the_rank_the_job_waits_for(ranks: list[RankState], culprits: list[str],
                                                       all_same: bool) -> None:
@@ -50,6 +60,18 @@ def test_each_project_gets_its_own_verdict() -> None:
     assert [(v.project, [r.rank for r in v.culprits]) for v in found] == [("a", ["1"]), ("b", [])]
     assert found[0].text() == "project a: rank 1 never arrived: in data_wait while 1 rank(s) are in step"
     assert found[1].text() == "project b: no rank is past its hang deadline"
+
+
+def test_ranks_seen_past_the_deadline_before_the_others_give_no_verdict_yet() -> None:
+    (verdict,) = verdicts([state(0, "step", 125), state(1, "step", 0.0), state(2, "step", 124)])
+    assert verdict.text() == ("project demo: rank 0, rank 2 past the hang deadline in step, rank 1 not yet: no "
+                              "verdict until every rank is past it or one is seen in another phase")
+
+
+def test_ranks_held_by_a_busy_rank_are_said_to_be_waiting() -> None:
+    (verdict,) = verdicts([state(0, "checkpoint", 300, 1800), state(1, "step", 299), state(2, "step", 299)])
+    assert verdict.text() == ("project demo: rank 1, rank 2 past the hang deadline in the phase most ranks are in; "
+                              "the rank(s) in another phase are not past theirs yet")
 
 
 def write_dump(directory: Path, rank: int, phase: str, seconds: float, when: datetime.datetime) -> Path:
