@@ -26,14 +26,14 @@ import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.waiting import free_port, wait_until
+from tests.servers import Servers
+from tests.waiting import free_port
 from tests.webhook import Webhook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,35 +120,15 @@ class Stack:
         (scratch / "alertmanager.yml").write_text(yaml.safe_dump(routing))
         self.routes = {route["matchers"][0]: route.get("group_wait", routing["route"]["group_wait"])
                        for route in routing["route"]["routes"]}
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.servers = Servers(scratch)
 
     def start(self) -> None:
-        self._spawn([shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
-                     f"--config.file={self.scratch / 'alertmanager.yml'}", f"--storage.path={self.scratch / 'am'}",
-                     f"--web.listen-address=127.0.0.1:{self.alertmanager_port}", "--cluster.listen-address="])
-        self._spawn([shutil.which("prometheus") or "prometheus", f"--config.file={self.scratch / 'prometheus.yml'}",
-                     f"--storage.tsdb.path={self.scratch / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{self.prometheus_port}"])
-        wait_until(lambda: _ready(self.prometheus_port), 60, "Prometheus", every=0.5)
-        wait_until(lambda: _ready(self.alertmanager_port), 60, "Alertmanager", every=0.5)
-
-    def _spawn(self, command: list[str]) -> None:
-        log = open(self.scratch / (Path(command[0]).name + ".log"), "wb")  # noqa: SIM115 - closed with the process
-        self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+        self.servers.alertmanager(self.alertmanager_port, self.scratch / "alertmanager.yml")
+        self.servers.prometheus(self.prometheus_port, self.scratch / "prometheus.yml")
 
     def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(30)
+        self.servers.stop()
 
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def _version(binary: str) -> str:

@@ -8,14 +8,11 @@ renderer as the committed file, with thresholds and durations shrunk so that ale
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ import yaml
 from ms_exporter.generate.dashboard import queries, render_dashboard
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.thresholds import Thresholds
+from tests.servers import Servers, query
 from tests.waiting import free_port, wait_until
 from tests.webhook import Webhook
 
@@ -46,7 +44,7 @@ class Stack:
         self.job_port = free_port()
         self.prometheus_port = free_port()
         self.alertmanager_port = free_port()
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.servers = Servers(tmp)
         (tmp / "rules.yml").write_text(render_yaml(render_rules(THRESHOLDS, TIMING, job_regex="mindspore")))
         # The committed routing, with its placeholder webhooks pointed at the test receiver and waits shortened.
         routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
@@ -65,34 +63,11 @@ class Stack:
         }))
 
     def start(self) -> None:
-        self._spawn([shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
-                     f"--config.file={self.tmp / 'alertmanager.yml'}", f"--storage.path={self.tmp / 'am'}",
-                     f"--web.listen-address=127.0.0.1:{self.alertmanager_port}", "--cluster.listen-address="])
-        self._spawn([shutil.which("prometheus") or "prometheus", f"--config.file={self.tmp / 'prometheus.yml'}",
-                     f"--storage.tsdb.path={self.tmp / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{self.prometheus_port}"])
-        wait_until(lambda: self._ready(self.prometheus_port, "/-/ready"), 60, "Prometheus")
-        wait_until(lambda: self._ready(self.alertmanager_port, "/-/ready"), 60, "Alertmanager")
-
-    def _spawn(self, command: list[str]) -> None:
-        log = open(self.tmp / (Path(command[0]).name + ".log"), "wb")  # noqa: SIM115 - closed with the process
-        self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
-
-    @staticmethod
-    def _ready(port: int, path: str) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        self.servers.alertmanager(self.alertmanager_port, self.tmp / "alertmanager.yml")
+        self.servers.prometheus(self.prometheus_port, self.tmp / "prometheus.yml")
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = json.loads(response.read())
-        assert body["status"] == "success", body
-        result = body["data"]["result"]
-        return result if isinstance(result, list) else [result]
+        return query(self.prometheus_port, expr)
 
     def run_job(self, project: str, fault: str) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
@@ -104,10 +79,7 @@ class Stack:
         return job
 
     def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(20)
+        self.servers.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import yaml
 
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from tests.scrape import scrape
+from tests.servers import Servers, query
 from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,9 +39,7 @@ class DistributedJob:
     prometheus_port: int
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())["data"]["result"]
+        return query(self.prometheus_port, expr)
 
     def by_rank(self, expr: str) -> dict[str, float]:
         return {r["metric"]["rank"]: float(r["value"][1]) for r in self.query(expr)}
@@ -66,11 +65,8 @@ def distributed_job(tmp_path: Path, *arguments: str, workers: int = 2, project: 
     }))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    prometheus = subprocess.Popen([shutil.which("prometheus") or "prometheus",
-                                   f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers = Servers(tmp_path)
+    servers.prometheus(prometheus_port, tmp_path / "prometheus.yml")
     job = subprocess.Popen([shutil.which("msrun", path=env["PATH"]) or "msrun", f"--worker_num={workers}",
                             f"--local_worker_num={workers}", f"--master_port={master_port}",
                             f"--log_dir={tmp_path / 'log'}", "--join=True",
@@ -88,8 +84,7 @@ def distributed_job(tmp_path: Path, *arguments: str, workers: int = 2, project: 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
         job.wait(30)
-        prometheus.terminate()
-        prometheus.wait(30)
+        servers.stop()
 
 
 def test_two_ranks_discovered_aggregated_and_a_finished_rank_that_goes_pages_nothing(tmp_path: Path) -> None:

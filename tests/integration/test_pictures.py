@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,39 +72,37 @@ def steps_of(jsonl: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, jsonl.read_text().splitlines()) if r["type"] == "step"]
 
 
+def watch(tmp: Path, project: str, arguments: tuple[str, ...], faulted: Callable[[str], bool], what: str) -> Run:
+    """Run the fault job, keep the live page (DOM and live-<project>.png) once `faulted(base URL)`, let it end."""
+    job, base = start(tmp, project, *arguments)
+    try:
+        wait_until(lambda: faulted(base), 240, what)
+        page = dom(base)
+        screenshot(base, f"live-{project}.png", 1280, 900)
+        assert job.wait(240) == 0
+    finally:
+        job.kill()
+    return Run(page, tmp / "metrics-rank0.jsonl")
+
+
 @pytest.fixture(scope="module")
-def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Healthy for HEALTHY_STEPS steps, then every loss NaN until the run ends normally."""
-    tmp = tmp_path_factory.mktemp("nan-run")
-    job, base = start(tmp, "nan-run", "--fault", "nan", "--seconds", "40")
-    try:
-        wait_until(lambda: scrape(base + "metrics").value("mindspore_train_nonfinite_loss_total") >= 15, 240,
-                   "15 NaN steps")
-        page = dom(base)
-        screenshot(base, "live-nan-run.png", 1280, 900)
-        assert job.wait(240) == 0
-    finally:
-        job.kill()
-    yield Run(page, tmp / "metrics-rank0.jsonl")
+    return watch(tmp_path_factory.mktemp("nan-run"), "nan-run", ("--fault", "nan", "--seconds", "40"),
+                 lambda base: scrape(base + "metrics").value("mindspore_train_nonfinite_loss_total") >= 15,
+                 "15 NaN steps")
 
 
 @pytest.fixture(scope="module")
-def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Healthy, then one step whose callback hook stands still for 20 s (hang.min_seconds 5), then healthy again."""
-    tmp = tmp_path_factory.mktemp("stalled-run")
-    job, base = start(tmp, "stalled-run", "--fault", "pause", "--pause", "20", "--seconds", "45")
-    try:
-        def stalled() -> bool:
-            now = series(base)
-            return bool(now["hang_deadline"] and now["phase_seconds"] > now["hang_deadline"] + 2)
+    def stalled(base: str) -> bool:
+        now = series(base)
+        return bool(now["hang_deadline"] and now["phase_seconds"] > now["hang_deadline"] + 2)
 
-        wait_until(stalled, 240, "the run standing still past its hang deadline")
-        page = dom(base)
-        screenshot(base, "live-stalled-run.png", 1280, 900)
-        assert job.wait(240) == 0
-    finally:
-        job.kill()
-    yield Run(page, tmp / "metrics-rank0.jsonl")
+    return watch(tmp_path_factory.mktemp("stalled-run"), "stalled-run",
+                 ("--fault", "pause", "--pause", "20", "--seconds", "45"), stalled,
+                 "the run standing still past its hang deadline")
 
 
 def test_live_page_of_a_nan_run_marks_the_nan_steps_and_says_non_finite(nan_run: Run) -> None:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +29,7 @@ from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.pushgateway import PushgatewaySink
 from ms_exporter.tools.demo import build_network, synthetic_dataset
 from tests.scrape import Scrape, scrape
+from tests.servers import Servers
 from tests.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -62,30 +62,16 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    binary = shutil.which("prometheus-pushgateway")
-    if binary is None:
+    if shutil.which("prometheus-pushgateway") is None:
         pytest.skip("prometheus-pushgateway (the Debian package) is not installed")
     port = free_port()
-    log = open(tmp_path_factory.mktemp("pushgateway") / "pushgateway.log", "wb")  # noqa: SIM115 - closed below
+    servers = Servers(tmp_path_factory.mktemp("pushgateway"))
     # No --persistence.file: the gateway keeps pushed groups in memory only.
-    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    servers.start("prometheus-pushgateway", port, ready_within=30)
     try:
-        gateway = Gateway(port)
-
-        def ready() -> bool:
-            assert proc.poll() is None, "prometheus-pushgateway exited"
-            try:
-                with urllib.request.urlopen(gateway.url + "/-/ready", timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-
-        wait_until(ready, 30, "the Pushgateway")
-        yield gateway
+        yield Gateway(port)
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        log.close()
+        servers.stop()
 
 
 class SlowGateway:

@@ -1,0 +1,74 @@
+"""Real Prometheus-family servers (the Debian packages) for tests and benchmarks: started on a loopback port, awaited
+until ready, logging into a scratch directory, and stopped together."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+from tests.waiting import wait_until
+
+
+class Servers:
+    """The servers started from here: each logs to `<scratch>/<binary>.log`; stop() ends them all."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self._running: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
+
+    def start(self, binary: str, port: int, *options: str, ready_within: float = 60) -> None:
+        """Run `binary` listening on 127.0.0.1:port and wait until its /-/ready answers 200."""
+        path = shutil.which(binary)
+        if path is None:
+            raise FileNotFoundError(f"{binary} is not installed (make test installs the Debian packages)")
+        log = open(self.scratch / f"{binary}.log", "wb")  # noqa: SIM115 - closed in stop()
+        process = subprocess.Popen([path, f"--web.listen-address=127.0.0.1:{port}", *options],
+                                   stdout=log, stderr=subprocess.STDOUT)
+        self._running.append((process, log))
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"{binary} exited with {process.returncode}: see {log.name}")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+
+        try:
+            wait_until(ready, ready_within, binary, every=0.5)
+        except BaseException:
+            self.stop()  # the caller gets the failure, not servers left running
+            raise
+
+    def prometheus(self, port: int, config: Path) -> None:
+        self.start("prometheus", port, f"--config.file={config}", f"--storage.tsdb.path={self.scratch / 'tsdb'}")
+
+    def alertmanager(self, port: int, config: Path) -> None:
+        # No cluster: it would bind the shared port 9094 and wait for its gossip to settle before sending.
+        self.start("prometheus-alertmanager", port, f"--config.file={config}",
+                   f"--storage.path={self.scratch / 'alertmanager'}", "--cluster.listen-address=")
+
+    def stop(self) -> None:
+        for process, _ in self._running:
+            process.terminate()
+        for process, log in self._running:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+            log.close()
+        self._running.clear()
+
+
+def query(prometheus_port: int, expr: str) -> list[dict[str, Any]]:
+    """The result of an instant query as a list (a scalar result is one element)."""
+    url = f"http://127.0.0.1:{prometheus_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    result = body["data"]["result"]
+    return result if isinstance(result, list) else [result]
