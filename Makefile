@@ -65,7 +65,7 @@ gil-hold: install
 # About 11 minutes: the healthy-run test of tests/integration/test_hangs.py for 10+ minutes instead of 2
 # (70 epochs: 1,470 steps, 9 pauses of 40 s, 14 evaluations).
 hangs-healthy: install debian-packages
-	MS_EXPORTER_HEALTHY_EPOCHS=70 $(BIN)/python -m pytest -q -s tests/integration/test_hangs.py -k healthy
+	HANGS_HEALTHY_EPOCHS=70 $(BIN)/python -m pytest -q -s tests/integration/test_hangs.py -k healthy
 
 # About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
 reliability: install debian-packages

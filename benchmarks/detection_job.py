@@ -61,9 +61,9 @@ class ScaledOutputs(nn.Cell):
         self.scale = Parameter(Tensor(1024.0, ms.float32), name="scale", requires_grad=False)
 
     def construct(self, *inputs: Any) -> Any:
+        lr = self.optimizer.get_lr()  # what this step applies, read before the step advances global_step
         loss, global_norm, local_norms = self.inner(*inputs)
-        return (loss, self.overflow, self.scale, ops.ones((), ms.float32), global_norm, local_norms,
-                ops.ones_like(local_norms))
+        return (loss, self.overflow, self.scale, lr, global_norm, local_norms, ops.ones_like(local_norms))
 
 
 class Fault(Callback):

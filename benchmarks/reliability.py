@@ -264,7 +264,7 @@ def soak(steps: int, every: int) -> dict[str, Any]:
 
 
 def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], blocks: int, block_steps: int,
-           seconds: float, passes: int) -> str:
+           seconds: float, passes: int, hostile_block: str) -> str:
     settle = SETTLE_STEPS
     rss = soaked["rss"]
     mib = [(step, value / 2**20) for step, value in rss]
@@ -310,6 +310,8 @@ Latency is given at p90: requests in flight when wrk is stopped wait for the nex
 
 {verdicts}
 
+{hostile_block}
+
 ### Soak: {rss[-1][0]:,} steps with the prometheus, local and otlp backends
 One fresh process, `grad_norm.every_n_steps: 10`, scraped once a second ({soaked['scrapes']} scrapes),
 exporting OTLP every second to a gRPC receiver in the same process ({soaked['otlp_requests']} requests), JSON
@@ -353,9 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     passes, blocks, block_steps = (1, 2, 20) if args.quick else (2, 20, 30)
     print("endpoint under load ...", flush=True)
     rows = load([300, 600], passes, blocks, block_steps)
+    print("hostile clients ...", flush=True)
+    from benchmarks.hostile import hostile, render_hostile  # it builds on this module's block method
+
+    attacked = render_hostile(hostile(passes, blocks, block_steps), blocks, block_steps, passes)
     print("soak ...", flush=True)
     soaked = soak(500 if args.quick else 20_000, 100 if args.quick else 1000)
-    block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes)
+    block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes, attacked)
     path = Path(args.output)
     path.write_text(replace_block(path.read_text() if path.exists() else "# Reliability\n", block))
     print(block)

@@ -223,7 +223,8 @@ COMPONENT_DISABLED = MetricFamily("mindspore_exporter_component_disabled", "gaug
                                   f"1 for a component the monitor switched off after {FAILURES_BEFORE_DISABLE} "
                                   "failures in a row.", "1", "always", ("component",))
 DROPPED_RECORDS = MetricFamily("mindspore_exporter_dropped_samples_total", "counter",
-                               "Records a sink dropped because it fell behind.", "records", "local", ("sink",))
+                               "Records a sink dropped: it fell behind, or could not write them (a full disk).",
+                               "records", "local", ("sink",))
 
 FAMILIES: tuple[MetricFamily, ...] = tuple(value for value in list(globals().values())
                                            if isinstance(value, MetricFamily))

@@ -199,8 +199,11 @@ def _report(args: argparse.Namespace) -> int:
     for run in runs:
         facts = summary(run, hang)
         stalled = "".join(f", stalled {stall['seconds']:.0f} s at step {stall['step']}" for stall in facts["stalls"])
+        lost = (f", {facts['dropped_records']} records lost (not written: the writer fell behind or the disk was "
+                "full)" if facts["dropped_records"] else "")
+        unreadable = f", {facts['unreadable_lines']} unreadable lines skipped" if facts["unreadable_lines"] else ""
         print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
-              f"{stalled}")
+              f"{stalled}{lost}{unreadable}")
     print(f"wrote {args.output}")
     return 0
 

@@ -15,6 +15,8 @@ import ipaddress
 import math
 import os
 import re
+import reprlib
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,13 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 ENV_PREFIX = "MS_EXPORTER_"
+# Upper bounds: past them a value is a mistake, and some (an interval of 1e10 s) would break a thread's wait.
+MAX_SECONDS = 7 * 24 * 3600  # intervals, timeouts and deadlines: a week
+MAX_STEPS = 10**12  # step counts
+MAX_RATIO = 1e12  # thresholds, factors and learning rates
+MAX_FILE_BYTES = 1024 * 1024  # a config file (a monitor_config is a few KiB)
+MAX_YAML_VALUES = 100_000  # values a YAML document may stand for, aliases expanded
+MAX_YAML_DEPTH = 64
 
 # Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
 # 9464 OpenTelemetry ...), below Linux's ephemeral range (32768+), so that base + 7 local ranks stay clear.
@@ -39,6 +48,14 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PUSH_EVENTS = ("train_end", "interval")
 # What check-config prints instead of a secret.
 REDACTED = "<redacted>"
+# user:password@ in a URL (a Pushgateway or collector behind basic auth), with or without its scheme (a value
+# that failed the URL check): the password is never printed or logged.
+_URL_PASSWORD = re.compile(r"(?P<head>(?:[a-zA-Z][a-zA-Z0-9+.-]*://|(?<![^\s'\"(=]))[^:/@\s'\"]*):[^@/\s'\"]*@")
+
+
+def hide_url_passwords(text: str) -> str:
+    """`text` with the password of every scheme://user:password@ in it replaced."""
+    return _URL_PASSWORD.sub(rf"\g<head>:{REDACTED}@", text)
 
 # Names allowed in `metrics`: each switches on one group of series (docs/metrics.md lists them).
 METRIC_GROUPS = (
@@ -95,7 +112,7 @@ class ConfigError(ValueError):
     """Raised at construction with every problem found; `problems` holds them one per item."""
 
     def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
+        self.problems = [hide_url_passwords(problem) for problem in problems]
         lines = "\n  - ".join(self.problems)
         super().__init__(f"invalid monitor_config ({len(self.problems)} problem(s)):\n  - {lines}")
 
@@ -135,25 +152,32 @@ def _rule(allowed: str, accepts: Callable[[Any], bool], clean: Callable[[Any], A
 
 
 def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))  # an int of any size
+
+
+def _upto(high: float | None) -> str:
+    return "" if high is None else f" and at most {high:g}"
 
 
 def boolean() -> Check:
     return _rule("true or false", lambda value: isinstance(value, bool))
 
 
-def int_in(low: int, high: int | None = None) -> Check:
-    span = f"from {low} to {high}" if high is not None else f"of at least {low}"
-    return _rule(f"an integer {span}", lambda value: isinstance(value, int) and not isinstance(value, bool)
-                 and low <= value and (high is None or value <= high))
+def int_in(low: int, high: int) -> Check:
+    return _rule(f"an integer from {low} to {high}", lambda value: isinstance(value, int)
+                 and not isinstance(value, bool) and low <= value <= high)
 
 
-def greater_than(low: int) -> Check:
-    return _rule(f"a number greater than {low}", lambda value: _is_number(value) and value > low, float)
+def greater_than(low: int, high: float) -> Check:
+    return _rule(f"a number greater than {low}{_upto(high)}",
+                 lambda value: _is_number(value) and low < value <= high, float)
 
 
-def at_least(low: int) -> Check:
-    return _rule(f"a number of at least {low}", lambda value: _is_number(value) and value >= low, float)
+def at_least(low: int, high: float) -> Check:
+    return _rule(f"a number of at least {low}{_upto(high)}",
+                 lambda value: _is_number(value) and low <= value <= high, float)
 
 
 def between(low: int, high: int) -> Check:
@@ -397,8 +421,8 @@ class GradNormConfig:
     layers: tuple[str, ...] = setting((), check=regexes())  # matched (from the start) against layer names
     top_k: int = setting(5, check=int_in(0, 1000))
     max_series: int = setting(20, check=int_in(1, 1000))
-    threshold: float | None = setting(DEFAULTS.grad_norm_high, check=optional(greater_than(0)))
-    clip: float | None = setting(None, check=optional(greater_than(0)))
+    threshold: float | None = setting(DEFAULTS.grad_norm_high, check=optional(greater_than(0, MAX_RATIO)))
+    clip: float | None = setting(None, check=optional(greater_than(0, MAX_RATIO)))
 
     def _cross_check(self, say: Say) -> None:
         if self.top_k > self.max_series:
@@ -414,7 +438,7 @@ class LayerNormConfig:
     # and still gives the 100-step drift window four samples.
     every_n_steps: int = setting(25, check=int_in(1, 1_000_000))
     window: int = setting(100, check=int_in(1, 10_000_000))
-    drift_threshold: float | None = setting(DEFAULTS.layernorm_drift, check=optional(greater_than(0)))
+    drift_threshold: float | None = setting(DEFAULTS.layernorm_drift, check=optional(greater_than(0, MAX_RATIO)))
     # Three series per scale: a deep model (two norms a block) would otherwise be a rank's largest family.
     max_layers: int = setting(24, check=int_in(1, 10_000))
 
@@ -427,8 +451,8 @@ class OtlpConfig:
     # grpc or http/protobuf; None: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc
     protocol: str | None = setting(None, check=optional(choice(*OTLP_PROTOCOLS)))
     # seconds between exports; None: OTEL_METRIC_EXPORT_INTERVAL, else 60
-    interval: float | None = setting(None, check=optional(greater_than(0)))
-    timeout: float = setting(10.0, check=greater_than(0))  # seconds one export may take, retries included
+    interval: float | None = setting(None, check=optional(greater_than(0, MAX_SECONDS)))
+    timeout: float = setting(10.0, check=greater_than(0, MAX_SECONDS))  # seconds one export may take, retries included
     headers: Mapping[str, str] | None = setting(None, check=optional(_headers))
     insecure: bool | None = setting(None, check=optional(boolean()))
 
@@ -439,8 +463,8 @@ class PushgatewayConfig:
 
     url: str | None = setting(None, check=optional(url()))  # None: no pushes
     on: tuple[str, ...] = setting(("train_end",), check=names(PUSH_EVENTS))
-    interval: float = setting(30.0, check=greater_than(0))  # seconds between pushes when `on` has interval
-    timeout: float = setting(5.0, check=greater_than(0))
+    interval: float = setting(30.0, check=greater_than(0, MAX_SECONDS))  # seconds between pushes when `on` has interval
+    timeout: float = setting(5.0, check=greater_than(0, MAX_SECONDS))
     job: str = setting("mindspore_training", check=text())
 
 
@@ -454,7 +478,7 @@ class EarlyStopConfig:
     enable: bool = setting(False, check=boolean())
     patience: int = setting(5, check=int_in(1, 10_000_000))  # evaluations without improvement
     # an improvement must beat the best smoothed loss by more than this
-    min_delta: float = setting(0.0, check=at_least(0))
+    min_delta: float = setting(0.0, check=at_least(0, MAX_RATIO))
     unit: str = setting("epoch", check=choice(*EARLY_STOP_UNITS))  # what one evaluation is: an epoch end or a step
     # non-finite losses in a row that stop at once; null: never
     max_nonfinite: int | None = setting(3, check=optional(int_in(1, 1_000_000)))
@@ -470,7 +494,7 @@ class LrBackoffConfig:
     # also back off when the gradient norm passes grad_norm.threshold
     on_grad_norm: bool = setting(True, check=boolean())
     cooldown: int = setting(100, check=int_in(0, 10_000_000))  # steps after a back-off before the next one
-    min_lr: float = setting(0.0, check=at_least(0))
+    min_lr: float = setting(0.0, check=at_least(0, MAX_RATIO))
 
 
 @dataclass(frozen=True)
@@ -479,7 +503,7 @@ class SnapshotConfig:
 
     enable: bool = setting(False, check=boolean())
     # a loss above this many times the smoothed loss is a spike
-    spike_factor: float = setting(3.0, check=greater_than(1))
+    spike_factor: float = setting(3.0, check=greater_than(1, MAX_RATIO))
     max_snapshots: int = setting(3, check=int_in(1, 1000))
     quiet_steps: int = setting(10, check=int_in(1, 10_000_000))  # steps without an anomaly that end an episode
 
@@ -509,13 +533,13 @@ class HangConfig:
     deadlines."""
 
     enable: bool = setting(True, check=boolean())
-    min_seconds: float = setting(120.0, check=greater_than(0))
-    factor: float = setting(3.0, check=at_least(1))
+    min_seconds: float = setting(120.0, check=greater_than(0, MAX_SECONDS))
+    factor: float = setting(3.0, check=at_least(1, MAX_RATIO))
     percentile: float = setting(99.0, check=_percentile)
     window: int = setting(500, check=int_in(10, 1_000_000))  # step cycles
-    compile_seconds: float = setting(3600.0, check=greater_than(0))  # train begin to the first step's end
-    eval_seconds: float = setting(1800.0, check=greater_than(0))
-    checkpoint_seconds: float = setting(1800.0, check=greater_than(0))
+    compile_seconds: float = setting(3600.0, check=greater_than(0, MAX_SECONDS))  # train begin to the first step's end
+    eval_seconds: float = setting(1800.0, check=greater_than(0, MAX_SECONDS))
+    checkpoint_seconds: float = setting(1800.0, check=greater_than(0, MAX_SECONDS))
     # Callbacks whose step and epoch hooks count as `checkpoint` (their class or a base class has one of these
     # names), besides ModelCheckpoint and its subclasses: an uploader, a custom saver.
     checkpoint_callbacks: tuple[str, ...] = setting((), check=class_names())
@@ -542,10 +566,10 @@ class WebConfig:
     # user -> bcrypt or sha256:<hex> hash
     basic_auth_users: Mapping[str, str] = setting(factory=dict, check=_password_hashes)
     # a rendered page is reused this long: a flood of requests costs one render
-    cache_seconds: float = setting(0.25, check=at_least(0))
+    cache_seconds: float = setting(0.25, check=at_least(0, 3600))
     # Requests read and answered per second, at most (0: no limit). Past it a request waits its turn before it
     # is read: a flood costs the training process this many requests' Python a second, whatever the load.
-    max_requests_per_second: float = setting(20.0, check=at_least(0))
+    max_requests_per_second: float = setting(20.0, check=at_least(0, 1_000_000))
 
     @property
     def tls(self) -> bool:
@@ -581,7 +605,7 @@ class MonitorConfig:
     enable: bool = setting(True, check=boolean())
     backend: tuple[str, ...] = setting(("prometheus",), check=names(BACKENDS, at_least_one=True))
     project: str = setting("default", check=text(label_value=True))
-    interval: float = setting(30.0, check=greater_than(0))
+    interval: float = setting(30.0, check=greater_than(0, MAX_SECONDS))
     save_dir: str = setting("./monitor_output", check=text())
     port: int = setting(DEFAULT_PORT, check=_base_port)
     bind_address: str = setting("127.0.0.1", check=_bind_address)
@@ -592,12 +616,14 @@ class MonitorConfig:
     tags: Mapping[str, str] = setting(factory=dict, check=mapping("label name to value", _tag))
     log_level: str = setting("INFO", check=choice(*LOG_LEVELS, any_case=True))
     # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
-    warmup_steps: int = setting(10, check=int_in(0))
-    max_file_mb: float = setting(100.0, check=greater_than(0))
+    warmup_steps: int = setting(10, check=int_in(0, MAX_STEPS))
+    max_file_mb: float = setting(100.0, check=greater_than(0, 1024 * 1024))  # a TiB
     max_files: int = setting(5, check=int_in(1, 1000))
     attention_mask_column: str = setting("attention_mask", check=text())
     input_ids_column: str = setting("input_ids", check=text())
     memory_window: int = setting(10, check=int_in(2, 10_000))
+    # LearningRateSchedule classes (beyond MindSpore's own) whose construct keeps no state: the monitor may call them.
+    pure_lr_schedules: tuple[str, ...] = setting((), check=class_names())
     grad_norm: GradNormConfig = section(GradNormConfig)
     layernorm: LayerNormConfig = section(LayerNormConfig)
     weight_norm: bool = setting(False, check=boolean())
@@ -634,11 +660,15 @@ class MonitorConfig:
         return bounds
 
     def redacted(self) -> dict[str, Any]:
-        """to_dict() with secrets (OTLP header values, password hashes) replaced, for printing and logging."""
+        """to_dict() with secrets (OTLP header values, password hashes, URL passwords) replaced, for printing and
+        logging."""
         out = self.to_dict()
         for section_name, key in (("otlp", "headers"), ("web", "basic_auth_users")):
             if out[section_name][key]:
                 out[section_name][key] = {name: REDACTED for name in out[section_name][key]}
+        for section_name, key in (("otlp", "endpoint"), ("pushgateway", "url")):
+            if out[section_name][key]:
+                out[section_name][key] = hide_url_passwords(out[section_name][key])
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -677,6 +707,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     for key, text in _env_values().items():
         _merge(raw, key, _parse_env(key, text))
         problems.origin[key] = f"environment variable {ENV_PREFIX}{key.upper()}"
+    problems.found.extend(_unknown_env_names())
     for key, value in overrides.items():
         _merge(raw, key, value)
         problems.origin[key] = f"keyword argument {key}="
@@ -697,6 +728,22 @@ def _merge(raw: dict[str, Any], key: Any, value: Any, kind: type[DataclassInstan
         raw[key] = value
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxtuple = 3, 6, 6, 6
+_SHOWN.maxstring = _SHOWN.maxother = 120
+
+
+def shown_value(value: Any) -> str:
+    """A bad value as an error message shows it: short whatever it is (a YAML alias bomb, a 400-digit number), a
+    string quoted, a number as written."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        try:
+            return f"an integer of {len(str(abs(value)))} digits"
+        except ValueError:  # past Python's int-to-text limit (4,300 digits)
+            return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return _SHOWN.repr(value)
+
+
 class _Problems:
     """Every problem found, each naming its key and the source that set it."""
 
@@ -708,7 +755,7 @@ class _Problems:
         return self.origin.get(path.split(".")[0], "monitor_config")
 
     def add(self, path: str, message: str, value: Any = _UNSHOWN) -> None:
-        shown = "" if value is _UNSHOWN else f", got {value!r}" if isinstance(value, str) else f", got {value}"
+        shown = "" if value is _UNSHOWN else f", got {shown_value(value)}"
         self.found.append(f"monitor_config.{path}: {message}{shown} (from {self._where(path)})")
 
     def unknown(self, path: str, key: Any, allowed: list[str]) -> None:
@@ -772,12 +819,12 @@ def _build(kind: type[_T], value: Any, path: str, problems: _Problems) -> _T | N
 
 def _read_file(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small_file(path)
     except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL byte in the path
         problems.append(f"cannot read config file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}")
         return {}
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         problems.append(f"{path} is not valid YAML: {exc}")
         return {}
@@ -787,6 +834,73 @@ def _read_file(path: Path, problems: list[str]) -> dict[str, Any]:
     if "pushgateway" in raw:
         raw["pushgateway"] = _yaml_on_key(raw["pushgateway"])
     return raw
+
+
+def read_small_file(path: Path | str) -> str:
+    """A config file's text: a regular file of at most MAX_FILE_BYTES (a FIFO or /dev/zero would hang or fill
+    memory), UTF-8. OSError or ValueError with what is wrong."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO: no wait for a writer
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file (a directory, FIFO or device cannot hold a config)")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{info.st_size:,} bytes; a config file is at most {MAX_FILE_BYTES:,}")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:  # it grew while read
+                raise ValueError(f"more than {MAX_FILE_BYTES:,} bytes; a config file is at most that")
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
+
+
+class YamlTooLarge(yaml.YAMLError):
+    """A document whose aliases or nesting would make it far larger than any config."""
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, refusing documents that expand past MAX_YAML_VALUES values (aliases of aliases: a few lines
+    can stand for billions of values) or nest deeper than MAX_YAML_DEPTH."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise YamlTooLarge(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+        if node is None:
+            return None
+        _count_values(node, {}, set(), 0)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _count_values(node: yaml.Node, counted: dict[int, int], open_nodes: set[int], depth: int) -> int:
+    """How many values `node` stands for once every alias is expanded; each node is counted once (memo)."""
+    key = id(node)
+    if key in counted:
+        return counted[key]
+    if key in open_nodes:
+        raise YamlTooLarge("an alias refers to a node that contains it (a recursive document)")
+    if depth > MAX_YAML_DEPTH:
+        raise YamlTooLarge(f"nested deeper than {MAX_YAML_DEPTH} levels")
+    open_nodes.add(key)
+    total = 1
+    if isinstance(node, yaml.MappingNode):
+        for name, value in node.value:
+            total += _count_values(name, counted, open_nodes, depth + 1)
+            total += _count_values(value, counted, open_nodes, depth + 1)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            total += _count_values(item, counted, open_nodes, depth + 1)
+    if total > MAX_YAML_VALUES:
+        raise YamlTooLarge(f"stands for more than {MAX_YAML_VALUES:,} values once its aliases are expanded")
+    open_nodes.discard(key)
+    counted[key] = total
+    return total
 
 
 def _yaml_on_key(raw: Any) -> Any:
@@ -816,6 +930,24 @@ def _unwrap(data: Any, where: str, problems: list[str]) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
+# MS_EXPORTER_* variables that are not config keys: `ms-exporter top` reads its password from this one.
+OTHER_ENV_NAMES = ("MS_EXPORTER_TOP_PASSWORD",)
+
+
+def _unknown_env_names() -> list[str]:
+    """A misspelt MS_EXPORTER_* variable is an error, as a misspelt key in the file is: silently ignored, it would
+    leave the setting it meant at its default."""
+    known = [ENV_PREFIX + key.upper() for key in KEYS]
+    found = []
+    for name in sorted(os.environ):
+        if name.startswith(ENV_PREFIX) and name not in known and name not in OTHER_ENV_NAMES:
+            close = _close(name, known)
+            hint = f"did you mean {close}? " if close else ""
+            found.append(f"environment variable {name}: not a monitor_config key; {hint}the variables are "
+                         f"{ENV_PREFIX}<KEY> for the top-level keys: {', '.join(k.upper() for k in KEYS)}")
+    return found
+
+
 def _env_values() -> dict[str, str]:
     values = {}
     for key in KEYS:
@@ -830,7 +962,7 @@ def _read_web_config_file(path: Any, say: Say) -> dict[str, Any]:
     if not isinstance(path, str):
         return {}  # the config_file check reports it
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = load_yaml(read_small_file(path)) or {}
     except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: a NUL byte in the path, or not UTF-8
         say("config_file", f"cannot read {path!r}: {exc}")
         return {}
@@ -863,7 +995,7 @@ _LIST_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if str(f.ty
 def _parse_env(key: str, text: str) -> Any:
     """Environment values are YAML scalars or flow collections; list keys also take `a,b`."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         return text
     if key in _LIST_KEYS and isinstance(value, str) and "," in value:

@@ -88,6 +88,9 @@ class TrainingMonitor(Callback):
                                       self._thresholds.check_slow, lambda exc: self._errors.absorb("sampler", exc)) \
             if probes.memory is not None else None
         self._signals = SignalRelay(self._on_signal, lambda exc: self._errors.absorb("callback", exc))
+        self._wants_signals = any(sink.needs_signals for sink in self._sinks)
+        if self._wants_signals:  # from now until close: a SIGTERM between or after train calls counts too
+            self._signals.install()
         self._reset_step_state()
         atexit.register(self.close)
 
@@ -155,8 +158,8 @@ class TrainingMonitor(Callback):
                 self._sampler.start()
             if self._watchdog is not None:
                 self._watchdog.start()
-            if any(sink.needs_signals for sink in self._sinks):
-                self._signals.install()
+            if self._wants_signals:
+                self._signals.install()  # again: a handler installed since (MindSpore's, the script's) chains to ours
 
     def on_train_step_begin(self, run_context: Any) -> None:
         if not self._enabled:
@@ -191,7 +194,11 @@ class TrainingMonitor(Callback):
             cb_params = run_context.original_args()
             reading = time.perf_counter()
             outputs = cb_params["net_outputs"]  # cb_params is a dict; its attribute access is a slower detour
-            loss = read_loss(outputs)
+            try:
+                loss = read_loss(outputs)
+            except Exception as exc:  # an unreadable loss must not cost the step: it is counted without a loss
+                loss = None
+                self._errors.absorb("loss", exc)
             # The loss read synchronises the device (GRAPH mode does not), so the step ends here.
             ended = time.perf_counter()
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
@@ -262,7 +269,6 @@ class TrainingMonitor(Callback):
         self._guard("callback", self._publisher.publish, None, True)
         for probe in self._publisher.probes:
             self._guard(probe.name, probe.on_train_end)
-        self._signals.restore()
         for sink in self._sinks:
             self._guard(sink.name, sink.run_ended, self._publisher.last_step)
 

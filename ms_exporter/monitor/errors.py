@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from collections.abc import Iterable
 
 from ms_exporter import catalogue
+from ms_exporter.config import hide_url_passwords
 from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
 
+
+def described(exc: BaseException) -> str:
+    """The error and its traceback for the log, with any password in a URL (user:password@host) hidden."""
+    return hide_url_passwords(repr(exc) + "\n" + "".join(traceback.format_exception(exc)).rstrip())
 
 
 class ErrorSink:
@@ -34,14 +40,8 @@ class ErrorSink:
                 first = component not in self._logged
                 self._logged.add(component)
             if first:
-                logger.error(
-                    "ms_exporter: %s failed and was skipped (training continues; further failures of this "
-                    "component are only counted in %s): %r",
-                    component,
-                    catalogue.ERRORS.name,
-                    exc,
-                    exc_info=exc,
-                )
+                logger.error("ms_exporter: %s failed and was skipped (training continues; further failures of this "
+                             "component are only counted in %s): %s", component, catalogue.ERRORS.name, described(exc))
         except Exception:  # the error path itself must never raise into training
             pass
 
@@ -75,7 +75,8 @@ class Breaker:
             self.disabled.add(component)
             self._disabled_family.series(component=component).value = 1
             logger.error("ms_exporter: %s failed %d times in a row and is switched off for the rest of this "
-                         "process (last error: %r); the other metrics keep working", component, count, exc)
+                         "process (last error: %s); the other metrics keep working", component, count,
+                         hide_url_passwords(repr(exc)))
             return True
         except Exception:
             return False

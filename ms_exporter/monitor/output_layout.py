@@ -22,6 +22,7 @@ class OutputLayout:
 
     overflow: int | None = None
     scale: int | None = None
+    learning_rate: int | None = None  # the LR the cell applied this step
     global_norm: int | None = None
     parameter_norms: int | None = None
     grads: int | None = None
@@ -31,8 +32,8 @@ class OutputLayout:
 SCALAR = OutputLayout()
 _BY_LENGTH = {
     3: OutputLayout(overflow=1, scale=2),
-    5: OutputLayout(overflow=1, scale=2, global_norm=4),
-    7: OutputLayout(overflow=1, scale=2, global_norm=4, parameter_norms=5),
+    5: OutputLayout(overflow=1, scale=2, learning_rate=3, global_norm=4),
+    7: OutputLayout(overflow=1, scale=2, learning_rate=3, global_norm=4, parameter_norms=5),
 }
 _GRAD_NORM_CELL = OutputLayout(global_norm=1, parameter_norms=2, measured_by_cell=True)
 _RETURN_GRAD = OutputLayout(grads=1)

@@ -52,7 +52,7 @@ def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phas
     if config.wants("loss"):
         probes.append(LossProbe(store, config.loss_window))
     if config.wants("lr"):
-        probes.append(LearningRateProbe(store))
+        probes.append(LearningRateProbe(store, config.pure_lr_schedules))
     if config.wants("step_time"):
         probes.append(StepTimeProbe(store))
     if config.wants("samples_per_second") or config.wants("tokens_per_second"):

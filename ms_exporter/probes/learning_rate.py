@@ -1,15 +1,26 @@
-"""The learning rate the optimizer used for the step that just ended, per parameter group."""
+"""The learning rate the optimizer used for the step that just ended, per parameter group.
+
+Where it is read from, in order (docs/metrics.md#learning-rate):
+1. the train cell's outputs, when the cell returns the LR it applied (MindSpore Transformers' cells do);
+2. a fixed LR or a list LR: the optimizer's Parameter, read (nothing is called);
+3. a schedule the monitor may evaluate itself: MindSpore's own (`mindspore.nn.learning_rate_schedule`), whose
+   construct computes from the step only, or a class named in `pure_lr_schedules`.
+Any other schedule is user code that may keep state between calls (a counter, a plateau detector): calling it
+would change the training it watches, so it is never called, and without (1) no LR is exported.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ms_exporter import catalogue
-from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.sample import StepSample, read_scalar
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
 
@@ -18,6 +29,7 @@ logger = logging.getLogger("ms_exporter")
 TABLE_STEPS = 1024  # schedule values evaluated per device call
 FIXED_REFRESH_SECONDS = 1.0  # a plain LR Parameter is re-read at most this often
 SCALAR_REFRESH_SECONDS = 1.0  # a schedule that cannot be evaluated on a step vector: at most this often
+PURE_SCHEDULE_MODULES = frozenset({"mindspore.nn.learning_rate_schedule"})
 
 
 class LearningRateProbe(Probe):
@@ -36,34 +48,49 @@ class LearningRateProbe(Probe):
 
     name = "learning_rate"
 
-    def __init__(self, store: MetricStore) -> None:
+    def __init__(self, store: MetricStore, pure_schedules: tuple[str, ...] = ()) -> None:
         self._family = store.register(catalogue.LEARNING_RATE)
         self._scheduled = store.register(catalogue.LEARNING_RATE_SCHEDULED)
+        self._pure_schedules = frozenset(pure_schedules)
         self._readers: list[_Reader] = []
+        self._groups = 1
+        self._applied: Series | None = None  # the LR from the cell's outputs (one group only)
         self._optimizer: Any = None
         self._offset = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
         self._readers = []
+        self._groups = 1
         self._optimizer = _find_optimizer(cb_params)
         if self._optimizer is None:
-            logger.warning("ms_exporter: no optimizer in cb_params; %s is not exported", catalogue.LEARNING_RATE.name)
+            logger.warning("ms_exporter: no optimizer in cb_params; %s is exported only if the train cell returns "
+                           "the learning rate", catalogue.LEARNING_RATE.name)
             return
         # The optimizer's own step counter may differ from cur_step_num (resumed runs): read it once.
         step = int(cb_params.get("cur_step_num", 0) or 0)
         self._offset = _optimizer_step(self._optimizer, step) - step
         rates = self._optimizer.learning_rate
         groups = list(rates) if getattr(self._optimizer, "is_group_lr", False) else [rates]
+        self._groups = len(groups)
         for index, rate in enumerate(groups):
             labels = {"group": str(index)} if len(groups) > 1 else {}
-            reader = _reader_for(rate, self._family.series(**labels))
-            self._scheduled.series(**labels).value = 0.0 if isinstance(reader, _FixedReader) else 1.0
-            self._readers.append(reader)
+            self._scheduled.series(**labels).value = 0.0 if _is_fixed(rate) else 1.0
+            reader = _reader_for(rate, functools.partial(self._family.series, **labels), self._pure_schedules)
+            if reader is not None:
+                self._readers.append(reader)
         # Read once now: a schedule's first evaluation compiles it (~0.1 s), which belongs to start-up, not to a step.
         for reader in self._readers:
             reader.update(step + self._offset, time.perf_counter())
 
     def on_step(self, sample: StepSample) -> None:
+        index = sample.layout.learning_rate
+        if index is not None and self._groups == 1:
+            applied = read_scalar(sample.outputs[index])
+            if applied is not None:  # what the cell applied: exact, and nobody's code was called for it
+                if self._applied is None:
+                    self._applied = self._family.series()
+                self._applied.value = applied
+                return
         if not self._readers:
             return
         # global_step has already advanced at step end: the step just taken used index step - 1.
@@ -168,7 +195,15 @@ class _ScheduleReader(_Reader):
         return float(np.asarray(value).reshape(-1)[0])
 
 
-def _reader_for(rate: Any, series: Series) -> _Reader:
+def _is_fixed(rate: Any) -> bool:
+    from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+
+    return type(rate).__name__ not in ("ScaledSchedule", "_IteratorLearningRate") and not isinstance(
+        rate, LearningRateSchedule)
+
+
+def _reader_for(rate: Any, series: Callable[[], Series], pure_schedules: frozenset[str]) -> _Reader | None:
+    """How to read this group's LR without running code that may keep state; None when there is no such way."""
     from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
     if type(rate).__name__ == "ScaledSchedule":  # lr_backoff's wrapper: read the schedule, scale it ourselves
@@ -177,10 +212,18 @@ def _reader_for(rate: Any, series: Series) -> _Reader:
     if type(rate).__name__ == "_IteratorLearningRate" and values is not None:
         # A list LR: the whole list is one Parameter. Read it once; evaluating the gather past its end would
         # raise inside MindSpore asynchronously, in whatever call synchronises next.
-        return _ListReader(np.asarray(values.asnumpy(), dtype=np.float64).reshape(-1), series)
+        return _ListReader(np.asarray(values.asnumpy(), dtype=np.float64).reshape(-1), series())
     if isinstance(rate, LearningRateSchedule):
-        return _ScheduleReader(rate, series)
-    return _FixedReader(rate, series)
+        kind = type(rate)
+        # The exact class: a subclass of a MindSpore schedule may add state to its construct.
+        if kind.__module__ in PURE_SCHEDULE_MODULES or kind.__name__ in pure_schedules:
+            return _ScheduleReader(rate, series())
+        logger.info("ms_exporter: the learning-rate schedule %s is not MindSpore's own and not named in "
+                    "pure_lr_schedules: the monitor does not call it (a schedule may keep state between calls); "
+                    "%s is exported only if the train cell returns the LR it applied", kind.__name__,
+                    catalogue.LEARNING_RATE.name)
+        return None
+    return _FixedReader(rate, series())
 
 
 def _find_optimizer(cb_params: Any) -> Any:

@@ -43,10 +43,13 @@ class ProgressProbe(Probe):
         self._epoch.value = int(cb_params.get("cur_epoch_num", 0) or 0)
         # A hang in the very first step (graph compilation, the first batch) must look like a stall too.
         self._last.value = time.time()
-        # MindSpore sets epoch_num to the epochs of this call and batch_num to the steps per epoch (the sink size
-        # in sink mode).
+        # MindSpore sets epoch_num to the epochs of this call and batch_num to the steps per epoch, or to the sink
+        # size when one is given, even where it then trains without sinking (CPU falls back to a step per batch and
+        # says so with dataset_sink_mode False): then an epoch is the whole dataset.
         epochs = int(cb_params.get("epoch_num", 0) or 0)
         per_epoch = int(cb_params.get("batch_num", 0) or 0)
+        if not cb_params.get("dataset_sink_mode", False):
+            per_epoch = _dataset_size(cb_params.get("train_dataset"), per_epoch)
         if epochs > 0 and per_epoch > 0:
             self._planned.series().value = int(cb_params.get("cur_step_num", 0) or 0) + epochs * per_epoch
 
@@ -57,3 +60,10 @@ class ProgressProbe(Probe):
         self._epoch.value = sample.epoch
         self._steps.value += sample.steps
         self._last.value = sample.wall_time
+
+
+def _dataset_size(dataset: Any, fallback: int) -> int:
+    try:
+        return int(dataset.get_dataset_size())
+    except Exception:  # not a MindSpore dataset (a test's stand-in), or one that cannot tell
+        return fallback

@@ -6,6 +6,8 @@ subclass in this package and one branch here.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -17,7 +19,7 @@ from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.base import Sink
 
 if TYPE_CHECKING:
-    from ms_exporter.sinks.http_server import Stacks
+    from ms_exporter.sinks.endpoint_pages import Stacks
     from ms_exporter.sinks.live_history import StepHistory
     from ms_exporter.sinks.prometheus import PrometheusEndpoint
 
@@ -34,6 +36,18 @@ def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
     goes on without it. A missing optional package raises ConfigError: that is the user's install to fix.
     """
     sinks: list[Sink] = []
+    try:
+        _build_into(sinks, config, store, rank, on_error, breaker, stacks)
+    except BaseException:
+        for sink in sinks:  # the monitor is not constructed: release the port, the files and threads it took
+            with contextlib.suppress(Exception):
+                sink.close()
+        raise
+    return sinks
+
+
+def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
+                breaker: Breaker, stacks: Stacks | None) -> None:
     port: int | None = None  # the port the endpoint really got
     for backend in config.backend:
         if backend == "prometheus":
@@ -54,7 +68,6 @@ def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
         from ms_exporter.sinks.pushgateway import PushgatewaySink
 
         sinks.append(PushgatewaySink(store, config.pushgateway, on_error))
-    return sinks
 
 
 def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
@@ -74,7 +87,21 @@ def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
                      config.bind_address, exc.strerror or exc)
         return None
     logger.info("ms_exporter: rank %d serves metrics at %s", rank.rank, endpoint.url)
+    if not _loopback(config.bind_address) and not config.web.tls_cert_file and not config.web.basic_auth_users:
+        logger.warning("ms_exporter: %s is reachable from other hosts without TLS or a password: anyone who can "
+                       "reach it reads the metrics, the live page and the hang dumps; set web.tls_cert_file and "
+                       "web.basic_auth_users (docs/configuration.md) or keep it behind a network policy",
+                       endpoint.url)
     return endpoint, history
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def _file_sd(directory: str, config: MonitorConfig, rank: RankInfo, port: int, on_error: OnError) -> list[Sink]:

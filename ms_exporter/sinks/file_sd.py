@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.sample import StepSample
 from ms_exporter.sinks.base import Sink
 
 
@@ -27,7 +28,8 @@ class FileSdTarget(Sink):
     The file carries the actual port (after a fallback from a taken one) and `__meta_ms_exporter_*` labels:
     meta labels, so that relabel_configs can use them without clashing with the `rank`/`project` labels every
     series already has (Prometheus would rename those to `exported_rank`). Written when the endpoint is up,
-    removed at close and on SIGTERM/SIGINT: a stopped rank leaves discovery, not a dead target.
+    removed at close and on SIGTERM/SIGINT: a stopped rank leaves discovery, not a dead target; written again at
+    the next step when the process outlived the signal.
     """
 
     name = "file_sd"
@@ -46,6 +48,7 @@ class FileSdTarget(Sink):
                 "__meta_ms_exporter_node": rank.node,
             },
         }]
+        self._withdrawn = False  # removed by a signal the process outlived
 
     def write(self) -> None:
         """Atomically: Prometheus re-reads the file on change and must never see half of it."""
@@ -59,7 +62,23 @@ class FileSdTarget(Sink):
             self.path.unlink()
 
     def interrupted(self, signal_name: str, step: int) -> None:
+        # Most signalled processes end now, some without exit handlers (SIGTERM's default action): leave
+        # discovery first. One that goes on (SIGTERM ignored, or a handler that saves and carries on) gets its
+        # target back with its next step.
         self.remove()
+        self._withdrawn = True
+
+    def start(self, step: int) -> None:
+        self._restore()
+
+    def on_step(self, sample: StepSample) -> None:
+        if self._withdrawn:
+            self._restore()
+
+    def _restore(self) -> None:
+        if self._withdrawn:
+            self._withdrawn = False
+            self.write()
 
     def close(self) -> None:
         self.remove()

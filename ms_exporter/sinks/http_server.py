@@ -1,285 +1,287 @@
-"""The rank's HTTP endpoint: /metrics rendered by prometheus_client, behind TLS, basic auth, a 404 and a cache."""
+"""The rank's HTTP endpoint: how connections are handled (what is answered is endpoint_pages.py's job).
+
+Connections live on one asyncio event loop in a daemon thread, so an idle, silent or dripping client costs a
+suspended coroutine, not a thread, and no client can keep the endpoint from others by being slow:
+- every request has a total deadline (REQUEST_SECONDS from its first byte to its last header; a client that
+  sends a byte a second gains nothing), and a connection must start its first request within REQUEST_SECONDS
+  and each next one within KEEPALIVE_IDLE_SECONDS;
+- at most MAX_CONNECTIONS are open, and MAX_CONNECTIONS_PER_PEER from one address; a new connection past a
+  limit takes the place of the one that has waited longest for its request (slow and silent clients go first),
+  and is refused only when every connection is busy being answered;
+- HTTP/1.1 is parsed by h11 (conflicting Content-Length headers, malformed request lines and oversized heads
+  are answered 400/431 with a status line, and the connection closes);
+- answers are computed by MetricsPages in ANSWER_THREADS threads, under the request budget, which counts each
+  answer's CPU time (request_budget.py).
+"""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import gzip
-import hashlib
-import hmac
-import html
-import json
-import math
-import queue
+import asyncio
+import contextlib
 import socket
 import ssl
-import statistics
 import threading
 import time
-import urllib.parse
-from collections import deque
 from collections.abc import Callable, Mapping
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from importlib import resources
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import h11
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ms_exporter.config import WebConfig
+from ms_exporter.sinks.endpoint_pages import Answer, MetricsPages, Stacks, _reply
+from ms_exporter.sinks.request_budget import RequestBudget
 
 if TYPE_CHECKING:
     from ms_exporter.sinks.live_history import StepHistory
 
-METRICS_PATH = "/metrics"
-LIVE_PATHS = ("/", "/index.html")
-SERIES_PATH = "/api/series"
-STACKS_PATH = "/debug/stacks"  # the hang watchdog's latest dump (hang.debug_endpoint)
-Stacks = Callable[[], "str | None"]
-LIVE_REFRESH_MS = 2000
-# A client that connects and then says nothing (or drips bytes) holds one server thread this long, at most.
-REQUEST_TIMEOUT_SECONDS = 10.0
-# Requests are served by a few long-lived threads (a thread per request costs more than serving a cached page)
-# with a bounded queue in front: past it, a connection is closed at once instead of piling up.
-WORKER_THREADS = 8
-QUEUED_CONNECTIONS = 64
-# HTTP/1.1 keep-alive (Prometheus and most load tools reuse connections): a kept connection holds a worker,
-# so it is closed after this long without a next request, and after this many requests, so that idle or
-# greedy clients cannot keep the workers from anyone else for long.
-KEEPALIVE_IDLE_SECONDS = 1.0
-REQUESTS_PER_CONNECTION = 100
-_MAX_VERIFIED = 64  # remembered good credentials: bcrypt costs ~60 ms per check, a scrape must not pay it
-# Rendered pages kept at once. The key is the content type prometheus_client chose from the Accept header, and a
-# client may name any version >= 1.0.0 in it: past this many the cache starts over instead of growing.
-_MAX_CACHED = 16
-
-Headers = list[tuple[str, str]]
-Answer = tuple[str, Headers, bytes]  # status line's "200 OK", headers without Content-Length, body
+REQUEST_SECONDS = 10.0  # the whole head of a request (and a TLS handshake), from its first byte
+KEEPALIVE_IDLE_SECONDS = 1.0  # a kept connection's wait for its next request
+REQUESTS_PER_CONNECTION = 100  # then the answer says Connection: close
+SEND_SECONDS = 10.0  # a client that does not take its answer within this is dropped
+MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_PEER = 64
+MAX_HEAD_BYTES = 16 * 1024  # request line and headers
+ANSWER_THREADS = 2
+LINGER_SECONDS = 1.0  # after an error answer, unread input is drained this long so the answer is not reset away
+LINGER_BYTES = 1024 * 1024
 OnError = Callable[[str, BaseException], None]
 
 
-class MetricsPages:
-    """What the endpoint answers: GET /metrics (auth first, then a cached render), the live page, 404 elsewhere,
-    405 for methods other than GET and HEAD. The format is prometheus_client's: `choose_encoder` reads the Accept
-    header (Prometheus text 0.0.4 or 1.0.0, OpenMetrics) and the page is gzipped when Accept-Encoding allows,
-    as prometheus_client's own handlers do."""
+class _Headers(dict[str, str]):
+    """A request's headers by lower-case name (the first of repeated ones), read case-insensitively."""
 
-    def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float,
-                 history: StepHistory | None = None, labels: Mapping[str, str] | None = None,
-                 stacks: Stacks | None = None) -> None:
-        self._registry = registry
-        self._stacks = stacks
-        self._history = history
-        self._labels = dict(labels or {})
-        title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
-        self._page = live_page(title, history.capacity if history is not None else 0).encode()
-        self._users = dict(users)
-        self._cache_seconds = cache_seconds
-        self._cache: dict[tuple[str, bool], tuple[float, Answer]] = {}
-        self._render_lock = threading.Lock()
-        self._verified: set[bytes] = set()
-        # When /metrics was asked for (perf_counter), and when the newest page served was rendered: how a rank that
-        # ended knows the interval its scrapers keep and whether they have seen its last state.
-        self.metrics_requests: deque[float] = deque(maxlen=4)
-        self.served_render = -math.inf
+    def get(self, name: str, default: str = "", /) -> str:  # type: ignore[override]
+        return super().get(name.lower(), default)
 
-    def answer(self, method: str, target: str, headers: Message) -> Answer:
-        """The answer to one parsed request; for HEAD the caller sends its status and headers only."""
-        if self._users and not self._authorised(headers.get("Authorization", "")):
-            return _reply("401 Unauthorized", b"Unauthorized\n",
-                          [("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')])
-        raw_path, _, query = target.partition("?")
-        path = urllib.parse.unquote(raw_path, "iso-8859-1")
-        live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
-        stacks = self._stacks is not None and path == STACKS_PATH
-        if path != METRICS_PATH and not live and not stacks:
-            served = f"{METRICS_PATH}, / and {SERIES_PATH}" if self._history is not None else METRICS_PATH
-            return _reply("404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
-        if method not in ("GET", "HEAD"):
-            return _reply("405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
-        if path == SERIES_PATH and self._history is not None:
-            return self._series(self._history, query)
-        if stacks and self._stacks is not None:
-            dump = self._stacks()
-            if dump is None:
-                return _reply("404 Not Found", b"No hang dump yet: this rank has not outlasted a hang deadline\n")
-            return _reply("200 OK", dump.encode(), [("Cache-Control", "no-cache")], "text/plain; charset=utf-8")
-        if path in LIVE_PATHS:
-            return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
-        # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
-        return self._metrics(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
 
-    def scrape_interval(self) -> float | None:
-        """The median gap between the last /metrics requests; None before two were seen."""
-        times = list(self.metrics_requests)
-        if len(times) < 2:
-            return None
-        return statistics.median(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+class _Connection:
+    """One client connection: where it is, for the limits' choice of whom to drop."""
 
-    def _metrics(self, accept: str, accept_encoding: str) -> Answer:
-        self.metrics_requests.append(time.perf_counter())
-        rendered, answer = self._render(accept, accept_encoding)
-        self.served_render = max(self.served_render, rendered)
-        return answer
+    __slots__ = ("peer", "transport", "waiting_since")
 
-    def _render(self, accept: str, accept_encoding: str) -> tuple[float, Answer]:
-        """The page and the perf_counter time it was rendered at (-inf for an error)."""
+    def __init__(self, peer: str, transport: asyncio.WriteTransport) -> None:
+        self.peer = peer
+        self.transport = transport
+        self.waiting_since: float | None = time.monotonic()  # None while its request is being answered
+
+
+class EndpointServer:
+    """Serves `pages` on a bound listening socket until shutdown(); the interface PrometheusEndpoint uses."""
+
+    def __init__(self, listener: socket.socket, pages: MetricsPages, on_error: OnError,
+                 budget: RequestBudget | None, context: ssl.SSLContext | None) -> None:
+        self.pages = pages
+        self.server_address = listener.getsockname()
+        self._listener = listener
+        self._on_error = on_error
+        self._budget = budget
+        self._context = context
+        self._connections: dict[int, _Connection] = {}
+        self._pool = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="ms_exporter-http-answer")
+        self._loop = asyncio.new_event_loop()
+        # What asyncio reports about single connections (a reset during a TLS handshake, say) is the client's
+        # business, not a monitor error, and must not reach the training's stderr.
+        self._loop.set_exception_handler(lambda loop, context: None)
+        self._stopped = threading.Event()
+        # Set up here, in the constructing thread: a shutdown() right after construction finds a whole server.
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve_connection, sock=listener, limit=MAX_HEAD_BYTES))
+
+    # -- the loop's thread --------------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        asyncio.set_event_loop(self._loop)
         try:
-            encoder, content_type = choose_encoder(accept)
-        except (TypeError, ValueError):  # prometheus_client compares the version it was given as numbers
-            return -math.inf, _reply("400 Bad Request", b"The Accept header's version is not a version number\n")
-        gzipped = gzip_accepted(accept_encoding)
-        key = (content_type, gzipped)
-        # One render at a time: a burst of requests waits for it and shares it instead of rendering again.
-        with self._render_lock:
-            cached = self._cache.get(key)
-            if cached is not None and time.perf_counter() - cached[0] < self._cache_seconds:
-                return cached
-            rendered = time.perf_counter()
-            body = encoder(self._registry)
-            headers = [("Content-Type", content_type)]
-            if gzipped:
-                body = gzip.compress(body)
-                headers.append(("Content-Encoding", "gzip"))
-            answer = ("200 OK", headers, body)
-            if self._cache_seconds > 0:
-                if len(self._cache) >= _MAX_CACHED:
-                    self._cache.clear()
-                self._cache[key] = (rendered, answer)
-            return rendered, answer
+            self._loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self._close_everything()
+            self._stopped.set()
 
-    def _series(self, history: StepHistory, query: str) -> Answer:
-        parsed = urllib.parse.parse_qs(query)
-        try:
-            since = int(parsed.get("since", ["-1"])[0])
-        except ValueError:
-            return _reply("400 Bad Request", b"since must be an integer step number\n")
-        payload = history.since(since)
-        payload["labels"] = self._labels
-        body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
-        return _reply("200 OK", body, [("Cache-Control", "no-store")], "application/json")
+    def _close_everything(self) -> None:
+        self._server.close()
+        for connection in list(self._connections.values()):
+            connection.transport.abort()
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
-    def _authorised(self, header: str) -> bool:
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
-            return False
+    # -- called from other threads ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._loop.stop)
+        self._stopped.wait(10)
+
+    def server_close(self) -> None:
+        self._listener.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- one connection ---------------------------------------------------------------------------------------
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str((writer.get_extra_info("peername") or ("",))[0])
+        connection = _Connection(peer, writer.transport)
+        if not self._admit(connection):
+            writer.transport.abort()
+            return
         try:
-            user, _, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        hashed = self._users.get(user)
-        if hashed is None:
-            return False
-        fingerprint = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
-        if fingerprint in self._verified:
-            return True
-        if not password_matches(password, hashed):
-            return False
-        if len(self._verified) >= _MAX_VERIFIED:
-            self._verified.clear()
-        self._verified.add(fingerprint)
+            if self._context is not None:
+                await self._wait_for_budget()  # a handshake costs more CPU than a request: it counts as one
+                await writer.start_tls(self._context, ssl_handshake_timeout=REQUEST_SECONDS)
+                connection.transport = writer.transport
+            await self._exchange(reader, writer, connection)
+        except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError, h11.ProtocolError,
+                asyncio.CancelledError):
+            pass  # a client that went away, stalled or failed its handshake, or the server stopping
+        except Exception as exc:  # noqa: BLE001 - the server must outlive anything one connection does
+            self._on_error("prometheus", exc)
+        finally:
+            self._connections.pop(id(connection), None)
+            writer.transport.abort()
+
+    def _admit(self, new: _Connection) -> bool:
+        """Room for `new`: past a limit, the connection of the same scope that has waited longest for its request
+        makes way; when none waits (all are being answered), `new` is refused."""
+        same_peer = [c for c in self._connections.values() if c.peer == new.peer]
+        for scope, limit in ((same_peer, MAX_CONNECTIONS_PER_PEER), (list(self._connections.values()),
+                                                                       MAX_CONNECTIONS)):
+            if len(scope) >= limit:
+                waiting = [c for c in scope if c.waiting_since is not None]
+                if not waiting:
+                    return False
+                oldest = min(waiting, key=lambda c: c.waiting_since or 0.0)
+                oldest.transport.abort()
+                self._connections.pop(id(oldest), None)
+        self._connections[id(new)] = new
         return True
 
-
-def password_matches(password: str, hashed: str) -> bool:
-    """bcrypt ($2a$/$2b$/$2y$) as in Prometheus' web config, or sha256:<hex> for machines without bcrypt."""
-    if hashed.startswith("sha256:"):
-        return hmac.compare_digest(hashlib.sha256(password.encode()).hexdigest(), hashed[len("sha256:"):])
-    import bcrypt  # only needed when a bcrypt hash is configured: the `auth` extra
-
-    return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
-
-
-def _reply(status: str, body: bytes, headers: Headers | None = None,
-           content_type: str = "text/plain; charset=utf-8") -> Answer:
-    return status, [("Content-Type", content_type), *(headers or [])], body
-
-
-def live_page(title: str, capacity: int) -> str:
-    """The self-contained live page: the template with the chart code inlined, nothing fetched from elsewhere."""
-    assets = resources.files("ms_exporter") / "web_assets"
-    template = (assets / "live.html").read_text(encoding="utf-8")
-    return (template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
-            .replace("__TITLE__", html.escape(title)).replace("__CAPACITY__", str(capacity))
-            .replace("__REFRESH_MS__", str(LIVE_REFRESH_MS)))
-
-
-class RequestBudget:
-    """A token bucket shared by the endpoint's workers: `rate` requests a second on average, bursts of up to a
-    second's worth. A worker over budget sleeps (holding no lock) before it reads its next request, so a flood
-    is served at `rate` with growing latency instead of taking more of the training process's CPU and GIL."""
-
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self._rate = rate
-        self._burst = max(rate, 1.0)
-        self._tokens = self._burst
-        self._clock = clock
-        self._sleep = sleep
-        self._updated = clock()
-        self._lock = threading.Lock()
-
-    def wait(self) -> None:
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
-            self._updated = now
-            self._tokens -= 1.0  # taken now; below zero it is a reservation that the sleep below pays for
-            delay = -self._tokens / self._rate if self._tokens < 0 else 0.0
-        if delay > 0:
-            self._sleep(delay)
-
-
-class _QuietHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 with keep-alive, no access log on stderr, and bounded waits for slow or silent clients.
-
-    The standard library parses and checks each request; the answer is written in one send (status line,
-    headers and body together): a flood of requests costs the training process as little Python as the request
-    itself needs.
-    """
-
-    timeout = REQUEST_TIMEOUT_SECONDS
-    protocol_version = "HTTP/1.1"
-    server: _PooledServer
-    _last = False
-
-    def handle(self) -> None:
-        budget = self.server.budget
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        connection: _Connection) -> None:
+        parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        idle = REQUEST_SECONDS  # the first request must start within this; later ones within the keep-alive wait
         for served in range(1, REQUESTS_PER_CONNECTION + 1):
-            if budget is not None:
-                budget.wait()  # before the request is read: waiting costs no parsing and holds nothing
-            self.close_connection = True  # unless the request says keep-alive
-            self._last = served == REQUESTS_PER_CONNECTION
-            self.handle_one_request()  # the standard library's: read, 414/400/431, parse, then do_<METHOD>
-            if self.close_connection:
+            connection.waiting_since = time.monotonic()
+            try:
+                request = await self._next_request(reader, parser, idle)
+            except h11.RemoteProtocolError as exc:
+                await self._refuse(reader, writer, parser, exc)
                 return
-            self.connection.settimeout(KEEPALIVE_IDLE_SECONDS)
+            if request is None:
+                return  # closed, or nothing came in time
+            connection.waiting_since = None
+            has_body = request.headers and any(
+                (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
+                for name, value in request.headers)
+            # A body is never read: the connection ends after the answer so it is never taken for a request.
+            closing = bool(has_body) or served == REQUESTS_PER_CONNECTION
+            status, headers, body = await self._answer(request, connection.peer)
+            if closing or status.startswith("500"):
+                headers = [*headers, ("Connection", "close")]
+            await self._send(writer, parser, request.method == b"HEAD", status, headers, body)
+            if not has_body and not isinstance(parser.next_event(), h11.EndOfMessage):
+                return  # (a request without a body ends with its head: this cannot happen, but never guess)
+            if parser.our_state is not h11.DONE or parser.their_state is not h11.DONE:
+                return  # h11 says the connection ends here (Connection: close, HTTP/1.0, a body left unread)
+            parser.start_next_cycle()
+            idle = KEEPALIVE_IDLE_SECONDS
 
-    def _answer(self) -> None:
-        """Every method comes here: the pages answer 405 to all but GET and HEAD."""
-        if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
-            self.close_connection = True  # a body is never read: it must not be taken for the next request
-        if self._last:
-            self.close_connection = True  # and the answer says so: a client must not send the next one here
+    async def _next_request(self, reader: asyncio.StreamReader, parser: h11.Connection,
+                            idle: float) -> h11.Request | None:
+        """The next request's head, or None when the client closed or did not start one within `idle`. From its
+        first byte the head must be complete within REQUEST_SECONDS, however the bytes are spread."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            event = parser.next_event()
+            if isinstance(event, h11.Request):
+                if deadline is None:
+                    await self._wait_for_budget()
+                return event
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+            if event is not h11.NEED_DATA:
+                continue  # the previous request's EndOfMessage
+            try:
+                data = await asyncio.wait_for(reader.read(65536), idle if deadline is None
+                                              else max(deadline - loop.time(), 0.0))
+            except TimeoutError:
+                if deadline is not None:
+                    raise  # a head that did not arrive in time: the connection just ends
+                return None
+            if deadline is None and data:
+                # The client began: it waits its turn in the budget before it is read any further.
+                await self._wait_for_budget()
+                deadline = loop.time() + REQUEST_SECONDS
+            parser.receive_data(data)  # b"": the client closed
+
+    async def _wait_for_budget(self) -> None:
+        if self._budget is not None:
+            delay = self._budget.reserve()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+    async def _answer(self, request: h11.Request, peer: str) -> Answer:
+        headers = _Headers()
+        for name, value in request.headers:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        method, target = request.method.decode("ascii", "replace"), request.target.decode("latin-1")
+        loop = asyncio.get_running_loop()
+        answer, cpu = await loop.run_in_executor(self._pool, self._timed_answer, method, target, headers, peer)
+        if self._budget is not None:
+            self._budget.charge(cpu)
+        return answer
+
+    def _timed_answer(self, method: str, target: str, headers: _Headers, peer: str) -> tuple[Answer, float]:
+        began = time.thread_time()
         try:
-            status, headers, body = self.server.pages.answer(self.command, self.path, self.headers)
+            answer = self.pages.answer(method, target, headers, peer)
         except Exception as exc:  # a render or the live page's history failed: counted, never raised further
-            self.server.on_error("prometheus", exc)
-            self.close_connection = True
-            status, headers, body = _reply("500 Internal Server Error", b"The monitor failed to answer; counted "
-                                           b"in mindspore_exporter_errors_total{component=\"prometheus\"}\n")
-        lines = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in headers),
-                 f"Content-Length: {len(body)}"]  # for HEAD too: what a GET would get
-        if self.close_connection:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.wfile.write(head if self.command == "HEAD" else head + body)
+            self._on_error("prometheus", exc)
+            answer = _reply("500 Internal Server Error", b"The monitor failed to answer; counted in "
+                            b"mindspore_exporter_errors_total{component=\"prometheus\"}\n")
+        return answer, time.thread_time() - began
 
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _answer
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, parser: h11.Connection, head_only: bool, status: str,
+                    headers: list[tuple[str, str]], body: bytes) -> None:
+        code, _, reason = status.partition(" ")
+        response = h11.Response(status_code=int(code), reason=reason.encode("latin-1"),
+                                headers=[*headers, ("Content-Length", str(len(body)))])  # for HEAD too
+        data = parser.send(response) or b""
+        if not head_only:
+            data += parser.send(h11.Data(data=body)) or b""
+        data += parser.send(h11.EndOfMessage()) or b""
+        writer.write(data)
+        await asyncio.wait_for(writer.drain(), SEND_SECONDS)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
-        pass
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: h11.Connection,
+                      error: h11.RemoteProtocolError) -> None:
+        """Answer a request h11 could not parse with its status (400, 414, 431) and a status line, then close,
+        draining what the client still sends for a moment so that the answer is not lost to a reset."""
+        if parser.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        status = {400: "400 Bad Request", 414: "414 URI Too Long", 431: "431 Request Header Fields Too Large"}.get(
+            error.error_status_hint, f"{error.error_status_hint} Bad Request")
+        body = f"Bad request: {error}\n".encode("utf-8", "replace")
+        code, _, reason = status.partition(" ")
+        head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
+                f"{len(body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+        writer.write(head + body)
+        await asyncio.wait_for(writer.drain(), SEND_SECONDS)
+        if writer.can_write_eof():
+            writer.write_eof()
+        drained, until = 0, asyncio.get_running_loop().time() + LINGER_SECONDS
+        with contextlib.suppress(TimeoutError, OSError):
+            while drained < LINGER_BYTES:
+                left = until - asyncio.get_running_loop().time()
+                chunk = await asyncio.wait_for(reader.read(65536), max(left, 0.0))
+                if not chunk:
+                    break
+                drained += len(chunk)
 
 
 def tls_context(web: WebConfig) -> ssl.SSLContext:
@@ -294,85 +296,17 @@ def tls_context(web: WebConfig) -> ssl.SSLContext:
     return context
 
 
-class _PooledServer(HTTPServer):
-    """Hands accepted connections to WORKER_THREADS daemon threads through a bounded queue."""
-
-    def __init__(self, address: tuple[str, int], pages: MetricsPages, on_error: OnError,
-                 budget: RequestBudget | None, context: ssl.SSLContext | None = None) -> None:
-        self.pages = pages
-        self.on_error = on_error
-        self.budget = budget  # web.max_requests_per_second, shared by the workers
-        self.context = context
-        super().__init__(address, _QuietHandler)  # binds and listens: OSError when the port is taken
-
-    def server_activate(self) -> None:
-        super().server_activate()
-        self._connections: queue.Queue[tuple[Any, Any] | None] = queue.Queue(QUEUED_CONNECTIONS)
-        self._workers = [threading.Thread(target=self._work, name=f"ms_exporter-http-{i}", daemon=True)
-                         for i in range(WORKER_THREADS)]
-        for worker in self._workers:
-            worker.start()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        try:
-            self._connections.put_nowait((request, client_address))
-        except queue.Full:  # a flood: refuse this one rather than queue without bound
-            self.shutdown_request(request)
-
-    def _work(self) -> None:
-        while True:
-            item = self._connections.get()
-            if item is None:
-                return
-            request, client_address = item
-            try:
-                self.finish_request(request, client_address)
-            except Exception:
-                pass  # a client that went away mid-request: nothing to report, the next one is served
-            finally:
-                self.shutdown_request(request)
-
-    def server_close(self) -> None:
-        super().server_close()
-        for _ in getattr(self, "_workers", ()):  # none when binding failed before activation
-            try:
-                self._connections.put_nowait(None)
-            except queue.Full:
-                break  # daemon threads: they end with the process
-
-
-class _TlsServer(_PooledServer):
-    """Shakes hands in a worker thread, so a client that never finishes cannot stall accept()."""
-
-    context: ssl.SSLContext
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        raw, address = self.socket.accept()
-        return self.context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False), address
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.budget is not None:
-            self.budget.wait()  # a handshake costs more CPU than a request: it counts as one
-        try:
-            request.settimeout(REQUEST_TIMEOUT_SECONDS)
-            request.do_handshake()
-        except (OSError, ssl.SSLError):
-            return  # plain HTTP on the TLS port, a bad or missing client certificate: the connection just ends
-        super().finish_request(request, client_address)
-
-
 def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int, on_error: OnError,
           context: ssl.SSLContext | None = None, history: StepHistory | None = None,
-          labels: Mapping[str, str] | None = None, stacks: Stacks | None = None) -> tuple[HTTPServer, threading.Thread]:
+          labels: Mapping[str, str] | None = None, stacks: Stacks | None = None) -> tuple[EndpointServer, Any]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
 
     `on_error(component, exc)` counts a request that could not be answered (a render that raised, say)."""
-    base: type[_PooledServer] = _TlsServer if context is not None else _PooledServer
-    server_class = type("MetricsServer", (base,), {"address_family": socket.AF_INET6 if ":" in address
-                                                   else socket.AF_INET})
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.create_server((address, port), family=family, backlog=128, reuse_port=False)
     pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels, stacks)
     budget = RequestBudget(web.max_requests_per_second) if web.max_requests_per_second else None
-    server = server_class((address, port), pages, on_error, budget, context)
+    server = EndpointServer(listener, pages, on_error, budget, context)
     thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)
     thread.start()
     return server, thread

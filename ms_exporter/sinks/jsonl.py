@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -12,9 +13,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ms_exporter import catalogue
+from ms_exporter.config import ConfigError
 from ms_exporter.monitor.errors import Breaker
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
@@ -43,6 +45,26 @@ def _ignore(*args: Any, **kwargs: Any) -> None:
     pass
 
 
+# The JSON Lines files open writers of this process hold: two monitors appending to one file would interleave
+# their records and rotate each other's files.
+_CLAIMED: set[Path] = set()
+_CLAIMED_LOCK = threading.Lock()
+
+
+def _claim(path: Path) -> None:
+    with _CLAIMED_LOCK:
+        resolved = path.resolve()
+        if resolved in _CLAIMED:
+            raise ConfigError([f"monitor_config.save_dir: {path} is already written by another TrainingMonitor of "
+                               "this process; give each monitor a save_dir of its own, or close() the other first"])
+        _CLAIMED.add(resolved)
+
+
+def _release(path: Path) -> None:
+    with _CLAIMED_LOCK:
+        _CLAIMED.discard(path.resolve())
+
+
 class JsonlWriter(Sink):
     """Hot path: `on_step()` appends to a bounded deque. The thread drains it every `interval` seconds.
 
@@ -59,13 +81,14 @@ class JsonlWriter(Sink):
                  breaker: Breaker | None = None) -> None:
         self._store = store
         self.path = Path(save_dir) / f"metrics-rank{rank}.jsonl"
+        _claim(self.path)
         self._identity = {"rank": rank, "project": project}
         self._interval = interval
         self._max_bytes = int(max_file_mb * 1024 * 1024)
         self._max_files = max_files
         self._queue: deque[tuple[str, Any]] = deque(maxlen=QUEUE_CAP)
         self._dropped = store.register(catalogue.DROPPED_RECORDS).series(sink="local")
-        self._file: IO[str] | None = None
+        self._fd: int | None = None
         # One flush at a time (the thread, train end, signal handlers); re-entrant because a signal handler may
         # interrupt the training thread while it is itself flushing at train end.
         self._lock = threading.RLock()
@@ -141,11 +164,19 @@ class JsonlWriter(Sink):
         self.flush()
 
     def close(self) -> None:
+        """Flush what is queued and close the file; never raises (a full disk is counted, not thrown)."""
         self.stop()
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            self._close_file()
+        _release(self.path)
+
+    def _close_file(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError as exc:
+                self._on_error("local", exc)
+            self._fd = None
 
     def _run(self) -> None:
         while True:
@@ -160,11 +191,13 @@ class JsonlWriter(Sink):
         with self._lock:
             if self._off:
                 return
+            items = self._drain()
             try:
-                lines = [self._line(kind, payload) for kind, payload in self._drain()]
+                lines = [self._line(kind, payload) for kind, payload in items]
                 lines.append(self._snapshot_line())
-                self._write("".join(lines))
+                self._write("".join(lines).encode("utf-8"))
             except Exception as exc:  # a full disk must not reach training: counted, logged once, dropped
+                self._dropped.value += len(items)  # none of this batch is in the file (see _write)
                 self._flushes += 1
                 if self._breaker is None:
                     self._on_error("local", exc)
@@ -213,20 +246,30 @@ class JsonlWriter(Sink):
         record = {"type": "snapshot", "time": time.time(), **self._identity, "metrics": metrics}
         return json.dumps(record, separators=(",", ":")) + "\n"
 
-    def _write(self, text: str) -> None:
-        if self._file is None:
+    def _write(self, data: bytes) -> None:
+        """Append whole lines or nothing: unbuffered writes to an O_APPEND descriptor, and after a failed or short
+        write (a full disk) the file is cut back to where this batch began, so no torn line is ever left."""
+        if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across flushes
-        self._file.write(text)
-        self._file.flush()
-        if self._file.tell() >= self._max_bytes:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        began = os.fstat(self._fd).st_size  # one writer (under the lock): the batch starts at the end
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, "no space left for the JSON Lines batch", str(self.path))
+                view = view[written:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, began)
+            raise
+        if began + len(data) >= self._max_bytes:
             self._rotate()
 
     def _rotate(self) -> None:
         """metrics-rank0.jsonl -> .1 -> .2 ...; the oldest beyond max_files is deleted."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._close_file()
         self.path.with_name(f"{self.path.name}.{self._max_files}").unlink(missing_ok=True)
         for index in range(self._max_files - 1, 0, -1):
             with contextlib.suppress(FileNotFoundError):  # gaps in the numbering are fine

@@ -17,7 +17,8 @@ from ms_exporter import catalogue
 from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.sinks.base import Sink
-from ms_exporter.sinks.http_server import Stacks, serve, tls_context
+from ms_exporter.sinks.endpoint_pages import Stacks
+from ms_exporter.sinks.http_server import serve, tls_context
 
 if TYPE_CHECKING:
     from ms_exporter.sinks.live_history import StepHistory

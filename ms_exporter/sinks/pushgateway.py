@@ -84,7 +84,9 @@ class PushgatewaySink(Sink):
             self._on_error(COMPONENT, exc)
 
     def interrupted(self, signal_name: str, step: int) -> None:
-        self.run_ended(step)
+        """The process may end now: push its state once. The periodic pusher goes on, for a process that outlives
+        the signal (SIGTERM ignored, a handler that saves and carries on); its real end pushes again."""
+        self._push()
 
     def close(self) -> None:
         """Stop pushing; push the last state if `train_end` is in `on` and no run ended since the last start."""

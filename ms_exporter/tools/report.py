@@ -25,6 +25,7 @@ PLOTTED = (*(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED
                                           catalogue.STEP_DURATION, catalogue.DATA_WAIT, catalogue.GRAD_NORM)),
            "time")
 _LOSS, _SMOOTHED = catalogue.LOSS.short, catalogue.LOSS_SMOOTHED.short
+_DROPPED = catalogue.jsonl_key(catalogue.DROPPED_RECORDS.name, (("sink", "local"),))
 _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
 # Snapshot keys of the memory figure, in the order of preference (memory in use on the device, else the host's).
 _MEMORY_KEYS = {catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind
@@ -47,6 +48,7 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
     rank: str = ""
+    unreadable_lines: list[str] = field(default_factory=list)  # file:line of lines that were not JSON
 
 
 def _number(value: Any) -> float | None:
@@ -86,9 +88,12 @@ def load_run(files: list[Path]) -> Run:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    if number > 1 and not line.endswith("\n"):
-                        break  # the last line of a file cut off mid-write (a killed run): keep the rest
-                    raise ReportError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+                    if number == 1:  # not a JSON Lines file at all: the wrong file was given
+                        raise ReportError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+                    # A line cut off mid-write (a killed run, or a file written by an older version on a full
+                    # disk): skipped, and counted in the summary.
+                    run.unreadable_lines.append(f"{path.name}:{number}")
+                    continue
                 if not isinstance(record, dict) or "type" not in record:
                     raise ReportError(f"{path}:{number}: not an ms_exporter JSON Lines record")
                 run.project = str(record.get("project", run.project))
@@ -149,6 +154,9 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "actions": counters("actions_total", "action"),
         "events": [e.get("event") for e in run.events],
         "stalls": stalls(run, hang),
+        # Records the writer could not write (it fell behind, or the disk was full): counted by the monitor.
+        "dropped_records": int(_number(snapshot.get(_DROPPED)) or 0),
+        "unreadable_lines": len(run.unreadable_lines),
         "wall_seconds": _wall_seconds(run),
     }
 

@@ -455,8 +455,8 @@ _GAP = "  "
 def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> Screen:
     """The table for `rows` in `width` columns (None: as wide as it takes), `status` at the end of the title
     line. Pure: no terminal, no clock."""
-    cells = [[column.cell(row) for column in COLUMNS] for row in rows]
-    alerts = [_alerts(row) for row in rows]
+    cells = [[printable(column.cell(row)) for column in COLUMNS] for row in rows]
+    alerts = [printable(_alerts(row)) for row in rows]
     widths = [max([len(column.header), *(len(line[i]) for line in cells)]) for i, column in enumerate(COLUMNS)]
     keep = len(COLUMNS)
     if width is not None:
@@ -501,7 +501,16 @@ def plain_text(screen: Screen) -> str:
     return "\n".join(line.text for line in lines) + "\n"
 
 
+def printable(text: str) -> str:
+    """Label values and error texts come from the targets: a control character (an escape sequence that would
+    move the cursor, recolour or retitle the operator's terminal) is shown as its escape, never sent."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _fit(text: str, width: int | None) -> str:
+    text = printable(text)
     if width is None or len(text) <= width:
         return text
     return text[:max(0, width - 1)] + "~" if width > 0 else ""

@@ -38,8 +38,9 @@ class SevenTuple(nn.Cell):
         self.optimizer = inner.optimizer
 
     def construct(self, *inputs: Any) -> Any:
+        lr = self.optimizer.get_lr()  # what this step applies, read before the step advances global_step
         loss, global_norm, local_norms = self.inner(*inputs)
-        return (loss, ops.zeros((), ms.bool_), ops.ones((), ms.float32) * 1024.0, ops.ones((), ms.float32),
+        return (loss, ops.zeros((), ms.bool_), ops.ones((), ms.float32) * 1024.0, lr,
                 global_norm, local_norms, ops.ones_like(local_norms))
 
 

@@ -103,7 +103,7 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
 # hang.checkpoint_callbacks) that holds every rank for PAUSE_SECONDS every PAUSE_EVERY steps, an evaluation every
 # 5 epochs. hang.min_seconds is set under the
 # pause, so a pause counted as data wait or step would page. `make hangs-healthy` runs the same for 10+ minutes.
-HEALTHY_EPOCHS = int(os.environ.get("MS_EXPORTER_HEALTHY_EPOCHS", "15"))  # 21 steps an epoch
+HEALTHY_EPOCHS = int(os.environ.get("HANGS_HEALTHY_EPOCHS", "15"))  # 21 steps an epoch
 PAUSE_EVERY, PAUSE_SECONDS, MIN_SECONDS = 150, 40, 20
 
 

@@ -97,3 +97,65 @@ def test_signal_flushes_jsonl_up_to_the_last_step(tmp_path: Path, signum: int) -
     assert events[-1]["event"] == "signal" and events[-1]["signal"] in {"SIGTERM", signal.Signals(signum).name}
     assert records[-1]["type"] == "snapshot"
     assert list((tmp_path / "sd").iterdir()) == []  # the stopped rank left service discovery
+
+
+# Trains (epochs from argv), then idles; "ignore" ignores SIGTERM once the monitor is constructed, as some jobs do.
+SIGNAL_JOB = """
+import signal, sys, time
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Model
+from ms_exporter import TrainingMonitor
+from ms_exporter.tools.demo import build_network, synthetic_dataset
+
+ms.set_context(mode=ms.GRAPH_MODE)
+monitor = TrainingMonitor(sys.argv[1])
+if sys.argv[2] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(f"metrics: {monitor.url}", flush=True)
+network = build_network(layers=1, d_model=32, heads=2)
+model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
+model.train(int(sys.argv[3]), synthetic_dataset(size=64, batch=16), callbacks=[monitor], dataset_sink_mode=False)
+print("trained", flush=True)
+time.sleep(600)
+"""
+
+
+def start_signal_job(tmp_path: Path, mode: str, epochs: int) -> tuple[subprocess.Popen[str], str, Path]:
+    config = tmp_path / "monitor.yaml"
+    config.write_text(yaml.safe_dump({"monitor_config": {"port": 0, "file_sd_dir": str(tmp_path / "sd")}}))
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_JOB, str(config), mode, str(epochs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env())
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("metrics: "), line
+    return proc, line.split(" ", 1)[1].strip(), tmp_path / "sd" / "ms-exporter-default-rank0.json"
+
+
+def test_finding_7_a_sigterm_after_training_leaves_no_stale_target(tmp_path: Path) -> None:
+    proc, _, target = start_signal_job(tmp_path, "default", 1)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "trained"
+        assert target.exists()
+        proc.send_signal(signal.SIGTERM)  # outside Model.train: the handler is in place until close
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not target.exists()
+
+
+def test_finding_7_a_job_that_ignores_sigterm_keeps_training_and_its_target(tmp_path: Path) -> None:
+    proc, url, target = start_signal_job(tmp_path, "ignore", 1000)
+    try:
+        seen = wait_for_step([url], proc, 10, time.monotonic() + 120)
+        proc.send_signal(signal.SIGTERM)
+        wait_for_step([url], proc, int(seen) + 20, time.monotonic() + 120)  # it trains on
+        deadline = time.monotonic() + 30
+        while not target.exists() and time.monotonic() < deadline:  # back with the next published step
+            time.sleep(0.2)
+        assert target.exists()
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(30)

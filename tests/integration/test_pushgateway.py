@@ -66,8 +66,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         pytest.skip("prometheus-pushgateway (the Debian package) is not installed")
     port = free_port()
     servers = Servers(tmp_path_factory.mktemp("pushgateway"))
-    # No --persistence.file: the gateway keeps pushed groups in memory only.
-    servers.start("prometheus-pushgateway", port, ready_within=30)
+    # Debian's build persists to /var/lib/prometheus/pushgateway.data by default, which outlives the test run:
+    # an empty --persistence.file keeps pushed groups in this gateway's memory only.
+    servers.start("prometheus-pushgateway", port, "--persistence.file=", ready_within=30)
     try:
         yield Gateway(port)
     finally:

@@ -111,10 +111,15 @@ def test_real_training_is_reported_step_by_step(mode: int, sink: bool) -> None:
         monitor.close()
 
 
-def test_a_failing_probe_is_counted_and_training_finishes() -> None:
+def small_graph_model() -> Model:
+    """The small test Transformer with Momentum, in GRAPH mode."""
     ms.set_context(mode=ms.GRAPH_MODE)
     network = build_network(layers=1, d_model=32, heads=2)
-    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
+    return Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
+
+
+def test_a_failing_probe_is_counted_and_training_finishes() -> None:
+    model = small_graph_model()
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
         loss_probe = next(p for p in monitor._publisher.probes if p.name == "loss")
@@ -174,9 +179,7 @@ PAUSE = 0.3  # seconds each slow callback takes, far above a step of the tiny ne
 def test_checkpoint_and_other_callbacks_are_phases_of_their_own(tmp_path: Path) -> None:
     """A callback before the monitor runs inside what it measures as the step, one after it inside the data wait:
     both are phases of their own, and their time is in neither the step duration nor the data wait."""
-    ms.set_context(mode=ms.GRAPH_MODE)
-    network = build_network(layers=1, d_model=32, heads=2)
-    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
+    model = small_graph_model()
     monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=0.2)
     seen: list[tuple[str, str | None]] = []
 
@@ -225,3 +228,17 @@ def test_port_in_use_falls_back_to_a_free_port(caplog: pytest.LogCaptureFixture)
             assert monitor.url.split(":")[-1].split("/")[0] in message  # it says which port it took
         finally:
             monitor.close()
+
+
+def test_finding_12_planned_steps_follow_the_steps_taken_when_a_sink_size_is_given() -> None:
+    """On CPU a sink size is accepted and ignored (a step per batch): MindSpore still sets batch_num to it."""
+    model = small_graph_model()
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
+    try:
+        checker = ScrapeEveryStep(monitor)
+        model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, checker],
+                    dataset_sink_mode=True, sink_size=3)
+        assert len(checker.rows) == STEPS  # every batch of every epoch, not EPOCHS x 3
+        assert all(page.value("mindspore_train_planned_steps") == STEPS for _, _, page in checker.rows)
+    finally:
+        monitor.close()

@@ -23,6 +23,7 @@ import pytest
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import ConfigError
+from ms_exporter.sinks import basic_auth
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from tests.scrape import Scrape
 
@@ -181,7 +182,11 @@ def test_a_render_that_fails_is_a_counted_500_and_the_next_scrape_works(monitors
     assert status == 200 and Scrape(page).value("mindspore_exporter_errors_total", component="prometheus") == 1
 
 
-def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor]) -> None:
+def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # One client asks right after a wrong bcrypt password here: lift the ration (tests/unit/test_basic_auth.py).
+    monkeypatch.setattr(basic_auth, "PEER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(basic_auth, "CHECKS_PER_SECOND", 1000.0)
     monitor = start(monitors, web={"basic_auth_users": users()})
     status, headers, _ = get(monitor.url)
     assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm=")
@@ -193,6 +198,7 @@ def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor
     assert status == 200 and Scrape(body).has("mindspore_train_info")
     for _ in range(2):  # the second time from the verified-credentials cache
         assert get(monitor.url, ("grafana", BCRYPT_PASSWORD))[0] == 200
+    assert get(monitor.url, ("grafana", "x" * 100))[0] == 401  # finding 2: over bcrypt's 72 bytes, an answer
 
 
 def test_tls_serves_https_and_plain_http_fails(pki: Path, monitors: list[TrainingMonitor]) -> None:
@@ -390,3 +396,62 @@ def test_requests_over_the_budget_wait_and_are_all_answered(monitors: list[Train
     finally:
         connection.close()
     assert time.monotonic() - began >= 1.9  # a lower bound only: the ten requests over the budget waited
+
+
+def test_finding_1_slow_and_silent_clients_do_not_take_the_endpoint_down(monitors: list[TrainingMonitor]) -> None:
+    """50 connections with an unfinished request head and 200 that never send: scrapes are still answered."""
+    monitor = start(monitors)
+    port = port_of(monitor)
+    held: list[socket.socket] = []
+    try:
+        for index in range(250):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if index < 50:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: a")  # and then nothing more
+            held.append(sock)
+        for _ in range(5):
+            status, _, body = get(monitor.url)  # urllib's 10 s timeout: a held-up endpoint fails here
+            assert status == 200 and Scrape(body).has("mindspore_train_steps_total")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(monitors: list[TrainingMonitor],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from ms_exporter.sinks import http_server
+
+    monkeypatch.setattr(http_server, "REQUEST_SECONDS", 2.0)  # the whole head within 2 s, however it drips
+    monitor = start(monitors)
+    with socket.create_connection(("127.0.0.1", port_of(monitor)), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        began = time.monotonic()
+        closed_after = None
+        while time.monotonic() - began < 20:
+            try:
+                sock.sendall(b"a")  # a byte every 0.2 s: each would have reset a per-read timeout
+                sock.settimeout(0.2)
+                if sock.recv(100) == b"":
+                    closed_after = time.monotonic() - began
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed_after = time.monotonic() - began
+                break
+        assert closed_after is not None and closed_after < 15, closed_after  # 2 s and a margin, not never
+
+
+def test_finding_11_requests_are_parsed_as_http_1_1_says(monitors: list[TrainingMonitor]) -> None:
+    port = port_of(start(monitors))
+    # Two Content-Length headers that disagree: refused, and the "body" is never taken for a second request.
+    smuggled = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 44\r\n\r\n"
+                b"GET /debug/stacks HTTP/1.1\r\nHost: x\r\n\r\n")
+    received, closed = raw_exchange(port, smuggled)
+    assert closed and received.startswith(b"HTTP/1.1 400 ") and received.count(b"HTTP/1.1 ") == 1, received[:200]
+    received, closed = raw_exchange(port, b"NOT A REQUEST LINE\r\n\r\n")  # a status line, not an HTML page
+    assert closed and received.startswith(b"HTTP/1.1 400 ") and b"<html" not in received.lower()
+    received, _ = raw_exchange(port, b"GET http://127.0.0.1/metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert received.startswith(b"HTTP/1.1 200 ")  # the absolute form is the same resource
+    received, _ = raw_exchange(port, b"BREW /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert received.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in received  # not 501

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -158,7 +159,7 @@ def test_every_problem_is_reported_at_once() -> None:
         ({"tags": {"ok": ["list"]}}, "must be a string or number"),
         ({"max_files": 0}, "max_files: must be an integer from 1"),
         ({"max_file_mb": -1}, "max_file_mb: must be a number greater than 0"),
-        ({"warmup_steps": -1}, "warmup_steps: must be an integer of at least 0"),
+        ({"warmup_steps": -1}, "warmup_steps: must be an integer from 0 to 1000000000000"),
     ],
 )
 def test_each_error_path(raw: dict, fragment: str) -> None:
@@ -331,14 +332,13 @@ def test_the_constraint_vocabulary_says_what_is_allowed() -> None:
             check(value)
         return info.value.problems[0][0]
 
-    assert [int_in(1, 3)(1), int_in(1, 3)(3), int_in(0)(10**9)] == [1, 3, 10**9]
-    for value in (0, 4, True, 2.0, "2"):
+    assert [int_in(1, 3)(1), int_in(1, 3)(3), int_in(0, 10**9)(10**9)] == [1, 3, 10**9]
+    for value in (0, 4, True, 2.0, "2", 10**400):
         assert refusal(int_in(1, 3), value) == "must be an integer from 1 to 3"
-    assert refusal(int_in(2), 1) == "must be an integer of at least 2"
-    assert greater_than(0)(2) == 2.0 and isinstance(greater_than(0)(2), float)
-    for value in (0, -1, float("inf"), float("nan"), False, "1"):
-        assert refusal(greater_than(0), value) == "must be a number greater than 0"
-    assert at_least(0)(0) == 0.0 and refusal(at_least(0), -0.5) == "must be a number of at least 0"
+    assert greater_than(0, 10)(2) == 2.0 and isinstance(greater_than(0, 10)(2), float)
+    for value in (0, -1, float("inf"), float("nan"), False, "1", 11, 10**400):  # a huge int: no OverflowError
+        assert refusal(greater_than(0, 10), value) == "must be a number greater than 0 and at most 10"
+    assert at_least(0, 5)(0) == 0.0 and refusal(at_least(0, 5), -0.5) == "must be a number of at least 0 and at most 5"
     assert refusal(between(0, 1), 1) == "must be a number between 0 and 1 (exclusive)"
     assert choice("a", "B", any_case=True)("b") == "B" and refusal(choice("a"), "A") == "must be one of ['a']"
     assert optional(int_in(1, 3))(None) is None and refusal(optional(int_in(1, 3)), 5).startswith("must be an integer")
@@ -364,9 +364,9 @@ def test_every_problem_in_every_section_at_once() -> None:
                      "actions.early_stop.unit: must be one of ['epoch', 'step'], got 'batch'",
                      "actions.early_stop.patience: must be an integer from 1 to 10000000, got 0",
                      "actions.lr_backoff.factor: must be a number between 0 and 1 (exclusive), got 1",
-                     "actions.snapshot.spike_factor: must be a number greater than 1, got 1",
+                     "actions.snapshot.spike_factor: must be a number greater than 1 and at most 1e+12, got 1",
                      "actions.snapshot.max_snapshots: must be an integer from 1 to 1000, got 0",
-                     "web.cache_seconds: must be a number of at least 0, got -1",
+                     "web.cache_seconds: must be a number of at least 0 and at most 3600, got -1",
                      "layernorm.window: must be an integer from 1 to 10000000, got 0",
                      "port: must be 0 (any free port) or a base port from 1 to 65528",
                      "pushgateway.on: unknown name(s) 'never'; allowed: ['train_end', 'interval'], got 'never' "
@@ -405,8 +405,8 @@ def test_nested_sections_merge_per_sub_key_across_sources(tmp_path: Path, monkey
     assert (config.actions.snapshot.enable, config.actions.snapshot.max_snapshots) == (True, 2)
     assert (config.actions.early_stop.enable, config.actions.early_stop.patience) == (True, 9)
     monkeypatch.setenv("MS_EXPORTER_ACTIONS", "{snapshot: {spike_factor: 0.5}}")
-    with pytest.raises(ConfigError, match=r"actions.snapshot.spike_factor: must be a number greater than 1, got 0.5 "
-                                          r"\(from environment variable MS_EXPORTER_ACTIONS\)"):
+    with pytest.raises(ConfigError, match=r"actions.snapshot.spike_factor: must be a number greater than 1 and at "
+                                          r"most 1e\+12, got 0.5 \(from environment variable MS_EXPORTER_ACTIONS\)"):
         load_config(path)
 
 
@@ -435,3 +435,88 @@ def test_web_config_file_problems(tmp_path: Path) -> None:
     web.write_text(f"basic_auth_users:\n  grafana: 'sha256:{'0' * 64}'\n")
     config = load_config({"web": {"config_file": str(web), "cache_seconds": 0}})
     assert list(config.web.basic_auth_users) == ["grafana"] and config.web.cache_seconds == 0.0
+
+
+# -- issue #19, finding 9: every input ends in the one ConfigError, quickly and with a short message ------------
+@pytest.mark.parametrize("value", [10**400, -(10**400), 1e308, 2**64])
+def test_finding_9_numbers_past_any_bound_are_config_errors(value: Any) -> None:
+    for path, _ in leaves(MonitorConfig):
+        try:
+            config: Any = load_config(nested(path, value))
+        except ConfigError as exc:
+            assert len(str(exc)) < 1000, path
+            continue
+        for key in path.split("."):  # accepted: only where such a number means something (a loss threshold)
+            config = getattr(config, key)
+        assert isinstance(config, float) and config <= 1e12, (path, config)
+
+
+def test_finding_9_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_are_refused() -> None:
+    for raw in ({"interval": 1e10}, {"max_file_mb": 1e308}, {"hang": {"min_seconds": 1e10}},
+                {"pushgateway": {"url": "http://h:1", "interval": 1e10}}):
+        with pytest.raises(ConfigError, match="at most"):
+            load_config(raw)
+
+
+def test_finding_9_a_400_digit_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_EXPORTER_INTERVAL", "9" * 400)
+    with pytest.raises(ConfigError, match=r"interval: must be a number greater than 0 and at most 604800, got an "
+                                          r"integer of 400 digits \(from environment variable MS_EXPORTER_INTERVAL\)"):
+        load_config()
+
+
+def test_finding_9_a_misspelt_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_EXPORTER_INTERVL", "5")
+    with pytest.raises(ConfigError, match="MS_EXPORTER_INTERVL: not a monitor_config key; did you mean "
+                                          "MS_EXPORTER_INTERVAL"):
+        load_config()
+    monkeypatch.delenv("MS_EXPORTER_INTERVL")
+    monkeypatch.setenv("MS_EXPORTER_TOP_PASSWORD", "x")  # ms-exporter top's: not a config key, and no error
+    assert load_config().interval == 30
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)) + \
+    "monitor_config:\n  tags: *i\n"
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    (BOMB, "more than 100,000 values"),  # a billion values in 10 lines
+    ("monitor_config: &m\n  tags: *m\n", "recursive"),
+    ("monitor_config:\n  tags: " + "[" * 500 + "]" * 500 + "\n", "nested deeper than 64"),
+])
+def test_finding_9_yaml_alias_bombs_recursion_and_nesting_are_config_errors(tmp_path: Path, text: str,
+                                                                            said: str) -> None:
+    path = tmp_path / "monitor.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=said) as raised:
+        load_config(path)
+    assert len(str(raised.value)) < 1000
+
+
+def test_finding_9_a_fifo_a_device_and_a_huge_file_are_refused_without_reading_them(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as out:
+        out.truncate(50 * 1024 * 1024)  # 50 MB (sparse)
+    for path, said in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                       (huge, "a config file is at most 1,048,576")):
+        # In a child with a timeout: a loader that waits for a FIFO's writer would hang this test, not pass it.
+        done = subprocess.run([sys.executable, "-c", "import sys; from ms_exporter import load_config\n"
+                               "try:\n load_config(sys.argv[1])\nexcept Exception as e:\n print(type(e).__name__, e)",
+                               str(path)], capture_output=True, text=True, timeout=120, check=False)
+        assert done.stdout.startswith("ConfigError") and said in done.stdout, (path, done.stdout, done.stderr)
+
+
+def test_finding_9_two_monitors_cannot_share_one_json_lines_file(tmp_path: Path) -> None:
+    from ms_exporter import TrainingMonitor
+
+    first = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path))
+    try:
+        with pytest.raises(ConfigError, match="already written by another TrainingMonitor of this process"):
+            TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path))
+        TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path / "other")).close()
+    finally:
+        first.close()
+    TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path)).close()  # free again once closed

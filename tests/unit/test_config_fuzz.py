@@ -16,8 +16,11 @@ from tests.unit.test_config import leaves
 
 SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=20), st.sampled_from(["prometheus", "otlp", "loss", "grpc", "train_end",
-                                                           "$2b$", "sha256:", "0.0.0.0", "1e3", "on"]))
+                    # sizes: numbers far past any bound (a 400-digit integer, 1e308) and long strings
+                    st.integers(-10**400, 10**400), st.sampled_from([1e308, -1e308, 1e10, 2**63, 2**64 + 1]),
+                    st.text(max_size=20), st.text(min_size=1000, max_size=5000),
+                    st.sampled_from(["prometheus", "otlp", "loss", "grpc", "train_end",
+                                     "$2b$", "sha256:", "0.0.0.0", "1e3", "on", "http://u:p@h:1"]))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                        st.dictionaries(st.text(max_size=8), inner, max_size=4)),
                       max_leaves=8)
@@ -41,6 +44,33 @@ def check(source: Any) -> None:
         load_config(source)
     except ConfigError as exc:
         assert exc.problems and all("monitor_config" in p or "config file" in p or "YAML" in p for p in exc.problems)
+        assert len(str(exc)) < 20_000  # an error message says what is wrong, it does not echo a huge value
+
+
+@st.composite
+def aliased_yaml(draw: Any) -> str:
+    """YAML whose anchors and aliases nest: `levels` of `fanout` aliases each stand for fanout**levels values (a
+    billion laughs at the top), sometimes a recursive alias, under a real key or a section."""
+    levels, fanout = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    key = draw(st.sampled_from([*KEYS, "grad_norm.layers", "web.basic_auth_users", "tags"]))
+    lines = ["anchors:", "  - &a0 [x, y]"]
+    for level in range(1, levels + 1):
+        lines.append(f"  - &a{level} [{', '.join([f'*a{level - 1}'] * fanout)}]")
+    top = f"*a{levels}"
+    if draw(st.booleans()):
+        lines.append("  - &loop [1, *loop]")  # PyYAML builds recursive objects from this
+        top = draw(st.sampled_from([top, "*loop"]))
+    section, _, sub = key.partition(".")
+    body = f"  {section}:\n    {sub}: {top}" if sub else f"  {section}: {top}"
+    return "\n".join(lines) + "\nmonitor_config:\n" + body + "\n"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(aliased_yaml())
+def test_yaml_aliases_and_sizes_give_a_config_or_a_config_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "monitor.yaml"
+    path.write_text(text, encoding="utf-8")
+    check(path)
 
 
 @settings(max_examples=400, deadline=None)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
-from ms_exporter.sinks import http_server
-from ms_exporter.sinks.http_server import MetricsPages
+from ms_exporter.sinks import endpoint_pages
+from ms_exporter.sinks.endpoint_pages import MetricsPages
 
 
 def registry() -> CollectorRegistry:
@@ -59,11 +59,11 @@ def test_the_query_is_ignored_and_the_cache_stays_small_whatever_versions_client
     pages = MetricsPages(registry(), {}, 60)
     status, _, body = pages.answer("GET", "/metrics?name[]=mindspore_train_loss", headers())
     assert status == "200 OK" and b"mindspore_train_steps_total 3.0" in body  # name[] would have dropped it
-    for minor in range(3 * http_server._MAX_CACHED):
+    for minor in range(3 * endpoint_pages._MAX_CACHED):
         accept = f"application/openmetrics-text; version=1.0.{minor}"
         status, answer_headers, _ = pages.answer("GET", "/metrics", headers(Accept=accept))
         assert status == "200 OK" and f"version=1.0.{minor};" in dict(answer_headers)["Content-Type"]
-        assert len(pages._cache) <= http_server._MAX_CACHED
+        assert len(pages._cache) <= endpoint_pages._MAX_CACHED
 
 
 def test_an_accept_version_that_is_not_a_number_is_a_400() -> None:

@@ -24,6 +24,7 @@ ODD_OUTPUTS: list[tuple[str, Any]] = [
     ("huge", Tensor(np.float64(1e308))),
     ("negative", Tensor(np.float32(-3.5))),
     ("a vector", Tensor(np.array([1.0, 2.0], np.float32))),
+    ("an all-nan vector", Tensor(np.array([np.nan, np.nan], np.float32))),
     ("int", 7),
     ("a tuple with extra items", (Tensor(np.float32(0.5)), Tensor(False), Tensor(np.float32(1024)), "x", None, 3, [])),
     ("a dict", {"loss": Tensor(np.float32(0.5))}),
@@ -62,7 +63,7 @@ def test_odd_outputs_never_raise_and_the_scrape_stays_valid(label: str, outputs:
             assert not page.has("mindspore_train_loss") and nonfinite == 0
             return
         loss = page.value("mindspore_train_loss")
-        if label in ("nan", "inf", "-inf"):
+        if label in ("nan", "inf", "-inf", "an all-nan vector"):
             assert nonfinite == 3 and not math.isfinite(loss)
         else:
             assert nonfinite == 0
@@ -70,6 +71,37 @@ def test_odd_outputs_never_raise_and_the_scrape_stays_valid(label: str, outputs:
             assert loss == -3.5
         if label == "huge":
             assert loss == 1e308
+    finally:
+        monitor.close()
+
+
+class Unreadable:
+    """A loss that looks like a one-value tensor and fails when read (a device error, a foreign tensor type)."""
+
+    size = 1
+    dtype = np.float32
+
+    def item(self) -> float:
+        raise RuntimeError("the device is gone")
+
+    def asnumpy(self) -> np.ndarray:
+        raise RuntimeError("the device is gone")
+
+
+def test_finding_8_a_loss_that_cannot_be_read_still_counts_the_step() -> None:
+    monitor = TrainingMonitor(port=0, warmup_steps=0, web={"cache_seconds": 0})
+    try:
+        monitor.on_train_begin(run_context(0, Unreadable()))
+        for step in range(1, 4):
+            monitor.on_train_step_begin(run_context(step, Unreadable()))
+            monitor.on_train_step_end(run_context(step, (Unreadable(), Tensor(False))))
+        monitor.publish()
+        page = scrape(monitor.url)
+        # The step, its heartbeat and its progress went on: a healthy job whose loss cannot be read is no stall.
+        assert page.value("mindspore_train_steps_total") == 3 and page.value("mindspore_train_global_step") == 3
+        assert page.value("mindspore_train_last_step_timestamp_seconds") > 0
+        assert not page.has("mindspore_train_loss")  # and no loss is made up for it
+        assert page.value("mindspore_exporter_errors_total", component="loss") == 3  # counted instead
     finally:
         monitor.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.sinks.http_server import RequestBudget
+from ms_exporter.sinks.request_budget import REQUEST_SECONDS, RequestBudget
 
 
 class FakeClock:
@@ -51,3 +51,15 @@ def test_max_requests_per_second_is_zero_or_positive() -> None:
     assert load_config({}).web.max_requests_per_second == 20
     with pytest.raises(ConfigError, match="web.max_requests_per_second"):
         load_config({"web": {"max_requests_per_second": -1}})
+
+
+def test_finding_4_an_expensive_answer_is_paid_for_by_the_requests_after_it() -> None:
+    """The budget counts work, not requests: an answer that took 30 ms of CPU costs 30 plain requests' tokens."""
+    clock = FakeClock()
+    budget = RequestBudget(10.0, clock=clock, sleep=clock.sleep)
+    budget.wait()
+    budget.charge(30 * REQUEST_SECONDS)  # 29 tokens more than the one paid up front
+    budget.wait()
+    assert clock.slept == pytest.approx([(1 + 29 + 1 - 10) / 10])  # it waits for the work the first one did
+    budget.charge(REQUEST_SECONDS / 10)  # a cheap answer owes nothing more
+    assert budget.reserve(0) == pytest.approx(2.1)

@@ -6,6 +6,7 @@ project "capture" after step 4 and after step 8, with a gradient-norm breach and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -385,3 +386,19 @@ def test_a_rank_that_ended_and_went_is_ended_and_one_that_crashed_is_down(tmp_pa
         assert (left.rank, left.error) == ("1", "left discovery without ending")
     finally:
         poller.close()
+
+
+def test_finding_10_label_values_with_terminal_escapes_are_shown_not_sent() -> None:
+    """A target's label values reach the operator's terminal: escapes (clear screen, retitle, bell) are defused."""
+    hostile = "\x1b]0;owned\x07\x1b[2J"
+    page = STEP8.replace('project="capture"', f'project="{hostile}"')
+    (key,) = parse_ranks(page)
+    assert key[0] == hostile  # the page really carries the escape
+    row, _ = build_row(URL, key[0], key[1], parse_ranks(page)[key], None, time.time())
+    text = plain_text(render([dataclasses.replace(row, slowest=True), row_with_error(hostile)]))
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;owned\\x07" in text  # still there to read
+
+
+def row_with_error(error: str) -> Row:
+    return Row(target="http://h:1/metrics", rank="9", project="p", error=f"refused: {error}")

@@ -1,0 +1,117 @@
+"""A full disk under save_dir (issue #19, findings 3 and 5), on a real tmpfs: close() never raises into the training
+script, the JSON Lines file holds whole lines only, and what could not be written is counted."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ms_exporter import TrainingMonitor
+from ms_exporter.sinks.jsonl import JsonlWriter
+from ms_exporter.tools.report import load_run, summary
+from tests.unit.test_callback_sink_and_jsonl import context
+
+pytestmark = pytest.mark.integration
+DISK_BYTES = 64 * 1024
+DROPPED = 'mindspore_exporter_dropped_samples_total{sink="local"}'
+
+
+@contextlib.contextmanager
+def small_disk(where: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs mounted at `where` (needs root, which CI has: it installs Debian packages)."""
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(where)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Take all but about `leave` bytes of the disk into a filler file."""
+    filler = disk / "filler"
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with filler.open("ab") as out:
+        out.write(b"\0" * max(free - leave, 0))
+    return filler
+
+
+def flush(monitor: TrainingMonitor) -> None:
+    """What the writer thread does every `interval` seconds, now."""
+    monitor.publish()
+    writer = monitor._sink_of(JsonlWriter)
+    assert writer is not None
+    writer.flush()
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]  # raises on a torn line
+
+
+def steps_of(path: Path) -> list[int]:
+    return [r["step"] for r in records(path) if r["type"] == "step"]
+
+
+def test_finding_3_close_on_a_full_disk_does_not_raise_into_the_training_script(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        monitor = TrainingMonitor(port=0, backend="local", save_dir=str(disk), interval=3600)
+        monitor.on_train_begin(context(0, 0.0))
+        fill(disk, leave=0)
+        for step in range(1, 201):
+            monitor.on_train_step_begin(context(step, 1.0))
+            monitor.on_train_step_end(context(step, 1.0))
+        flush(monitor)  # fails: counted, not raised
+        writer = monitor._sink_of(JsonlWriter)
+        assert writer is not None
+        writer.close()  # the sink's own close, with the batch it could not write: returns
+        monitor.on_train_end(context(200, 1.0))
+        monitor.close()  # the disk is still full: this returns
+        monitor.close()
+        if monitor.jsonl_path and Path(monitor.jsonl_path).exists():
+            records(Path(monitor.jsonl_path))  # whole lines only
+
+
+def test_finding_5_a_transient_full_disk_loses_whole_records_and_counts_them(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        monitor = TrainingMonitor(port=0, backend="local", save_dir=str(disk), interval=3600)
+        try:
+            monitor.on_train_begin(context(0, 0.0))
+            for step in range(1, 11):  # written
+                monitor.on_train_step_begin(context(step, 1.0))
+                monitor.on_train_step_end(context(step, 1.0))
+            flush(monitor)
+            path = Path(str(monitor.jsonl_path))
+            # Room for about half a batch: the first write of the next batch succeeds in part.
+            filler = fill(disk, leave=2048)
+            for step in range(11, 61):  # lost to the full disk
+                monitor.on_train_step_begin(context(step, 1.0))
+                monitor.on_train_step_end(context(step, 1.0))
+            flush(monitor)
+            records(path)  # no torn line left behind
+            filler.unlink()  # space again
+            for step in range(61, 71):  # written
+                monitor.on_train_step_begin(context(step, 1.0))
+                monitor.on_train_step_end(context(step, 1.0))
+            monitor.on_train_end(context(70, 1.0))
+        finally:
+            monitor.close()
+        written = steps_of(path)
+        assert written == [*range(1, 11), *range(61, 71)]
+        snapshot = [r for r in records(path) if r["type"] == "snapshot"][-1]["metrics"]
+        assert snapshot[DROPPED] == 50  # the 50 lost step records, counted
+        facts = summary(load_run([path]))
+        assert facts["records"] == 20 and facts["dropped_records"] == 50
+        report = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(path), "-o",
+                                 str(tmp_path / "report.html")], capture_output=True, text=True, check=False)
+        assert report.returncode == 0, report.stderr
+        assert "50 records lost (not written" in report.stdout

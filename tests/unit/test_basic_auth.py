@@ -1,0 +1,86 @@
+"""Issue #19, finding 2: basic auth at a cost no client can choose (ms_exporter/sinks/basic_auth.py)."""
+
+from __future__ import annotations
+
+import base64
+
+import bcrypt
+import pytest
+
+from ms_exporter.sinks import basic_auth
+from ms_exporter.sinks.basic_auth import BasicAuth, password_matches
+
+PASSWORD = "correct horse"
+HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+
+
+def header(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counted_auth(clock: Clock) -> tuple[BasicAuth, list[str]]:
+    checked: list[str] = []
+
+    def check(password: str, hashed: str) -> bool:
+        checked.append(hashed)
+        return password_matches(password, hashed)
+
+    return BasicAuth({"grafana": HASH, "prometheus": "sha256:" + "0" * 64}, clock, check), checked
+
+
+def test_finding_2_a_flood_of_wrong_passwords_runs_a_rationed_number_of_bcrypt_checks() -> None:
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    for second in range(10):  # 100 different wrong passwords a second for 10 seconds, from 5 peers
+        for attempt in range(100):
+            assert not auth.allows(header("grafana", f"guess-{second}-{attempt}"), peer=f"10.0.0.{attempt % 5}")
+        clock.now += 1.0
+    assert 9 <= len(checked) <= 2 + 10 * basic_auth.CHECKS_PER_SECOND  # the burst, then the rate: not 1,000
+
+
+def test_finding_2_a_repeated_wrong_password_costs_nothing_and_one_peer_cannot_take_every_check() -> None:
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    for _ in range(50):
+        auth.allows(header("grafana", "wrong"), peer="10.0.0.1")
+        clock.now += 0.1
+    assert len(checked) == 1  # remembered as failed
+    for attempt in range(50):  # one peer, new guesses: one check per PEER_CHECK_SECONDS
+        auth.allows(header("grafana", f"guess-{attempt}"), peer="10.0.0.1")
+        clock.now += 0.1
+    assert len(checked) - 1 <= 5 / basic_auth.PEER_CHECK_SECONDS + 1
+    clock.now += 1.0
+    assert auth.allows(header("grafana", PASSWORD), peer="10.0.0.2")  # another peer still gets its check
+
+
+def test_finding_2_unknown_users_cost_the_same_check_as_known_ones() -> None:
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    assert not auth.allows(header("nobody", "x"), peer="a")
+    clock.now += 10
+    assert not auth.allows(header("grafana", "x"), peer="b")
+    assert checked == [HASH, HASH]  # an unknown user is checked against the bcrypt decoy: the same time
+
+
+def test_finding_2_a_verified_password_is_served_without_a_check_even_during_a_flood() -> None:
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    assert auth.allows(header("grafana", PASSWORD), peer="prometheus")
+    for attempt in range(200):
+        auth.allows(header("grafana", f"guess-{attempt}"), peer="attacker")
+    assert auth.allows(header("grafana", PASSWORD), peer="prometheus")
+    assert len(checked) == 2  # the first good one and one guess: the rest were over the ration
+
+
+@pytest.mark.parametrize("password", ["x" * 73, "é" * 40, "x" * 1000])
+def test_finding_2_a_password_over_72_bytes_is_a_wrong_password(password: str) -> None:
+    assert password_matches(password, HASH) is False
+    assert BasicAuth({"grafana": HASH}).allows(header("grafana", password)) is False
