@@ -8,7 +8,8 @@ ones. So:
   and one that failed is remembered too: repeating it costs nothing;
 - bcrypt checks are rationed: each peer address gets one every PEER_CHECK_SECONDS, and all peers together
   CHECKS_PER_SECOND; past the ration a request is refused (401) without a check (sha256 hashes cost
-  microseconds and are not rationed);
+  microseconds and are not rationed). The ration is what bounds their CPU: it is not charged to the endpoint's
+  request budget as well (`spent()`), where it would make every other client wait for an attacker's checks;
 - an unknown user is checked against a decoy hash of the same cost, so unknown and known users take the same
   time;
 - a password bcrypt cannot take (over 72 bytes) is a 401, like any wrong one.
@@ -25,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-CHECKS_PER_SECOND = 1.0  # bcrypt checks for all peers together (one costs ~50-250 ms of CPU by its cost factor)
+CHECKS_PER_SECOND = 0.5  # bcrypt checks for all peers together (one costs ~60 ms of CPU at cost 10, more above)
 PEER_CHECK_SECONDS = 2.0  # one check per peer address this often: one peer cannot take all of them
 _REMEMBERED = 256  # passed and failed pairs kept (each set); past it the oldest are forgotten
 _PEERS = 1024  # peers whose last check is remembered
@@ -61,10 +62,17 @@ class BasicAuth:
         self._tokens = 2.0
         self._updated = clock()
         self._lock = threading.Lock()
+        self._spent = threading.local()  # CPU seconds of this thread's checks since spent() last asked
         self.checks = 0  # password checks run, for tests and the reliability benchmark
 
     def __bool__(self) -> bool:
         return bool(self._users)
+
+    def spent(self) -> float:
+        """CPU seconds this thread spent in password checks since the last call (then 0 again)."""
+        seconds = float(getattr(self._spent, "seconds", 0.0))
+        self._spent.seconds = 0.0
+        return seconds
 
     def allows(self, header: str, peer: str = "") -> bool:
         scheme, _, encoded = header.partition(" ")
@@ -86,7 +94,9 @@ class BasicAuth:
                 return False
             self.checks += 1
         # The check itself runs without the lock: bcrypt releases the GIL, other requests go on meanwhile.
+        began = time.thread_time()
         matched = self._check(password, against) and hashed is not None
+        self._spent.seconds = getattr(self._spent, "seconds", 0.0) + time.thread_time() - began
         with self._lock:
             remembered = self._passed if matched else self._failed
             remembered[fingerprint] = None

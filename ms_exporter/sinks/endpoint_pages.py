@@ -98,6 +98,10 @@ class MetricsPages:
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
         return self._metrics(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
 
+    def auth_seconds(self) -> float:
+        """CPU seconds this thread's last answers spent checking passwords (rationed on their own)."""
+        return self._auth.spent()
+
     def scrape_interval(self) -> float | None:
         """The median gap between the last /metrics requests; None before two were seen."""
         times = list(self.metrics_requests)
@@ -144,17 +148,19 @@ class MetricsPages:
         except ValueError:
             return _reply("400 Bad Request", b"since must be an integer step number\n")
         # A page that loads asks for the whole history (since=-1, ~30 ms to render at capacity): that answer is
-        # reused for cache_seconds, like a /metrics render, so a flood of page loads costs one render per window.
+        # reused for a page refresh period (later polls ask only for newer steps), the others for cache_seconds,
+        # so a flood of page loads costs one whole-history render every 2 s.
         now = time.perf_counter()
+        keep = max(self._cache_seconds, LIVE_REFRESH_MS / 1000) if since < 0 else self._cache_seconds
         with self._render_lock:
             cached = self._series_cache.get(since)
-            if cached is not None and now - cached[0] < self._cache_seconds:
+            if cached is not None and now - cached[0] < keep:
                 return cached[1]
         payload = history.since(since)
         payload["labels"] = self._labels
         body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
         answer = _reply("200 OK", body, [("Cache-Control", "no-store")], "application/json")
-        if self._cache_seconds > 0:
+        if keep > 0:
             with self._render_lock:
                 if len(self._series_cache) >= _MAX_CACHED:
                     self._series_cache.clear()

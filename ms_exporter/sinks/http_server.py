@@ -243,7 +243,8 @@ class EndpointServer:
             self._on_error("prometheus", exc)
             answer = _reply("500 Internal Server Error", b"The monitor failed to answer; counted in "
                             b"mindspore_exporter_errors_total{component=\"prometheus\"}\n")
-        return answer, time.thread_time() - began
+        # Password checks are rationed by BasicAuth itself: only the rest of the answer's work is charged.
+        return answer, time.thread_time() - began - self.pages.auth_seconds()
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, parser: h11.Connection, head_only: bool, status: str,

@@ -10,6 +10,9 @@ from collections.abc import Callable
 # new render ~2 ms, the live page's whole history ~30 ms). A request pays one token before it is read and, once
 # answered, a token more for each further REQUEST_SECONDS of CPU its answer took.
 REQUEST_SECONDS = 0.001
+# At most this many tokens more for one answer: the charge bounds what a flood of expensive requests takes, and
+# the cap bounds how long one expensive answer makes the clients queued behind it wait (~0.5 s at 20 a second).
+MAX_CHARGE = 10.0
 
 
 class RequestBudget:
@@ -44,7 +47,7 @@ class RequestBudget:
 
     def charge(self, cpu_seconds: float) -> None:
         """An answer took `cpu_seconds`: the tokens past the one paid up front are owed by later requests."""
-        extra = cpu_seconds / REQUEST_SECONDS - 1.0
+        extra = min(cpu_seconds / REQUEST_SECONDS - 1.0, MAX_CHARGE)
         if extra > 0:
             with self._lock:
                 self._tokens -= extra

@@ -43,7 +43,7 @@ def test_finding_2_a_flood_of_wrong_passwords_runs_a_rationed_number_of_bcrypt_c
         for attempt in range(100):
             assert not auth.allows(header("grafana", f"guess-{second}-{attempt}"), peer=f"10.0.0.{attempt % 5}")
         clock.now += 1.0
-    assert 9 <= len(checked) <= 2 + 10 * basic_auth.CHECKS_PER_SECOND  # the burst, then the rate: not 1,000
+    assert 10 * basic_auth.CHECKS_PER_SECOND - 1 <= len(checked) <= 2 + 10 * basic_auth.CHECKS_PER_SECOND  # not 1,000
 
 
 def test_finding_2_a_repeated_wrong_password_costs_nothing_and_one_peer_cannot_take_every_check() -> None:

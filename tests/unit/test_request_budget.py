@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.sinks.request_budget import REQUEST_SECONDS, RequestBudget
+from ms_exporter.sinks.request_budget import MAX_CHARGE, REQUEST_SECONDS, RequestBudget
 
 
 class FakeClock:
@@ -54,12 +54,15 @@ def test_max_requests_per_second_is_zero_or_positive() -> None:
 
 
 def test_finding_4_an_expensive_answer_is_paid_for_by_the_requests_after_it() -> None:
-    """The budget counts work, not requests: an answer that took 30 ms of CPU costs 30 plain requests' tokens."""
+    """The budget counts work, not requests: an answer that took 5 ms of CPU costs 5 plain requests' tokens, and
+    one answer's charge is capped, so clients queued behind it wait at most MAX_CHARGE tokens longer."""
     clock = FakeClock()
     budget = RequestBudget(10.0, clock=clock, sleep=clock.sleep)
+    for _ in range(10):
+        budget.wait()  # the burst
+    budget.charge(5 * REQUEST_SECONDS)  # 4 tokens more than the one paid up front
     budget.wait()
-    budget.charge(30 * REQUEST_SECONDS)  # 29 tokens more than the one paid up front
-    budget.wait()
-    assert clock.slept == pytest.approx([(1 + 29 + 1 - 10) / 10])  # it waits for the work the first one did
+    assert clock.slept == pytest.approx([0.5])  # its own token plus the 4 the answer owed
     budget.charge(REQUEST_SECONDS / 10)  # a cheap answer owes nothing more
-    assert budget.reserve(0) == pytest.approx(2.1)
+    budget.charge(1000 * REQUEST_SECONDS)  # a very expensive one owes MAX_CHARGE
+    assert budget.reserve(0) == pytest.approx(0.5 + MAX_CHARGE / 10)
