@@ -44,6 +44,16 @@ class RequestHeaders(Protocol):
     def get(self, name: str, default: str = ..., /) -> str: ...
 
 
+def split_target(target: str) -> tuple[str, str]:
+    """A request target's path (percent-decoded) and query; the absolute form (RFC 9112 3.2.2, as proxies send it)
+    is the same resource as the origin form."""
+    if target.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(target)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    raw_path, _, query = target.partition("?")
+    return urllib.parse.unquote(raw_path, "iso-8859-1"), query
+
+
 class MetricsPages:
     """What the endpoint answers: GET /metrics (auth first, then a cached render), the live page, 404 elsewhere,
     405 for methods other than GET and HEAD. The format is prometheus_client's: `choose_encoder` reads the Accept
@@ -74,11 +84,7 @@ class MetricsPages:
         if self._auth and not self._auth.allows(headers.get("Authorization", ""), peer):
             return _reply("401 Unauthorized", b"Unauthorized\n",
                           [("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')])
-        if target.startswith(("http://", "https://")):  # the absolute form (RFC 9112 3.2.2), as proxies send it
-            parts = urllib.parse.urlsplit(target)
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        raw_path, _, query = target.partition("?")
-        path = urllib.parse.unquote(raw_path, "iso-8859-1")
+        path, query = split_target(target)
         live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
         stacks = self._stacks is not None and path == STACKS_PATH
         if path != METRICS_PATH and not live and not stacks:

@@ -11,7 +11,9 @@ suspended coroutine, not a thread, and no client can keep the endpoint from othe
 - HTTP/1.1 is parsed by h11 (conflicting Content-Length headers, malformed request lines and oversized heads
   are answered 400/431 with a status line, and the connection closes);
 - answers are computed by MetricsPages in ANSWER_THREADS threads, under the request budget, which counts each
-  answer's CPU time (request_budget.py).
+  answer's CPU time (request_budget.py). Every request pays the budget before it is read; a request for anything
+  but /metrics (the live page, its series, the stacks, a 404) also pays a second, smaller budget once parsed, and
+  its answer's work is charged there: a flood of page requests cannot delay the scrapes.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import h11
 from prometheus_client import CollectorRegistry
 
 from ms_exporter.config import WebConfig
-from ms_exporter.sinks.endpoint_pages import Answer, MetricsPages, Stacks, _reply
+from ms_exporter.sinks.endpoint_pages import METRICS_PATH, Answer, MetricsPages, Stacks, _reply, split_target
 from ms_exporter.sinks.request_budget import RequestBudget
 
 if TYPE_CHECKING:
     from ms_exporter.sinks.live_history import StepHistory
 
 REQUEST_SECONDS = 10.0  # the whole head of a request (and a TLS handshake), from its first byte
+PAGES_SHARE = 0.25  # the second budget's rate, as a share of web.max_requests_per_second
 KEEPALIVE_IDLE_SECONDS = 1.0  # a kept connection's wait for its next request
 REQUESTS_PER_CONNECTION = 100  # then the answer says Connection: close
 SEND_SECONDS = 10.0  # a client that does not take its answer within this is dropped
@@ -77,6 +80,7 @@ class EndpointServer:
         self._listener = listener
         self._on_error = on_error
         self._budget = budget
+        self._pages_budget = RequestBudget(budget.rate * PAGES_SHARE) if budget is not None else None
         self._context = context
         self._connections: dict[int, _Connection] = {}
         self._pool = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="ms_exporter-http-answer")
@@ -173,12 +177,16 @@ class EndpointServer:
             if request is None:
                 return  # closed, or nothing came in time
             connection.waiting_since = None
+            lane = self._budget
+            if self._pages_budget is not None and split_target(request.target.decode("latin-1"))[0] != METRICS_PATH:
+                lane = self._pages_budget
+                await self._wait_for_budget(lane)
             has_body = request.headers and any(
                 (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
                 for name, value in request.headers)
             # A body is never read: the connection ends after the answer so it is never taken for a request.
             closing = bool(has_body) or served == REQUESTS_PER_CONNECTION
-            status, headers, body = await self._answer(request, connection.peer)
+            status, headers, body = await self._answer(request, connection.peer, lane)
             if closing or status.startswith("500"):
                 headers = [*headers, ("Connection", "close")]
             await self._send(writer, parser, request.method == b"HEAD", status, headers, body)
@@ -218,21 +226,22 @@ class EndpointServer:
                 deadline = loop.time() + REQUEST_SECONDS
             parser.receive_data(data)  # b"": the client closed
 
-    async def _wait_for_budget(self) -> None:
-        if self._budget is not None:
-            delay = self._budget.reserve()
+    async def _wait_for_budget(self, budget: RequestBudget | None = None) -> None:
+        budget = budget or self._budget
+        if budget is not None:
+            delay = budget.reserve()
             if delay > 0:
                 await asyncio.sleep(delay)
 
-    async def _answer(self, request: h11.Request, peer: str) -> Answer:
+    async def _answer(self, request: h11.Request, peer: str, budget: RequestBudget | None) -> Answer:
         headers = _Headers()
         for name, value in request.headers:
             headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
         method, target = request.method.decode("ascii", "replace"), request.target.decode("latin-1")
         loop = asyncio.get_running_loop()
         answer, cpu = await loop.run_in_executor(self._pool, self._timed_answer, method, target, headers, peer)
-        if self._budget is not None:
-            self._budget.charge(cpu)
+        if budget is not None:
+            budget.charge(cpu)
         return answer
 
     def _timed_answer(self, method: str, target: str, headers: _Headers, peer: str) -> tuple[Answer, float]:

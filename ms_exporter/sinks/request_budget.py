@@ -22,7 +22,7 @@ class RequestBudget:
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self._rate = rate
+        self.rate = rate
         self._burst = max(rate, 1.0)
         self._tokens = self._burst
         self._clock = clock
@@ -34,10 +34,10 @@ class RequestBudget:
         """Take `tokens` now; the seconds to wait before using them (0 within budget)."""
         with self._lock:
             now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self.rate)
             self._updated = now
             self._tokens -= tokens  # below zero it is a reservation that the wait pays for
-            return -self._tokens / self._rate if self._tokens < 0 else 0.0
+            return -self._tokens / self.rate if self._tokens < 0 else 0.0
 
     def wait(self) -> None:
         """reserve() one token and sleep what it says (a thread's way; the server's loop awaits instead)."""

@@ -455,3 +455,29 @@ def test_finding_11_requests_are_parsed_as_http_1_1_says(monitors: list[Training
     assert received.startswith(b"HTTP/1.1 200 ")  # the absolute form is the same resource
     received, _ = raw_exchange(port, b"BREW /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert received.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in received  # not 501
+
+
+def test_finding_4_a_flood_of_page_requests_does_not_delay_the_scrapes(monitors: list[TrainingMonitor]) -> None:
+    """Requests for anything but /metrics also wait in a budget of their own (a quarter of the rate): six page
+    requests at once take seconds to be served, and a scrape sent after them is answered before the last."""
+    monitor = start(monitors, web={"max_requests_per_second": 4})  # the pages' budget: 1 a second
+    base = monitor.url.removesuffix("metrics")
+    finished: list[tuple[str, float]] = []
+    lock = threading.Lock()
+
+    def fetch(path: str) -> None:
+        status = get(base + path)[0]
+        with lock:
+            finished.append((f"{path} {status}", time.monotonic()))
+
+    pages = [threading.Thread(target=fetch, args=("api/series?since=-1",)) for _ in range(6)]
+    for thread in pages:
+        thread.start()
+    time.sleep(0.5)  # the page requests are in before the scrape
+    scrape_thread = threading.Thread(target=fetch, args=("metrics",))
+    scrape_thread.start()
+    for thread in [*pages, scrape_thread]:
+        thread.join(30)
+    order = [name for name, _ in sorted(finished, key=lambda item: item[1])]
+    assert len(order) == 7 and all(name.endswith(" 200") for name in order), order
+    assert order.index("metrics 200") < 6, order  # not behind the whole page flood
