@@ -125,7 +125,9 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def render_hostile(rows: list[dict[str, Any]], blocks: int, block_steps: int, passes: int) -> str:
+def render_hostile(rows: list[dict[str, Any]], blocks: int, block_steps: int, passes: int,
+                   measured_apart: str = "") -> str:
+    """The section; `measured_apart` says when and how it was measured if not with the rest of its block."""
     verdicts = "\n".join(
         f"- {r['case']}: scrape p99 {r['p99_ms']:.0f} ms ({'met' if r['p99_ms'] < 1000 else 'missed'}: under 1 s), "
         f"{r['failed']} of {r['scrapes']} scrapes failed; step time x{r['ratio']:.3f} (95% interval "
@@ -140,8 +142,8 @@ def render_hostile(rows: list[dict[str, Any]], blocks: int, block_steps: int, pa
                          ("pairs", "block pairs", "d"), ("ratio", "step time ratio", ".3f"),
                          ("ratio_low", "95% low", ".3f"), ("ratio_high", "95% high", ".3f")])
     return f"""### Hostile clients during training
-The same training and block method ({blocks} attacked blocks of {block_steps} steps per training, {passes}
-passes, the first {SETTLE_STEPS} steps of each block left out), the default monitor (the password case with one
+{measured_apart}The same training and block method ({blocks} attacked blocks of {block_steps} steps per training,
+{passes} passes, the first {SETTLE_STEPS} steps of each block left out), the default monitor (the password case with one
 bcrypt user). The attacker is paused (SIGSTOP) in the unattacked blocks: open connections stay open, so the
 slowloris and silent cases measure what their traffic costs. A well-behaved scraper (a new connection every
 0.25 s, 5 s timeout; a failure counts as 5 s) runs all along, attacked or not:
@@ -151,3 +153,12 @@ slowloris and silent cases measure what their traffic costs. A well-behaved scra
 {shown}
 
 {verdicts}"""
+
+
+HEADING, NEXT_HEADING = "### Hostile clients during training", "\n\n### Soak"
+
+
+def replace_section(document: str, section: str) -> str:
+    """`document` with its hostile-clients section (up to the soak's heading) replaced by `section`."""
+    head, rest = document.split(HEADING, 1)
+    return head + section + NEXT_HEADING + rest.split(NEXT_HEADING, 1)[1]

@@ -348,11 +348,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, a short soak")
     parser.add_argument("--output", default="docs/reliability.md")
+    parser.add_argument("--hostile-only", action="store_true",
+                        help="measure the hostile clients again and replace only their section")
     args = parser.parse_args(argv)
     command = "make reliability" if not args.quick else "python -m benchmarks.reliability --quick"
     started = time.monotonic()
     # Blocks of 30 steps (~0.4 s): a stopped wrk's kept-alive connections stay under the endpoint's 1 s idle limit.
     passes, blocks, block_steps = (1, 2, 20) if args.quick else (2, 20, 30)
+    if args.hostile_only:
+        from benchmarks.hostile import hostile, render_hostile, replace_section
+
+        rows_attacked = hostile(passes, blocks, block_steps)
+        note = (f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
+                f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
+                f"on: {machine()}.\n")
+        path = Path(args.output)
+        path.write_text(replace_section(path.read_text(), render_hostile(rows_attacked, blocks, block_steps, passes,
+                                                                         note)))
+        print(render_hostile(rows_attacked, blocks, block_steps, passes, note))
+        return 0
     print("endpoint under load ...", flush=True)
     rows = load([300, 600], passes, blocks, block_steps)
     print("hostile clients ...", flush=True)

@@ -200,13 +200,17 @@ class EndpointServer:
     async def _next_request(self, reader: asyncio.StreamReader, parser: h11.Connection,
                             idle: float) -> h11.Request | None:
         """The next request's head, or None when the client closed or did not start one within `idle`. From its
-        first byte the head must be complete within REQUEST_SECONDS, however the bytes are spread."""
+        first byte the head must be complete within REQUEST_SECONDS, however the bytes are spread. The request
+        waits its turn in the budget once its head is complete and before it is parsed: a client that never
+        finishes its head (a slow or stalled one) takes nothing from the budget the others wait in."""
         loop = asyncio.get_running_loop()
         deadline: float | None = None
+        paid = False
+        tail = b""  # the last bytes received, to see a head's end split across reads
         while True:
             event = parser.next_event()
             if isinstance(event, h11.Request):
-                if deadline is None:
+                if not paid:  # a request that came in the same read as the previous one
                     await self._wait_for_budget()
                 return event
             if isinstance(event, h11.ConnectionClosed):
@@ -221,9 +225,12 @@ class EndpointServer:
                     raise  # a head that did not arrive in time: the connection just ends
                 return None
             if deadline is None and data:
-                # The client began: it waits its turn in the budget before it is read any further.
-                await self._wait_for_budget()
                 deadline = loop.time() + REQUEST_SECONDS
+            seen = tail + data
+            if not paid and (b"\r\n\r\n" in seen or b"\n\n" in seen):  # h11 also takes bare newlines
+                await self._wait_for_budget()
+                paid = True
+            tail = seen[-3:]
             parser.receive_data(data)  # b"": the client closed
 
     async def _wait_for_budget(self, budget: RequestBudget | None = None) -> None:
