@@ -74,8 +74,9 @@ class LearningRateProbe(Probe):
         self._groups = len(groups)
         for index, rate in enumerate(groups):
             labels = {"group": str(index)} if len(groups) > 1 else {}
-            self._scheduled.series(**labels).value = 0.0 if _is_fixed(rate) else 1.0
             reader = _reader_for(rate, functools.partial(self._family.series, **labels), self._pure_schedules)
+            # No reader: a schedule the monitor may not call, which is still a schedule.
+            self._scheduled.series(**labels).value = 0.0 if isinstance(reader, _FixedReader) else 1.0
             if reader is not None:
                 self._readers.append(reader)
         # Read once now: a schedule's first evaluation compiles it (~0.1 s), which belongs to start-up, not to a step.
@@ -193,13 +194,6 @@ class _ScheduleReader(_Reader):
 
         value = self._schedule(Tensor(np.int32(step))).asnumpy()
         return float(np.asarray(value).reshape(-1)[0])
-
-
-def _is_fixed(rate: Any) -> bool:
-    from mindspore.nn.learning_rate_schedule import LearningRateSchedule
-
-    return type(rate).__name__ not in ("ScaledSchedule", "_IteratorLearningRate") and not isinstance(
-        rate, LearningRateSchedule)
 
 
 def _reader_for(rate: Any, series: Callable[[], Series], pure_schedules: frozenset[str]) -> _Reader | None:

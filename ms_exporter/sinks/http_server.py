@@ -226,11 +226,12 @@ class EndpointServer:
                 return None
             if deadline is None and data:
                 deadline = loop.time() + REQUEST_SECONDS
-            seen = tail + data
-            if not paid and (b"\r\n\r\n" in seen or b"\n\n" in seen):  # h11 also takes bare newlines
-                await self._wait_for_budget()
-                paid = True
-            tail = seen[-3:]
+            if not paid:
+                seen = tail + data
+                if b"\r\n\r\n" in seen or b"\n\n" in seen:  # h11 also takes bare newlines
+                    await self._wait_for_budget()
+                    paid = True
+                tail = seen[-3:]
             parser.receive_data(data)  # b"": the client closed
 
     async def _wait_for_budget(self, budget: RequestBudget | None = None) -> None:
