@@ -97,6 +97,7 @@ class TrainingMonitor(Callback):
     def _reset_step_state(self) -> None:
         self._kept: Any = None
         self._step_began: float | None = None
+        self._compiles_next: Callable[[], bool] | None = None  # the train network's, when it is one of ours
         self._previous_end: float | None = None
         self._data_wait: float | None = None
         self._eval_began: float | None = None
@@ -146,7 +147,11 @@ class TrainingMonitor(Callback):
             step = int(cb_params.get("cur_step_num", 0) or 0)
             self._publisher.reset(step)
             self._batch.bind(cb_params.get("train_dataset"))
-            self._publisher.layouts.bind(cb_params.get("train_network"))
+            network = cb_params.get("train_network")
+            self._publisher.layouts.bind(network)
+            # ms_exporter's own train cells say when a step will compile a graph they have not run yet.
+            compiles_next = getattr(network, "compiles_next", None)
+            self._compiles_next = compiles_next if callable(compiles_next) else None
             if self._actions is not None:  # first: lr_backoff wraps a schedule before anything compiles or reads it
                 lr_probe = next((p for p in self._publisher.probes if isinstance(p, LearningRateProbe)), None)
                 self._guard("actions", self._actions.on_train_begin, cb_params, lr_probe)
@@ -168,7 +173,8 @@ class TrainingMonitor(Callback):
         self._step_began = began
         phases = self.phases
         if phases.state[0] is not COMPILE:  # compilation lasts until the first step ends
-            phases.state = (STEP_PHASE, began)
+            compiles = self._compiles_next
+            phases.state = (COMPILE if compiles is not None and compiles() else STEP_PHASE, began)
         aside = phases.take_aside()  # other callbacks' time and evaluations since the last step ended
         if self._previous_end is not None:
             self._data_wait = max(0.0, began - self._previous_end - aside)

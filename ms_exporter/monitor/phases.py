@@ -2,7 +2,7 @@
 
 | phase | from | to |
 |---|---|---|
-| compile | train begin | the first step's end (graph compilation and the first batch) |
+| compile | train begin; a step in which our train cell first runs its norm graph | that step's end (compilation) |
 | step | a step's begin | its end (compute and the collectives inside it) |
 | data_wait | a step's end | the next step's begin (the data pipeline, host work) |
 | eval | an evaluation's begin | its end |

@@ -85,15 +85,24 @@ class GradNormTrainOneStepCell(nn.TrainOneStepCell):
         self.hyper_map = ops.HyperMap()
         self._plain = _PlainStep(network, optimizer, sens, clip_norm)
         self._calls: int | None = None
+        self._ran = {True: False, False: False}  # whether the norm graph / the plain graph has run (compiled)
 
     def __call__(self, *inputs: Any) -> Any:
         if self._calls is None:
             # Count in the optimizer's steps, so that a resumed run measures at the same steps as the monitor.
             self._calls = int(np.asarray(self.optimizer.global_step.asnumpy()).reshape(-1)[0])
         self._calls += 1
-        if self._calls % self.every_n_steps == 0:
-            return super().__call__(*inputs)
-        return self._plain(*inputs)
+        norms = self._calls % self.every_n_steps == 0
+        self._ran[norms] = True
+        return super().__call__(*inputs) if norms else self._plain(*inputs)
+
+    def compiles_next(self) -> bool:
+        """Whether the next call runs one of the two graphs for the first time, so MindSpore compiles it inside
+        that step: the monitor counts that step as compilation (a large model's norm graph compiling at step
+        `every_n_steps` is not a hang)."""
+        if self._calls is None:
+            return True
+        return not self._ran[(self._calls + 1) % self.every_n_steps == 0]
 
     def construct(self, *inputs: Any) -> Any:
         loss = self.network(*inputs)

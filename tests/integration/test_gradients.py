@@ -93,6 +93,36 @@ def test_global_and_layer_norms_match_an_independent_reference(mode: int) -> Non
         monitor.close()
 
 
+class PhaseSpy(nn.Cell):
+    """In PYNATIVE mode a Cell's construct runs as Python: it notes the monitor's phase while the step runs."""
+
+    def __init__(self, network: nn.Cell) -> None:
+        super().__init__()
+        self.network = network
+        self.monitor: TrainingMonitor | None = None
+        self.seen: list[str | None] = []
+
+    def construct(self, *inputs: Any) -> Any:
+        assert self.monitor is not None
+        self.seen.append(self.monitor.phases.phase)
+        return self.network(*inputs)
+
+
+def test_the_step_that_first_runs_the_norm_graph_is_counted_as_compilation() -> None:
+    """The norm graph compiles inside step `every_n_steps`: a large model's compile there is not a hang."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    spy = PhaseSpy(small_network())
+    cell = GradNormTrainOneStepCell(spy, nn.SGD(spy.trainable_params(), 0.01))
+    monitor = TrainingMonitor(port=0, grad_norm={"every_n_steps": 3})
+    spy.monitor = monitor
+    try:
+        Model(cell).train(1, dataset(7), callbacks=[monitor], dataset_sink_mode=False)
+        assert spy.seen == ["compile", "step", "compile", "step", "step", "step", "step"]
+        assert not cell.compiles_next()
+    finally:
+        monitor.close()
+
+
 class MaskedHead(nn.Cell):
     """The demo network plus a `dead` layer whose output is multiplied by zero: its gradient is exactly 0."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ms_exporter.monitor.watchdog import NATIVE_TIMEOUT
 from tests.integration.test_distributed import distributed_job
 from tests.scrape import scrape
 from tests.waiting import wait_until
@@ -82,7 +83,10 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
             ("1", "data_wait", "never arrived")]
         seconds = time.time() - blocked_at
         print(f"\nMindSporeTrainingHang firing {seconds:.1f} s after rank 1's data loader blocked")
-        (dump,) = (saves / "rank1").glob("hang-rank1-*.txt")
+        # The suspicion is published before the dump is written: py-spy may take seconds to read native stacks on
+        # a loaded machine, so the page can come first.
+        (dump,) = wait_until(lambda: list((saves / "rank1").glob("hang-rank1-*.txt")), NATIVE_TIMEOUT + 10,
+                             "rank 1's stack dump")
         text = dump.read_text()
         assert text.splitlines()[1].startswith("phase: data_wait for ")
         assert "in __getitem__" in text and "self._never.wait()" in text  # the blocked loader's frame
