@@ -83,6 +83,11 @@ COMPILE, DATA_WAIT_PHASE, STEP_PHASE, EVAL_PHASE, CHECKPOINT, CALLBACKS, ENDED =
     "compile", "data_wait", "step", "eval", "checkpoint", "callbacks", "ended")
 PHASES = (COMPILE, DATA_WAIT_PHASE, STEP_PHASE, EVAL_PHASE, CHECKPOINT, CALLBACKS, ENDED)
 
+# mindspore_train_time_seconds_total{bucket}: where a process's wall time went (ms_exporter/monitor/ledger.py and
+# docs/goodput.md say which bucket a second goes to when two apply).
+STARTUP, PRODUCTIVE, STALLED, REDO, OTHER = "startup", "productive", "stalled", "redo", "other"
+TIME_BUCKETS = (STARTUP, COMPILE, PRODUCTIVE, DATA_WAIT_PHASE, CHECKPOINT, EVAL_PHASE, STALLED, REDO, OTHER)
+
 # mindspore_train_actions_total{action}
 ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 
@@ -91,7 +96,7 @@ ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "loss_scale",
                     "grad_norm", "weight_norm", "layernorm", "memory", "eval")
 SINK_COMPONENTS = ("prometheus", "otlp", "local", "file_sd", "pushgateway")
-COMPONENTS = ("callback", "sampler", "watchdog", "actions", *PROBE_COMPONENTS, *SINK_COMPONENTS)
+COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", *PROBE_COMPONENTS, *SINK_COMPONENTS)
 # A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).
 FAILURES_BEFORE_DISABLE = 3
 
@@ -132,6 +137,18 @@ HANG_DUMPS = MetricFamily("mindspore_train_hang_dumps_total", "counter",
 HANG_DEADLINE = MetricFamily("mindspore_train_hang_deadline_seconds", "gauge",
                              "Seconds the current phase may last before it counts as a hang (learned from the "
                              "run's own step cycles in step, data_wait and callbacks).", "seconds", "hang")
+
+TIME_SECONDS = MetricFamily("mindspore_train_time_seconds_total", "counter",
+                            "This process's wall time by where it went; the buckets sum to its age.", "seconds",
+                            "goodput", ("bucket",))
+RUN_TIME_SECONDS = MetricFamily("mindspore_train_run_time_seconds_total", "counter",
+                                "The run's time by bucket over all its processes, as of the last save of the run "
+                                "state (never lower than what an earlier process exported).", "seconds", "goodput",
+                                ("bucket",))
+RESTARTS = MetricFamily("mindspore_train_restarts_total", "counter",
+                        "Processes of this run that came before this one.", "restarts", "goodput")
+RUN_INFO = MetricFamily("mindspore_train_run_info", "gauge", "The run this process belongs to; always 1.", "1",
+                        "goodput", ("run_id",))
 
 LOSS = MetricFamily("mindspore_train_loss", "gauge", "Loss of the last step.", "loss", "loss")
 LOSS_SMOOTHED = MetricFamily("mindspore_train_loss_smoothed", "gauge", "Mean of the last loss_window finite losses.",
@@ -278,3 +295,6 @@ PROJECT_STEP_MEDIAN = "project:mindspore_train_step_duration_seconds:median"
 PROJECT_RANKS_REPORTING = "project:mindspore_train_ranks_reporting:count"
 PROJECT_WAIT_MEDIAN = "project:mindspore_train_data_wait_seconds:median"
 PROJECT_CYCLE_MEDIAN = "project:mindspore_train_step_cycle_seconds:median"
+# Productive time over all time of every rank of a project (docs/goodput.md).
+PROJECT_GOODPUT_1H = "project:mindspore_train_goodput:ratio1h"
+PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"

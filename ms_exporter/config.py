@@ -548,6 +548,29 @@ class HangConfig:
     native_stacks: bool = setting(True, check=boolean())  # add py-spy's native frames when py-spy is installed
 
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def _run_id(value: Any) -> str:
+    if not isinstance(value, str) or not _RUN_ID.match(value):
+        raise _Bad("must be 1 to 128 letters, digits and '_.:-', starting with a letter or digit (it names the "
+                   "run's state file in save_dir)", value)
+    return value
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    """monitor_config.goodput: the time ledger and the run state that carries it across restarts (docs/goodput.md).
+
+    The run is `run_id` (top level, or MS_EXPORTER_RUN_ID), else one derived from project and save_dir."""
+
+    enable: bool = setting(True, check=boolean())
+    # How often the run state file in save_dir is rewritten (the run's totals are exported as of the last save).
+    save_seconds: float = setting(5.0, check=greater_than(0, MAX_SECONDS))
+    # MindSporeTrainingGoodputLow fires below this share of productive time over the last hour (ms-exporter rules).
+    alert_below: float = setting(0.5, check=between(0, 1))
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -595,7 +618,8 @@ class WebConfig:
 
 
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
-            "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig}
+            "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig,
+            "goodput": GoodputConfig}
 
 
 @dataclass(frozen=True)
@@ -633,6 +657,9 @@ class MonitorConfig:
     web: WebConfig = section(WebConfig)
     actions: ActionsConfig = section(ActionsConfig)
     hang: HangConfig = section(HangConfig)
+    # Which run this process belongs to: its restarts share the goodput ledger (derived when unset, docs/goodput.md).
+    run_id: str | None = setting(None, check=optional(_run_id))
+    goodput: GoodputConfig = section(GoodputConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

@@ -1,8 +1,8 @@
 """Every default threshold, in one place: the config's defaults, the alerting rules and the dashboard read them.
 
 docs/alerts.md explains each number. A user's monitor_config moves some of them (`Thresholds.from_config`):
-warn_on_value bounds, grad_norm.threshold and layernorm.drift_threshold; the rest are changed by editing
-the rendered rules.
+warn_on_value bounds, grad_norm.threshold, layernorm.drift_threshold and goodput.alert_below; the rest are
+changed by editing the rendered rules.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ class Thresholds:
     straggler_factor: float = 1.5
     # ... and, for the data wait, at least this share of its step cycle.
     straggler_wait_fraction: float = 0.2
+    # GoodputLow: productive time under this share of all the project's time in the last hour (goodput.alert_below).
+    goodput_low: float = 0.5
 
     @classmethod
     def from_config(cls, config: MonitorConfig) -> Thresholds:
@@ -54,6 +56,7 @@ class Thresholds:
             changes["grad_norm_exploding"] = config.grad_norm.threshold * EXPLODING_FACTOR
         if config.layernorm.drift_threshold is not None:
             changes["layernorm_drift"] = config.layernorm.drift_threshold
+        changes["goodput_low"] = config.goodput.alert_below
         return dataclasses.replace(cls(), **changes)
 
 

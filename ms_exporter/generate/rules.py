@@ -46,12 +46,16 @@ class Timing:
     drop_baseline: str = "1h"
     drop_for: str = "1m"
     lr_flat_window: str = "30m"
+    # GoodputLow: a whole hour's goodput below the threshold for this long (an hour that began with compilation
+    # is low for a while at every start: the alert waits for the hour to be mostly training).
+    goodput_for: str = "15m"
 
 
 TEST_TIMING = Timing(evaluation="1s", event_for="0s", spike_for="1s", gone_for="2s", trend_for="2s", short_for="2s",
                      long_for="3s", slow_for="3s", rate_window="10s", events_window="30s", errors_window="30s",
                      overflow_window="20s", reported_window="10m", drop_recent="4s", drop_smooth="6s",
-                     drop_baseline="40s", drop_for="2s", lr_flat_window="20s")
+                     drop_baseline="40s", drop_for="2s", lr_flat_window="20s",
+                     goodput_for="2s")
 
 # Loss-scale collapse by overflow fraction needs this many steps in its window: a dynamic scaler overflows on its
 # first steps by design (it starts high and halves), and with slow steps those few would be most of a minute.
@@ -129,6 +133,12 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
          "expr": f"quantile by (project) (0.5, {wait_mean})"},
         {"record": c.PROJECT_CYCLE_MEDIAN,
          "expr": f"quantile by (project) (0.5, {cycle_mean})"},
+        # From the run's totals, which go on across a restart where the process's own counters start again: the
+        # time between a process's last scrape and its end, and the next one's start, is in the next reading.
+        *({"record": record, "expr": f"sum by (project) (increase({c.RUN_TIME_SECONDS.name}"
+                                     f"{{bucket=\"{c.PRODUCTIVE}\"}}[{window}]))"
+                                     f" / sum by (project) (increase({c.RUN_TIME_SECONDS.name}[{window}]))"}
+          for record, window in ((c.PROJECT_GOODPUT_1H, "1h"), (c.PROJECT_GOODPUT_24H, "24h"))),
     ]
     b = runbook_base
     # A rank past its hang deadline, valued in seconds, with the phase it is in as a label...
@@ -265,6 +275,16 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                "A rank is much slower than the rest of its job",
                f"The job waits for {_WHO}: {{{{ $value | humanizeDuration }}}} per step of data wait (or of whole "
                f"step cycle, where ranks do not synchronise), over {factor} times the median of the job.", b),
+        # Only for a project that already reported an hour ago: a job's first minutes, all startup and compilation,
+        # are not an hour of low goodput. A crash loop that keeps restarting still pages.
+        _alert("MindSporeTrainingGoodputLow",
+               f"({c.PROJECT_GOODPUT_1H} < {_number(t.goodput_low)}) and on (project) "
+               f"(count by (project) (present_over_time({c.RUN_TIME_SECONDS.name}"
+               f"{{bucket=\"{c.PRODUCTIVE}\"}}[10m] offset 55m)))", w.goodput_for, "warning",
+               "The job spends too little of its time training",
+               f"Only {{{{ $value | humanizePercentage }}}} of the last hour of project {{{{ $labels.project }}}} "
+               f"(all ranks) advanced training, below {_number(t.goodput_low)}; "
+               f"{c.TIME_SECONDS.name} says where the rest went.", b),
         _alert("MindSporeExporterErrors", f"increase({c.ERRORS.name}[{w.errors_window}]) > 0",
                w.short_for, "warning", "The training monitor is absorbing errors",
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "

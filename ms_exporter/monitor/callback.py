@@ -17,6 +17,7 @@ from ms_exporter.config import MonitorConfig, load_config
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.callback_timer import CallbackTimer
 from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.monitor.goodput import Goodput
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.publisher import StepPublisher
 from ms_exporter.monitor.ranks import RankInfo, detect_rank
@@ -68,7 +69,8 @@ class TrainingMonitor(Callback):
         self._actions = ActionRunner(self.config, self.store) if self.config.actions.any else None
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(("watchdog",) if probes.hang else ()),
                                               *(p.name for p in probes.step),
-                                              *(("actions",) if self._actions is not None else ())))
+                                              *(("actions",) if self._actions is not None else ()),
+                                              *(("goodput",) if self.config.goodput.enable else ())))
         self._breaker = Breaker(self._errors, self.store)
         hooks = self.store.register(catalogue.HOOK_DURATION)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
@@ -79,6 +81,10 @@ class TrainingMonitor(Callback):
                                       self.rank.rank, lambda exc: self._errors.absorb("watchdog", exc),
                                       hang.native_stacks, self.config.project) if probes.hang is not None else None
         watchdog = self._watchdog
+        self._goodput = Goodput(self.config, self.store, self.phases, self.rank.rank,
+                                probes.hang.deadline_of if probes.hang is not None else None,
+                                lambda exc: self._errors.absorb("goodput", exc)) \
+            if self.config.goodput.enable else None
         stacks = (lambda: watchdog.latest) if watchdog is not None and hang.debug_endpoint else None
         self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker, stacks)
         self._errors.expect(sink.name for sink in self._sinks)
@@ -88,7 +94,7 @@ class TrainingMonitor(Callback):
                                       self._thresholds.check_slow, lambda exc: self._errors.absorb("sampler", exc)) \
             if probes.memory is not None else None
         self._signals = SignalRelay(self._on_signal, lambda exc: self._errors.absorb("callback", exc))
-        self._wants_signals = any(sink.needs_signals for sink in self._sinks)
+        self._wants_signals = self._goodput is not None or any(sink.needs_signals for sink in self._sinks)
         if self._wants_signals:  # from now until close: a SIGTERM between or after train calls counts too
             self._signals.install()
         self._reset_step_state()
@@ -124,6 +130,8 @@ class TrainingMonitor(Callback):
         self._closed = True
         self._stop_sampler()
         self._guard("callback", self._publisher.publish, None, True)
+        if self._goodput is not None:
+            self._guard("goodput", self._goodput.close)
         self._signals.restore()  # a closed monitor must not stay in the signal path
         for sink in self._sinks:
             self._guard(sink.name, sink.close)
@@ -157,6 +165,8 @@ class TrainingMonitor(Callback):
                 self._guard("actions", self._actions.on_train_begin, cb_params, lr_probe)
             for probe in self._publisher.probes:
                 self._guard(probe.name, probe.on_train_begin, cb_params)
+            if self._goodput is not None:
+                self._guard("goodput", self._goodput.train_begin, cb_params)
             for sink in self._sinks:
                 self._guard(sink.name, sink.start, step)
             if self._sampler is not None:
@@ -174,7 +184,7 @@ class TrainingMonitor(Callback):
         phases = self.phases
         if phases.state[0] is not COMPILE:  # compilation lasts until the first step ends
             compiles = self._compiles_next
-            phases.state = (COMPILE if compiles is not None and compiles() else STEP_PHASE, began)
+            phases.move(COMPILE if compiles is not None and compiles() else STEP_PHASE, began)
         aside = phases.take_aside()  # other callbacks' time and evaluations since the last step ended
         if self._previous_end is not None:
             self._data_wait = max(0.0, began - self._previous_end - aside)
@@ -209,6 +219,8 @@ class TrainingMonitor(Callback):
             ended = time.perf_counter()
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
             kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get("train_dataset_element"))
+            if self._goodput is not None:  # before the phase changes: is the data wait ahead redo?
+                self._goodput.step_ended(cb_params["cur_step_num"])
             publisher = self._publisher
             # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
             began = (self._step_began if self._step_began is not None else entered) + self.phases.take_aside()
@@ -225,7 +237,7 @@ class TrainingMonitor(Callback):
             self._data_wait = None
             self._kept = None
             self._previous_end = now = time.perf_counter()
-            self.phases.state = (DATA_WAIT_PHASE, now)
+            self.phases.move(DATA_WAIT_PHASE, now)
             self._hook_cost["step_end"].observe(now - entered)
 
     def on_train_epoch_end(self, run_context: Any) -> None:
@@ -237,6 +249,8 @@ class TrainingMonitor(Callback):
             return
         with self._cost("train_end", "callback"):
             self.phases.enter(ENDED)  # before the sinks' last push: this rank ended normally
+            if self._goodput is not None:
+                self._guard("goodput", self._goodput.train_ended)
             self._finish_run()
 
     def on_eval_begin(self, run_context: Any) -> None:
@@ -281,6 +295,8 @@ class TrainingMonitor(Callback):
     def _on_signal(self, signal_name: str) -> None:
         """Flush what is queued and let each sink save what must outlive the process."""
         self._guard("callback", self._publisher.publish, None)
+        if self._goodput is not None:
+            self._goodput.save()
         for sink in self._sinks:
             self._guard(sink.name, sink.interrupted, signal_name, self._publisher.last_step)
 

@@ -88,14 +88,14 @@ class CallbackTimer:
         def timed(run_context: Any) -> Any:
             before = clock.state[0]
             began = perf_counter()
-            clock.state = (phase, began)
+            clock.move(phase, began)
             try:
                 return hook(run_context)
             finally:
                 now = perf_counter()
                 clock.aside += now - began
                 # The phase it interrupted goes on from now: its seconds measure how long it has been waiting since.
-                clock.state = (before, now)
+                clock.move(before, now)
 
         timed.__wrapped__ = hook  # type: ignore[attr-defined]
         return timed

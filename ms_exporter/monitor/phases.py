@@ -22,18 +22,21 @@ import time
 from collections.abc import Callable
 
 from ms_exporter import catalogue
+from ms_exporter.monitor.ledger import TimeLedger
 from ms_exporter.monitor.store import MetricStore
 
 
 class PhaseClock:
-    """The training thread's hooks write `state` (one tuple assignment, so a reader never sees a phase with the
-    previous phase's start); scrapes and other threads read it."""
+    """The training thread's hooks change the phase with move() (`state` is one tuple assignment, so a reader never
+    sees a phase with the previous phase's start); scrapes and other threads read `state`. The goodput ledger,
+    when there is one, books every change."""
 
-    __slots__ = ("state", "aside", "_store", "_bound")
+    __slots__ = ("state", "aside", "ledger", "_store", "_bound")
 
     def __init__(self, store: MetricStore) -> None:
         self.state: tuple[str | None, float] = (None, time.perf_counter())  # (phase, perf_counter at its start)
         self.aside = 0.0  # seconds in other callbacks and evaluations since take_aside() was last called
+        self.ledger: TimeLedger | None = None
         self._store = store
         self._bound = False
 
@@ -41,8 +44,15 @@ class PhaseClock:
     def phase(self) -> str | None:
         return self.state[0]
 
+    def move(self, phase: str | None, now: float) -> None:
+        """`phase` begins at `now` (a perf_counter reading), or begins again after a hook interrupted it."""
+        ledger = self.ledger
+        if ledger is not None:
+            ledger.move(phase, now)
+        self.state = (phase, now)
+
     def enter(self, phase: str, now: float | None = None) -> None:
-        self.state = (phase, time.perf_counter() if now is None else now)
+        self.move(phase, time.perf_counter() if now is None else now)
         if not self._bound:
             self._bind()
 

@@ -78,6 +78,11 @@ class HangDeadlineProbe(Probe):
 
     def current(self) -> float:
         """The deadline of the phase the rank is in now (read at scrape time)."""
-        phase = self._phases.phase
-        fixed = self._fixed.get(phase) if phase is not None else math.nan
+        return self.deadline_of(self._phases.phase)
+
+    def deadline_of(self, phase: str | None) -> float:
+        """The deadline a phase entered now would have; NaN for none (before training, once it ended)."""
+        if phase is None:
+            return math.nan
+        fixed = self._fixed.get(phase)
         return fixed if fixed is not None else self.learned()

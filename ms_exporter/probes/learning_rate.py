@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ms_exporter import catalogue
+from ms_exporter.monitor.optimizer_step import find_optimizer, optimizer_step
 from ms_exporter.monitor.sample import StepSample, read_scalar
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -61,14 +62,14 @@ class LearningRateProbe(Probe):
     def on_train_begin(self, cb_params: Any) -> None:
         self._readers = []
         self._groups = 1
-        self._optimizer = _find_optimizer(cb_params)
+        self._optimizer = find_optimizer(cb_params)
         if self._optimizer is None:
             logger.warning("ms_exporter: no optimizer in cb_params; %s is exported only if the train cell returns "
                            "the learning rate", catalogue.LEARNING_RATE.name)
             return
         # The optimizer's own step counter may differ from cur_step_num (resumed runs): read it once.
         step = int(cb_params.get("cur_step_num", 0) or 0)
-        self._offset = _optimizer_step(self._optimizer, step) - step
+        self._offset = optimizer_step(self._optimizer, step) - step
         rates = self._optimizer.learning_rate
         groups = list(rates) if getattr(self._optimizer, "is_group_lr", False) else [rates]
         self._groups = len(groups)
@@ -218,22 +219,3 @@ def _reader_for(rate: Any, series: Callable[[], Series], pure_schedules: frozens
                     catalogue.LEARNING_RATE.name)
         return None
     return _FixedReader(rate, series())
-
-
-def _find_optimizer(cb_params: Any) -> Any:
-    # cb_params is a dict whose attribute access raises KeyError, not AttributeError: use get().
-    optimizer = cb_params.get("optimizer")
-    if optimizer is not None:
-        return optimizer
-    for holder in ("train_network", "network"):
-        optimizer = getattr(cb_params.get(holder), "optimizer", None)
-        if optimizer is not None:
-            return optimizer
-    return None
-
-
-def _optimizer_step(optimizer: Any, fallback: int) -> int:
-    try:
-        return int(np.asarray(optimizer.global_step.asnumpy()).reshape(-1)[0])
-    except Exception:
-        return fallback

@@ -1,0 +1,182 @@
+"""The goodput ledger's buckets from phase changes, and the run state that carries it across restarts."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ms_exporter import catalogue as c
+from ms_exporter.config import ConfigError, load_config
+from ms_exporter.monitor.goodput import Goodput, derived_run_id
+from ms_exporter.monitor.ledger import INDEX, TimeLedger, process_started
+from ms_exporter.monitor.phases import PhaseClock
+from ms_exporter.monitor.run_state import RunState
+from ms_exporter.monitor.store import MetricStore
+
+
+def booked(ledger: TimeLedger) -> dict[str, float]:
+    return {bucket: round(seconds, 9) for bucket, seconds in zip(c.TIME_BUCKETS, ledger.seconds(), strict=True)
+            if seconds}
+
+
+def step_deadline(phase: str | None) -> float:
+    """A 3 s deadline in step and data_wait, none elsewhere (as the hang deadline is NaN before training)."""
+    return 3.0 if phase in (c.STEP_PHASE, c.DATA_WAIT_PHASE) else math.nan
+
+
+def test_each_second_goes_to_one_bucket_stalled_first_then_compile_then_redo() -> None:
+    base = time.perf_counter() - 1000.0  # a process that started 1000 s ago; the moves below are in its past
+    ledger = TimeLedger(MetricStore(), base, step_deadline)
+    clock = PhaseClock(MetricStore())
+    clock.ledger = ledger
+    clock.move(c.COMPILE, base + 10)  # startup: 10 s
+    ledger.redoing = True  # compile outranks redo
+    clock.move(c.DATA_WAIT_PHASE, base + 15)  # compile: 5 s; this wait is redo
+    clock.move(c.STEP_PHASE, base + 16)  # redo 1
+    clock.move(c.CALLBACKS, base + 17)  # redo 1 more; a callback hook inside the step...
+    clock.move(c.STEP_PHASE, base + 17.5)  # ...is other, 0.5 s
+    ledger.redoing = False  # the step in progress was opened as redo: it stays redo
+    clock.move(c.DATA_WAIT_PHASE, base + 18)  # redo 0.5
+    clock.move(c.STEP_PHASE, base + 19)  # data_wait 1
+    clock.move(c.CHECKPOINT, base + 26)  # productive 3, then 4 s past the step's 3 s deadline: stalled
+    clock.move(c.EVAL_PHASE, base + 28)  # checkpoint 2
+    clock.move(c.ENDED, base + 29)  # eval 1
+    ledger.stop(base + 30)  # other 1
+    assert booked(ledger) == {"startup": 10, "compile": 5, "redo": 2.5, "other": 1.5, "data_wait": 1,
+                              "productive": 3, "stalled": 4, "checkpoint": 2, "eval": 1}
+    assert sum(ledger.seconds()) == pytest.approx(30)
+    clock.move(c.STEP_PHASE, base + 40)  # after stop() nothing is booked
+    assert sum(ledger.seconds()) == pytest.approx(30)
+
+
+def test_the_series_read_the_open_segment_and_never_go_back_while_phases_change() -> None:
+    """A reader on another thread sees every bucket only grow, and their sum follow the process's age."""
+    store = MetricStore()
+    started = time.perf_counter()
+    ledger = TimeLedger(store, started, step_deadline)
+    stop = threading.Event()
+
+    def train() -> None:
+        phases = (c.STEP_PHASE, c.CALLBACKS, c.STEP_PHASE, c.DATA_WAIT_PHASE)
+        turn = 0
+        while not stop.is_set():
+            ledger.redoing = turn % 7 < 3
+            ledger.move(phases[turn % 4], time.perf_counter())
+            turn += 1
+
+    writer = threading.Thread(target=train)
+    writer.start()
+    try:
+        last = [0.0] * len(c.TIME_BUCKETS)
+        for _ in range(2000):
+            before = time.perf_counter()
+            now = [series.value for series in store.series_of(c.TIME_SECONDS)]
+            assert all(b >= a for a, b in zip(last, now, strict=True)), (last, now)
+            assert sum(now) >= before - started - 0.05  # each series is read at its own moment: sum ~ age
+            last = now
+    finally:
+        stop.set()
+        writer.join()
+    assert last[INDEX[c.REDO]] > 0 and last[INDEX[c.PRODUCTIVE]] > 0 and last[INDEX[c.OTHER]] > 0
+
+
+def test_the_process_start_is_read_from_the_kernel() -> None:
+    age = time.perf_counter() - process_started()
+    assert 0 < age < time.time() - 0  # a real age, not the monitor's construction (0) ...
+    import psutil
+    # ... and the same as psutil's, which adds the boot time in whole seconds.
+    assert age == pytest.approx(time.time() - psutil.Process().create_time(), abs=1.5)
+
+
+def test_a_restart_carries_the_earlier_process_over(tmp_path: Path) -> None:
+    first = RunState(str(tmp_path), "run-a", 0, given=False)
+    assert (first.restarts, first.redo_until, first.earlier) == (0, 0, [0.0] * len(c.TIME_BUCKETS))
+    for step in range(1, 241):
+        first.mark(step)
+    first.save([1.0] * len(c.TIME_BUCKETS), finished=False)
+    for step in range(241, 251):  # past the last save: only the memory-mapped mark has them (then a SIGKILL)
+        first.mark(step)
+    second = RunState(str(tmp_path), "run-a", 0, given=False)
+    assert second.restarts == 1 and second.redo_until == 250
+    assert second.earlier == [1.0] * len(c.TIME_BUCKETS)
+    second.save([2.0] * len(c.TIME_BUCKETS), finished=False)
+    third = RunState(str(tmp_path), "run-a", 0, given=False)
+    assert third.restarts == 2 and third.earlier == [3.0] * len(c.TIME_BUCKETS)
+    state = json.loads(third.path.read_text())
+    assert state["earlier_seconds"]["productive"] == 1.0 and state["process"]["seconds"]["productive"] == 2.0
+    for state_file in (first, second, third):
+        state_file.close()
+
+
+def test_after_a_normal_end_a_derived_run_starts_anew_and_a_named_one_goes_on(tmp_path: Path) -> None:
+    ended = RunState(str(tmp_path), "run-b", 3, given=False)
+    ended.mark(100)
+    ended.save([1.0] * len(c.TIME_BUCKETS), finished=True)
+    anew = RunState(str(tmp_path), "run-b", 3, given=False)
+    assert (anew.restarts, anew.redo_until, sum(anew.earlier)) == (0, 0, 0.0)
+    anew.mark(100)
+    anew.save([1.0] * len(c.TIME_BUCKETS), finished=True)
+    named = RunState(str(tmp_path), "run-b", 3, given=True)
+    assert (named.restarts, named.redo_until, sum(named.earlier)) == (1, 100, len(c.TIME_BUCKETS))
+
+
+def test_ranks_sharing_a_save_dir_keep_files_of_their_own(tmp_path: Path) -> None:
+    ranks = [RunState(str(tmp_path), "run-c", rank, given=False) for rank in range(2)]
+    ranks[0].mark(7)
+    for rank in ranks:
+        rank.save([0.0] * len(c.TIME_BUCKETS), finished=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ms_exporter-run-run-c-rank0.json", "ms_exporter-run-run-c-rank0.step",
+        "ms_exporter-run-run-c-rank1.json", "ms_exporter-run-run-c-rank1.step"]
+    again = [RunState(str(tmp_path), "run-c", rank, given=False) for rank in range(2)]
+    assert [state.redo_until for state in again] == [7, 0]
+
+
+def test_an_unreadable_state_is_moved_aside_and_the_run_starts_anew(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "ms_exporter-run-run-d-rank0.json"
+    path.write_text('{"format": 1, "run_id": "run-d", "restarts": "many"')
+    state = RunState(str(tmp_path), "run-d", 0, given=False)
+    assert state.restarts == 0 and (tmp_path / (path.name + ".unreadable")).exists()
+    assert "could not be read" in caplog.text
+
+
+def test_run_ids_derived_from_project_and_save_dir_are_file_name_safe_and_differ_by_directory() -> None:
+    assert derived_run_id("llama 7b/pretrain", "/data/a") == derived_run_id("llama 7b/pretrain", "/data/a/")
+    assert derived_run_id("llama 7b/pretrain", "/data/a").startswith("llama_7b_pretrain-")
+    assert derived_run_id("p", "/data/a") != derived_run_id("p", "/data/b")
+    assert derived_run_id("///", "x").startswith("run-")
+
+
+def test_run_id_and_goodput_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"monitor_config.run_id: must be 1 to 128 letters"):
+        load_config({"run_id": "a/b"})
+    with pytest.raises(ConfigError, match=r"monitor_config.goodput.alert_below: must be a number between 0 and 1"):
+        load_config({"goodput": {"alert_below": 1.5}})
+    monkeypatch.setenv("MS_EXPORTER_RUN_ID", "pretrain-2026-12")
+    assert load_config({}).run_id == "pretrain-2026-12"
+
+
+def test_the_run_totals_are_exported_only_once_saved(tmp_path: Path) -> None:
+    """What Prometheus reads of the run's totals is never more than the state file holds: a restart after a kill
+    starts from the file, and a counter that went back would read as a reset."""
+    config = load_config({"save_dir": str(tmp_path), "run_id": "run-e", "goodput": {"save_seconds": 3600}})
+    store = MetricStore()
+    goodput = Goodput(config, store, PhaseClock(store), 0, None, lambda exc: pytest.fail(str(exc)))
+    try:
+        time.sleep(0.05)
+        exported = {dict(s.labels)["bucket"]: s.value for s in store.series_of(c.RUN_TIME_SECONDS)}
+        saved = json.loads(goodput.state.path.read_text())["process"]["seconds"]  # type: ignore[union-attr]
+        assert exported == saved  # the save at start, not the time since
+        assert store.value_of(c.TIME_SECONDS) > exported["startup"]
+        goodput.save()
+        assert store.value_of(c.RUN_TIME_SECONDS) > exported["startup"]
+    finally:
+        goodput.close()
+    assert store.value_of(c.RESTARTS) == 0
+    assert [dict(s.labels)["run_id"] for s in store.series_of(c.RUN_INFO)] == ["run-e"]
