@@ -75,7 +75,9 @@ def main() -> None:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
+    # JSON Lines too: `ms-exporter report save_dir/metrics-rank0.jsonl` shows where the run's time went.
     config: dict[str, Any] = {"project": args.project, "save_dir": args.save_dir, "port": args.port,
+                              "backend": ["prometheus", "local"],
                               "goodput": {"save_seconds": args.save_seconds}}
     if args.run_id:
         config["run_id"] = args.run_id

@@ -202,8 +202,11 @@ def _report(args: argparse.Namespace) -> int:
         lost = (f", {facts['dropped_records']} records lost (not written: the writer fell behind or the disk was "
                 "full)" if facts["dropped_records"] else "")
         unreadable = f", {facts['unreadable_lines']} unreadable lines skipped" if facts["unreadable_lines"] else ""
+        time = facts["time"]
+        goodput = (f", {100 * time['productive'] / sum(time.values()):.1f}% of {sum(time.values()):.0f} s productive"
+                   f" ({facts['restarts']} restarts)" if time and sum(time.values()) > 0 else "")
         print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
-              f"{stalled}{lost}{unreadable}")
+              f"{goodput}{stalled}{lost}{unreadable}")
     print(f"wrote {args.output}")
     return 0
 

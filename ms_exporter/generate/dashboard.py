@@ -57,10 +57,13 @@ def _targets(queries: list[tuple[str, str]]) -> list[dict[str, Any]]:
 
 
 def timeseries(title: str, unit: str, queries: list[tuple[str, str]], description: str = "",
-               above: float | None = None, below: float | None = None) -> dict[str, Any]:
+               above: float | None = None, below: float | None = None, stacked: bool = False) -> dict[str, Any]:
     """A time series panel; `above`/`below` draw the alert threshold a value should stay under/over as a dashed
-    line (Grafana's thresholds, the numbers from ms_exporter/thresholds.py)."""
+    line (Grafana's thresholds, the numbers from ms_exporter/thresholds.py); `stacked` fills the series one on
+    top of the other."""
     defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 0}}
+    if stacked:
+        defaults["custom"].update(fillOpacity=60, stacking={"mode": "normal", "group": "A"})
     if above is not None or below is not None:
         limit = above if above is not None else below
         ok, bad = {"color": "green", "value": None}, {"color": "red", "value": None}
@@ -180,6 +183,24 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
         (f"increase({c.HANG_DUMPS.name}{{{s}}}[{rate}])", "dumps rank {{rank}}")],
         "1 while a rank is past its hang deadline; its stacks are in save_dir/hang-rank*.txt and at "
         "/debug/stacks on its endpoint."), 6, 8)
+
+    layout.row("Goodput")
+    spent = f"sum by (bucket) (rate({c.TIME_SECONDS.name}{{{s}}}[{rate}]))"
+    layout.add(timeseries("Where the time goes", "percentunit", [
+        (f"{spent} / ignoring (bucket) group_left () sum(rate({c.TIME_SECONDS.name}{{{s}}}[{rate}]))", "{{bucket}}")],
+        "Each bucket's share of the selected ranks' wall time (docs/goodput.md): productive is the steps that "
+        "advance training; redo is steps done again after a restart.", stacked=True), 12, 8)
+    layout.add(timeseries("Goodput", "percentunit", [
+        (f'{c.PROJECT_GOODPUT_1H}{{project=~"$project"}}', "last hour {{project}}"),
+        (f'{c.PROJECT_GOODPUT_24H}{{project=~"$project"}}', "last day {{project}}")],
+        "Productive time over all time of every rank, from the run's totals (across restarts).",
+        below=t.goodput_low), 6, 8)
+    layout.add(stat("Restarts", "none", f"max({c.RESTARTS.name}{{{s}}})",
+                    "Processes of this run that came before the current ones (crashes and restarts)."), 3, 4)
+    layout.add(stat("Run goodput so far", "percentunit",
+                    f'sum({c.RUN_TIME_SECONDS.name}{{{s}, bucket="{c.PRODUCTIVE}"}})'
+                    f" / sum({c.RUN_TIME_SECONDS.name}{{{s}}})",
+                    "Productive time over all time of the whole run so far, every process of it."), 3, 4)
 
     layout.row("Memory")
     layout.add(timeseries("Memory by kind", "bytes",

@@ -26,7 +26,7 @@ from ms_exporter.monitor.ledger import TimeLedger, process_started
 from ms_exporter.monitor.optimizer_step import step_offset
 from ms_exporter.monitor.periodic import PeriodicThread
 from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.run_state import RunState
+from ms_exporter.monitor.run_state import RunState, RunStateTaken
 from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
@@ -55,6 +55,8 @@ class Goodput:
         self.state: RunState | None = None
         try:
             self.state = RunState(config.save_dir, self.run_id, rank, given)
+        except RunStateTaken as exc:
+            logger.warning("ms_exporter: %s; this monitor's goodput ledger covers this process only", exc)
         except OSError as exc:  # the ledger of this process still counts; only its carrying over is lost
             on_error(exc)
             logger.warning("ms_exporter: cannot keep the run state in %s (%s): the goodput ledger covers this "

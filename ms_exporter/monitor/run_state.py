@@ -18,6 +18,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,15 @@ logger = logging.getLogger("ms_exporter")
 
 FORMAT = 1
 _MARK = struct.Struct("<q")
+
+# The run state files the monitors of this process keep: a second monitor of the same run and rank would overwrite
+# the first one's figures with its own.
+_KEPT: set[Path] = set()
+_KEPT_LOCK = threading.Lock()
+
+
+class RunStateTaken(RuntimeError):
+    """Another TrainingMonitor of this process keeps this run state file."""
 
 
 class RunState:
@@ -49,19 +59,36 @@ class RunState:
         self.highest = 0
         self.saved_at: float | None = None
         self._mark: mmap.mmap | None = None
+        self._key: Path | None = None
         directory.mkdir(parents=True, exist_ok=True)
+        with _KEPT_LOCK:
+            key = self.path.resolve()
+            if key in _KEPT:
+                raise RunStateTaken(f"{self.path} is kept by another TrainingMonitor of this process")
+            _KEPT.add(key)
+        self._key = key
+        try:
+            self._open(given)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, given: bool) -> None:
         previous = self._load()
         mark_path = self.path.with_suffix(".step")
         if previous is not None and not (previous.get("finished") and not given):
-            seconds = previous.get("process", {}).get("seconds", {})
+            # A monitor made again in the same process counts the process's time from its start again: only another
+            # process's seconds are earlier ones, and only another process is a restart.
+            same_process = previous.get("process", {}).get("pid") == os.getpid()
+            seconds = {} if same_process else previous.get("process", {}).get("seconds", {})
             self.earlier = [float(previous["earlier_seconds"].get(bucket, 0.0)) + float(seconds.get(bucket, 0.0))
                             for bucket in c.TIME_BUCKETS]
-            self.restarts = int(previous["restarts"]) + 1
+            self.restarts = int(previous["restarts"]) + (0 if same_process else 1)
             self.redo_until = max(int(previous.get("highest_step", 0)), _read_mark(mark_path))
             self.highest = self.redo_until
         elif previous is not None:
             logger.info("ms_exporter: run %s ended normally before; this process starts it anew (set run_id to "
-                        "continue a run)", run_id)
+                        "continue a run)", self.run_id)
         self._mark = _map_mark(mark_path, self.highest)
 
     def _load(self) -> dict[str, Any] | None:
@@ -99,7 +126,7 @@ class RunState:
             "earlier_seconds": dict(zip(c.TIME_BUCKETS, self.earlier, strict=True)),
             "process": {"pid": os.getpid(), "seconds": dict(zip(c.TIME_BUCKETS, seconds, strict=True))},
         }
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             temporary.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
             os.replace(temporary, self.path)
@@ -112,6 +139,10 @@ class RunState:
         if self._mark is not None:
             self._mark.close()
             self._mark = None
+        if self._key is not None:
+            with _KEPT_LOCK:
+                _KEPT.discard(self._key)
+            self._key = None
 
 
 def _read_mark(path: Path) -> int:

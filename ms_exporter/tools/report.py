@@ -26,6 +26,10 @@ PLOTTED = (*(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED
            "time")
 _LOSS, _SMOOTHED = catalogue.LOSS.short, catalogue.LOSS_SMOOTHED.short
 _DROPPED = catalogue.jsonl_key(catalogue.DROPPED_RECORDS.name, (("sink", "local"),))
+# The ledger (docs/goodput.md): the run's totals over all its processes, else this process's (goodput off: none).
+_LEDGER_KEYS = [{bucket: catalogue.jsonl_key(family.name, (("bucket", bucket),)) for bucket in catalogue.TIME_BUCKETS}
+                for family in (catalogue.RUN_TIME_SECONDS, catalogue.TIME_SECONDS)]
+_RESTARTS = catalogue.jsonl_key(catalogue.RESTARTS.name)
 _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
 # Snapshot keys of the memory figure, in the order of preference (memory in use on the device, else the host's).
 _MEMORY_KEYS = {catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind
@@ -158,7 +162,18 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "dropped_records": int(_number(snapshot.get(_DROPPED)) or 0),
         "unreadable_lines": len(run.unreadable_lines),
         "wall_seconds": _wall_seconds(run),
+        "time": ledger(snapshot),
+        "restarts": int(_number(snapshot.get(_RESTARTS)) or 0),
     }
+
+
+def ledger(snapshot: dict[str, Any]) -> dict[str, float]:
+    """Seconds per goodput bucket in a snapshot: the run's totals, else the process's; empty without a ledger."""
+    for keys in _LEDGER_KEYS:
+        found = {bucket: _number(snapshot.get(key)) for bucket, key in keys.items()}
+        if all(value is not None for value in found.values()):
+            return {bucket: float(value or 0.0) for bucket, value in found.items()}
+    return {}
 
 
 def _wall_seconds(run: Run) -> float | None:

@@ -25,7 +25,8 @@ PINNED_ALERTS = {
     "MindSporeTrainingMemoryGrowth": "warning", "MindSporeTrainingLearningRateFlat": "warning",
     "MindSporeTrainingLossScaleCollapse": "warning", "MindSporeTrainingLayerNormDrift": "warning",
     "MindSporeTrainingRankDown": "critical", "MindSporeTrainingRankMissing": "critical",
-    "MindSporeTrainingStraggler": "warning", "MindSporeExporterErrors": "warning",
+    "MindSporeTrainingStraggler": "warning", "MindSporeTrainingGoodputLow": "warning",
+    "MindSporeExporterErrors": "warning",
 }
 
 
@@ -83,7 +84,8 @@ def test_promtool_and_amtool_accept_the_files() -> None:
 def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     config = tmp_path / "monitor.yaml"
     config.write_text("monitor_config:\n  warn_on_value: {loss: 20, tokens_per_second: 500}\n"
-                      "  grad_norm: {threshold: 4}\n  layernorm: {drift_threshold: 0.1}\n")
+                      "  grad_norm: {threshold: 4}\n  layernorm: {drift_threshold: 0.1}\n"
+                      "  goodput: {alert_below: 0.3}\n")
     out = run(sys.executable, "-m", "ms_exporter", "rules", "--config", str(config))
     assert out.returncode == 0, out.stderr
     alerts = {r["alert"]: r for g in yaml.safe_load(out.stdout)["groups"] for r in g["rules"] if "alert" in r}
@@ -93,6 +95,7 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     assert alerts["MindSporeTrainingGradNormExploding"]["expr"] == 'mindspore_train_grad_norm{instance!=""} > 40'
     assert alerts["MindSporeTrainingLayerNormDrift"]["expr"] == (
         'abs(mindspore_train_layernorm_scale_drift_ratio{instance!=""}) > 0.1')
+    assert alerts["MindSporeTrainingGoodputLow"]["expr"].startswith("(project:mindspore_train_goodput:ratio1h < 0.3)")
     dashboard = run(sys.executable, "-m", "ms_exporter", "dashboard", "--config", str(config))
     assert dashboard.returncode == 0, dashboard.stderr
     lines = {panel["title"]: [step["value"] for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
@@ -100,7 +103,7 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
              if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})}
     assert lines == {"Loss per rank": [None, 20], "Smoothed loss": [None, 20], "Tokens per second": [None, 500],
                      "Global gradient norm": [None, 4], "LayerNorm scale drift": [None, 0.1],
-                     "Growth over baseline": [None, DEFAULTS.memory_growth_ratio]}
+                     "Growth over baseline": [None, DEFAULTS.memory_growth_ratio], "Goodput": [None, 0.3]}
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
     fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
     assert fast["MindSporeTrainingLossHigh"]["for"] == "2s"
@@ -113,8 +116,8 @@ def test_dashboard_has_variables_units_and_rate_intervals() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["rank"]["multi"] is True and "project" in variables
     titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
-    assert titles == {"Overview", "Loss", "Learning rate", "Actions", "Throughput", "Gradients", "Hangs", "Memory",
-                      "Ranks"}
+    assert titles == {"Overview", "Loss", "Learning rate", "Actions", "Throughput", "Gradients", "Hangs", "Goodput",
+                      "Memory", "Ranks"}
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["fieldConfig"]["defaults"]["unit"], f"{panel['title']} has no unit"

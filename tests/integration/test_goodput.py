@@ -23,6 +23,7 @@ import yaml
 
 from ms_exporter import catalogue as c
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
+from ms_exporter.tools.report import load_run, summary
 from tests.scrape import Scrape, scrape
 from tests.servers import Servers, query
 from tests.waiting import free_port, wait_until
@@ -129,6 +130,10 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
             # goes on a second or two past the last scrape.
             assert values[-1] == pytest.approx(final[bucket], abs=3.0 if bucket == c.OTHER else 0.01), bucket
         assert read[c.REDO][-1] == pytest.approx(ledger[c.REDO], abs=0.01)
+        # The JSON Lines file both processes appended to: its last snapshot (at close) holds the run's final
+        # ledger, which `ms-exporter report` draws as one bar.
+        facts = summary(load_run([save_dir / "metrics-rank0.jsonl"]))
+        assert facts["restarts"] == 1 and facts["time"] == pytest.approx(final, abs=1e-6)
         expected = (read[c.PRODUCTIVE][-1] - read[c.PRODUCTIVE][0]) / sum(v[-1] - v[0] for v in read.values())
 
         def recorded() -> list[dict[str, Any]]:

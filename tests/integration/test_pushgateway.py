@@ -22,7 +22,7 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 from benchmarks.scaling import PrometheusServer
-from ms_exporter import TrainingMonitor
+from ms_exporter import TrainingMonitor, catalogue
 from ms_exporter.config import PushgatewayConfig, load_config
 from ms_exporter.generate.rules import LIVE, RULES_FILE
 from ms_exporter.monitor.store import MetricStore
@@ -150,6 +150,10 @@ def test_train_end_pushes_the_final_state_grouped_by_project_and_rank(gateway: G
         # Every series /metrics serves is in the push, histograms included.
         served = {s.name for s in own.samples}
         assert served <= {s.name for s in pushed}
+        # The goodput ledger as of the train end, the run's totals too (docs/goodput.md).
+        for family in (catalogue.TIME_SECONDS, catalogue.RUN_TIME_SECONDS):
+            ledger = {s.labels["bucket"]: s.value for s in pushed if s.name == family.name}
+            assert set(ledger) == set(catalogue.TIME_BUCKETS) and ledger["productive"] > 0, family.name
     finally:
         monitor.close()
     assert gateway.push_time("pg-test") == pushed_at  # the run ended with a push: close() does not push again

@@ -15,6 +15,7 @@ from mindspore import nn
 from mindspore.train import Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
+from ms_exporter import catalogue as c
 from ms_exporter.tools.demo import build_network, synthetic_dataset
 from ms_exporter.tools.report import ReportError, group_files, load_run, summary
 from tests.browser import dom, screenshot
@@ -59,6 +60,11 @@ def test_summary_is_what_the_files_say(runs: list[Path]) -> None:
         assert episodes >= 1 and facts["breaches"] == {"loss": episodes}  # the 0.6 bound was crossed
         assert facts["throughput_p50"] is not None and facts["throughput_unit"] == "tokens/s"
         assert {"train_begin", "train_end"} <= set(facts["events"])
+        # The goodput ledger: the run's totals of the last snapshot, written at close.
+        assert list(facts["time"]) == list(c.TIME_BUCKETS) and facts["restarts"] == 0
+        assert facts["time"] == {bucket: snapshots[-1]["metrics"][f'run_time_seconds_total{{bucket="{bucket}"}}']
+                                 for bucket in c.TIME_BUCKETS}
+        assert facts["time"]["productive"] > 0 and facts["time"]["compile"] > 0
 
 
 def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path: Path) -> None:
@@ -67,6 +73,7 @@ def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path:
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "project report-a rank 0: 30 steps" in done.stdout
+    assert re.search(r"rank 0: 30 steps, .* \d+\.\d% of \d+ s productive \(0 restarts\)", done.stdout), done.stdout
     page = dom(output.as_uri())
     assert 'data-drawn="1"' in page
     points = {}
@@ -79,6 +86,8 @@ def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path:
     rows = re.findall(r"<tr><td>.*?</tr>", page)
     assert len(rows) == 2 and "project report-a rank 0" in rows[0] and "<td>30</td>" in rows[0]
     assert re.search(r"<td>loss \d+</td>", rows[0])  # the breach episodes
+    bars = re.findall(r'<div class="bar" data-buckets="(\d+)">(.*?)</div>', page)
+    assert [int(count) for count, _ in bars] == [len(c.TIME_BUCKETS)] * 2 and all("productive:" in b for _, b in bars)
     screenshot(output.as_uri(), "report.png", 1280, 1000)
 
 

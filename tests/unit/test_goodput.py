@@ -6,16 +6,18 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ms_exporter import catalogue as c
 from ms_exporter.config import ConfigError, load_config
+from ms_exporter.monitor import run_state
 from ms_exporter.monitor.goodput import Goodput, derived_run_id
 from ms_exporter.monitor.ledger import INDEX, TimeLedger, process_started
 from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.run_state import RunState
+from ms_exporter.monitor.run_state import RunState, RunStateTaken
 from ms_exporter.monitor.store import MetricStore
 
 
@@ -93,7 +95,14 @@ def test_the_process_start_is_read_from_the_kernel() -> None:
     assert age == pytest.approx(time.time() - psutil.Process().create_time(), abs=1.5)
 
 
-def test_a_restart_carries_the_earlier_process_over(tmp_path: Path) -> None:
+@pytest.fixture
+def process(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """Makes the run state believe it runs in the process with this pid (a restart is another process)."""
+    return lambda pid: monkeypatch.setattr(run_state.os, "getpid", lambda: pid)
+
+
+def test_a_restart_carries_the_earlier_process_over(tmp_path: Path, process: Callable[[int], None]) -> None:
+    process(101)
     first = RunState(str(tmp_path), "run-a", 0, given=False)
     assert (first.restarts, first.redo_until, first.earlier) == (0, 0, [0.0] * len(c.TIME_BUCKETS))
     for step in range(1, 241):
@@ -101,40 +110,62 @@ def test_a_restart_carries_the_earlier_process_over(tmp_path: Path) -> None:
     first.save([1.0] * len(c.TIME_BUCKETS), finished=False)
     for step in range(241, 251):  # past the last save: only the memory-mapped mark has them (then a SIGKILL)
         first.mark(step)
+    first.close()
+    process(102)
     second = RunState(str(tmp_path), "run-a", 0, given=False)
     assert second.restarts == 1 and second.redo_until == 250
     assert second.earlier == [1.0] * len(c.TIME_BUCKETS)
     second.save([2.0] * len(c.TIME_BUCKETS), finished=False)
+    second.close()
+    process(103)
     third = RunState(str(tmp_path), "run-a", 0, given=False)
     assert third.restarts == 2 and third.earlier == [3.0] * len(c.TIME_BUCKETS)
+    third.save([0.5] * len(c.TIME_BUCKETS), finished=False)
     state = json.loads(third.path.read_text())
-    assert state["earlier_seconds"]["productive"] == 1.0 and state["process"]["seconds"]["productive"] == 2.0
-    for state_file in (first, second, third):
-        state_file.close()
+    assert state["earlier_seconds"]["productive"] == 3.0 and state["process"]["seconds"]["productive"] == 0.5
+    third.close()
+    # A monitor made again in the same process: its ledger counts from the process's start again, so the
+    # process's own seconds are not earlier ones, and it is no restart.
+    again = RunState(str(tmp_path), "run-a", 0, given=False)
+    assert again.restarts == 2 and again.earlier == [3.0] * len(c.TIME_BUCKETS)
+    again.close()
 
 
-def test_after_a_normal_end_a_derived_run_starts_anew_and_a_named_one_goes_on(tmp_path: Path) -> None:
-    ended = RunState(str(tmp_path), "run-b", 3, given=False)
-    ended.mark(100)
-    ended.save([1.0] * len(c.TIME_BUCKETS), finished=True)
-    anew = RunState(str(tmp_path), "run-b", 3, given=False)
-    assert (anew.restarts, anew.redo_until, sum(anew.earlier)) == (0, 0, 0.0)
-    anew.mark(100)
-    anew.save([1.0] * len(c.TIME_BUCKETS), finished=True)
-    named = RunState(str(tmp_path), "run-b", 3, given=True)
-    assert (named.restarts, named.redo_until, sum(named.earlier)) == (1, 100, len(c.TIME_BUCKETS))
+def test_two_monitors_of_one_process_do_not_share_a_run_state(tmp_path: Path) -> None:
+    kept = RunState(str(tmp_path), "run-f", 0, given=False)
+    with pytest.raises(RunStateTaken, match="kept by another TrainingMonitor of this process"):
+        RunState(str(tmp_path), "run-f", 0, given=False)
+    kept.close()
+    RunState(str(tmp_path), "run-f", 0, given=False).close()  # free again once closed
 
 
-def test_ranks_sharing_a_save_dir_keep_files_of_their_own(tmp_path: Path) -> None:
+def test_after_a_normal_end_a_derived_run_starts_anew_and_a_named_one_goes_on(
+        tmp_path: Path, process: Callable[[int], None]) -> None:
+    for pid, given, expected in ((201, False, (0, 0, 0.0)), (202, False, (0, 0, 0.0)),
+                                 (203, True, (1, 100, float(len(c.TIME_BUCKETS))))):
+        process(pid)
+        state = RunState(str(tmp_path), "run-b", 3, given=given)
+        assert (state.restarts, state.redo_until, sum(state.earlier)) == expected
+        state.mark(100)
+        state.save([1.0] * len(c.TIME_BUCKETS), finished=True)
+        state.close()
+
+
+def test_ranks_sharing_a_save_dir_keep_files_of_their_own(tmp_path: Path, process: Callable[[int], None]) -> None:
+    process(301)
     ranks = [RunState(str(tmp_path), "run-c", rank, given=False) for rank in range(2)]
     ranks[0].mark(7)
     for rank in ranks:
         rank.save([0.0] * len(c.TIME_BUCKETS), finished=False)
+        rank.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "ms_exporter-run-run-c-rank0.json", "ms_exporter-run-run-c-rank0.step",
         "ms_exporter-run-run-c-rank1.json", "ms_exporter-run-run-c-rank1.step"]
+    process(302)
     again = [RunState(str(tmp_path), "run-c", rank, given=False) for rank in range(2)]
-    assert [state.redo_until for state in again] == [7, 0]
+    assert [state.redo_until for state in again] == [7, 0] and [state.restarts for state in again] == [1, 1]
+    for state in again:
+        state.close()
 
 
 def test_an_unreadable_state_is_moved_aside_and_the_run_starts_anew(tmp_path: Path,
@@ -144,6 +175,7 @@ def test_an_unreadable_state_is_moved_aside_and_the_run_starts_anew(tmp_path: Pa
     state = RunState(str(tmp_path), "run-d", 0, given=False)
     assert state.restarts == 0 and (tmp_path / (path.name + ".unreadable")).exists()
     assert "could not be read" in caplog.text
+    state.close()
 
 
 def test_run_ids_derived_from_project_and_save_dir_are_file_name_safe_and_differ_by_directory() -> None:
