@@ -197,9 +197,20 @@ def run_demo(steps: int, seconds: float | None = None, port: int | None = None, 
     done = monitor.store.value_of(c.STEPS)
     total = 0 if math.isnan(done) else int(done)  # NaN: the monitor is off
     print(f"done: {total} steps", flush=True)
+    print(_time_spent(monitor), flush=True)
     monitor.close()
     _next_steps(url, monitor.jsonl_path)
     return 0
+
+
+def _time_spent(monitor: Any) -> str:
+    """Where this process's time went, from the monitor's goodput ledger (docs/goodput.md)."""
+    spent = {dict(series.labels)["bucket"]: series.value for series in monitor.store.series_of(c.TIME_SECONDS)}
+    total = sum(spent.values())
+    if not total:
+        return "time: no goodput ledger (goodput.enable is false)"
+    parts = ", ".join(f"{bucket} {seconds:.1f} s" for bucket, seconds in spent.items() if seconds >= 0.05)
+    return f"time: {100 * spent.get(c.PRODUCTIVE, 0.0) / total:.0f}% of {total:.0f} s productive ({parts})"
 
 
 def _next_steps(url: str | None, jsonl_path: str | None) -> None:

@@ -74,6 +74,9 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
                 else None
 
         wait_until(hung, 20, "rank 1 in data_wait past its deadline, ranks 0 and 2 in step")
+        # The goodput ledger books the wait past the deadline as stalled (docs/goodput.md).
+        stuck = scrape(f"http://127.0.0.1:{base_port + 1}/metrics")
+        assert stuck.value("mindspore_train_time_seconds_total", bucket="stalled") > 0
         live = hangs(*endpoints)
         assert live.returncode == 1, live.stdout + live.stderr
         assert "project hang: rank 1 never arrived: in data_wait while 2 rank(s) are in step" in live.stdout
@@ -132,6 +135,9 @@ def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp
         assert hang_alerts == [], hang_alerts
         assert set(job.by_rank(f"max_over_time(mindspore_train_hang_suspected{window})").values()) == {0.0}
         assert set(job.by_rank("mindspore_train_hang_dumps_total").values()) == {0.0}
+        # The goodput ledger agrees: the pauses are checkpoint time, none of it stalled.
+        assert set(job.by_rank('mindspore_train_time_seconds_total{bucket="stalled"}').values()) == {0.0}
+        assert min(job.by_rank('mindspore_train_time_seconds_total{bucket="checkpoint"}').values()) > PAUSE_SECONDS
         # ...though each rank was held longer than its step deadline, in the checkpoint phase.
         held = job.by_rank(f'max_over_time((mindspore_train_phase_seconds and on (instance) '
                            f'mindspore_train_phase{{phase="checkpoint"}} == 1){window[:-1]}:5s])')

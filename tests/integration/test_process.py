@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,8 @@ def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
     first = run.stdout.splitlines()[0]
     assert first.startswith("metrics: http://127.0.0.1:")  # the URL comes first
     assert "done: 200 steps" in run.stdout
+    assert re.search(r"^time: \d+% of \d+ s productive \(startup [\d.]+ s, compile [\d.]+ s, productive", run.stdout,
+                     re.MULTILINE), run.stdout
     records = read_jsonl(tmp_path / "metrics-rank0.jsonl")
     steps = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 201))
