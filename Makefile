@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
-.PHONY: install demo test test-unit lint generate bench scaling reliability detection gil-hold hangs-healthy debian-packages clean
+.PHONY: install demo test test-unit lint generate bench scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
@@ -66,6 +66,10 @@ gil-hold: install
 # (70 epochs: 1,470 steps, 9 pauses of 40 s, 14 evaluations).
 hangs-healthy: install debian-packages
 	HANGS_HEALTHY_EPOCHS=70 $(BIN)/python -m pytest -q -s tests/integration/test_hangs.py -k healthy
+
+# About 10 minutes: a clean 3-rank data-parallel job of 2,016 steps, fingerprints compared every 20 (docs/divergence.md).
+divergence-clean: install debian-packages
+	DIVERGENCE_CLEAN_EPOCHS=96 $(BIN)/python -m pytest -q -s tests/integration/test_divergence.py -k clean
 
 # About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
 reliability: install debian-packages

@@ -17,9 +17,10 @@ from typing import Any
 
 import psutil
 
-from benchmarks import hotpath, memory, paired, scrape, training
+from benchmarks import fingerprint, hotpath, memory, paired, scrape, training
 
-TARGETS = {"step_ratio": 0.01, "grad_ratio": 0.02, "hot_path_us": 30.0, "scrape_p99_ms": 5.0, "rss_mb": 30.0}
+TARGETS = {"step_ratio": 0.01, "grad_ratio": 0.02, "hot_path_us": 30.0, "scrape_p99_ms": 5.0, "rss_mb": 30.0,
+           "fingerprint_share": 0.001}
 
 
 def machine() -> str:
@@ -88,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     for title, mode, (layers, d_model), rounds, steps, selection in plans:
         log(f"training: {title} ...", flush=True)
         steps_tables.append((title, rounds, steps, training.measure(mode, layers, d_model, rounds, steps, selection)))
+    log("replica fingerprint ...", flush=True)
+    prints = fingerprint.measure(20 if quick else 500, 30 if quick else 300)
     log("step-interleaved pairs ...", flush=True)
     pairs = paired.measure(300 if quick else 6000, 1 if quick else 3)
     log("step time while scraped ...", flush=True)
     scraped = scrape.during_training([0, 1, 100], 1 if quick else 4, 30 if quick else 150)
 
-    doc = render(command, hot, latency, rss, steps_tables, scraped, pairs, quick, time.monotonic() - started)
+    doc = render(command, hot, latency, rss, steps_tables, scraped, pairs, prints, quick, time.monotonic() - started)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
     log(f"wrote {args.output} in {time.monotonic() - started:.0f} s")
@@ -106,7 +109,7 @@ def _ratio(rows: list[dict[str, Any]], prefix: str) -> float:
 
 def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]], rss: list[dict[str, Any]],
            steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]], scraped: list[dict[str, Any]],
-           pairs: dict[str, Any], quick: bool, seconds: float) -> str:
+           pairs: dict[str, Any], prints: dict[str, Any], quick: bool, seconds: float) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
     noise, spread = abs(second["ratio"] - 1), second["ratio_high"] - second["ratio_low"]
@@ -165,6 +168,12 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         f"measured steps' extra spread over 10 steps, {paired_grad['cost'] * 100:+.2f}%, {interval(paired_grad)}). "
         f"Rounds: {grad_cost * 100:+.2g}% against no monitor on another model instance; the monitor's reading "
         f"alone, against the same cell without a monitor, {grad_reading * 100:+.2g}% |",
+        f"| a replica fingerprint every 100 steps < 0.1% of step time (demo model, GRAPH) | "
+        f"{verdict(prints['share'] * 100, TARGETS['fingerprint_share'] * 100, '%')}: a CRC-32 of the "
+        f"{prints['parameters']:,} trained parameters ({prints['tensors']} tensors) in "
+        f"{prints['fingerprint_ms']:.2f} ms "
+        f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
+        f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |",
         f"| hot path < 30 µs | {verdict(hot_default, TARGETS['hot_path_us'], 'µs')} (mean per step with the "
         f"publications, defaults; median {hot[0]['median_us']:.1f} µs) |",
         f"| /metrics p99 < 5 ms | {verdict(scrape_p99, TARGETS['scrape_p99_ms'], 'ms')} (worst case below) |",

@@ -10,6 +10,8 @@ for it in every step's all-reduce, and MindSporeTrainingStraggler names rank 1. 
 `--block-rank 1 --block-after 2400` makes rank 1's data loader block for good after that many samples (step
 ~150, once the prefetched batches are used up): the others wait for it in the all-reduce, and
 MindSporeTrainingHang names rank 1.
+`--diverge-rank 2 --diverge-at 300` moves one weight of rank 2 by 1e-3 after step 300, as silent data corruption
+would: its parameter fingerprint leaves those of its replicas, and MindSporeTrainingReplicaDivergence names rank 2.
 `--checkpoint-every 100 --pause-every 200 --pause-seconds 40 --eval-every 5` is a healthy job with the slow
 parts a real one has: each rank saves a checkpoint (ModelCheckpoint, in its save_dir) every 100 steps, a
 checkpoint-like callback (an upload, say) holds every rank for 40 s every 200 steps, and an evaluation pass over a
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import mindspore as ms
+import numpy as np
+from mindspore import ops
 from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Callback, CheckpointConfig, ModelCheckpoint
 
@@ -111,6 +115,28 @@ def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None =
     return dataset.batch(BATCH, drop_remainder=True)
 
 
+class Perturb(Callback):
+    """Silent corruption on one rank: at the end of step `at`, one element of the last weight moves by `delta`,
+    written into the compiled graph's own Parameter with ops.assign (after compilation a GRAPH-mode graph on CPU
+    does not see set_data; docs/development.md). The all-reduced updates that follow keep it apart from the other
+    replicas."""
+
+    def __init__(self, at: int, delta: float = 1e-3) -> None:
+        super().__init__()
+        self._at = at
+        self._delta = delta
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        cb_params = run_context.original_args()
+        if cb_params.cur_step_num != self._at:
+            return
+        parameter = cb_params.train_network.trainable_params()[-1]
+        bump = np.zeros(parameter.shape, np.float32)
+        bump.flat[0] = self._delta
+        ops.assign(parameter, parameter + ms.Tensor(bump))
+        print(f"rank {get_rank()}: {parameter.name}[0] moved by {self._delta} after step {self._at}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=19420, help="base port; rank r serves on port + local rank")
@@ -130,6 +156,9 @@ def main() -> None:
     parser.add_argument("--pause-every", type=int, default=0, help="a callback holds training every this many steps")
     parser.add_argument("--pause-seconds", type=float, default=40.0, help="... for this long")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many epochs (Model.fit)")
+    parser.add_argument("--diverge-rank", type=int, default=None, help="this rank's weights leave its replicas")
+    parser.add_argument("--diverge-at", type=int, default=300, help="... at the end of this step")
+    parser.add_argument("--samples", type=int, default=None, help="samples in the dataset (1024; 6144 with a block)")
     args = parser.parse_args()
     if args.checkpoint_every and not args.save_dir:
         parser.error("--checkpoint-every needs --save-dir (each rank saves into its own save_dir)")
@@ -157,8 +186,8 @@ def main() -> None:
     slow = args.slow_seconds if args.slow_rank == get_rank() else 0.0
     blocked = args.block_rank == get_rank()
     mark = Path(args.save_dir, "blocked-at") if blocked and args.save_dir else None
-    dataset = dataset_for_this_rank(1024 if args.block_rank is None else 6144, slow,
-                                    args.block_after if blocked else None, mark)
+    samples = args.samples or (1024 if args.block_rank is None else 6144)
+    dataset = dataset_for_this_rank(samples, slow, args.block_after if blocked else None, mark)
     callbacks: list[Any] = [monitor]
     if args.checkpoint_every:
         callbacks.append(ModelCheckpoint(prefix="demo", directory=str(Path(args.save_dir, f"rank{get_rank()}", "ckpt")),
@@ -166,6 +195,8 @@ def main() -> None:
                                                                  keep_checkpoint_max=2)))
     if args.pause_every:
         callbacks.append(PeriodicPause(args.pause_every, args.pause_seconds))
+    if args.diverge_rank == get_rank():
+        callbacks.append(Perturb(args.diverge_at))
     if args.eval_every:
         validation = synthetic_dataset(size=256, seed=1, num_shards=get_group_size(), shard_id=get_rank())
         model.fit(args.epochs, dataset, validation, valid_frequency=args.eval_every, callbacks=callbacks,

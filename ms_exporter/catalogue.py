@@ -96,7 +96,8 @@ ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "loss_scale",
                     "grad_norm", "weight_norm", "layernorm", "memory", "eval")
 SINK_COMPONENTS = ("prometheus", "otlp", "local", "file_sd", "pushgateway")
-COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", *PROBE_COMPONENTS, *SINK_COMPONENTS)
+COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", "divergence", *PROBE_COMPONENTS,
+              *SINK_COMPONENTS)
 # A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).
 FAILURES_BEFORE_DISABLE = 3
 
@@ -149,6 +150,21 @@ RESTARTS = MetricFamily("mindspore_train_restarts_total", "counter",
                         "Processes of this run that came before this one.", "restarts", "goodput")
 RUN_INFO = MetricFamily("mindspore_train_run_info", "gauge", "The run this process belongs to; always 1.", "1",
                         "goodput", ("run_id",))
+
+PARAM_FINGERPRINT = MetricFamily("mindspore_train_param_fingerprint", "gauge",
+                                 "CRC-32 of this rank's trainable parameters at the last fingerprint step: equal on "
+                                 "every replica of its group while they hold the same weights.", "1", "divergence",
+                                 ("replica_group",))
+PARAM_FINGERPRINT_STEP = MetricFamily("mindspore_train_param_fingerprint_step", "gauge",
+                                      "The step the fingerprint was taken at.", "steps", "divergence",
+                                      ("replica_group",))
+PARAM_FINGERPRINT_OVERFLOW = MetricFamily("mindspore_train_param_fingerprint_overflow", "gauge",
+                                          "1 if the fingerprint step overflowed, as the train cell reported it.", "1",
+                                          "divergence", ("replica_group",))
+PARAM_FINGERPRINT_GRAD_NORM = MetricFamily("mindspore_train_param_fingerprint_grad_norm", "gauge",
+                                           "Global gradient norm of the fingerprint step after the all-reduce, as the "
+                                           "train cell reported it (NaN: not reported that step).", "1", "divergence",
+                                           ("replica_group",))
 
 LOSS = MetricFamily("mindspore_train_loss", "gauge", "Loss of the last step.", "loss", "loss")
 LOSS_SMOOTHED = MetricFamily("mindspore_train_loss_smoothed", "gauge", "Mean of the last loss_window finite losses.",
@@ -298,3 +314,5 @@ PROJECT_CYCLE_MEDIAN = "project:mindspore_train_step_cycle_seconds:median"
 # Productive time over all time of every rank of a project (docs/goodput.md).
 PROJECT_GOODPUT_1H = "project:mindspore_train_goodput:ratio1h"
 PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"
+# The share of a rank's replica group that holds the same parameters as it at the group's latest comparison.
+RANK_REPLICAS_AGREEING = "rank:mindspore_train_replicas_agreeing:ratio"

@@ -571,6 +571,20 @@ class GoodputConfig:
     alert_below: float = setting(0.5, check=between(0, 1))
 
 
+@dataclass(frozen=True)
+class DivergenceConfig:
+    """monitor_config.divergence: a fingerprint of the parameters every few steps, equal on every replica of a
+    group while the replicas hold the same weights, to name the rank that left its group (docs/divergence.md)."""
+
+    enable: bool = setting(True, check=boolean())  # acts only where the job has replicas (more than one rank)
+    every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    # The replica group's name, where it cannot be derived from MindSpore's parallel context.
+    replica_group: str | None = setting(None, check=optional(text(label_value=True)))
+    # Ranks that hold the shards of one replica within a pipeline stage (MindSpore Transformers'
+    # parallel_config.model_parallel), where MindSpore's dataset_strategy does not say.
+    model_parallel: int | None = setting(None, check=optional(int_in(1, 1_000_000)))
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -619,7 +633,7 @@ class WebConfig:
 
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
             "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig,
-            "goodput": GoodputConfig}
+            "goodput": GoodputConfig, "divergence": DivergenceConfig}
 
 
 @dataclass(frozen=True)
@@ -660,6 +674,7 @@ class MonitorConfig:
     # Which run this process belongs to: its restarts share the goodput ledger (derived when unset, docs/goodput.md).
     run_id: str | None = setting(None, check=optional(_run_id))
     goodput: GoodputConfig = section(GoodputConfig)
+    divergence: DivergenceConfig = section(DivergenceConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

@@ -226,6 +226,12 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
                           [(f"{step_mean}{{{s}}}", "step rank {{rank}}"),
                            (f"{wait_mean}{{{s}}}", "data wait rank {{rank}}")],
                           "A long step can be time spent waiting in a collective for another rank."), 8, 8)
+    layout.add(timeseries("Replicas holding the same weights", "percentunit", [
+        (f"{c.RANK_REPLICAS_AGREEING}{{{s}}}", "rank {{rank}} group {{replica_group}}")],
+        "Per rank, the share of its replica group whose parameter fingerprint equals its own at the group's latest "
+        "fingerprint step (docs/divergence.md): 100% while the replicas agree; the rank below the rest left its "
+        "group (MindSporeTrainingReplicaDivergence). Jobs of one rank have no replicas and no series here.",
+        below=1.0), 24, 6)
     layout.add(timeseries("Monitor cost p99 per hook", "s", [
         (f"histogram_quantile(0.99, sum by (le, hook) (rate({c.HOOK_DURATION.bucket}{{{s}}}"
          f"[{rate}])))", "{{hook}}")]), 12, 7)

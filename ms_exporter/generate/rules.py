@@ -139,6 +139,7 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                                      f"{{bucket=\"{c.PRODUCTIVE}\"}}[{window}]))"
                                      f" / sum by (project) (increase({c.RUN_TIME_SECONDS.name}[{window}]))"}
           for record, window in ((c.PROJECT_GOODPUT_1H, "1h"), (c.PROJECT_GOODPUT_24H, "24h"))),
+        {"record": c.RANK_REPLICAS_AGREEING, "expr": _agreeing()},
     ]
     b = runbook_base
     # A rank past its hang deadline, valued in seconds, with the phase it is in as a label...
@@ -285,6 +286,19 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"Only {{{{ $value | humanizePercentage }}}} of the last hour of project {{{{ $labels.project }}}} "
                f"(all ranks) advanced training, below {_number(t.goodput_low)}; "
                f"{c.TIME_SECONDS.name} says where the rest went.", b),
+        # A rank held by fewer of its group than the most common fingerprint, or, where no fingerprint has a
+        # majority (two ranks that differ), every rank of the group.
+        _alert("MindSporeTrainingReplicaDivergence",
+               f'label_replace({c.RANK_REPLICAS_AGREEING} < on (project, replica_group) group_left () '
+               f'max by (project, replica_group) ({c.RANK_REPLICAS_AGREEING}), "verdict", '
+               f'"differs from the majority of its group", "", "")'
+               f' or label_replace({c.RANK_REPLICAS_AGREEING} <= 0.5 and on (project, replica_group) '
+               f'(max by (project, replica_group) ({c.RANK_REPLICAS_AGREEING}) <= 0.5), "verdict", '
+               f'"has no majority in its group: its ranks disagree, so each of them is named", "", "")',
+               w.spike_for, "critical", "A rank's weights left its replica group",
+               f"The parameters of {_WHO} (replica group {{{{ $labels.replica_group }}}}) are no longer those of "
+               f"its replicas: its fingerprint {{{{ $labels.verdict }}}} (it is shared by "
+               f"{{{{ $value | humanizePercentage }}}} of the group).", b),
         _alert("MindSporeExporterErrors", f"increase({c.ERRORS.name}[{w.errors_window}]) > 0",
                w.short_for, "warning", "The training monitor is absorbing errors",
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "
@@ -298,6 +312,22 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
             {"name": "mindspore-training.alerts", "interval": w.evaluation, "rules": alerts},
         ]
     }
+
+
+def _agreeing() -> str:
+    """Per rank, the share of its replica group whose fingerprint equals its own, at the group's latest fingerprint
+    step, and only while every rank of the group reports that step (a rank still at an earlier step is not
+    compared with ranks past it). count_values turns the fingerprint into a label, so that ranks can be matched by
+    it; the recorded series drop it again (a new value every comparison would be a new series)."""
+    fingerprint, step = c.PARAM_FINGERPRINT.name, c.PARAM_FINGERPRINT_STEP.name
+    group = "project, replica_group"
+    at_latest = (f"({fingerprint} and on (job, instance) ({step} == on ({group}) group_left () "
+                 f"max by ({group}) ({step})))")
+    compared = (f"({at_latest} and on ({group}) (count by ({group}) ({at_latest}) == count by ({group}) "
+                f"({fingerprint})))")
+    return (f'sum without (fingerprint) (count_values without () ("fingerprint", {compared}) * on ({group}, '
+            f'fingerprint) group_left () count_values by ({group}) ("fingerprint", {compared}))'
+            f" / on ({group}) group_left () count by ({group}) ({compared})")
 
 
 def render_yaml(rules: dict[str, Any]) -> str:

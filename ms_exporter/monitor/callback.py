@@ -17,6 +17,7 @@ from ms_exporter.config import MonitorConfig, load_config
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.callback_timer import CallbackTimer
 from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.monitor.fingerprint import Fingerprints
 from ms_exporter.monitor.goodput import Goodput
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.publisher import StepPublisher
@@ -70,7 +71,8 @@ class TrainingMonitor(Callback):
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(("watchdog",) if probes.hang else ()),
                                               *(p.name for p in probes.step),
                                               *(("actions",) if self._actions is not None else ()),
-                                              *(("goodput",) if self.config.goodput.enable else ())))
+                                              *(("goodput",) if self.config.goodput.enable else ()),
+                                              *(("divergence",) if self.config.divergence.enable else ())))
         self._breaker = Breaker(self._errors, self.store)
         hooks = self.store.register(catalogue.HOOK_DURATION)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
@@ -90,11 +92,13 @@ class TrainingMonitor(Callback):
         self._errors.expect(sink.name for sink in self._sinks)
         self._publisher = StepPublisher(probes.step, self._thresholds, self._actions, self._sinks, self._batch,
                                         self._errors, self._breaker)
+        self._fingerprints = Fingerprints(self.store, self.config.divergence, self.rank, self._publisher.layouts) \
+            if self.config.divergence.enable else None
         self._sampler = MemorySampler(probes.memory, self.config.memory_interval, self._breaker,
                                       self._thresholds.check_slow, lambda exc: self._errors.absorb("sampler", exc)) \
             if probes.memory is not None else None
         self._signals = SignalRelay(self._on_signal, lambda exc: self._errors.absorb("callback", exc))
-        self._wants_signals = self._goodput is not None or any(sink.needs_signals for sink in self._sinks)
+        self._wants_signals = any(sink.needs_signals for sink in self._sinks)
         if self._wants_signals:  # from now until close: a SIGTERM between or after train calls counts too
             self._signals.install()
         self._reset_step_state()
@@ -167,6 +171,8 @@ class TrainingMonitor(Callback):
                 self._guard(probe.name, probe.on_train_begin, cb_params)
             if self._goodput is not None:
                 self._guard("goodput", self._goodput.train_begin, cb_params)
+            if self._fingerprints is not None:
+                self._guard("divergence", self._fingerprints.train_begin, cb_params)
             for sink in self._sinks:
                 self._guard(sink.name, sink.start, step)
             if self._sampler is not None:
@@ -221,6 +227,9 @@ class TrainingMonitor(Callback):
             kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get("train_dataset_element"))
             if self._goodput is not None:  # before the phase changes: is the data wait ahead redo?
                 self._goodput.step_ended(cb_params["cur_step_num"])
+            fingerprints = self._fingerprints
+            if fingerprints is not None and cb_params["cur_step_num"] >= fingerprints.next_step:
+                self._guard("divergence", fingerprints.take, cb_params["cur_step_num"], outputs)
             publisher = self._publisher
             # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
             began = (self._step_began if self._step_began is not None else entered) + self.phases.take_aside()

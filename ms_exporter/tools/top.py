@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter import catalogue
 from ms_exporter._version import __version__
+from ms_exporter.monitor.replicas import disagreeing
 from ms_exporter.thresholds import DEFAULTS, is_straggler
 
 PASSWORD_ENV = "MS_EXPORTER_TOP_PASSWORD"
@@ -188,6 +189,7 @@ class Row:
     error: str | None = None
     slowest: bool = False
     phase: str | None = None  # mindspore_train_phase: compile, step, data_wait, eval, ..., ended
+    fingerprint: tuple[str, float, float] | None = None  # (replica group, step, value) of the last fingerprint
 
     @property
     def ended(self) -> bool:
@@ -304,7 +306,7 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
               step_seconds=step_seconds, wait_seconds=wait_seconds,
               grad_norm=samples.value(catalogue.GRAD_NORM.name),
               memory_bytes=memory_bytes, memory_kind=memory_kind,
-              age_seconds=age, alerts=tuple(alerts), phase=phase)
+              age_seconds=age, alerts=tuple(alerts), phase=phase, fingerprint=_fingerprint(samples))
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
 
 
@@ -347,6 +349,26 @@ def gone_rows(url: str, histories: Mapping[tuple[str, str, str], History], error
     if not last or not all(row.ended for row in last):
         return None
     return [replace(row, alerts=(f"ended; endpoint gone ({error})",), age_seconds=None) for row in last]
+
+
+def _fingerprint(samples: RankSamples) -> tuple[str, float, float] | None:
+    values = samples.by_label(catalogue.PARAM_FINGERPRINT.name, "replica_group")
+    steps = samples.by_label(catalogue.PARAM_FINGERPRINT_STEP.name, "replica_group")
+    group = next(iter(values), None)
+    return None if group is None or group not in steps else (group, steps[group], values[group])
+
+
+def mark_diverged(rows: Sequence[Row]) -> list[Row]:
+    """Adds "diverged" to the alerts of the ranks MindSporeTrainingReplicaDivergence names: per project and replica
+    group, at a step every rank of the group reports (`replicas.disagreeing`, the alert's rule)."""
+    groups: dict[tuple[str | None, str], dict[int, tuple[float, float]]] = {}
+    for index, row in enumerate(rows):
+        if row.error is None and row.fingerprint is not None:
+            group, step, value = row.fingerprint
+            groups.setdefault((row.project, group), {})[index] = (step, value)
+    named = set().union(*(disagreeing(members) for members in groups.values()))
+    return [replace(row, alerts=(*row.alerts, "diverged")) if index in named else row
+            for index, row in enumerate(rows)]
 
 
 def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list[Row]:
@@ -682,7 +704,7 @@ class Poller:
         reporting = {(row.project, row.rank) for row in rows if row.error is None}
         self._vanished = {key: row for key, row in self._vanished.items() if key not in reporting}
         rows.extend(self._vanished.values())
-        return mark_slowest(sorted(rows, key=_sort_key))
+        return mark_diverged(mark_slowest(sorted(rows, key=_sort_key)))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

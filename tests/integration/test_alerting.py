@@ -112,7 +112,8 @@ def test_healthy_run_is_quiet_and_every_dashboard_query_has_data(stack: Stack, w
         assert job.poll() is None
         assert webhook.firing() == [], webhook.firing()
         empty = []
-        for title, expr in queries(render_dashboard()):
+        # A job of one rank has no replicas: test_divergence.py reads that panel's query from a 3-rank job.
+        for title, expr in (q for q in queries(render_dashboard()) if q[0] != "Replicas holding the same weights"):
             concrete = (expr.replace("$project", "healthy").replace("$rank", ".*")
                         .replace("$__rate_interval", "10s"))
             if not stack.query(concrete):

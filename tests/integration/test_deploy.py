@@ -26,6 +26,7 @@ PINNED_ALERTS = {
     "MindSporeTrainingLossScaleCollapse": "warning", "MindSporeTrainingLayerNormDrift": "warning",
     "MindSporeTrainingRankDown": "critical", "MindSporeTrainingRankMissing": "critical",
     "MindSporeTrainingStraggler": "warning", "MindSporeTrainingGoodputLow": "warning",
+    "MindSporeTrainingReplicaDivergence": "critical",
     "MindSporeExporterErrors": "warning",
 }
 
@@ -103,7 +104,8 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
              if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})}
     assert lines == {"Loss per rank": [None, 20], "Smoothed loss": [None, 20], "Tokens per second": [None, 500],
                      "Global gradient norm": [None, 4], "LayerNorm scale drift": [None, 0.1],
-                     "Growth over baseline": [None, DEFAULTS.memory_growth_ratio], "Goodput": [None, 0.3]}
+                     "Growth over baseline": [None, DEFAULTS.memory_growth_ratio], "Goodput": [None, 0.3],
+                     "Replicas holding the same weights": [None, 1.0]}
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
     fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
     assert fast["MindSporeTrainingLossHigh"]["for"] == "2s"

@@ -1,0 +1,97 @@
+"""Which ranks are replicas of each other (this rank's replica group, from MindSpore's parallel context), and which
+of a group's ranks disagree.
+
+MindSpore lays ranks out stage by stage: with `pipeline_stages` p of n ranks, ranks s*n/p to (s+1)*n/p - 1 form
+stage s. Inside a stage an operator's strategy (dp, mp) spreads a parameter over the device matrix [dp, mp], whose
+last dimension varies fastest: ranks k*mp to k*mp + mp - 1 of the stage hold the mp shards of replica k, and ranks
+at the same position modulo mp hold the same shard. Those are replicas of each other:
+
+    group = stage * mp + (rank within the stage) mod mp
+
+In `data_parallel` mode every rank holds every parameter: one group. In `stand_alone` mode ranks train apart (no
+collective keeps them equal): no group. mp comes from `divergence.model_parallel`, else from the batch dimension of
+MindSpore's `dataset_strategy` (mp = stage size / its data-parallel split); where neither says, the group is unknown
+and `divergence.replica_group` names it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """What MindSpore's auto-parallel context says about the job's layout."""
+
+    mode: str  # stand_alone, data_parallel, semi_auto_parallel, auto_parallel, hybrid_parallel
+    world_size: int
+    stages: int = 1
+    data_parallel: int | None = None  # the batch split of dataset_strategy, when it is a tuple of strategies
+
+
+def read_layout(world_size: int) -> ParallelLayout:
+    """The layout from mindspore.get_auto_parallel_context; stand_alone when it cannot be read."""
+    try:
+        import mindspore as ms
+
+        mode = str(ms.get_auto_parallel_context("parallel_mode"))
+        stages = int(ms.get_auto_parallel_context("pipeline_stages") or 1)
+        strategy: Any = ms.get_auto_parallel_context("dataset_strategy")
+    except Exception:
+        return ParallelLayout("stand_alone", world_size)
+    data_parallel = None
+    if isinstance(strategy, (tuple, list)) and strategy and isinstance(strategy[0], (tuple, list)) and strategy[0]:
+        data_parallel = int(strategy[0][0])  # the first input's batch dimension is split this many ways
+    return ParallelLayout(mode, world_size, max(1, stages), data_parallel)
+
+
+def replica_group(rank: int, layout: ParallelLayout, model_parallel: int | None = None) -> tuple[str | None, str]:
+    """(this rank's replica group, why); the group is None where the job has no replicas or the layout is unknown."""
+    if layout.world_size <= 1:
+        return None, "a job of one rank has no replicas"
+    if layout.mode == "stand_alone":
+        return None, "parallel_mode is stand_alone: the ranks train apart, nothing keeps their weights equal"
+    if layout.mode == "data_parallel":
+        return "0", "data_parallel: every rank is a replica of every other"
+    if layout.world_size % layout.stages:
+        return None, f"{layout.world_size} ranks do not split into {layout.stages} pipeline stages"
+    stage_size = layout.world_size // layout.stages
+    if model_parallel is None and layout.data_parallel:
+        if stage_size % layout.data_parallel:
+            return None, f"dataset_strategy splits the batch {layout.data_parallel} ways, not a divisor of the " \
+                         f"{stage_size} ranks of a stage"
+        model_parallel = stage_size // layout.data_parallel
+    if model_parallel is None:
+        return None, (f"{layout.mode}: MindSpore's context does not say how many ranks shard one replica; set "
+                      "divergence.model_parallel (MindSpore Transformers' parallel_config.model_parallel) or "
+                      "divergence.replica_group")
+    if stage_size % model_parallel:
+        return None, f"model_parallel {model_parallel} does not divide the {stage_size} ranks of a stage"
+    if stage_size == model_parallel:
+        return None, "one replica per stage (data-parallel size 1): no other rank holds the same shards"
+    stage, within = divmod(rank, stage_size)
+    group = stage * model_parallel + within % model_parallel
+    return str(group), (f"{layout.mode}, {layout.stages} stage(s) of {stage_size} ranks, {model_parallel}-way "
+                        f"model parallel: group {group} (stage {stage}, shard {within % model_parallel})")
+
+
+def disagreeing(fingerprints: Mapping[K, tuple[float, float]]) -> set[K]:
+    """Of one replica group's ranks (key -> (fingerprint step, fingerprint)), the ones
+    MindSporeTrainingReplicaDivergence names (ms_exporter/generate/rules.py writes the same rule in PromQL).
+
+    Ranks are compared only when every one of them reports the same step. Named: a rank whose fingerprint fewer
+    ranks share than share the most common one; where no fingerprint is held by more than half of the group and
+    they differ (two ranks that disagree), every rank, since none can be told apart as the odd one.
+    """
+    if len(fingerprints) < 2 or len({step for step, _ in fingerprints.values()}) != 1:
+        return set()
+    counts = Counter(value for _, value in fingerprints.values())
+    most = max(counts.values())
+    if len(counts) > 1 and most * 2 <= len(fingerprints):
+        return set(fingerprints)
+    return {key for key, (_, value) in fingerprints.items() if counts[value] < most}

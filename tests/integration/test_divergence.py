@@ -1,0 +1,83 @@
+"""Replica divergence in real 3-worker msrun data-parallel jobs, with a real Prometheus and the shipped rules.
+
+examples/distributed_train.py: 1024 samples in 3 shards of 21 batches a step-epoch. `--diverge-rank 2 --diverge-at
+300` moves one element of rank 2's last weight by 1e-3 after step 300 (ops.assign into the compiled graph's
+Parameter), as silent data corruption would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from ms_exporter import catalogue as c
+from tests.integration.test_distributed import DistributedJob, distributed_job
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+WORKERS = 3
+STEPS_PER_EPOCH = 21
+# `make divergence-clean` runs the clean job for 96 epochs (2,016 steps); the suite's run is shorter.
+CLEAN_EPOCHS = int(os.environ.get("DIVERGENCE_CLEAN_EPOCHS", "20"))
+
+
+def fingerprints_by_step(job: DistributedJob, project: str, window: str) -> dict[float, dict[str, float]]:
+    """step -> {rank: fingerprint}, from every scrape Prometheus took (a rank's fingerprint and its step come from
+    one scrape: the same timestamps)."""
+    values = {r["metric"]["rank"]: dict(r["values"]) for r in
+              job.query(f'{c.PARAM_FINGERPRINT.name}{{project="{project}"}}[{window}]')}
+    steps = {r["metric"]["rank"]: dict(r["values"]) for r in
+             job.query(f'{c.PARAM_FINGERPRINT_STEP.name}{{project="{project}"}}[{window}]')}
+    found: dict[float, dict[str, float]] = defaultdict(dict)
+    for rank, by_time in steps.items():
+        for stamp, step in by_time.items():
+            found[float(step)][rank] = float(values[rank][stamp])
+    return dict(found)
+
+
+def test_the_rank_whose_weights_moved_is_named_within_one_interval(tmp_path: Path) -> None:
+    with distributed_job(tmp_path, "--epochs", "20", "--diverge-rank", "2", "--diverge-at", "300",
+                         workers=WORKERS, project="diverge") as job:
+        began = time.time()
+        at_400 = f'{c.PARAM_FINGERPRINT_STEP.name}{{project="diverge"}} >= 400'
+        wait_until(lambda: len(job.query(at_400)) == WORKERS, 900, "every rank's fingerprint of step 400")
+        firing = wait_until(lambda: job.query('ALERTS{alertname="MindSporeTrainingReplicaDivergence", '
+                                              'alertstate="firing"}'), 30, "MindSporeTrainingReplicaDivergence")
+        assert [(a["metric"]["rank"], a["metric"]["verdict"]) for a in firing] == [
+            ("2", "differs from the majority of its group")]
+        agreeing = job.by_rank(c.RANK_REPLICAS_AGREEING)
+        assert agreeing == {"0": pytest.approx(2 / 3), "1": pytest.approx(2 / 3), "2": pytest.approx(1 / 3)}
+        window = f"{int(time.time() - began) + 60}s"
+        seen = fingerprints_by_step(job, "diverge", window)
+        assert {100.0, 200.0, 300.0, 400.0} <= set(seen)
+        for step in (100.0, 200.0, 300.0):  # the same weights up to the step after which rank 2's moved
+            assert len(seen[step]) == WORKERS and len(set(seen[step].values())) == 1, (step, seen[step])
+        assert seen[400.0]["0"] == seen[400.0]["1"] != seen[400.0]["2"]
+        # The gradient norm of a fingerprint step is taken after the all-reduce: equal on every rank, rank 2 too.
+        norms = job.by_rank(f'{c.PARAM_FINGERPRINT_GRAD_NORM.name}{{project="diverge"}}')
+        assert len(norms) == WORKERS and len(set(norms.values())) == 1, norms
+        assert job.query(f'{c.PARAM_FINGERPRINT_OVERFLOW.name}{{project="diverge"}}') == []  # not reported by the cell
+
+
+def test_a_clean_run_has_equal_fingerprints_at_every_comparison(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_EXPORTER_DIVERGENCE", "{every_n_steps: 20}")
+    steps = CLEAN_EPOCHS * STEPS_PER_EPOCH
+    with distributed_job(tmp_path, "--epochs", str(CLEAN_EPOCHS), workers=WORKERS, project="clean") as job:
+        began = time.time()
+        ended = 'mindspore_train_phase{project="clean", phase="ended"} == 1'
+        wait_until(lambda: len(job.query(ended)) == WORKERS, 120 + steps, "every rank to end its training")
+        time.sleep(3)  # a rule evaluation after the last scrape
+        window = f"{int(time.time() - began) + 60}s"
+        seen = fingerprints_by_step(job, "clean", window)
+        compared = sorted(step for step, ranks in seen.items() if len(ranks) == WORKERS)
+        assert compared == [float(s) for s in range(20, steps + 1, 20)], compared
+        differing = {step: ranks for step, ranks in seen.items() if len(set(ranks.values())) > 1}
+        assert differing == {}
+        assert set(job.by_rank(f"min_over_time({c.RANK_REPLICAS_AGREEING}[{window}])").values()) == {1.0}
+        assert job.query(f'count_over_time(ALERTS{{alertname="MindSporeTrainingReplicaDivergence"}}[{window}])') == []
+        print(f"\n{len(compared)} comparisons over {steps} steps, all equal")
