@@ -8,6 +8,8 @@ Parameter), as silent data corruption would.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -16,9 +18,11 @@ import pytest
 
 from ms_exporter import catalogue as c
 from tests.integration.test_distributed import DistributedJob, distributed_job
+from tests.integration.test_top import table_rows
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 STEPS_PER_EPOCH = 21
 # `make divergence-clean` runs the clean job for 96 epochs (2,016 steps); the suite's run is shorter.
@@ -61,6 +65,14 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(tmp_path: Pat
         norms = job.by_rank(f'{c.PARAM_FINGERPRINT_GRAD_NORM.name}{{project="diverge"}}')
         assert len(norms) == WORKERS and len(set(norms.values())) == 1, norms
         assert job.query(f'{c.PARAM_FINGERPRINT_OVERFLOW.name}{{project="diverge"}}') == []  # not reported by the cell
+        # `ms-exporter top` marks the same rank, by the same rule.
+        endpoints = [f"127.0.0.1:{job.base_port + rank}" for rank in range(WORKERS)]
+        table = subprocess.run([sys.executable, "-m", "ms_exporter", "top", "--once", *endpoints],
+                               capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+        rows = table_rows(table.stdout)
+        assert sorted(rows) == ["0", "1", "2"], table.stdout + table.stderr
+        assert [rank for rank, words in sorted(rows.items())
+                if any(word.strip(",") == "diverged" for word in words)] == ["2"], table.stdout
 
 
 def test_a_clean_run_has_equal_fingerprints_at_every_comparison(tmp_path: Path,

@@ -28,6 +28,7 @@ from ms_exporter.tools.top import (
     build_row,
     down_row,
     expand_targets,
+    mark_diverged,
     mark_slowest,
     normalise_url,
     parse_ranks,
@@ -165,6 +166,19 @@ def test_a_rank_far_behind_is_flagged_straggler_as_the_alert_would() -> None:
     # Near-equal ranks: one is still marked slowest, none is a straggler.
     close = mark_slowest([row("0", 0.100, 0.010), row("1", 0.105, 0.012), row("2", 0.100, 0.011)])
     assert [r.rank for r in close if r.slowest] == ["1"] and all("straggler" not in r.alerts for r in close)
+
+
+def test_the_rank_whose_fingerprint_left_its_group_is_marked_diverged() -> None:
+    def at(rank: str, step: float, value: float, group: str = "0", project: str = "p") -> Row:
+        return row(rank, 0.1, 0.0, project, fingerprint=(group, step, value))
+
+    marked = mark_diverged([at("0", 300, 11), at("1", 300, 11), at("2", 300, 22), at("3", 300, 33, "1"),
+                            at("4", 300, 33, "1")])
+    assert [r.rank for r in marked if "diverged" in r.alerts] == ["2"]
+    assert [r.rank for r in mark_diverged([at("0", 300, 11), at("1", 300, 22)]) if "diverged" in r.alerts] == [
+        "0", "1"]  # two that differ: both, as the alert names them
+    assert all("diverged" not in r.alerts for r in mark_diverged([at("0", 400, 44), at("1", 300, 11)]))
+    assert all("diverged" not in r.alerts for r in mark_diverged([at("0", 300, 11), at("1", 300, 22, project="q")]))
 
 
 def test_slowest_needs_two_ranks_ignores_down_ones_and_is_per_project() -> None:
