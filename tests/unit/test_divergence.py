@@ -121,3 +121,18 @@ def test_a_reading_pairs_each_fingerprint_with_its_own_step() -> None:
     assert store.value_of(c.PARAM_FINGERPRINT_STEP) == 100  # the step of the value it read
     assert store.value_of(c.PARAM_FINGERPRINT) != old and store.value_of(c.PARAM_FINGERPRINT_STEP) == 200
     assert fingerprints.next_step == 300
+
+
+def test_the_fingerprint_step_carries_the_cells_overflow_flag_and_norm_where_it_reports_them() -> None:
+    store = MetricStore()
+    config = load_config({"divergence": {"replica_group": "g"}}).divergence
+    fingerprints = Fingerprints(store, config, RankInfo(0, 0, 2, "node"), LayoutResolver())
+    weights = Weights()
+    fingerprints.train_begin({"train_network": type("N", (), {"trainable_params": lambda self: [weights]})()})
+    loss = ms.Tensor(0.5, ms.float32)
+    fingerprints.take(100, (loss, ms.Tensor(True), ms.Tensor(1024.0, ms.float32)))  # a loss-scale cell's outputs
+    assert store.value_of(c.PARAM_FINGERPRINT_OVERFLOW) == 1.0
+    assert store.series_of(c.PARAM_FINGERPRINT_GRAD_NORM) == ()  # this cell never reports a norm: no series
+    fingerprints.take(200, (loss, ms.Tensor(False), ms.Tensor(1024.0, ms.float32)))
+    assert store.value_of(c.PARAM_FINGERPRINT_OVERFLOW) == 0.0
+    assert [dict(s.labels) for s in store.series_of(c.PARAM_FINGERPRINT_OVERFLOW)] == [{"replica_group": "g"}]
