@@ -5,11 +5,26 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+# The relays whose handlers are installed: a forked child gets the dispositions they replaced back at once.
+_INSTALLED: weakref.WeakSet[SignalRelay] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A process forked from the training process (a data-loader worker, a multiprocessing pool) owns none of the
+    sinks. A Python-level handler would also defer its SIGTERM until its main thread runs Python again: a
+    multiprocessing Pool that terminates its workers then hung (1 in ~200 in a fork-pool-terminate loop, and
+    MindSpore's SummaryCollector in `make bench`). The child starts with the dispositions it would have had."""
+    relays = list(_INSTALLED)
+    for _ in relays:  # a relay installed over another chains to it: unwind one layer per pass
+        for relay in relays:
+            relay.leave()
 
 
 class SignalRelay:
@@ -37,8 +52,18 @@ class SignalRelay:
                     continue  # already ours (a train() inside train()): never chain to ourselves
                 signal.signal(signum, self._handle)
                 self._previous[signum] = previous
+                _INSTALLED.add(self)
             except (ValueError, OSError) as exc:  # e.g. an embedding interpreter that owns signals
                 self._on_error(exc)
+
+    def leave(self) -> None:
+        """In a forked child: the handlers this relay replaced, back (the child's only thread is its main one)."""
+        for signum, previous in list(self._previous.items()):
+            try:
+                if signal.getsignal(signum) == self._handle:
+                    signal.signal(signum, previous)
+            except (ValueError, OSError, TypeError):
+                pass
 
     def restore(self) -> None:
         """Give back the handlers install() replaced (those still ours); a closed monitor leaves the signal path."""
@@ -80,3 +105,6 @@ def default_action(signum: int) -> None:
         raise KeyboardInterrupt
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
