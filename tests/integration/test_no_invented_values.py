@@ -22,7 +22,8 @@ STEPS = 24
 ACTIONS = {"early_stop": {"enable": True, "unit": "step", "patience": 10_000},
            "lr_backoff": {"enable": True}, "snapshot": {"enable": True}}
 # Gauges a rank knows before its first step: who it is, and what the actions have done so far (nothing: scale 1).
-KNOWN_AT_START = {catalogue.INFO, catalogue.WORLD_SIZE, catalogue.LR_BACKOFF_FACTOR}
+# Identity known at construction: the rank's, and the run it belongs to (docs/goodput.md).
+KNOWN_AT_START = {catalogue.INFO, catalogue.WORLD_SIZE, catalogue.LR_BACKOFF_FACTOR, catalogue.RUN_INFO}
 GRAD_NORM_FAMILIES = {catalogue.GRAD_NORM, catalogue.GRAD_NORM_DISTRIBUTION, catalogue.LAYER_GRAD_NORM,
                       catalogue.LAYER_GRAD_ZERO, catalogue.GRAD_NORM_CLIPPED}
 LOSS_SCALE_FAMILIES = {catalogue.LOSS_SCALE, catalogue.OVERFLOW_STEPS}
@@ -72,3 +73,5 @@ def test_only_measured_quantities_are_exported(cell: str, actions: bool, tmp_pat
     if not measures_norms:
         assert not after & GRAD_NORM_FAMILIES, sorted(f.name for f in after & GRAD_NORM_FAMILIES)
     assert (after & LOSS_SCALE_FAMILIES != set()) == (cell == "loss_scale"), "a loss scale nobody measured"
+    # One rank has no replicas: no fingerprint (docs/divergence.md).
+    assert catalogue.PARAM_FINGERPRINT not in after
