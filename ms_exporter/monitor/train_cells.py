@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
+
+from ms_exporter.monitor.optimizer_step import optimizer_step
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 _all_finite = ops.MultitypeFuncGraph("_all_finite")
@@ -90,7 +91,7 @@ class GradNormTrainOneStepCell(nn.TrainOneStepCell):
     def __call__(self, *inputs: Any) -> Any:
         if self._calls is None:
             # Count in the optimizer's steps, so that a resumed run measures at the same steps as the monitor.
-            self._calls = int(np.asarray(self.optimizer.global_step.asnumpy()).reshape(-1)[0])
+            self._calls = optimizer_step(self.optimizer, 0)
         self._calls += 1
         norms = self._calls % self.every_n_steps == 0
         self._ran[norms] = True
