@@ -93,8 +93,8 @@ ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 
 # mindspore_exporter_errors_total{component} and mindspore_exporter_component_disabled{component}: the
 # monitor's own parts, the probes (by their `name`) and the sinks (by their backend name).
-PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "loss_scale",
-                    "grad_norm", "weight_norm", "layernorm", "memory", "eval")
+PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "mfu",
+                    "loss_scale", "grad_norm", "weight_norm", "layernorm", "memory", "eval")
 SINK_COMPONENTS = ("prometheus", "otlp", "local", "file_sd", "pushgateway")
 COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", "divergence", *PROBE_COMPONENTS,
               *SINK_COMPONENTS)
@@ -195,6 +195,24 @@ SAMPLES_PER_SECOND = MetricFamily("mindspore_train_samples_per_second", "gauge",
 TOKENS_PER_SECOND = MetricFamily("mindspore_train_tokens_per_second", "gauge",
                                  "Tokens per second over a short recent window.", "tokens/s", "tokens_per_second")
 
+FLOPS_PER_TOKEN = MetricFamily("mindspore_train_flops_per_token", "gauge",
+                                "Model FLOPs (forward and backward) per token over the recent window, the attention "
+                                "term from the batches' real sequence lengths.", "FLOPs/token", "flops")
+MODEL_FLOPS_PER_SECOND = MetricFamily("mindspore_train_model_flops_per_second", "gauge",
+                                      "Model FLOPs per second of this rank: tokens per second times FLOPs per token "
+                                      "(padding is not counted as work), over the ranks that compute each batch "
+                                      "together.", "FLOPs/s", "flops")
+PEAK_FLOPS = MetricFamily("mindspore_train_peak_flops_per_device", "gauge",
+                          "The device's peak FLOPs per second, as configured (flops.peak_flops_per_device).",
+                          "FLOPs/s", "flops")
+MFU = MetricFamily("mindspore_train_mfu", "gauge",
+                   "Model FLOPs utilisation: model FLOPs per second over the device's peak (0-1).", "ratio", "flops")
+FLOPS_INFO = MetricFamily("mindspore_train_flops_info", "gauge",
+                          "Where FLOPs per token come from (source: per_token, model or parameters; attention: "
+                          "causal, full, none or in_per_token), the peak's preset (or number, none) and the ranks "
+                          "that compute each batch together; always 1.", "1", "flops",
+                          ("source", "attention", "peak", "ranks_per_batch"))
+
 EVAL_METRIC = MetricFamily("mindspore_train_eval_metric", "gauge", "Each metric of the latest evaluation.", "1",
                            "eval", ("name",))
 
@@ -294,7 +312,8 @@ WATCHABLE: dict[str, Watchable] = {
 WARN_ON_VALUE_KEYS = tuple(key for key, watch in WATCHABLE.items() if watch.group is not None)
 
 # Per-step values that go into each JSON Lines step record (beside the sample's own loss, time and counts).
-JSONL_STEP_COLUMNS = (LOSS_SMOOTHED, LOSS_RISING, LEARNING_RATE, SAMPLES_PER_SECOND, TOKENS_PER_SECOND, GRAD_NORM)
+JSONL_STEP_COLUMNS = (LOSS_SMOOTHED, LOSS_RISING, LEARNING_RATE, SAMPLES_PER_SECOND, TOKENS_PER_SECOND, GRAD_NORM,
+                      MODEL_FLOPS_PER_SECOND, MFU)
 
 # -- recording rules (deploy/prometheus/rules) ---------------------------------------------------------------------
 
@@ -316,3 +335,8 @@ PROJECT_GOODPUT_1H = "project:mindspore_train_goodput:ratio1h"
 PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"
 # The share of a rank's replica group that holds the same parameters as it at the group's latest comparison.
 RANK_REPLICAS_AGREEING = "rank:mindspore_train_replicas_agreeing:ratio"
+# Model FLOPs utilisation of a project (docs/mfu.md): its model FLOPs per second in total, over the peaks of the
+# ranks that report an MFU (the job's MFU), and the mean of its ranks' MFU.
+PROJECT_MODEL_FLOPS = "project:mindspore_train_model_flops_per_second:sum"
+PROJECT_MFU = "project:mindspore_train_mfu:ratio"
+PROJECT_MFU_MEAN = "project:mindspore_train_mfu:mean"

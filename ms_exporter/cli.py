@@ -1,4 +1,4 @@
-"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top and demo."""
+"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top, hangs, report, peak-flops and demo."""
 
 from __future__ import annotations
 
@@ -98,6 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="a pause between steps counts as a stall past max(S, hang.factor x the recent step "
                              "cycle), as the monitor's hang deadline (default: hang.min_seconds' default, 120)")
 
+    peak = commands.add_parser("peak-flops", help="measure a MindSpore matrix multiply's FLOPs per second here",
+                               description="Prints the best FLOPs per second of MindSpore's matmul on this machine's "
+                                           "device: a practical flops.peak_flops_per_device where no datasheet "
+                                           "figure applies, such as a CPU (docs/mfu.md).")
+    peak.add_argument("--size", type=int, default=1024, help="square matrices of this size (default 1024)")
+    peak.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                      help="the precision training uses (default float32)")
+    peak.add_argument("--device", default=None, help="MindSpore device_target (default: MindSpore's own choice)")
+
     args = parser.parse_args(argv)
     if args.command == "dashboard":
         return _dashboard(args)
@@ -120,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     from ms_exporter import MissingDependencyError, _require_training_side
 
     try:
-        _require_training_side("ms-exporter demo")
+        _require_training_side(f"ms-exporter {args.command}")
     except MissingDependencyError as exc:  # an operator-only install: say what to add, not a traceback
         print(exc, file=sys.stderr)
         return 1
+    if args.command == "peak-flops":
+        return _peak_flops(args)
     from ms_exporter.tools.demo import run_demo
 
     return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
@@ -205,9 +216,24 @@ def _report(args: argparse.Namespace) -> int:
         time = facts["time"]
         goodput = (f", {100 * time['productive'] / sum(time.values()):.1f}% of {sum(time.values()):.0f} s productive"
                    f" ({facts['restarts']} restarts)" if time and sum(time.values()) > 0 else "")
+        mfu = f", MFU p50 {100 * facts['mfu_p50']:.1f}%" if facts["mfu_p50"] is not None else ""
         print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
-              f"{goodput}{stalled}{lost}{unreadable}")
+              f"{mfu}{goodput}{stalled}{lost}{unreadable}")
     print(f"wrote {args.output}")
+    return 0
+
+
+def _peak_flops(args: argparse.Namespace) -> int:
+    import mindspore
+
+    from ms_exporter.tools.peak_flops import measure_matmul_flops
+
+    if args.device:
+        mindspore.set_device(args.device)
+    flops = measure_matmul_flops(args.size, args.dtype)
+    device = mindspore.get_context("device_target")
+    print(f"# best of 5 rounds of {args.size}x{args.size} {args.dtype} matmuls on {device}: "
+          f"{flops / 1e9:,.1f} GFLOP/s\nflops:\n  peak_flops_per_device: {flops:.4g}")
     return 0
 
 

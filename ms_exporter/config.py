@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
 import yaml
 
 from ms_exporter import catalogue
+from ms_exporter.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
 from ms_exporter.thresholds import DEFAULTS
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ ENV_PREFIX = "MS_EXPORTER_"
 MAX_SECONDS = 7 * 24 * 3600  # intervals, timeouts and deadlines: a week
 MAX_STEPS = 10**12  # step counts
 MAX_RATIO = 1e12  # thresholds, factors and learning rates
+MAX_FLOPS = 1e30  # FLOPs per token or per second (a 1e15-parameter model at a zettaFLOP/s is far below)
 MAX_FILE_BYTES = 1024 * 1024  # a config file (a monitor_config is a few KiB)
 MAX_YAML_VALUES = 100_000  # values a YAML document may stand for, aliases expanded
 MAX_YAML_DEPTH = 64
@@ -585,6 +587,119 @@ class DivergenceConfig:
     model_parallel: int | None = setting(None, check=optional(int_in(1, 1_000_000)))
 
 
+def _peak(value: Any) -> float | str:
+    """A number of FLOPs per second, or the name of a preset whose figure docs/mfu.md cites."""
+    if isinstance(value, str):
+        if value in PEAK_PRESETS:
+            return value
+        close = _close(value, list(PEAK_PRESETS))
+        hint = f" (did you mean '{close}'?)" if close else ""
+        raise _Bad(f"unknown preset{hint}; give FLOPs per second as a number (such as 312e12) or a preset from "
+                   f"{list(PEAK_PRESETS)}", value)
+    if _is_number(value) and 0 < value <= MAX_FLOPS:
+        return float(value)
+    raise _Bad(f"must be FLOPs per second greater than 0 and at most {MAX_FLOPS:g} (such as 312e12), or a preset "
+               f"from {list(PEAK_PRESETS)}", value)
+
+
+_SIZE = optional(int_in(1, 10**9))
+
+
+@dataclass(frozen=True)
+class FlopsModelConfig:
+    """monitor_config.flops.model: the Transformer whose FLOPs per token the monitor computes (docs/mfu.md). The
+    names follow MindSpore Transformers' model_config where it has one (num_layers, hidden_size, num_heads,
+    n_kv_heads -> num_kv_heads, ffn_hidden_size / intermediate_size, vocab_size, seq_length)."""
+
+    num_layers: int | None = setting(None, check=_SIZE)
+    hidden_size: int | None = setting(None, check=_SIZE)
+    num_heads: int | None = setting(None, check=_SIZE)
+    ffn_hidden_size: int | None = setting(None, check=_SIZE)
+    vocab_size: int | None = setting(None, check=optional(int_in(0, 10**9)))  # 0: no per-token output layer
+    num_kv_heads: int | None = setting(None, check=_SIZE)
+    head_dim: int | None = setting(None, check=_SIZE)
+    gated_mlp: bool = setting(False, check=boolean())
+    # Also read without a description: the attention term of the FLOPs derived from the network's parameters.
+    causal: bool = setting(True, check=boolean())
+    num_experts: int = setting(0, check=int_in(0, 1_000_000))
+    moe_top_k: int | None = setting(None, check=_SIZE)
+    moe_ffn_hidden_size: int | None = setting(None, check=_SIZE)
+    shared_experts: int = setting(0, check=int_in(0, 1_000_000))
+    tied_embeddings: bool = setting(False, check=boolean())
+    seq_length: int | None = setting(None, check=_SIZE)  # for check-config's figure per token of a full sequence
+
+    _REQUIRED = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size")
+
+    @property
+    def described(self) -> bool:
+        return any(getattr(self, key) is not None for key in (*self._REQUIRED, "num_kv_heads", "head_dim"))
+
+    def shape(self) -> ModelShape | None:
+        """The description as a ModelShape; None when the model is not described."""
+        if not self.described:
+            return None
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelShape)}
+        return ModelShape(**values)
+
+    def _cross_check(self, say: Say) -> None:
+        if not self.described:
+            return
+        missing = [key for key in self._REQUIRED if getattr(self, key) is None]
+        if missing:
+            say("", f"a model description needs {', '.join(missing)} too (required: {', '.join(self._REQUIRED)})")
+            return
+        heads, kv_heads = self.num_heads or 1, self.num_kv_heads
+        if self.head_dim is None and (self.hidden_size or 0) % heads:
+            say("num_heads", f"must divide hidden_size ({self.hidden_size}) unless head_dim is given", heads)
+        if kv_heads is not None and (kv_heads > heads or heads % kv_heads):
+            say("num_kv_heads", f"must divide num_heads ({heads})", kv_heads)
+        if self.num_experts > 1 and not (self.moe_top_k and self.moe_top_k <= self.num_experts):
+            say("moe_top_k", f"an MoE model (num_experts {self.num_experts}) needs the experts each token is routed "
+                             f"to, from 1 to {self.num_experts}", self.moe_top_k)
+        if self.num_experts <= 1 and (self.moe_top_k is not None or self.moe_ffn_hidden_size is not None):
+            say("num_experts", "moe_top_k and moe_ffn_hidden_size describe an MoE model: give num_experts (2 or more)",
+                self.num_experts)
+
+
+@dataclass(frozen=True)
+class FlopsConfig:
+    """monitor_config.flops: model FLOPs per token and the device's peak, for model FLOPs utilisation (docs/mfu.md).
+
+    FLOPs per token come from `per_token`, else from the `model` description, else from the network's trainable
+    parameters (6N plus the attention of the attention layers found); MFU needs `peak_flops_per_device`."""
+
+    enable: bool = setting(True, check=boolean())
+    per_token: float | None = setting(None, check=optional(greater_than(0, MAX_FLOPS)))
+    model: FlopsModelConfig = section(FlopsModelConfig)
+    peak_flops_per_device: float | str | None = setting(None, check=optional(_peak))
+    # A column of packed data with each document's end offset in its row (MindSpore Transformers' actual_seq_len).
+    seq_len_column: str = setting("actual_seq_len", check=text())
+    # Ranks that compute each batch this rank's dataset yields (tensor x pipeline parallel; all ranks with
+    # full_batch): a rank's model FLOPs are its batches' over this. Default: from MindSpore's parallel context.
+    ranks_per_batch: int | None = setting(None, check=optional(int_in(1, 10**7)))
+    # MindSporeTrainingMfuLow fires below this MFU of the project (ms-exporter rules); unset: no such alert.
+    alert_below: float | None = setting(None, check=optional(between(0, 1)))
+
+    def _cross_check(self, say: Say) -> None:
+        if self.per_token is not None and self.model.described:
+            say("", "give FLOPs per token one way: per_token or a model description, not both")
+        if self.alert_below is not None and self.peak_flops_per_device is None:
+            say("alert_below", "MFU needs peak_flops_per_device: without it there is no MFU to alert on")
+
+    @property
+    def peak(self) -> float | None:
+        """The peak in FLOPs per second (a preset's figure), or None."""
+        value = self.peak_flops_per_device
+        return PEAK_PRESETS[value].flops if isinstance(value, str) else value
+
+    def model_flops(self) -> FlopsModel | None:
+        """The FLOPs model when it does not depend on the network (per_token or a description), else None."""
+        if self.per_token is not None:
+            return from_per_token(self.per_token)
+        shape = self.model.shape()
+        return from_shape(shape) if shape is not None else None
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -633,7 +748,7 @@ class WebConfig:
 
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
             "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig,
-            "goodput": GoodputConfig, "divergence": DivergenceConfig}
+            "goodput": GoodputConfig, "divergence": DivergenceConfig, "flops": FlopsConfig}
 
 
 @dataclass(frozen=True)
@@ -675,6 +790,7 @@ class MonitorConfig:
     run_id: str | None = setting(None, check=optional(_run_id))
     goodput: GoodputConfig = section(GoodputConfig)
     divergence: DivergenceConfig = section(DivergenceConfig)
+    flops: FlopsConfig = section(FlopsConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

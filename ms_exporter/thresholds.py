@@ -1,7 +1,8 @@
 """Every default threshold, in one place: the config's defaults, the alerting rules and the dashboard read them.
 
 docs/alerts.md explains each number. A user's monitor_config moves some of them (`Thresholds.from_config`):
-warn_on_value bounds, grad_norm.threshold, layernorm.drift_threshold and goodput.alert_below; the rest are
+warn_on_value bounds, grad_norm.threshold, layernorm.drift_threshold, goodput.alert_below and flops.alert_below;
+the rest are
 changed by editing the rendered rules.
 """
 
@@ -40,6 +41,8 @@ class Thresholds:
     straggler_wait_fraction: float = 0.2
     # GoodputLow: productive time under this share of all the project's time in the last hour (goodput.alert_below).
     goodput_low: float = 0.5
+    # MfuLow: the project's model FLOPs utilisation under this (flops.alert_below); None: no such alert.
+    mfu_low: float | None = None
 
     @classmethod
     def from_config(cls, config: MonitorConfig) -> Thresholds:
@@ -57,6 +60,8 @@ class Thresholds:
         if config.layernorm.drift_threshold is not None:
             changes["layernorm_drift"] = config.layernorm.drift_threshold
         changes["goodput_low"] = config.goodput.alert_below
+        if config.flops.enable:
+            changes["mfu_low"] = config.flops.alert_below
         return dataclasses.replace(cls(), **changes)
 
 

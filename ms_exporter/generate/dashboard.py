@@ -155,6 +155,17 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
         (f"histogram_quantile(0.95, {step_buckets})", "p95 rank {{rank}}")]), 6, 8)
     layout.add(timeseries("Data wait p95", "s", [(f"histogram_quantile(0.95, {wait_buckets})", "rank {{rank}}")],
                           "Time between steps: a stalled data loader shows here first."), 6, 8)
+    layout.add(timeseries("Model FLOPs utilisation", "percentunit", [
+        (f"{c.MFU.name}{{{s}}}", "rank {{rank}}"),
+        (f'{c.PROJECT_MFU}{{project=~"$project"}}', "job {{project}}")],
+        "Model FLOPs per second over the device's peak (docs/mfu.md): FLOPs per token from monitor_config.flops "
+        f"(a model description, a stated figure, or 6N of the parameters: {c.FLOPS_INFO.name} says which), "
+        "the peak from flops.peak_flops_per_device. Padding and recomputation are not counted as work.",
+        below=t.mfu_low), 12, 8)
+    layout.add(timeseries("Model FLOPs per second", "flops", [
+        (f"{c.MODEL_FLOPS_PER_SECOND.name}{{{s}}}", "rank {{rank}}"),
+        (f'{c.PROJECT_MODEL_FLOPS}{{project=~"$project"}}', "job {{project}}")],
+        "Tokens per second times model FLOPs per token (forward and backward)."), 12, 8)
 
     layout.row("Gradients")
     layout.add(timeseries("Global gradient norm", "none", [(f"{c.GRAD_NORM.name}{{{s}}}", "rank {{rank}}")],

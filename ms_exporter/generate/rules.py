@@ -140,6 +140,12 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                                      f" / sum by (project) (increase({c.RUN_TIME_SECONDS.name}[{window}]))"}
           for record, window in ((c.PROJECT_GOODPUT_1H, "1h"), (c.PROJECT_GOODPUT_24H, "24h"))),
         {"record": c.RANK_REPLICAS_AGREEING, "expr": _agreeing()},
+        {"record": c.PROJECT_MODEL_FLOPS, "expr": f"sum by (project) ({c.MODEL_FLOPS_PER_SECOND.name})"},
+        # The job's MFU: the model FLOPs of the ranks that know their peak, over the sum of those peaks.
+        {"record": c.PROJECT_MFU,
+         "expr": f"sum by (project) ({c.MODEL_FLOPS_PER_SECOND.name} and on (job, instance) {c.MFU.name})"
+                 f" / sum by (project) ({c.PEAK_FLOPS.name} and on (job, instance) {c.MFU.name})"},
+        {"record": c.PROJECT_MFU_MEAN, "expr": f"avg by (project) ({c.MFU.name})"},
     ]
     b = runbook_base
     # A rank past its hang deadline, valued in seconds, with the phase it is in as a label...
@@ -299,6 +305,11 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"The parameters of {_WHO} (replica group {{{{ $labels.replica_group }}}}) are no longer those of "
                f"its replicas: its fingerprint {{{{ $labels.verdict }}}} (it is shared by "
                f"{{{{ $value | humanizePercentage }}}} of the group).", b),
+        *([_alert("MindSporeTrainingMfuLow", f"{c.PROJECT_MFU} < {_number(t.mfu_low)}", w.slow_for, "warning",
+                  "The job uses too little of its accelerators' peak",
+                  f"Project {{{{ $labels.project }}}} runs at {{{{ $value | humanizePercentage }}}} model FLOPs "
+                  f"utilisation (its ranks' model FLOPs per second over their devices' peak), below "
+                  f"{_number(t.mfu_low)} for {w.slow_for}.", b)] if t.mfu_low is not None else []),
         _alert("MindSporeExporterErrors", f"increase({c.ERRORS.name}[{w.errors_window}]) > 0",
                w.short_for, "warning", "The training monitor is absorbing errors",
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "

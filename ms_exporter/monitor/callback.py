@@ -77,7 +77,8 @@ class TrainingMonitor(Callback):
         hooks = self.store.register(catalogue.HOOK_DURATION)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
         self._thresholds = ThresholdWatcher(self.store, self.config.all_bounds(), self.config.warmup_steps)
-        self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column)
+        self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column,
+                                   self.config.flops.seq_len_column if self.config.flops.enable else None)
         hang = self.config.hang
         self._watchdog = HangWatchdog(self.phases, probes.hang.current, self.store, self.config.save_dir,
                                       self.rank.rank, lambda exc: self._errors.absorb("watchdog", exc),

@@ -87,9 +87,9 @@ class StepPublisher:
         steps = step - self.last_step if step > self.last_step else 1
         self.last_step = step
         self.steps_done += steps
-        samples, tokens = self._batch.count(kept, steps)
+        samples, tokens, squares = self._batch.count(kept, steps)
         sample = StepSample(step, epoch, steps, loss, ended - began, data_wait, samples, tokens,
-                            ended + wall_offset, ended, outputs, self.layouts.resolve(outputs))
+                            ended + wall_offset, ended, outputs, self.layouts.resolve(outputs), squares)
         for probe in self.probes:
             try:
                 probe.on_step(sample)

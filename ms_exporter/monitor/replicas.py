@@ -32,6 +32,7 @@ class ParallelLayout:
     world_size: int
     stages: int = 1
     data_parallel: int | None = None  # the batch split of dataset_strategy, when it is a tuple of strategies
+    full_batch: bool = False  # every rank's dataset yields the whole global batch
 
 
 def read_layout(world_size: int) -> ParallelLayout:
@@ -42,12 +43,30 @@ def read_layout(world_size: int) -> ParallelLayout:
         mode = str(ms.get_auto_parallel_context("parallel_mode"))
         stages = int(ms.get_auto_parallel_context("pipeline_stages") or 1)
         strategy: Any = ms.get_auto_parallel_context("dataset_strategy")
+        full_batch = bool(ms.get_auto_parallel_context("full_batch"))
     except Exception:
         return ParallelLayout("stand_alone", world_size)
     data_parallel = None
     if isinstance(strategy, (tuple, list)) and strategy and isinstance(strategy[0], (tuple, list)) and strategy[0]:
         data_parallel = int(strategy[0][0])  # the first input's batch dimension is split this many ways
-    return ParallelLayout(mode, world_size, max(1, stages), data_parallel)
+    return ParallelLayout(mode, world_size, max(1, stages), data_parallel, full_batch)
+
+
+def ranks_per_batch(layout: ParallelLayout) -> tuple[int | None, str]:
+    """(how many ranks compute the batches this rank's dataset yields, why); None where the context does not say.
+
+    In data parallel each rank computes its own batch alone. In semi-auto and auto parallel the ranks that shard one
+    replica (tensor and pipeline parallel) compute one batch together: with `full_batch` every rank reads the whole
+    global batch, which all ranks compute; else the batch is split dataset_strategy's data-parallel ways."""
+    if layout.world_size <= 1 or layout.mode in ("stand_alone", "data_parallel"):
+        return 1, f"{layout.mode}: each rank computes its own batches"
+    if layout.full_batch:
+        return layout.world_size, f"{layout.mode} with full_batch: all {layout.world_size} ranks compute each batch"
+    if layout.data_parallel and layout.world_size % layout.data_parallel == 0:
+        share = layout.world_size // layout.data_parallel
+        return share, f"{layout.mode}, dataset_strategy splits the batch {layout.data_parallel} ways: {share} ranks " \
+                      "compute each batch"
+    return None, f"{layout.mode}: MindSpore's context does not say how many ranks share a batch"
 
 
 def replica_group(rank: int, layout: ParallelLayout, model_parallel: int | None = None) -> tuple[str | None, str]:

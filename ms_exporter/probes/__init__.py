@@ -23,6 +23,7 @@ from ms_exporter.probes.learning_rate import LearningRateProbe
 from ms_exporter.probes.loss import LossProbe
 from ms_exporter.probes.loss_scale import LossScaleProbe
 from ms_exporter.probes.memory import MemoryProbe
+from ms_exporter.probes.mfu import MfuProbe
 from ms_exporter.probes.progress import ProgressProbe
 from ms_exporter.probes.step_time import StepTimeProbe
 from ms_exporter.probes.throughput import ThroughputProbe
@@ -57,6 +58,8 @@ def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phas
         probes.append(StepTimeProbe(store))
     if config.wants("samples_per_second") or config.wants("tokens_per_second"):
         probes.append(ThroughputProbe(store, config.wants("samples_per_second"), config.wants("tokens_per_second")))
+    if config.flops.enable:
+        probes.append(MfuProbe(store, config.flops, rank.world_size))
     probes.append(LossScaleProbe(store, config.grad_norm.every_n_steps))
     if config.grad_norm.enable:
         probes.append(GradNormProbe(store, config.grad_norm))

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from ms_exporter import catalogue
+from ms_exporter.monitor.rate_window import RateWindow
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
-
-WINDOW_SECONDS = 10.0
-WINDOW_POINTS = 1024  # and at most this many step ends, so that very fast steps cannot grow the window's memory
 
 
 class ThroughputProbe(Probe):
@@ -38,12 +34,12 @@ class ThroughputProbe(Probe):
         # Token series appear only once a batch with a token column was seen: image data has none.
         self._tokens_total: Series | None = None
         self._tokens_rate: Series | None = None
-        self._points: deque[tuple[float, int, int]] = deque(maxlen=WINDOW_POINTS)
+        self._window = RateWindow()
         self._samples = 0
         self._tokens = 0
 
     def on_train_begin(self, cb_params: object) -> None:
-        self._points.clear()
+        self._window.clear()
 
     def on_step(self, sample: StepSample) -> None:
         self._samples += sample.samples
@@ -51,27 +47,19 @@ class ThroughputProbe(Probe):
         if sample.tokens and self._tokens_total is None:
             self._bind_token_series()
         self._tokens += sample.tokens
-        points = self._points
-        now = sample.monotonic
-        if not points:
-            # The first call has no earlier point: its own begin is the window's start.
-            points.append((now - sample.duration - (sample.data_wait or 0.0), self._samples - sample.samples,
-                           self._tokens - sample.tokens))
-        points.append((now, self._samples, self._tokens))
-        while len(points) > 2 and now - points[1][0] >= WINDOW_SECONDS:
-            points.popleft()
-        start, samples0, tokens0 = points[0]
-        elapsed = now - start
+        added = (sample.samples, sample.tokens)
+        elapsed, (samples, tokens) = self._window.advance(sample.monotonic, sample.cycle_began,
+                                                          (self._samples, self._tokens), added)
         if elapsed <= 0:
             return
         if self._samples_rate is None and self._samples_rate_family is not None:
             self._samples_rate = self._samples_rate_family.series()
         if self._samples_rate is not None:
-            self._samples_rate.value = (self._samples - samples0) / elapsed
+            self._samples_rate.value = samples / elapsed
         if self._tokens_total is not None:
             self._tokens_total.value = self._tokens
             if self._tokens_rate is not None:
-                self._tokens_rate.value = (self._tokens - tokens0) / elapsed
+                self._tokens_rate.value = tokens / elapsed
 
     def _bind_token_series(self) -> None:
         self._tokens_total = self._store.register(catalogue.TOKENS).series()

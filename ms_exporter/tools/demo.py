@@ -10,7 +10,19 @@ import numpy as np
 
 from ms_exporter import catalogue as c
 
-DEMO_CONFIG = {
+VOCAB = 1000
+SEQ_LEN = 32
+BATCH = 16
+
+
+def demo_flops_model(layers: int = 2, d_model: int = 64, heads: int = 4) -> dict[str, Any]:
+    """monitor_config.flops.model of build_network's Transformer: an encoder (attention over the whole sequence,
+    not causal), a plain MLP of 2 x d_model, and a classifier on the pooled sequence (no output layer per token)."""
+    return {"num_layers": layers, "hidden_size": d_model, "num_heads": heads, "ffn_hidden_size": 2 * d_model,
+            "vocab_size": 0, "causal": False}
+
+
+DEMO_CONFIG: dict[str, Any] = {
     "backend": ["prometheus", "local"],
     "project": "ms-exporter-demo",
     "interval": 5,
@@ -18,10 +30,9 @@ DEMO_CONFIG = {
     "grad_norm": {"layers": ["head"], "threshold": 10.0},
     # Where deploy/prometheus/prometheus.yml discovers ranks: the README's alerting recipe finds the demo there.
     "file_sd_dir": "/tmp/ms-exporter-targets",
+    # run_demo adds the peak it measures (a MindSpore matmul on this machine: ms-exporter peak-flops).
+    "flops": {"model": demo_flops_model()},
 }
-VOCAB = 1000
-SEQ_LEN = 32
-BATCH = 16
 
 
 class PaddedTokens:
@@ -162,7 +173,7 @@ def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
             print(f"step {int(value(c.GLOBAL_STEP)):>6} | loss {value(c.LOSS):.4f} "
                   f"(smoothed {value(c.LOSS_SMOOTHED):.4f}) | lr {value(c.LEARNING_RATE):.2e}"
                   f" | grad norm {value(c.GRAD_NORM):.3f} | {value(c.TOKENS_PER_SECOND):,.0f} tokens/s | "
-                  f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s", flush=True)
+                  f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s | MFU {100 * value(c.MFU):.1f}%", flush=True)
 
     return Progress()
 
@@ -183,6 +194,13 @@ def run_demo(steps: int, seconds: float | None = None, port: int | None = None, 
         overrides["port"] = port
     if save_dir is not None:
         overrides["save_dir"] = save_dir
+    if config is None:
+        from ms_exporter.tools.peak_flops import measure_matmul_flops
+
+        peak = measure_matmul_flops()
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s, the best rate of a 1024x1024 float32 matmul here (the MFU's "
+              "denominator; docs/mfu.md)", flush=True)
+        overrides["flops"] = {"model": demo_flops_model(), "peak_flops_per_device": peak}
     monitor = TrainingMonitor(config if config is not None else DEMO_CONFIG, **overrides)
     url = monitor.url
     if url:

@@ -22,7 +22,8 @@ from ms_exporter.config import HangConfig
 # the snapshots.
 PLOTTED = (*(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE,
                                           catalogue.TOKENS_PER_SECOND, catalogue.SAMPLES_PER_SECOND,
-                                          catalogue.STEP_DURATION, catalogue.DATA_WAIT, catalogue.GRAD_NORM)),
+                                          catalogue.STEP_DURATION, catalogue.DATA_WAIT, catalogue.GRAD_NORM,
+                                          catalogue.MFU, catalogue.MODEL_FLOPS_PER_SECOND)),
            "time")
 _LOSS, _SMOOTHED = catalogue.LOSS.short, catalogue.LOSS_SMOOTHED.short
 _DROPPED = catalogue.jsonl_key(catalogue.DROPPED_RECORDS.name, (("sink", "local"),))
@@ -154,6 +155,8 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "throughput_unit": throughput_key.replace("_per_second", "/s"),
         "throughput_p10": _percentile(rates, 0.1), "throughput_p50": _percentile(rates, 0.5),
         "throughput_p90": _percentile(rates, 0.9),
+        # Model FLOPs utilisation over the run's step records (docs/mfu.md); None without a peak.
+        "mfu_p50": _percentile(sorted(v for v in run.steps[catalogue.MFU.short] if v is not None), 0.5),
         "breaches": counters("threshold_breaches_total", "metric"),
         "actions": counters("actions_total", "action"),
         "events": [e.get("event") for e in run.events],

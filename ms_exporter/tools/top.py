@@ -179,6 +179,7 @@ class Row:
     loss: float | None = None
     loss_smoothed: float | None = None
     tokens_per_second: float | None = None
+    mfu: float | None = None  # model FLOPs utilisation, where the rank knows its device's peak
     step_seconds: float | None = None
     wait_seconds: float | None = None  # data wait per step, as the straggler rule counts it
     grad_norm: float | None = None
@@ -303,6 +304,7 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
               loss=loss,
               loss_smoothed=samples.value(catalogue.LOSS_SMOOTHED.name),
               tokens_per_second=samples.value(catalogue.TOKENS_PER_SECOND.name),
+              mfu=samples.value(catalogue.MFU.name),
               step_seconds=step_seconds, wait_seconds=wait_seconds,
               grad_norm=samples.value(catalogue.GRAD_NORM.name),
               memory_bytes=memory_bytes, memory_kind=memory_kind,
@@ -460,6 +462,7 @@ COLUMNS = (
     _Column("LOSS", _up(lambda row: _number(row.loss))),
     _Column("SMOOTHED", _up(lambda row: _number(row.loss_smoothed))),
     _Column("TOKENS/S", _up(lambda row: _rate(row.tokens_per_second))),
+    _Column("MFU", _up(lambda row: _percent(row.mfu))),
     _Column("STEP TIME", _up(lambda row: _duration(row.step_seconds))),
     _Column("DATA WAIT", _up(lambda row: _duration(row.wait_seconds))),
     _Column("GRAD NORM", _up(lambda row: _number(row.grad_norm, 4))),
@@ -550,6 +553,10 @@ def _number(value: float | None, digits: int = 5) -> str:
     if math.isinf(value):
         return "Inf" if value > 0 else "-Inf"
     return f"{value:.{digits}g}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
 
 
 def _rate(value: float | None) -> str:

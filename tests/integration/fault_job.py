@@ -22,7 +22,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.tools.demo import build_network, demo_flops_model, synthetic_dataset
 from tests.integration.boosted import Boosted
 
 HEALTHY_STEPS = 30  # the fault starts after this many steps
@@ -103,6 +103,8 @@ def main() -> None:
                               # A short hang deadline only where the stall is the fault: a loaded machine's pauses
                               # must not make the healthy run stall.
                               hang={"min_seconds": 5 if args.fault in ("stall", "pause") else 120},
+                              # A peak, so that the dashboard's MFU panel has series (no MfuLow: no alert_below).
+                              flops={"model": demo_flops_model(), "peak_flops_per_device": 1e12},
                               **({"backend": ["prometheus", "local"], "save_dir": args.save_dir}
                                  if args.save_dir else {}))
     print(f"metrics: {monitor.url}", flush=True)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ms_exporter.config import load_config
 from ms_exporter.generate.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
 from ms_exporter.generate.rules import RULES_FILE, render_rules, render_yaml
-from ms_exporter.thresholds import DEFAULTS
+from ms_exporter.thresholds import DEFAULTS, Thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_ALERTS = {
@@ -29,6 +30,10 @@ PINNED_ALERTS = {
     "MindSporeTrainingReplicaDivergence": "critical",
     "MindSporeExporterErrors": "warning",
 }
+# Rendered only when the user sets their threshold: (severity, monitor_config that switches it on, promtool cases).
+OPTIONAL_ALERTS = {"MindSporeTrainingMfuLow": ("warning",
+                                               {"flops": {"alert_below": 0.3, "peak_flops_per_device": 1e12}},
+                                               "mfu_low.test.yml")}
 
 
 def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -64,7 +69,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
     tests = yaml.safe_load((ROOT / "deploy/prometheus/tests/alerts.test.yml").read_text())["tests"]
     firing, quiet = set(), set()
     for case in tests:
-        for check in case["alert_rule_test"]:
+        for check in case.get("alert_rule_test", []):
             (firing if check["exp_alerts"] else quiet).add(check["alertname"])
             for expected in check["exp_alerts"]:
                 assert set(expected["exp_annotations"]) == {"summary", "description", "runbook_url"}
@@ -156,3 +161,21 @@ def test_alertmanager_mutes_warnings_of_a_rank_with_a_critical_alert() -> None:
 def test_static_prometheus_config_is_valid() -> None:
     checked = run("promtool", "check", "config", "deploy/prometheus/prometheus-static.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONAL_ALERTS))
+def test_an_optional_alert_appears_with_its_setting_and_its_promtool_cases_pass(name: str, tmp_path: Path) -> None:
+    severity, settings, cases_file = OPTIONAL_ALERTS[name]
+    assert name not in committed_alerts()  # off by default
+    rules = render_rules(Thresholds.from_config(load_config(settings)))
+    alerts = {r["alert"]: r for group in rules["groups"] for r in group["rules"] if "alert" in r}
+    assert alerts[name]["labels"]["severity"] == severity
+    assert f"\n## {name}\n" in (ROOT / "docs/alerts.md").read_text(), f"docs/alerts.md has no section for {name}"
+    cases = ROOT / "tests/integration/data" / cases_file
+    tests = yaml.safe_load(cases.read_text())
+    (tmp_path / tests["rule_files"][0]).write_text(render_yaml(rules))
+    (tmp_path / cases.name).write_text(cases.read_text())
+    checks = [check for case in tests["tests"] for check in case["alert_rule_test"] if check["alertname"] == name]
+    assert any(check["exp_alerts"] for check in checks) and any(not check["exp_alerts"] for check in checks)
+    tested = run("promtool", "test", "rules", cases.name, cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr

@@ -16,20 +16,23 @@ from mindspore.train import Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
 from ms_exporter import catalogue as c
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.tools.demo import build_network, demo_flops_model, synthetic_dataset
 from ms_exporter.tools.report import ReportError, group_files, load_run, summary
 from tests.browser import dom, screenshot
 
 pytestmark = pytest.mark.integration
 
 
-def train_run(save_dir: Path, project: str, steps: int, learning_rate: float) -> Path:
+def train_run(save_dir: Path, project: str, steps: int, learning_rate: float, peak: float | None = None) -> Path:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), learning_rate, 0.9)))
     monitor = TrainingMonitor(port=0, backend=["local"], save_dir=str(save_dir), project=project, interval=0.2,
-                              grad_norm={"every_n_steps": 2}, warn_on_value={"loss": 0.6})
+                              grad_norm={"every_n_steps": 2}, warn_on_value={"loss": 0.6},
+                              # with a peak, MFU; without, model FLOPs per second from the parameters (6N)
+                              flops={"model": demo_flops_model(1, 32, 2), "peak_flops_per_device": peak}
+                              if peak else {})
     try:
         model.train(1, synthetic_dataset(size=steps * 8, batch=8), callbacks=[monitor], dataset_sink_mode=False)
     finally:
@@ -40,7 +43,7 @@ def train_run(save_dir: Path, project: str, steps: int, learning_rate: float) ->
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     base = tmp_path_factory.mktemp("runs")
-    return [train_run(base / "a", "report-a", 30, 0.01), train_run(base / "b", "report-b", 20, 0.05)]
+    return [train_run(base / "a", "report-a", 30, 0.01, peak=1e12), train_run(base / "b", "report-b", 20, 0.05)]
 
 
 def step_records(path: Path) -> list[dict]:
@@ -65,6 +68,12 @@ def test_summary_is_what_the_files_say(runs: list[Path]) -> None:
         assert facts["time"] == {bucket: snapshots[-1]["metrics"][f'run_time_seconds_total{{bucket="{bucket}"}}']
                                  for bucket in c.TIME_BUCKETS}
         assert facts["time"]["productive"] > 0 and facts["time"]["compile"] > 0
+        mfus = sorted(r["mfu"] for r in records if "mfu" in r)
+        if path.parent.name == "a":  # with a peak: MFU on every step record, its median in the summary
+            assert len(mfus) == steps and facts["mfu_p50"] == mfus[len(mfus) // 2] and 0 < mfus[-1] < 1
+        else:  # without: no MFU, but model FLOPs per second
+            assert mfus == [] and facts["mfu_p50"] is None
+            assert all(r["model_flops_per_second"] > 0 for r in records)
 
 
 def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path: Path) -> None:
@@ -73,7 +82,8 @@ def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path:
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "project report-a rank 0: 30 steps" in done.stdout
-    assert re.search(r"rank 0: 30 steps, .* \d+\.\d% of \d+ s productive \(0 restarts\)", done.stdout), done.stdout
+    assert re.search(r"rank 0: 30 steps, .*, MFU p50 \d+\.\d%, \d+\.\d% of \d+ s productive \(0 restarts\)",
+                     done.stdout), done.stdout
     page = dom(output.as_uri())
     assert 'data-drawn="1"' in page
     points = {}
@@ -83,6 +93,7 @@ def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path:
     assert points["loss"] == 30 + 20  # both runs on one chart
     assert points["learning_rate"] == 50 and points["step_time"] == 50
     assert points["grad_norm"] >= 40 and points["memory"] >= 2
+    assert points["mfu"] == 50  # run a's MFU, run b's model FLOPs per second (it has no peak)
     rows = re.findall(r"<tr><td>.*?</tr>", page)
     assert len(rows) == 2 and "project report-a rank 0" in rows[0] and "<td>30</td>" in rows[0]
     assert re.search(r"<td>loss \d+</td>", rows[0])  # the breach episodes

@@ -16,9 +16,11 @@ from ms_exporter import ConfigError, MonitorConfig, load_config
 from ms_exporter.config import (
     ACTION_SECTIONS,
     DEFAULT_PORT,
+    MAX_FLOPS,
     METRIC_GROUPS,
     SECTIONS,
     Bound,
+    FlopsModelConfig,
     _Bad,
     at_least,
     between,
@@ -307,7 +309,7 @@ def nested(path: str, value: Any) -> dict[str, Any]:
 
 def test_every_field_of_every_section_declares_its_constraint() -> None:
     kinds = sections_of(MonitorConfig)
-    assert set(SECTIONS.values()) | set(ACTION_SECTIONS.values()) | {MonitorConfig} == set(kinds)
+    assert set(SECTIONS.values()) | set(ACTION_SECTIONS.values()) | {MonitorConfig, FlopsModelConfig} == set(kinds)
     for kind in kinds:
         for f in dataclasses.fields(kind):
             assert callable(f.metadata.get("check")), f"{kind.__name__}.{f.name} declares no constraint"
@@ -448,7 +450,9 @@ def test_finding_9_numbers_past_any_bound_are_config_errors(value: Any) -> None:
             continue
         for key in path.split("."):  # accepted: only where such a number means something (a loss threshold)
             config = getattr(config, key)
-        assert isinstance(config, float) and config <= 1e12, (path, config)
+        # FLOPs per token or per second: up to MAX_FLOPS (a zettaFLOP/s is 1e21)
+        assert isinstance(config, float) and config <= (MAX_FLOPS if path.startswith("flops.") else 1e12), \
+            (path, config)
 
 
 def test_finding_9_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_are_refused() -> None:

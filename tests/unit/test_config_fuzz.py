@@ -93,7 +93,10 @@ def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path: Path, text:
 
 # Keys that a rule tying fields together (or the file web.config_file names) may still object to.
 CROSS_FIELD = {"grad_norm.top_k", "grad_norm.max_series", "web.config_file", "web.client_ca_file",
-               "web.client_auth_type", "web.tls_cert_file", "web.tls_key_file"}
+               "web.client_auth_type", "web.tls_cert_file", "web.tls_key_file", "flops.alert_below",
+               # one key of a model description needs the others
+               *(f"flops.model.{key}" for key in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                                                  "vocab_size", "num_kv_heads", "head_dim"))}
 near_valid = st.one_of(values, st.integers(-3, 70000), st.floats(-2, 5), st.sampled_from(
     ["http://h:1", "grpc", "interval", "DEBUG", "epoch", "127.0.0.1", "::", "x", ["loss"], {"loss": 3}, {"a": "b"}]))
 

@@ -8,7 +8,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.monitor.sample import BatchCounter, read_loss
+from ms_exporter.monitor.sample import BatchCounter, document_squares, read_loss
 
 
 @pytest.mark.parametrize(
@@ -68,39 +68,78 @@ def test_tokens_exclude_padding_with_a_mask_column() -> None:
     mask = ms.Tensor(np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.int32))
     ids = ms.Tensor(np.ones((2, 4), np.int32))
     batch = [ms.Tensor(np.zeros(2, np.int32)), ids, mask]
-    assert counter.count(counter.keep(batch), 1) == (2, 4)
-    assert counter.count(counter.keep(batch), 3) == (6, 12)
+    assert counter.count(counter.keep(batch), 1) == (2, 4, 0)
+    assert counter.count(counter.keep(batch), 3) == (6, 12, 0)
 
 
 def test_tokens_without_mask_are_batch_times_length() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["input_ids", "label"], 3, [[3, 8], [3]]))
     batch = [ms.Tensor(np.ones((3, 8), np.int32)), ms.Tensor(np.zeros(3, np.int32))]
-    assert counter.count(counter.keep(batch), 1) == (3, 24)
+    assert counter.count(counter.keep(batch), 1) == (3, 24, 0)
 
 
 def test_image_data_has_no_tokens() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["image", "label"], 4, [[4, 3, 8, 8], [4]]))
     images = ms.Tensor(np.zeros((4, 3, 8, 8), np.float32))
-    assert counter.count(counter.keep([images.reshape(4, -1)[:, 0], ms.Tensor(np.zeros(4, np.int32))]), 1) == (4, 0)
+    assert counter.count(counter.keep([images.reshape(4, -1)[:, 0], ms.Tensor(np.zeros(4, np.int32))]), 1) == (4, 0, 0)
 
 
 def test_sink_mode_uses_dataset_shape_times_sink_size() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["input_ids", "attention_mask", "label"], 16, [[16, 32], [16, 32], [16]]))
     assert counter.keep(None) is None
-    assert counter.count(None, 10) == (160, 16 * 32 * 10)
+    assert counter.count(None, 10) == (160, 16 * 32 * 10, 0)
 
 
 def test_sink_mode_float_features_are_not_tokens() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["features", "label"], 16, [[16, 4], [16]]))
-    assert counter.count(None, 2) == (32, 0)
+    assert counter.count(None, 2) == (32, 0, 0)
 
 
 def test_a_batch_that_is_not_tensors_counts_nothing() -> None:
     counter = BatchCounter("attention_mask", "input_ids")
     counter.bind(FakeDataset(["input_ids", "attention_mask"], 2, [[2, 4], [2, 4]]))
-    assert counter.count(counter.keep({"input_ids": 1}), 1) == (0, 0)
-    assert counter.count(counter.keep(["text", None]), 1) == (0, 0)
+    assert counter.count(counter.keep({"input_ids": 1}), 1) == (0, 0, 0)
+    assert counter.count(counter.keep(["text", None]), 1) == (0, 0, 0)
+
+
+# -- the attention term's sum of sequence lengths squared (flops on) -------------------------------------------------
+
+def test_squares_of_a_padded_batch_are_each_samples_real_length_squared() -> None:
+    counter = BatchCounter("attention_mask", "input_ids", "actual_seq_len")
+    counter.bind(FakeDataset(["input_ids", "attention_mask"], 2, [[2, 4], [2, 4]]))
+    mask = ms.Tensor(np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.int32))
+    batch = [ms.Tensor(np.ones((2, 4), np.int32)), mask]
+    assert counter.count(counter.keep(batch), 1) == (2, 4, 3 * 3 + 1 * 1)
+    assert counter.count(counter.keep(batch), 2) == (4, 8, 2 * 10)
+
+
+def test_a_packed_row_of_documents_of_128_and_896_tokens_counts_128_squared_plus_896_squared() -> None:
+    counter = BatchCounter("attention_mask", "input_ids", "actual_seq_len")
+    counter.bind(FakeDataset(["input_ids", "labels", "actual_seq_len"], 1, [[1, 1024], [1, 1024], [1, 4]]))
+    # MindSpore Transformers' compressed EOD column: each document's end, padded with the sequence length.
+    ends = ms.Tensor(np.array([[128, 1024, 1024, 1024]], np.int32))
+    batch = [ms.Tensor(np.ones((1, 1024), np.int32)), ms.Tensor(np.ones((1, 1024), np.int32)), ends]
+    samples, tokens, squares = counter.count(counter.keep(batch), 1)
+    assert (samples, tokens) == (1, 1024)
+    assert squares == 128**2 + 896**2 != 1024**2
+
+
+def test_packed_rows_offset_across_the_batch_or_starting_again_give_the_same_squares() -> None:
+    fresh = np.array([[128, 1024, 1024], [512, 1024, 1024]])
+    offset = np.array([[128, 1024, 1024], [1536, 2048, 2048]])  # row 1 offset by row 0's 1024 tokens
+    expected = 128**2 + 896**2 + 512**2 + 512**2
+    assert document_squares(fresh, 1024) == document_squares(offset, 1024) == expected
+    assert document_squares(np.array([[0, 100, 300]]), 300) == 100**2 + 200**2  # a leading 0 adds nothing
+
+
+def test_without_a_mask_every_sample_is_a_sequence_of_the_full_length() -> None:
+    counter = BatchCounter("attention_mask", "input_ids", "actual_seq_len")
+    counter.bind(FakeDataset(["input_ids", "label"], 3, [[3, 8], [3]]))
+    batch = [ms.Tensor(np.ones((3, 8), np.int32)), ms.Tensor(np.zeros(3, np.int32))]
+    assert counter.count(counter.keep(batch), 1) == (3, 24, 3 * 64)
+    counter.bind(FakeDataset(["input_ids", "label"], 16, [[16, 32], [16]]))
+    assert counter.count(None, 10) == (160, 16 * 32 * 10, 16 * 32 * 32 * 10)  # sink mode: the static shape

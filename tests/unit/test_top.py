@@ -416,3 +416,16 @@ def test_finding_10_label_values_with_terminal_escapes_are_shown_not_sent() -> N
 
 def row_with_error(error: str) -> Row:
     return Row(target="http://h:1/metrics", rank="9", project="p", error=f"refused: {error}")
+
+
+def test_mfu_column_shows_the_ranks_model_flops_utilisation_and_a_dash_without_a_peak() -> None:
+    without, _ = first_row(STEP4)
+    assert without.mfu is None and render([without]).header.text.split().count("MFU") == 1
+    page = STEP4 + '# TYPE mindspore_train_mfu gauge\nmindspore_train_mfu{project="capture",rank="1"} 0.4321\n'
+    row, _ = first_row(page)
+    assert row.mfu == 0.4321
+    header = render([row]).header.text
+    cells = render([row]).rows[0].text
+    column = header.index("MFU")
+    assert cells[column - 3:column + 3].strip() == "43.2%"
+    assert "-" in render([without]).rows[0].text[column - 3:column + 3]
