@@ -9,6 +9,7 @@ import yaml
 
 from ms_exporter._version import __version__
 from ms_exporter.config import ConfigError, MonitorConfig, load_config
+from ms_exporter.flops import from_shape
 
 # `make demo`'s run: about 2 minutes at ~14 ms a step on 2 idle cores. A planned length (not a time limit) lets the
 # LR schedule decay over the run and the dashboard's ETA be right; here, not in tools/demo.py, so that the command
@@ -253,4 +254,11 @@ def _check_config(path: str) -> int:
         return 1
     print(f"# {path} is valid; effective configuration (defaults and MS_EXPORTER_* variables applied):")
     print(yaml.safe_dump({"monitor_config": config.redacted()}, sort_keys=False), end="")
+    shape = config.flops.model.shape()
+    length = config.flops.model.seq_length
+    if shape is not None:  # so that a description can be checked against the model it means (docs/mfu.md)
+        at = f"; {from_shape(shape).per_token_at(length):.4g} training FLOPs per token of a full {length}-token " \
+             "sequence" if length else ""
+        print(f"# flops.model: {shape.parameters():,} parameters, {shape.matmul_weights():,} of them multiplied "
+              f"per token{at}")
     return 0

@@ -550,7 +550,9 @@ class HangConfig:
     native_stacks: bool = setting(True, check=boolean())  # add py-spy's native frames when py-spy is installed
 
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# The characters of a run_id (it names the run's state file in save_dir); goodput derives ids from the same set.
+RUN_ID_CHARACTERS = "A-Za-z0-9_.:-"
+_RUN_ID = re.compile(rf"^[A-Za-z0-9][{RUN_ID_CHARACTERS}]{{0,127}}$")
 
 
 def _run_id(value: Any) -> str:

@@ -85,7 +85,7 @@ class TrainingMonitor(Callback):
                                       hang.native_stacks, self.config.project) if probes.hang is not None else None
         watchdog = self._watchdog
         self._goodput = Goodput(self.config, self.store, self.phases, self.rank.rank,
-                                probes.hang.deadline_of if probes.hang is not None else None,
+                                probes.hang.deadlines if probes.hang is not None else None,
                                 lambda exc: self._errors.absorb("goodput", exc)) \
             if self.config.goodput.enable else None
         stacks = (lambda: watchdog.latest) if watchdog is not None and hang.debug_endpoint else None

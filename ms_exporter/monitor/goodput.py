@@ -17,11 +17,11 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ms_exporter import catalogue as c
-from ms_exporter.config import MonitorConfig
+from ms_exporter.config import RUN_ID_CHARACTERS, MonitorConfig
 from ms_exporter.monitor.ledger import TimeLedger, process_started
 from ms_exporter.monitor.optimizer_step import step_offset
 from ms_exporter.monitor.periodic import PeriodicThread
@@ -31,7 +31,7 @@ from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
 
-_NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9_.:-]+")
+_NOT_IN_RUN_ID = re.compile(rf"[^{RUN_ID_CHARACTERS}]+")
 
 
 def derived_run_id(project: str, save_dir: str) -> str:
@@ -46,9 +46,9 @@ class Goodput:
     """Built by TrainingMonitor when goodput.enable; `step_ended` is on the training thread's step path."""
 
     def __init__(self, config: MonitorConfig, store: MetricStore, phases: PhaseClock, rank: int,
-                 deadline_of: Callable[[str | None], float] | None, on_error: Callable[[BaseException], None]) -> None:
+                 deadlines: Mapping[str | None, float] | None, on_error: Callable[[BaseException], None]) -> None:
         self._on_error = on_error
-        self.ledger = TimeLedger(store, process_started(), deadline_of)
+        self.ledger = TimeLedger(store, process_started(), deadlines)
         phases.ledger = self.ledger
         given = config.run_id is not None
         self.run_id = config.run_id if config.run_id is not None else derived_run_id(config.project, config.save_dir)

@@ -22,7 +22,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 
 from ms_exporter import catalogue as c
 from ms_exporter.monitor.store import MetricStore
@@ -43,12 +43,14 @@ class TimeLedger:
     moment, between a segment's close and the next one's open, would read as a reset to Prometheus.
     """
 
-    def __init__(self, store: MetricStore, started: float, deadline_of: Callable[[str | None], float] | None) -> None:
+    def __init__(self, store: MetricStore, started: float, deadlines: Mapping[str | None, float] | None) -> None:
         self._totals = [0.0] * len(c.TIME_BUCKETS)
         self._open = (INDEX[c.STARTUP], started, math.inf)  # (bucket, since, stalled from): perf_counter times
         self._stopped_at: float | None = None
         self._read_at = started  # the latest moment a reader counted up to
-        self._deadline_of = deadline_of
+        # Each phase's hang deadline in seconds as of now (HangDeadlineProbe.deadlines keeps it current): one look-up
+        # per phase change, the deadline a phase had when it began; a phase without one is never stalled.
+        self._deadlines: Mapping[str | None, float] = deadlines if deadlines is not None else {}
         self._lock = threading.Lock()
         # True while the steps ahead are steps the run already took in an earlier process (set at each step end).
         self.redoing = False
@@ -59,8 +61,7 @@ class TimeLedger:
     def move(self, phase: str | None, now: float) -> None:
         """`phase` begins at `now` (perf_counter): the segment that was open is booked."""
         bucket = _REDO if self.redoing and phase in _REDOABLE else _PHASE_BUCKET[phase]
-        deadline = self._deadline_of(phase) if self._deadline_of is not None else math.nan
-        deadline = deadline if deadline >= 0 else math.inf  # NaN: no deadline, never stalled
+        deadline = self._deadlines.get(phase, math.inf)
         with self._lock:
             if self._stopped_at is not None:
                 return

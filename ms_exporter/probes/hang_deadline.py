@@ -17,6 +17,8 @@ from ms_exporter.probes.base import Probe
 MIN_CYCLES = 5
 # The percentile is recomputed this often (or at once when a cycle is longer than the figure in use).
 _REFRESH_EVERY = 16
+# The phases whose deadline is learned; the others have fixed ones.
+_LEARNED = (catalogue.STEP_PHASE, catalogue.DATA_WAIT_PHASE, catalogue.CALLBACKS)
 
 
 class HangDeadlineProbe(Probe):
@@ -45,10 +47,16 @@ class HangDeadlineProbe(Probe):
         self._since_refresh = 0
         self._fixed = {catalogue.COMPILE: config.compile_seconds, catalogue.EVAL_PHASE: config.eval_seconds,
                        catalogue.CHECKPOINT: config.checkpoint_seconds, catalogue.ENDED: math.nan}
+        # Every phase's deadline as of now, kept current here (where it changes, when steps are published) so that
+        # the goodput ledger reads it with one look-up at each phase change; phases without a deadline are absent.
+        self.deadlines: dict[str | None, float] = {phase: seconds for phase, seconds in self._fixed.items()
+                                                   if not math.isnan(seconds)}
+        self._update_learned()
 
     def on_train_begin(self, cb_params: Any) -> None:
         self._first = None  # a new call compiles again; its first cycle is not a step cycle
         self._previous_end = None
+        self._update_learned()
         if not self._bound:
             self._bound = True
             self._family.bind(self.current)
@@ -57,12 +65,21 @@ class HangDeadlineProbe(Probe):
         previous, self._previous_end = self._previous_end, sample.monotonic
         if previous is None:  # the first step of a training call
             self._first = sample.duration + (sample.data_wait or 0.0)
+            self._update_learned()
             return
         cycle = sample.monotonic - previous
         self._cycles.append(cycle)
         self._since_refresh += 1
         if self._since_refresh >= _REFRESH_EVERY or not cycle <= self._base:
             self._refresh()
+            self._update_learned()
+        elif len(self._cycles) == MIN_CYCLES:  # the learned figure takes over from the first step's
+            self._update_learned()
+
+    def _update_learned(self) -> None:
+        learned = self.learned()
+        for phase in _LEARNED:
+            self.deadlines[phase] = learned
 
     def _refresh(self) -> None:
         self._since_refresh = 0

@@ -198,3 +198,16 @@ def test_a_rank_that_shares_its_batches_counts_its_share_of_their_flops() -> Non
     assert store.value_of(c.MODEL_FLOPS_PER_SECOND) == pytest.approx(1e6 * 1000 / 0.1 / 4)
     assert store.value_of(c.MFU) == pytest.approx(2.5)
     assert dict(store.series_of(c.FLOPS_INFO)[0].labels)["ranks_per_batch"] == "4"
+
+
+def test_check_config_prints_what_a_description_amounts_to(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from ms_exporter import cli
+
+    path = tmp_path / "llama.yaml"
+    path.write_text("monitor_config:\n  flops:\n    model: {num_layers: 32, hidden_size: 4096, num_heads: 32, "
+                    "ffn_hidden_size: 11008, vocab_size: 32000, gated_mlp: true, seq_length: 4096}\n")
+    assert cli.main(["check-config", str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    per_token = from_shape(LLAMA2_7B).per_token_at(4096)
+    assert last == (f"# flops.model: 6,738,415,616 parameters, 6,607,077,376 of them multiplied per token; "
+                    f"{per_token:.4g} training FLOPs per token of a full 4096-token sequence")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +25,8 @@ def booked(ledger: TimeLedger) -> dict[str, float]:
             if seconds}
 
 
-def step_deadline(phase: str | None) -> float:
-    """A 3 s deadline in step and data_wait, none elsewhere (as the hang deadline is NaN before training)."""
-    return 3.0 if phase in (c.STEP_PHASE, c.DATA_WAIT_PHASE) else math.nan
+# A 3 s deadline in step and data_wait, none elsewhere (as the hang deadline is NaN before training).
+step_deadline = {c.STEP_PHASE: 3.0, c.DATA_WAIT_PHASE: 3.0}
 
 
 def test_each_second_goes_to_one_bucket_stalled_first_then_compile_then_redo() -> None:

@@ -173,3 +173,21 @@ def test_callbacks_named_in_hang_checkpoint_callbacks_count_as_checkpoint() -> N
     assert phase_of(Saver(directory="unused")) == catalogue.CHECKPOINT
     with pytest.raises(ValueError, match=r"hang\.checkpoint_callbacks: 'my-saver' is not a class name"):
         load_config({"hang": {"checkpoint_callbacks": "my-saver"}})
+
+
+def test_the_deadline_table_the_ledger_reads_is_the_deadline_of_every_phase_at_each_step() -> None:
+    """HangDeadlineProbe.deadlines is kept current where the deadline changes, for the goodput ledger's one look-up
+    per phase change: it must say what deadline_of says, for every phase, whatever the steps did."""
+    run = Run(min_seconds=1.0, factor=2.0, window=20)
+
+    def agree() -> None:
+        for phase in (None, *catalogue.PHASES):
+            expected = run.probe.deadline_of(phase)
+            assert run.probe.deadlines.get(phase, math.nan) == pytest.approx(expected, nan_ok=True), (run.step, phase)
+
+    agree()
+    for duration, count in ((5.0, 1), (0.2, 3), (0.3, 2), (4.0, 1), (0.1, 40), (9.0, 2), (0.1, 30)):
+        run.steps(count, duration)
+        agree()
+    run.probe.on_train_begin({})
+    agree()
