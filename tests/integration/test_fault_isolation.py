@@ -20,8 +20,8 @@ pytestmark = pytest.mark.integration
 STEPS = 12
 EVERYTHING = {"grad_norm": {"every_n_steps": 1}, "layernorm": {"every_n_steps": 1}, "weight_norm": True,
               "web": {"cache_seconds": 0}, "warmup_steps": 2}
-PROBES = ["progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "loss_scale", "grad_norm",
-          "weight_norm", "layernorm", "memory"]
+PROBES = ["progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "mfu", "loss_scale",
+          "grad_norm", "weight_norm", "layernorm", "memory"]
 
 
 def injected(*args: Any, **kwargs: Any) -> None:
