@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--timing", choices=("default", "test"), default="default",
                        help="'test' shrinks every window and for: to seconds (integration tests, demos)")
     rules.add_argument("--job-regex", default=".*mindspore.*", help="Prometheus job(s) whose `up` RankDown watches")
-    rules.add_argument("--runbook-base", default="docs/alerts.md",
-                       help="where the runbook lives; each alert links to its section (default: docs/alerts.md)")
+    rules.add_argument("--runbook-url", "--runbook-base", dest="runbook_url", default=None, metavar="URL",
+                       help="the page that serves docs/alerts.md (a repository host renders one with a heading anchor "
+                            "per alert); each alert's runbook_url links to its section (default: the config's "
+                            "runbook_url, else the relative docs/alerts.md)")
     rules.add_argument("-o", "--output", default=None, help="write here instead of standard output")
 
     dashboard = commands.add_parser("dashboard", help="print the Grafana dashboard JSON")
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     kubernetes = commands.add_parser(
         "kubernetes", help="write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)")
     kubernetes.add_argument("--config", default=None, help="take alert thresholds from this monitor_config file")
-    kubernetes.add_argument("--runbook-base", default="docs/alerts.md", help="where the alerts' runbook links point")
+    kubernetes.add_argument("--runbook-url", "--runbook-base", dest="runbook_url", default=None, metavar="URL",
+                            help="the page that serves docs/alerts.md, as for `ms-exporter rules`")
     kubernetes.add_argument("-o", "--output-dir", default="deploy/kubernetes/base",
                             help="directory for prometheusrule.yaml and grafana-dashboard.yaml "
                                  "(default: deploy/kubernetes/base)")
@@ -159,9 +162,16 @@ def _rules(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     text = render_yaml(render_rules(Thresholds.from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
-                                    job_regex=args.job_regex, runbook_base=args.runbook_base))
+                                    job_regex=args.job_regex, runbook_base=_runbook(args, config)))
     _write(text, args.output)
     return 0
+
+
+def _runbook(args: argparse.Namespace, config: MonitorConfig) -> str:
+    """--runbook-url, else the config's runbook_url, else the repository-relative docs/alerts.md."""
+    from ms_exporter.generate.rules import RUNBOOK
+
+    return args.runbook_url or config.runbook_url or RUNBOOK
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -187,7 +197,7 @@ def _kubernetes(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     thresholds = Thresholds.from_config(config)
-    rules = render_rules(thresholds, Timing(), runbook_base=args.runbook_base)
+    rules = render_rules(thresholds, Timing(), runbook_base=_runbook(args, config))
     generator = "ms-exporter kubernetes"
     os.makedirs(args.output_dir, exist_ok=True)
     _write(render_manifest(render_prometheus_rule(rules), generator),

@@ -45,7 +45,7 @@ MAX_YAML_DEPTH = 64
 # 9464 OpenTelemetry ...), below Linux's ephemeral range (32768+), so that base + 7 local ranks stay clear.
 DEFAULT_PORT = 19420
 
-BACKENDS = ("prometheus", "otlp", "local")
+BACKENDS = ("prometheus", "otlp", "local", "tensorboard")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PUSH_EVENTS = ("train_end", "interval")
 # What check-config prints instead of a secret.
@@ -213,6 +213,13 @@ def optional(check: Check) -> Check:
 
 def url() -> Check:
     return _rule("a URL such as http://host:port", lambda value: isinstance(value, str) and bool(_URL.match(value)))
+
+
+def _runbook_url(value: Any) -> str:
+    if not (isinstance(value, str) and re.match(r"^https?://[^/\s]+\S*$", value) and "#" not in value):
+        raise _Bad("must be the http(s) URL of the runbook page, without a #fragment (each alert adds its own), "
+                   "such as https://github.com/ORG/REPO/blob/main/docs/alerts.md", value)
+    return value
 
 
 def readable_file() -> Check:
@@ -702,6 +709,14 @@ class FlopsConfig:
         return from_shape(shape) if shape is not None else None
 
 
+@dataclass(frozen=True)
+class TensorBoardConfig:
+    """monitor_config.tensorboard: the `tensorboard` backend's event files in save_dir/tensorboard/rank<r>."""
+
+    # Rank 0 only by default, as MindSpore Transformers' TensorBoard writer does: every rank writes with true.
+    all_ranks: bool = setting(False, check=boolean())
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -750,7 +765,8 @@ class WebConfig:
 
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
             "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig,
-            "goodput": GoodputConfig, "divergence": DivergenceConfig, "flops": FlopsConfig}
+            "goodput": GoodputConfig, "divergence": DivergenceConfig, "flops": FlopsConfig,
+            "tensorboard": TensorBoardConfig}
 
 
 @dataclass(frozen=True)
@@ -783,6 +799,9 @@ class MonitorConfig:
     layernorm: LayerNormConfig = section(LayerNormConfig)
     weight_norm: bool = setting(False, check=boolean())
     file_sd_dir: str | None = setting(None, check=optional(text()))
+    # Where the alerts' runbook_url links point (ms-exporter rules/kubernetes --config): the page that serves
+    # docs/alerts.md with a heading anchor per alert; unset: the repository-relative docs/alerts.md.
+    runbook_url: str | None = setting(None, check=optional(_runbook_url))
     otlp: OtlpConfig = section(OtlpConfig)
     pushgateway: PushgatewayConfig = section(PushgatewayConfig)
     web: WebConfig = section(WebConfig)
@@ -793,6 +812,7 @@ class MonitorConfig:
     goodput: GoodputConfig = section(GoodputConfig)
     divergence: DivergenceConfig = section(DivergenceConfig)
     flops: FlopsConfig = section(FlopsConfig)
+    tensorboard: TensorBoardConfig = section(TensorBoardConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

@@ -16,6 +16,8 @@ from ms_exporter import catalogue as c
 from ms_exporter.thresholds import Thresholds
 
 RULES_FILE = "deploy/prometheus/rules/mindspore-training.rules.yml"
+# Where runbook_url points when no --runbook-url or monitor_config.runbook_url is given: the repository's own copy.
+RUNBOOK = "docs/alerts.md"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ TEST_TIMING = Timing(evaluation="1s", event_for="0s", spike_for="1s", gone_for="
 OVERFLOW_MIN_STEPS = 20
 
 
+def heading_anchor(heading: str) -> str:
+    """The anchor GitHub, GitLab and Gitea give a Markdown heading (lower case; letters, digits, '-' and '_' kept,
+    spaces to '-'): docs/alerts.md has a `## <alert name>` section per alert, so a page of it on any of them is a
+    runbook whose links land on the alert's section."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def _number(value: float) -> str:
     return f"{value:g}"
 
@@ -89,7 +98,7 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{runbook_base}#{name.lower()}",
+            "runbook_url": f"{runbook_base}#{heading_anchor(name)}",
         },
     }
 
@@ -99,7 +108,7 @@ _WHO = "rank {{ $labels.rank }} of project {{ $labels.project }}"
 
 
 def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = None,
-                 job_regex: str = ".*mindspore.*", runbook_base: str = "docs/alerts.md") -> dict[str, Any]:
+                 job_regex: str = ".*mindspore.*", runbook_base: str = RUNBOOK) -> dict[str, Any]:
     """The rules file as data: one recording group and one alerting group."""
     t = thresholds or Thresholds()
     w = timing or Timing()

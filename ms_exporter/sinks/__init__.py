@@ -10,6 +10,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ms_exporter.config import ConfigError, MonitorConfig
@@ -62,6 +63,8 @@ def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, ra
                                      config.max_file_mb, config.max_files, on_error, breaker))
         elif backend == "otlp":
             sinks.extend(_otlp(config, store, rank, on_error))
+        elif backend == "tensorboard" and (rank.rank == 0 or config.tensorboard.all_ranks):
+            sinks.append(_tensorboard(config, store, rank, on_error, breaker))
     if config.file_sd_dir and port is not None:
         sinks.extend(_file_sd(config.file_sd_dir, config, rank, port, on_error))
     if config.pushgateway.url:
@@ -116,6 +119,18 @@ def _file_sd(directory: str, config: MonitorConfig, rank: RankInfo, port: int, o
         return []
     logger.info("ms_exporter: registered %s for Prometheus file_sd", target.path)
     return [target]
+
+
+def _tensorboard(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
+                 breaker: Breaker) -> Sink:
+    try:
+        from ms_exporter.sinks.tensorboard import TensorBoardWriter
+
+        return TensorBoardWriter(store, Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}", config.interval,
+                                 on_error, breaker)
+    except ImportError as exc:
+        raise ConfigError([f"monitor_config.backend: tensorboard needs tensorboardX ({exc.name} is missing); "
+                           "install it with: pip install 'ms-exporter[tensorboard]'"]) from exc
 
 
 def _otlp(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError) -> list[Sink]:

@@ -21,6 +21,7 @@ from ms_exporter.monitor.errors import Breaker
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
 from ms_exporter.sinks.base import Sink
+from ms_exporter.sinks.step_columns import StepColumns
 
 logger = logging.getLogger("ms_exporter")
 
@@ -99,9 +100,7 @@ class JsonlWriter(Sink):
         self._breaker = breaker
         self._flushes = 0
         self._off = False
-        self._column_keys: tuple[str, ...] = ()
-        self._columns: tuple[Series, ...] = ()
-        self._columns_version = -1
+        self._columns = StepColumns(store)
 
     # -- the sink lifecycle --------------------------------------------------------------------------
     def start(self, step: int) -> None:
@@ -109,9 +108,7 @@ class JsonlWriter(Sink):
         self._start_thread()
 
     def on_step(self, sample: StepSample) -> None:
-        if self._columns_version != self._store.version:
-            self._bind_columns()
-        self.record_step(sample, self._column_keys, tuple([series.value for series in self._columns]))
+        self.record_step(sample, *self._columns.read())
 
     def on_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.record_event("eval", step=step, metrics={str(k): _plain(v) for k, v in metrics.items()})
@@ -123,14 +120,6 @@ class JsonlWriter(Sink):
     def interrupted(self, signal_name: str, step: int) -> None:
         self.record_event("signal", signal=signal_name, step=step)
         self.flush()
-
-    def _bind_columns(self) -> None:
-        """The per-step series and their keys; the keys tuple is shared by every record until a series appears."""
-        self._columns_version = self._store.version
-        columns = [(series_key(family.name, series), series)
-                   for family in catalogue.JSONL_STEP_COLUMNS for series in self._store.series_of(family)]
-        self._column_keys = tuple(key for key, _ in columns)
-        self._columns = tuple(series for _, series in columns)
 
     # -- training thread -----------------------------------------------------------------------------
     def record_step(self, sample: StepSample, keys: tuple[str, ...], values: tuple[float, ...]) -> None:

@@ -1,0 +1,29 @@
+"""The per-step series a step record carries (catalogue.JSONL_STEP_COLUMNS), keyed as JSON Lines keys them."""
+
+from __future__ import annotations
+
+from ms_exporter import catalogue
+from ms_exporter.monitor.store import MetricStore, Series
+
+
+class StepColumns:
+    """Reads the step columns' current values; rebinds (a new keys tuple) only when a series appeared, so that
+    every record in between shares one keys tuple."""
+
+    def __init__(self, store: MetricStore) -> None:
+        self._store = store
+        self._keys: tuple[str, ...] = ()
+        self._series: tuple[Series, ...] = ()
+        self._version = -1
+
+    def read(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        if self._version != self._store.version:
+            self._bind()
+        return self._keys, tuple([series.value for series in self._series])
+
+    def _bind(self) -> None:
+        self._version = self._store.version
+        columns = [(catalogue.jsonl_key(family.name, series.labels), series)
+                   for family in catalogue.JSONL_STEP_COLUMNS for series in self._store.series_of(family)]
+        self._keys = tuple(key for key, _ in columns)
+        self._series = tuple(series for _, series in columns)

@@ -1,0 +1,76 @@
+"""backend: tensorboard, read back with TensorBoard's own event reader (issue #23)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import mindspore as ms
+import pytest
+import yaml
+from mindspore import nn
+from mindspore.train import Model
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ms_exporter import TrainingMonitor
+from ms_exporter.tools.demo import build_network, synthetic_dataset
+
+pytestmark = pytest.mark.integration
+
+STEPS = 24
+
+
+def train(config: Any) -> TrainingMonitor:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    network = build_network(layers=1, d_model=32, heads=2)
+    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), nn.ExponentialDecayLR(0.01, 0.9, 4),
+                                                 0.9))
+    monitor = TrainingMonitor(config)
+    try:
+        model.train(1, synthetic_dataset(size=STEPS * 8, batch=8), callbacks=[monitor], dataset_sink_mode=False)
+    finally:
+        monitor.close()
+    return monitor
+
+
+def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
+    """Every scalar series in the event files, by tag and step, as TensorBoard reads them."""
+    reader = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    reader.Reload()
+    return {tag: {event.step: event.value for event in reader.Scalars(tag)} for tag in reader.Tags()["scalars"]}
+
+
+def test_a_seed_shaped_config_runs_unchanged_and_tensorboard_reads_its_series(tmp_path: Path) -> None:
+    config = tmp_path / "monitor.yaml"
+    config.write_text(yaml.safe_dump({"monitor_config": {
+        "backend": "tensorboard",
+        "metrics": ["loss", "lr", "tokens_per_second", "memory_usage", "global_rank"],
+        "warn_on_value": {"loss": 50.0},
+        "tags": {"model": "tiny"},
+        "interval": 1,
+        "save_dir": str(tmp_path / "out"),
+    }}))
+    train(str(config))
+    found = scalars(tmp_path / "out" / "tensorboard" / "rank0")
+    for tag in ("loss", "learning_rate", "tokens_per_second"):
+        assert sorted(found[tag]) == list(range(1, STEPS + 1)), tag
+    assert all(math.isfinite(value) and value > 0 for value in found["loss"].values())
+    assert "samples_per_second" not in found  # switched off by `metrics`, as everywhere else
+
+
+def test_tensorboard_holds_the_same_loss_lr_and_throughput_per_step_as_the_json_lines_file(tmp_path: Path) -> None:
+    train({"backend": ["tensorboard", "local"], "save_dir": str(tmp_path), "interval": 1, "port": 0})
+    records = [json.loads(line) for line in (tmp_path / "metrics-rank0.jsonl").read_text().splitlines()]
+    steps = {record["step"]: record for record in records if record["type"] == "step"}
+    found = scalars(tmp_path / "tensorboard" / "rank0")
+    assert len(steps) == STEPS
+    for key in ("loss", "learning_rate", "tokens_per_second", "samples_per_second", "step_duration_seconds"):
+        assert sorted(found[key]) == sorted(steps), key
+        for step, record in steps.items():
+            # TensorBoard keeps float32: equal to that precision
+            assert found[key][step] == pytest.approx(record[key], rel=1e-6), (key, step)
+    lrs = [found["learning_rate"][step] for step in sorted(steps)]
+    assert lrs[0] > lrs[-1]  # the schedule's decay is there, step by step

@@ -1,0 +1,63 @@
+"""Runbook links an on-call can open: absolute runbook_url annotations that land on the alert's section."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ms_exporter import cli
+from ms_exporter.config import ConfigError, load_config
+from ms_exporter.generate.rules import heading_anchor, render_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "https://github.com/example/ms_exporter/blob/main/docs/alerts.md"
+
+
+def alerts(rules: dict) -> dict[str, dict]:
+    return {r["alert"]: r for group in rules["groups"] for r in group["rules"] if "alert" in r}
+
+
+def test_heading_anchors_follow_the_repository_hosts_slugs() -> None:
+    # As GitHub, GitLab and Gitea render them (the docs' own cross-links rely on the same).
+    assert heading_anchor("MindSporeTrainingHang") == "mindsporetraininghang"
+    assert heading_anchor("How fast an alert arrives") == "how-fast-an-alert-arrives"
+    assert heading_anchor("Who may read the endpoint: `web`") == "who-may-read-the-endpoint-web"
+    assert heading_anchor("FLOPs: model FLOPs utilisation") == "flops-model-flops-utilisation"
+    assert "(configuration.md#flops-model-flops-utilisation)" in (ROOT / "docs/mfu.md").read_text()
+
+
+def test_with_a_base_every_runbook_url_is_absolute_and_names_a_section_of_the_runbook() -> None:
+    headings = {heading_anchor(line[3:]) for line in (ROOT / "docs/alerts.md").read_text().splitlines()
+                if line.startswith("## ")}
+    found = alerts(render_rules(runbook_base=BASE))
+    assert len(found) >= 19
+    for name, rule in found.items():
+        url = rule["annotations"]["runbook_url"]
+        page, anchor = url.split("#")
+        assert page == BASE and anchor in headings, (name, url)
+
+
+def test_rules_and_kubernetes_take_the_url_from_the_flag_or_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "monitor.yaml"
+    config.write_text(f"monitor_config:\n  runbook_url: {BASE}\n")
+    assert cli.main(["rules", "--config", str(config), "-o", str(tmp_path / "rules.yml")]) == 0
+    rendered = alerts(yaml.safe_load((tmp_path / "rules.yml").read_text()))
+    urls = {rule["annotations"]["runbook_url"] for rule in rendered.values()}
+    assert urls and all(url.startswith(BASE + "#") for url in urls)
+    other = "https://runbooks.example.org/ms_exporter/alerts.md"
+    assert cli.main(["rules", "--config", str(config), "--runbook-url", other, "-o", str(tmp_path / "r2.yml")]) == 0
+    assert f"runbook_url: {other}#mindsporetraininghang" in (tmp_path / "r2.yml").read_text()
+    assert cli.main(["kubernetes", "--config", str(config), "-o", str(tmp_path / "k8s")]) == 0
+    manifest = (tmp_path / "k8s" / "prometheusrule.yaml").read_text()
+    assert re.findall(r"runbook_url: (\S+)#", manifest) and set(re.findall(r"runbook_url: (\S+)#", manifest)) == {BASE}
+    assert cli.main(["rules", "-o", str(tmp_path / "default.yml")]) == 0  # no base: the repository-relative path
+    assert "runbook_url: docs/alerts.md#mindsporetraininghang" in (tmp_path / "default.yml").read_text()
+
+
+@pytest.mark.parametrize("bad", ["docs/alerts.md", "ftp://host/alerts.md", BASE + "#top", "https://"])
+def test_a_runbook_url_that_cannot_be_a_page_is_a_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError, match="runbook_url: must be the http"):
+        load_config({"runbook_url": bad})

@@ -1,0 +1,62 @@
+"""The tensorboard backend's choices: which ranks write, a missing extra, a writer that fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ms_exporter import catalogue as c
+from ms_exporter.config import ConfigError, load_config
+from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
+from ms_exporter.sinks import build_sinks
+from ms_exporter.sinks.tensorboard import TensorBoardWriter
+
+
+def sinks_of(rank: int, tmp_path: Path, **options: object) -> list[str]:
+    config = load_config({"backend": "tensorboard", "save_dir": str(tmp_path), **options})
+    store = MetricStore()
+    errors = ErrorSink(store, ("callback",))
+    built = build_sinks(config, store, RankInfo(rank, rank, 4, "node"), errors.absorb, Breaker(errors, store))
+    for sink in built:
+        sink.close()
+    return [sink.name for sink in built]
+
+
+def test_rank_0_writes_by_default_and_every_rank_with_all_ranks(tmp_path: Path) -> None:
+    assert sinks_of(0, tmp_path) == ["tensorboard"]
+    assert sinks_of(1, tmp_path) == []
+    assert sinks_of(1, tmp_path, tensorboard={"all_ranks": True}) == ["tensorboard"]
+    assert (tmp_path / "tensorboard" / "rank1").is_dir()
+
+
+def test_without_tensorboardx_the_config_error_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # what an install without the extra looks like
+    with pytest.raises(ConfigError, match=r"pip install 'ms-exporter\[tensorboard\]'"):
+        sinks_of(0, tmp_path)
+
+
+def test_a_writer_that_fails_costs_its_records_never_the_training(tmp_path: Path) -> None:
+    store = MetricStore()
+    errors = ErrorSink(store, ("callback", "tensorboard"))
+    writer = TensorBoardWriter(store, tmp_path, 30.0, errors.absorb, Breaker(errors, store))
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    writer._writer.add_scalar = full_disk  # type: ignore[method-assign]
+    for step in range(1, 4):
+        writer.on_step(StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step)))
+        writer.flush()  # raises nothing
+    dropped = store.series_of(c.DROPPED_RECORDS)[0]
+    assert dropped.value == 3
+    writer.on_step(StepSample(4, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + 4, 4.0))  # switched off after 3 failures
+    writer.close()
+    counted = {dict(series.labels)["component"]: series.value for series in store.series_of(c.ERRORS)}
+    assert counted["tensorboard"] == 3
+    disabled = {dict(series.labels)["component"]: series.value for series in store.series_of(c.COMPONENT_DISABLED)}
+    assert disabled["tensorboard"] == 1
