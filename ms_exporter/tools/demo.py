@@ -194,17 +194,19 @@ def run_demo(steps: int, seconds: float | None = None, port: int | None = None, 
         overrides["port"] = port
     if save_dir is not None:
         overrides["save_dir"] = save_dir
+    peak = None
     if config is None:
         from ms_exporter.tools.peak_flops import measure_matmul_flops
 
         peak = measure_matmul_flops()
-        print(f"peak: {peak / 1e9:,.1f} GFLOP/s, the best rate of a 1024x1024 float32 matmul here (the MFU's "
-              "denominator; docs/mfu.md)", flush=True)
         overrides["flops"] = {"model": demo_flops_model(), "peak_flops_per_device": peak}
     monitor = TrainingMonitor(config if config is not None else DEMO_CONFIG, **overrides)
     url = monitor.url
-    if url:
+    if url:  # first: scripts and tests read the URL from the first line
         print(f"metrics: {url}\nlive page: {url.removesuffix('metrics')}", flush=True)
+    if peak is not None:
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s, the best rate of a 1024x1024 float32 matmul here (the MFU's "
+              "denominator; docs/mfu.md)", flush=True)
     if monitor.jsonl_path:
         print(f"JSON Lines: {monitor.jsonl_path}", flush=True)
     limit = f"{steps} steps" + (f" (at most {seconds:.0f} s)" if seconds else "")

@@ -44,6 +44,9 @@ def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
     first, last = [r["loss"] for r in steps[:20]], [r["loss"] for r in steps[-20:]]
     assert sum(last) < 0.9 * sum(first)  # the demo model really learns
     assert steps[0]["tokens"] < 16 * 32  # padding excluded
+    # The demo measures its peak (a matmul here) and describes its model: an MFU on every step, below 1.
+    assert re.search(r"^peak: [\d,.]+ GFLOP/s", run.stdout, re.MULTILINE), run.stdout
+    assert all(0 < r["mfu"] < 1 for r in steps)
     # The run is planned: the ETA's planned steps are the run's, and the LR schedule decays over exactly it.
     snapshot = [r for r in records if r["type"] == "snapshot"][-1]["metrics"]
     assert snapshot["planned_steps"] == 200
