@@ -1,6 +1,8 @@
-"""The Grafana dashboard, built as data so that every query can be tested against a real Prometheus.
+"""The Grafana dashboard, built with the Grafana Foundation SDK's typed builders (panel and field names are checked
+by types), and tested by evaluating every query against a real Prometheus.
 
-`ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json` writes the committed file.
+`ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json` writes the committed file; the SDK is
+the only writer of its JSON, at the schema version the SDK targets.
 """
 
 from __future__ import annotations
@@ -8,96 +10,92 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from grafana_foundation_sdk.builders import common, dashboard, prometheus, statetimeline
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import timeseries as timeseries_panel
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+
 from ms_exporter import catalogue as c
 from ms_exporter.thresholds import DEFAULTS, Thresholds
 
 DASHBOARD_FILE = "deploy/grafana/dashboards/mindspore-training.json"
 UID = "ms-exporter-training"
 SELECTOR = 'project=~"$project", rank=~"$rank"'
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+Panel = Builder[dm.Panel]
 
 
 class _Layout:
-    """Places panels on Grafana's 24-column grid, row by row."""
+    """Rows and panels in order, each panel numbered; the SDK places them on Grafana's 24-column grid (every line
+    of panels below fills exactly 24 columns)."""
 
-    def __init__(self) -> None:
-        self.panels: list[dict[str, Any]] = []
-        self._y = 0
-        self._x = 0
-        self._row_height = 0
+    def __init__(self, board: dashboard.Dashboard) -> None:
+        self._board = board
         self._id = 0
 
     def row(self, title: str) -> None:
-        self._newline()
         self._id += 1
-        self.panels.append({"type": "row", "title": title, "id": self._id, "collapsed": False,
-                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self._y}, "panels": []})
-        self._y += 1
+        self._board.with_row(dashboard.Row(title).id(self._id))
 
-    def add(self, panel: dict[str, Any], width: int, height: int) -> None:
-        if self._x + width > 24:
-            self._newline()
+    def add(self, panel: Any, width: int, height: int) -> None:
         self._id += 1
-        panel["id"] = self._id
-        panel["gridPos"] = {"h": height, "w": width, "x": self._x, "y": self._y}
-        self.panels.append(panel)
-        self._x += width
-        self._row_height = max(self._row_height, height)
-
-    def _newline(self) -> None:
-        if self._x:
-            self._y += self._row_height
-        self._x = 0
-        self._row_height = 0
+        self._board.with_panel(panel.id(self._id).span(width).height(height))
 
 
-def _targets(queries: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    return [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": expr, "legendFormat": legend}
-            for i, (expr, legend) in enumerate(queries)]
+def _targets(panel: Any, queries: list[tuple[str, str]]) -> Any:
+    for index, (expr, legend) in enumerate(queries):
+        panel.with_target(prometheus.Dataquery().ref_id(chr(ord("A") + index)).expr(expr).legend_format(legend))
+    return panel
+
+
+def _legend() -> common.VizLegendOptions:
+    return common.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM)
 
 
 def timeseries(title: str, unit: str, queries: list[tuple[str, str]], description: str = "",
-               above: float | None = None, below: float | None = None, stacked: bool = False) -> dict[str, Any]:
+               above: float | None = None, below: float | None = None, stacked: bool = False) -> Any:
     """A time series panel; `above`/`below` draw the alert threshold a value should stay under/over as a dashed
     line (Grafana's thresholds, the numbers from ms_exporter/thresholds.py); `stacked` fills the series one on
     top of the other."""
-    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 0}}
+    panel = (timeseries_panel.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+             .line_width(1).fill_opacity(0).legend(_legend())
+             .tooltip(common.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)))
     if stacked:
-        defaults["custom"].update(fillOpacity=60, stacking={"mode": "normal", "group": "A"})
+        panel.fill_opacity(60).stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
     if above is not None or below is not None:
         limit = above if above is not None else below
-        ok, bad = {"color": "green", "value": None}, {"color": "red", "value": None}
-        steps = [ok, {**bad, "value": limit}] if above is not None else [bad, {**ok, "value": limit}]
-        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
-        defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
-    return {"type": "timeseries", "title": title, "description": description, "datasource": DATASOURCE,
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
-            "targets": _targets(queries)}
+        ok, bad = "green", "red"
+        first, second = (ok, bad) if above is not None else (bad, ok)
+        panel.thresholds(dashboard.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE)
+                         .steps([dm.Threshold(color=first, value=None), dm.Threshold(color=second, value=limit)]))
+        panel.thresholds_style(common.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED))
+    return _targets(panel, queries)
 
 
-def phase_timeline(title: str, selector: str, description: str = "") -> dict[str, Any]:
+def phase_timeline(title: str, selector: str, description: str = "") -> Any:
     """A state timeline of each rank's phase: the phase's position in catalogue.PHASES (1-based) as the value,
     mapped back to its name and a colour; a rank that stands out in a hang is the row of another colour."""
     terms = " + ".join(f'sum by (rank) ({c.PHASE.name}{{{selector}, phase="{name}"}}) * {index}'
                        for index, name in enumerate(c.PHASES, start=1))
     colours = ("purple", "orange", "green", "blue", "yellow", "red", "text")
-    mappings = [{"type": "value", "options": {str(index): {"text": name, "color": colour, "index": index - 1}}}
-                for index, (name, colour) in enumerate(zip(c.PHASES, colours, strict=True), start=1)]
-    return {"type": "state-timeline", "title": title, "description": description, "datasource": DATASOURCE,
-            "fieldConfig": {"defaults": {"unit": "none", "mappings": mappings, "color": {"mode": "thresholds"},
-                                         "custom": {"fillOpacity": 80, "lineWidth": 0}}, "overrides": []},
-            "options": {"showValue": "never", "mergeValues": True, "rowHeight": 0.8,
-                        "legend": {"displayMode": "list", "placement": "bottom"}},
-            "targets": _targets([(terms, "rank {{rank}}")])}
+    mappings: list[dm.ValueMapping] = [
+        dm.ValueMap(options={str(index): dm.ValueMappingResult(text=name, color=colour, index=index - 1)})
+        for index, (name, colour) in enumerate(zip(c.PHASES, colours, strict=True), start=1)]
+    panel = (statetimeline.Panel().title(title).description(description).datasource(DATASOURCE).unit("none")
+             .mappings(mappings).color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+             .fill_opacity(80).line_width(0).show_value(cm.VisibilityMode.NEVER).merge_values(True).row_height(0.8)
+             .legend(_legend()))
+    return _targets(panel, [(terms, "rank {{rank}}")])
 
 
-def stat(title: str, unit: str, expr: str, description: str = "") -> dict[str, Any]:
-    return {"type": "stat", "title": title, "description": description, "datasource": DATASOURCE,
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                        "colorMode": "value", "graphMode": "none"},
-            "targets": _targets([(expr, "")])}
+def stat(title: str, unit: str, expr: str, description: str = "") -> Any:
+    panel = (stat_panel.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+             .color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.NONE))
+    return _targets(panel, [(expr, "")])
 
 
 def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
@@ -108,7 +106,12 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
     step_mean = c.RANK_STEP_MEAN
     wait_mean = c.RANK_WAIT_MEAN
     cycle_mean = c.RANK_CYCLE_MEAN
-    layout = _Layout()
+    board = (dashboard.Dashboard("MindSpore training").uid(UID)
+             .description("ms_exporter: loss, learning rate, throughput, gradients, memory and ranks of MindSpore "
+                          "jobs.")
+             .tags(["mindspore", "training", "ms_exporter"]).timezone("browser").editable().refresh("10s")
+             .time("now-1h", "now").version(1))
+    layout = _Layout(board)
 
     layout.row("Overview")
     layout.add(stat("Global step", "none", f"max({c.GLOBAL_STEP.name}{{{s}}})"), 4, 4)
@@ -249,39 +252,24 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
     layout.add(timeseries("Monitor errors absorbed", "none", [
         (f"increase({c.ERRORS.name}{{{s}}}[{rate}])", "{{component}} rank {{rank}}")]), 12, 7)
 
-    variables = [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {},
-         "hide": 0},
-        {"name": "project", "label": "Project", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": f"label_values({c.INFO.name}, project)", "refId": "project"},
-         "definition": f"label_values({c.INFO.name}, project)", "refresh": 2, "includeAll": True,
-         "multi": False, "current": {}, "hide": 0, "sort": 1},
-        {"name": "rank", "label": "Rank", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": f'label_values({c.INFO.name}{{project=~"$project"}}, rank)', "refId": "rank"},
-         "definition": f'label_values({c.INFO.name}{{project=~"$project"}}, rank)', "refresh": 2,
-         "includeAll": True, "multi": True, "current": {}, "hide": 0, "sort": 3},
-    ]
-    return {
-        "uid": UID,
-        "title": "MindSpore training",
-        "description": "ms_exporter: loss, learning rate, throughput, gradients, memory and ranks of MindSpore jobs.",
-        "tags": ["mindspore", "training", "ms_exporter"],
-        "timezone": "browser",
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "refresh": "10s",
-        "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": variables},
-        "annotations": {"list": []},
-        "panels": layout.panels,
-    }
+    board.with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    board.with_variable(dashboard.QueryVariable("project").label("Project").datasource(DATASOURCE)
+                        .query(f"label_values({c.INFO.name}, project)")
+                        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+                        .include_all(True).multi(False).sort(dm.VariableSort.ALPHABETICAL_ASC))
+    board.with_variable(dashboard.QueryVariable("rank").label("Rank").datasource(DATASOURCE)
+                        .query(f'label_values({c.INFO.name}{{project=~"$project"}}, rank)')
+                        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).multi(True)
+                        .sort(dm.VariableSort.NUMERICAL_ASC))
+    plain: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return plain
 
 
-def render_json(dashboard: dict[str, Any]) -> str:
-    return json.dumps(dashboard, indent=2) + "\n"
+def render_json(dashboard_json: dict[str, Any]) -> str:
+    return json.dumps(dashboard_json, indent=2) + "\n"
 
 
-def queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+def queries(dashboard_json: dict[str, Any]) -> list[tuple[str, str]]:
     """(panel title, expr) for every query of every panel."""
-    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    return [(panel["title"], target["expr"]) for panel in dashboard_json["panels"]
+            for target in panel.get("targets", [])]

@@ -100,7 +100,7 @@ class HangWatchdog:
             self._suspected.value = value
 
     def _dump(self, phase: str, seconds: float, deadline: float) -> None:
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         text = render_dump(self._rank, self._project, phase, seconds, deadline, now, self.training_thread,
                            native_stacks(os.getpid()) if self._native else None)
         self.latest = text

@@ -81,7 +81,7 @@ def write_dump(directory: Path, rank: int, phase: str, seconds: float, when: dat
 
 
 def test_dumps_left_in_save_dirs_give_the_verdict_after_the_processes_died(tmp_path: Path) -> None:
-    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.UTC)
     dirs = [tmp_path / f"rank{r}" for r in range(3)]
     for directory in dirs:
         directory.mkdir()
@@ -113,7 +113,7 @@ def test_live_endpoints_are_read_with_their_stacks(tmp_path: Path) -> None:
                   f'mindspore_train_hang_deadline_seconds{{project="demo",rank="{rank}"}} 5.0']
         return "\n".join(lines) + "\n"
 
-    dump = render_dump(1, "demo", "data_wait", 9.0, 5.0, datetime.datetime.now(datetime.timezone.utc),
+    dump = render_dump(1, "demo", "data_wait", 9.0, 5.0, datetime.datetime.now(datetime.UTC),
                        threading.get_ident(), None)
 
     def fetcher(url: str, access: Access) -> str:
