@@ -13,7 +13,6 @@ from typing import Any
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, statetimeline
 from grafana_foundation_sdk.builders import stat as stat_panel
 from grafana_foundation_sdk.builders import timeseries as timeseries_panel
-from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
@@ -25,7 +24,6 @@ DASHBOARD_FILE = "deploy/grafana/dashboards/mindspore-training.json"
 UID = "ms-exporter-training"
 SELECTOR = 'project=~"$project", rank=~"$rank"'
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-Panel = Builder[dm.Panel]
 
 
 class _Layout:

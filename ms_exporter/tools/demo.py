@@ -173,9 +173,14 @@ def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
             print(f"step {int(value(c.GLOBAL_STEP)):>6} | loss {value(c.LOSS):.4f} "
                   f"(smoothed {value(c.LOSS_SMOOTHED):.4f}) | lr {value(c.LEARNING_RATE):.2e}"
                   f" | grad norm {value(c.GRAD_NORM):.3f} | {value(c.TOKENS_PER_SECOND):,.0f} tokens/s | "
-                  f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s | MFU {100 * value(c.MFU):.1f}%", flush=True)
+                  f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s{_mfu(value(c.MFU))}", flush=True)
 
     return Progress()
+
+
+def _mfu(mfu: float) -> str:
+    """The progress line's MFU, where a peak is known (a --config without one has none)."""
+    return "" if math.isnan(mfu) else f" | MFU {100 * mfu:.1f}%"
 
 
 def run_demo(steps: int, seconds: float | None = None, port: int | None = None, config: str | None = None,
@@ -199,7 +204,7 @@ def run_demo(steps: int, seconds: float | None = None, port: int | None = None, 
         from ms_exporter.tools.peak_flops import measure_matmul_flops
 
         peak = measure_matmul_flops()
-        overrides["flops"] = {"model": demo_flops_model(), "peak_flops_per_device": peak}
+        overrides["flops"] = {**DEMO_CONFIG["flops"], "peak_flops_per_device": peak}
     monitor = TrainingMonitor(config if config is not None else DEMO_CONFIG, **overrides)
     url = monitor.url
     if url:  # first: scripts and tests read the URL from the first line
