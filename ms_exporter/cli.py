@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from ms_exporter._version import __version__
-from ms_exporter.config import ConfigError, MonitorConfig, load_config
+from ms_exporter.config import ConfigError, MonitorConfig, load_config, read_config
 from ms_exporter.flops import from_shape
 
 # `make demo`'s run: about 2 minutes at ~14 ms a step on 2 idle cores. A planned length (not a time limit) lets the
@@ -258,11 +258,13 @@ def _write(text: str, path: str | None) -> None:
 
 def _check_config(path: str) -> int:
     try:
-        config = load_config(path)
+        config, notes = read_config(path)
     except ConfigError as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return 1
     print(f"# {path} is valid; effective configuration (defaults and MS_EXPORTER_* variables applied):")
+    for note in notes:
+        print(f"# {note}")
     print(yaml.safe_dump({"monitor_config": config.redacted()}, sort_keys=False), end="")
     shape = config.flops.model.shape()
     length = config.flops.model.seq_length

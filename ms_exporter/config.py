@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
 
 import yaml
 
-from ms_exporter import catalogue
+from ms_exporter import catalogue, mindformers_keys
 from ms_exporter.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
 from ms_exporter.thresholds import DEFAULTS
 
@@ -876,14 +876,27 @@ KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig))
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None,
                 **overrides: Any) -> MonitorConfig:
     """Build the effective config: defaults < file/dict < MS_EXPORTER_* environment < keyword overrides."""
+    return read_config(source, **overrides)[0]
+
+
+def read_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None,
+                **overrides: Any) -> tuple[MonitorConfig, list[str]]:
+    """load_config, and what the caller should tell the user about the block: MindSpore Transformers' own keys
+    found in it, read as ours or left to it (ms_exporter.mindformers_keys)."""
     problems = _Problems()
     raw: dict[str, Any] = {}
+    notes: list[str] = []
     if isinstance(source, MonitorConfig):
         raw = source.to_dict()
     elif isinstance(source, Mapping):
         raw = _unwrap(dict(source), "the given dict", problems.found)
     elif source is not None:
         raw = _read_file(Path(source), problems.found)
+    if not isinstance(source, MonitorConfig):
+        translation = mindformers_keys.translate(raw)
+        notes += [summary] if (summary := translation.summary()) else []
+        for section, key in translation.created.items():  # an error then names the key the user wrote
+            problems.origin[section] = f"monitor_config.{key}, MindSpore Transformers' key read as ours"
     for key, text in _env_values().items():
         _merge(raw, key, _parse_env(key, text))
         problems.origin[key] = f"environment variable {ENV_PREFIX}{key.upper()}"
@@ -894,7 +907,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     config = _build(MonitorConfig, raw, "", problems)
     if problems.found or config is None:
         raise ConfigError(problems.found)
-    return config
+    return config, notes
 
 
 def _merge(raw: dict[str, Any], key: Any, value: Any, kind: type[DataclassInstance] = MonitorConfig) -> None:
@@ -1095,12 +1108,14 @@ def _unwrap(data: Any, where: str, problems: list[str]) -> dict[str, Any]:
         problems.append(f"{where}: expected a mapping with a monitor_config key (or a bare mapping of its keys), "
                         f"got {type(data).__name__}")
         return {}
-    if "monitor_config" in data:
+    # A MindSpore Transformers run YAML: its other top-level keys are its own (docs/mindformers.md).
+    run_config = bool(mindformers_keys.RUN_CONFIG_KEYS.intersection(map(str, data)))
+    if "monitor_config" in data or run_config:
         extra = [k for k in data if k != "monitor_config"]
-        if extra:
+        if extra and not run_config:
             problems.append(f"{where}: only the top-level key monitor_config is read; "
                             f"unexpected {sorted(map(str, extra))}")
-        inner = data["monitor_config"]
+        inner = data.get("monitor_config")
         if inner is None:
             return {}
         if not isinstance(inner, Mapping):

@@ -13,7 +13,7 @@ from mindspore.train import Callback
 from ms_exporter import catalogue
 from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, HOOKS, STEP_PHASE
-from ms_exporter.config import MonitorConfig, load_config
+from ms_exporter.config import MonitorConfig, read_config
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.callback_timer import CallbackTimer
 from ms_exporter.monitor.errors import Breaker, ErrorSink
@@ -53,13 +53,16 @@ class TrainingMonitor(Callback):
 
     def __init__(self, config: Any = None, **overrides: Any) -> None:
         super().__init__()
-        self.config: MonitorConfig = load_config(config, **overrides)
+        self.config: MonitorConfig
+        self.config, notes = read_config(config, **overrides)
         self._enabled = self.config.enable
         self._sinks: list[Sink] = []
         self._closed = False
         if not self._enabled:
             return
         _configure_logging(self.config.log_level)
+        for note in notes:
+            logger.info("ms_exporter: %s", note)
         self.rank: RankInfo = detect_rank()
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self.phases = PhaseClock(self.store)

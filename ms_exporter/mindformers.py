@@ -1,0 +1,47 @@
+"""MindSpore Transformers' callback registry: `{type: TrainingMonitor, ...}` in a run YAML's `callbacks:` list.
+
+Importing this module registers TrainingMonitor when MindSpore Transformers is installed and does nothing when it is
+not (docs/mindformers.md). MindSpore Transformers resolves a YAML `type:` through its registry only, so a launcher
+of one's own imports this module once before building its Trainer. MindSpore Transformers' run_mindformer.py imports
+nothing of ours: there the YAML entry says `auto_register: ms_exporter_callback.TrainingMonitor` and
+`--register_path` is REGISTER_PATH, which `python -m ms_exporter.mindformers` prints.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+CALLBACK_NAME = "TrainingMonitor"
+# The directory holding ms_exporter_callback.py, the file run_mindformer.py's auto_register loads by path.
+REGISTER_PATH = Path(__file__).resolve().parent / "mindformers_register"
+
+_log = logging.getLogger("ms_exporter")
+
+
+def available() -> bool:
+    """Whether MindSpore Transformers can be imported here (without importing it)."""
+    return importlib.util.find_spec("mindformers") is not None
+
+
+def register() -> bool:
+    """Put TrainingMonitor in MindSpore Transformers' callback registry; False (and nothing done) without it.
+
+    Callbacks carry no legacy/new-model name prefix in that registry, so one entry serves both model families."""
+    if not available():
+        return False
+    from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+
+    from ms_exporter.monitor.callback import TrainingMonitor
+
+    # Registering again replaces the entry with the same class: importing twice is harmless.
+    MindFormerRegister.register_cls(TrainingMonitor, MindFormerModuleType.CALLBACK, alias=CALLBACK_NAME)
+    _log.debug("registered %s in MindSpore Transformers' callback registry", CALLBACK_NAME)
+    return True
+
+
+if __name__ == "__main__":
+    print(REGISTER_PATH)
+else:
+    register()

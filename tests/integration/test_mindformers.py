@@ -1,0 +1,103 @@
+"""MindSpore Transformers for real (issue #23): its own Trainer, configured from a run YAML whose `callbacks:` list
+names TrainingMonitor, in the second virtual environment (mindformers 1.8.0, MindSpore 2.7.2;
+tests/mindformers_venv.py).
+The numbers the monitor serves are held against what MindSpore Transformers' MFLossMonitor prints at the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import mindformers_venv
+from tests.scrape import Scrape
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+RUN_YAML = HERE / "data" / "mindformers_llama2_tiny.yaml"
+STEPS = 24  # 48 samples, batch 2
+# MFLossMonitor's line: step, loss (%f, then the epoch's mean), lr, overflow, loss scale and global norm as printed.
+PRINTED = re.compile(r"step:\[\s*(?P<step>\d+)/\s*\d+\], loss:\[(?P<loss>[^/]+)/[^]]*\], per_step_time: \S+, "
+                     r"lr: (?P<lr>\S+), overflow cond: (?P<overflow>\w+), loss_scale: (?P<scale>[^,]+), "
+                     r"global_norm: \[(?P<norm>[^]]+)\]")
+
+
+@pytest.fixture(scope="module")
+def python() -> Path:
+    try:
+        return mindformers_venv.ensure()
+    except mindformers_venv.Unavailable as exc:
+        pytest.skip(f"the MindSpore Transformers environment cannot be built here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def run(python: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    work = tmp_path_factory.mktemp("mindformers")
+    done = subprocess.run([str(python), str(HERE / "mindformers_job.py"), str(RUN_YAML), str(work)], cwd=work,
+                          capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "MINDFORMERS_TRAIN_DONE 2.7.2" in output, output[-5000:]
+    return output, work
+
+
+def test_yaml_trainer_serves_metrics_that_agree_with_mflossmonitor(run: tuple[str, Path]) -> None:
+    output, work = run
+    printed = {int(m["step"]): m for m in PRINTED.finditer(output)}
+    assert sorted(printed) == list(range(1, STEPS + 1)), output[-3000:]
+    scrapes = {r["step"]: Scrape(r["metrics"]) for r in map(json.loads, (work / "scrapes.jsonl").open())}
+    assert sorted(scrapes) == list(range(1, STEPS + 1))
+    for step, line in printed.items():
+        served = scrapes[step]
+        assert served.value("mindspore_train_global_step") == step
+        # %f: six decimals
+        assert served.value("mindspore_train_loss") == pytest.approx(float(line["loss"]), abs=1e-6), step
+        assert served.value("mindspore_train_learning_rate") == pytest.approx(float(line["lr"]), rel=1e-6), step
+        assert served.value("mindspore_train_loss_scale") == float(line["scale"]), step
+        assert served.value("mindspore_train_grad_norm") == pytest.approx(float(line["norm"]), rel=1e-6), step
+        assert line["overflow"] == "False"
+        assert served.value("mindspore_train_overflow_steps_total") == 0
+    last = scrapes[STEPS]
+    # The entry's own keys reached the monitor (project, the flops description).
+    assert last.value("mindspore_train_info", project="llama2-tiny") == 1
+    assert last.value("mindspore_train_flops_per_token") > 0
+    # The run YAML's own monitor_config was read: its step_interval made the norm a per-step series (above), and
+    # the user is told which of its keys were read and which were left to MindSpore Transformers.
+    assert ("MindSpore Transformers keys read as ms_exporter's: step_interval -> grad_norm.every_n_steps, "
+            "global_norm_spike_threshold -> grad_norm.threshold; left to MindSpore Transformers' "
+            "TrainingStateMonitor: monitor_on, check_for_global_norm") in output
+    rows = [json.loads(line) for line in (work / "monitor" / "metrics-rank0.jsonl").open()]
+    losses = {row["step"]: row["loss"] for row in rows if "loss" in row}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+
+
+def test_run_mindformer_registers_it_by_path(python: Path, tmp_path: Path) -> None:
+    """run_mindformer.py's way: `--register_path` (the REGISTER_PATH variable) and `auto_register` in the entry."""
+    script = """
+import sys
+from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+entry = {"type": "TrainingMonitor", "auto_register": "ms_exporter_callback.TrainingMonitor", "enable": False}
+monitor = MindFormerRegister.get_instance_from_cfg(entry, MindFormerModuleType.CALLBACK)
+print("BUILT", type(monitor).__module__, type(monitor).__name__, "ms_exporter" in sys.modules)
+"""
+    register_path = subprocess.run([str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True,
+                                   check=True).stdout.strip()
+    done = subprocess.run([str(python), "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**_environment(), "REGISTER_PATH": register_path})
+    assert "BUILT ms_exporter.monitor.callback TrainingMonitor True" in done.stdout, done.stdout + done.stderr
+
+
+def test_unit_suite_passes_on_mindspore_2_7(python: Path) -> None:
+    """The supported range's other end: the whole unit suite under MindSpore 2.7.2."""
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"],
+                          cwd=mindformers_venv.REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("MS_EXPORTER_")}
