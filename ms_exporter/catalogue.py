@@ -95,7 +95,7 @@ ACTIONS = ("early_stop", "lr_backoff", "snapshot")
 # monitor's own parts, the probes (by their `name`) and the sinks (by their backend name).
 PROBE_COMPONENTS = ("progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "mfu",
                     "loss_scale", "grad_norm", "weight_norm", "layernorm", "memory", "eval")
-SINK_COMPONENTS = ("prometheus", "otlp", "local", "tensorboard", "file_sd", "pushgateway")
+SINK_COMPONENTS = ("prometheus", "otlp", "local", "tensorboard", "wandb", "file_sd", "pushgateway")
 COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", "divergence", *PROBE_COMPONENTS,
               *SINK_COMPONENTS)
 # A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).

@@ -45,7 +45,7 @@ MAX_YAML_DEPTH = 64
 # 9464 OpenTelemetry ...), below Linux's ephemeral range (32768+), so that base + 7 local ranks stay clear.
 DEFAULT_PORT = 19420
 
-BACKENDS = ("prometheus", "otlp", "local", "tensorboard")
+BACKENDS = ("prometheus", "otlp", "local", "tensorboard", "wandb")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PUSH_EVENTS = ("train_end", "interval")
 # What check-config prints instead of a secret.
@@ -717,6 +717,18 @@ class TensorBoardConfig:
     all_ranks: bool = setting(False, check=boolean())
 
 
+@dataclass(frozen=True)
+class WandbConfig:
+    """monitor_config.wandb: the `wandb` backend's W&B runs, their files in save_dir/wandb (docs/configuration.md)."""
+
+    # Rank 0 only by default, as the tensorboard backend: every rank logs a run of its own with true.
+    all_ranks: bool = setting(False, check=boolean())
+    # offline: files only, `wandb sync save_dir/wandb` uploads them later; online: wandb's own upload as it runs.
+    mode: str = setting("offline", check=choice("offline", "online"))
+    project: str | None = setting(None, check=optional(text()))  # the W&B project; unset: monitor_config.project
+    entity: str | None = setting(None, check=optional(text()))  # the W&B team or user; unset: wandb's default
+
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 _SHA256_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -766,7 +778,7 @@ class WebConfig:
 SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
             "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig,
             "goodput": GoodputConfig, "divergence": DivergenceConfig, "flops": FlopsConfig,
-            "tensorboard": TensorBoardConfig}
+            "tensorboard": TensorBoardConfig, "wandb": WandbConfig}
 
 
 @dataclass(frozen=True)
@@ -813,6 +825,7 @@ class MonitorConfig:
     divergence: DivergenceConfig = section(DivergenceConfig)
     flops: FlopsConfig = section(FlopsConfig)
     tensorboard: TensorBoardConfig = section(TensorBoardConfig)
+    wandb: WandbConfig = section(WandbConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

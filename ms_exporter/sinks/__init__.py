@@ -65,6 +65,8 @@ def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, ra
             sinks.extend(_otlp(config, store, rank, on_error))
         elif backend == "tensorboard" and (rank.rank == 0 or config.tensorboard.all_ranks):
             sinks.append(_tensorboard(config, store, rank, on_error, breaker))
+        elif backend == "wandb" and (rank.rank == 0 or config.wandb.all_ranks):
+            sinks.append(_wandb(config, store, rank, on_error, breaker))
     if config.file_sd_dir and port is not None:
         sinks.extend(_file_sd(config.file_sd_dir, config, rank, port, on_error))
     if config.pushgateway.url:
@@ -131,6 +133,17 @@ def _tensorboard(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_e
     except ImportError as exc:
         raise ConfigError([f"monitor_config.backend: tensorboard needs tensorboardX ({exc.name} is missing); "
                            "install it with: pip install 'ms-exporter[tensorboard]'"]) from exc
+
+
+def _wandb(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError, breaker: Breaker) -> Sink:
+    try:
+        from ms_exporter.sinks.wandb import WandbWriter
+
+        return WandbWriter(store, Path(config.save_dir), config.wandb, config.project, config.run_id or config.project,
+                           rank, config.tags, config.interval, on_error, breaker)
+    except ImportError as exc:
+        raise ConfigError([f"monitor_config.backend: wandb needs the wandb library ({exc.name} is missing); "
+                           "install it with: pip install 'ms-exporter[wandb]'"]) from exc
 
 
 def _otlp(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError) -> list[Sink]:

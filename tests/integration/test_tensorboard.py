@@ -43,17 +43,22 @@ def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
     return {tag: {event.step: event.value for event in reader.Scalars(tag)} for tag in reader.Tags()["scalars"]}
 
 
-def test_a_seed_shaped_config_runs_unchanged_and_tensorboard_reads_its_series(tmp_path: Path) -> None:
+def seed_shaped_config(tmp_path: Path, backend: str) -> str:
+    """A monitor.yaml in the shape of the seed's config (issue #23), with save_dir tmp_path/out."""
     config = tmp_path / "monitor.yaml"
     config.write_text(yaml.safe_dump({"monitor_config": {
-        "backend": "tensorboard",
+        "backend": backend,
         "metrics": ["loss", "lr", "tokens_per_second", "memory_usage", "global_rank"],
         "warn_on_value": {"loss": 50.0},
         "tags": {"model": "tiny"},
         "interval": 1,
         "save_dir": str(tmp_path / "out"),
     }}))
-    train(str(config))
+    return str(config)
+
+
+def test_a_seed_shaped_config_runs_unchanged_and_tensorboard_reads_its_series(tmp_path: Path) -> None:
+    train(seed_shaped_config(tmp_path, "tensorboard"))
     found = scalars(tmp_path / "out" / "tensorboard" / "rank0")
     for tag in ("loss", "learning_rate", "tokens_per_second"):
         assert sorted(found[tag]) == list(range(1, STEPS + 1)), tag

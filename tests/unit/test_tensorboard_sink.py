@@ -17,8 +17,9 @@ from ms_exporter.sinks import build_sinks
 from ms_exporter.sinks.tensorboard import TensorBoardWriter
 
 
-def sinks_of(rank: int, tmp_path: Path, **options: object) -> list[str]:
-    config = load_config({"backend": "tensorboard", "save_dir": str(tmp_path), **options})
+def sinks_of(rank: int, tmp_path: Path, backend: str = "tensorboard", **options: object) -> list[str]:
+    """The names of the sinks rank `rank` of 4 builds for `backend` (closed unstarted)."""
+    config = load_config({"backend": backend, "save_dir": str(tmp_path), **options})
     store = MetricStore()
     errors = ErrorSink(store, ("callback",))
     built = build_sinks(config, store, RankInfo(rank, rank, 4, "node"), errors.absorb, Breaker(errors, store))
