@@ -89,7 +89,8 @@ STARTUP, PRODUCTIVE, STALLED, REDO, OTHER = "startup", "productive", "stalled", 
 TIME_BUCKETS = (STARTUP, COMPILE, PRODUCTIVE, DATA_WAIT_PHASE, CHECKPOINT, EVAL_PHASE, STALLED, REDO, OTHER)
 
 # mindspore_train_actions_total{action}
-ACTIONS = ("early_stop", "lr_backoff", "snapshot")
+# rollback_stop: the rollback loop guard ended training (max_rollbacks within window_steps).
+ACTIONS = ("early_stop", "lr_backoff", "snapshot", "rollback", "rollback_stop")
 
 # mindspore_exporter_errors_total{component} and mindspore_exporter_component_disabled{component}: the
 # monitor's own parts, the probes (by their `name`) and the sinks (by their backend name).
@@ -263,6 +264,16 @@ LR_BACKOFF_FACTOR = MetricFamily("mindspore_train_lr_backoff_factor", "gauge",
                                  "actions")
 LAST_SNAPSHOT_STEP = MetricFamily("mindspore_train_last_snapshot_step", "gauge",
                                   "Step of the newest anomaly snapshot under save_dir/snapshots.", "steps", "actions")
+HEALTH_SCORE = MetricFamily("mindspore_train_health_score", "gauge",
+                            "How healthy the last step looked, 0 to 1: the worst of the smoothed-loss trend, the "
+                            "gradient norm and memory growth terms (docs/rollback.md); a good state is kept only "
+                            "at or above actions.rollback.min_health.", "1", "actions")
+LAST_GOOD_STEP = MetricFamily("mindspore_train_last_good_step", "gauge",
+                              "Step of the newest good state actions.rollback keeps (what a rollback restores).",
+                              "steps", "actions")
+ROLLBACK_LOST_STEPS = MetricFamily("mindspore_train_rollback_lost_steps_total", "counter",
+                                   "Steps trained and then undone by rollbacks (divergence step minus good step).",
+                                   "steps", "actions")
 
 HOOK_DURATION = MetricFamily("mindspore_exporter_callback_duration_seconds", "histogram",
                              "The monitor's own cost per hook call.", "seconds", "always", ("hook",),

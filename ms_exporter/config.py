@@ -517,6 +517,31 @@ class SnapshotConfig:
     quiet_steps: int = setting(10, check=int_in(1, 10_000_000))  # steps without an anomaly that end an episode
 
 
+ROLLBACK_STORAGE = ("auto", "memory", "disk")
+
+
+@dataclass(frozen=True)
+class RollbackConfig:
+    """monitor_config.actions.rollback: keep the last good state; on a divergence restore it, list the batches
+    trained since, and go on (docs/rollback.md)."""
+
+    enable: bool = setting(False, check=boolean())
+    good_every: int = setting(100, check=int_in(1, 10_000_000))  # steps between good states
+    quiet_steps: int = setting(20, check=int_in(1, 10_000_000))  # steps without a divergence before one is kept
+    min_health: float = setting(0.8, check=at_least(0, 1))  # mindspore_train_health_score needed to keep one
+    max_kept: int = setting(2, check=int_in(1, 100))
+    # where good states live: host memory, files in save_dir/good-states, or auto (memory up to memory_limit_mb)
+    storage: str = setting("auto", check=choice(*ROLLBACK_STORAGE))
+    memory_limit_mb: float = setting(2048.0, check=greater_than(0, 1024 * 1024))
+    # what a divergence is: a non-finite loss, a loss over spike_factor x the smoothed loss, a gradient norm over
+    # grad_norm_above (unset: the exploding threshold, 10 x grad_norm.threshold)
+    on_nonfinite: bool = setting(True, check=boolean())
+    spike_factor: float | None = setting(3.0, check=optional(greater_than(1, MAX_RATIO)))
+    grad_norm_above: float | None = setting(None, check=optional(greater_than(0, MAX_RATIO)))
+    max_rollbacks: int = setting(3, check=int_in(1, 1000))  # within window_steps; one more stops the training
+    window_steps: int = setting(1000, check=int_in(1, 10_000_000))
+
+
 @dataclass(frozen=True)
 class ActionsConfig:
     """monitor_config.actions: what the monitor may do to the run, each off by default."""
@@ -524,13 +549,15 @@ class ActionsConfig:
     early_stop: EarlyStopConfig = section(EarlyStopConfig)
     lr_backoff: LrBackoffConfig = section(LrBackoffConfig)
     snapshot: SnapshotConfig = section(SnapshotConfig)
+    rollback: RollbackConfig = section(RollbackConfig)
 
     @property
     def any(self) -> bool:
-        return self.early_stop.enable or self.lr_backoff.enable or self.snapshot.enable
+        return self.early_stop.enable or self.lr_backoff.enable or self.snapshot.enable or self.rollback.enable
 
 
-ACTION_SECTIONS = {"early_stop": EarlyStopConfig, "lr_backoff": LrBackoffConfig, "snapshot": SnapshotConfig}
+ACTION_SECTIONS = {"early_stop": EarlyStopConfig, "lr_backoff": LrBackoffConfig, "snapshot": SnapshotConfig,
+                   "rollback": RollbackConfig}
 
 
 @dataclass(frozen=True)

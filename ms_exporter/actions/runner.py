@@ -1,8 +1,9 @@
-"""Carries out what ms_exporter.actions.decisions decides: stop the run, scale the learning rate, save a snapshot.
+"""Carries out what ms_exporter.actions.decisions decides: stop the run, scale the learning rate, save a snapshot;
+and runs actions.rollback (ms_exporter.actions.rollback).
 
 | name | type | labels | unit |
 |---|---|---|---|
-| mindspore_train_actions_total | counter | action (early_stop, lr_backoff, snapshot) | actions |
+| mindspore_train_actions_total | counter | action (early_stop, lr_backoff, snapshot, rollback[_stop]) | actions |
 | mindspore_train_lr_backoff_factor | gauge | | the scale on the optimizer's LR (1 = untouched) |
 | mindspore_train_last_snapshot_step | gauge | | step of the newest snapshot on disk |
 """
@@ -18,9 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from ms_exporter import catalogue
 from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
+from ms_exporter.actions.rollback import Announce, Rollback
 from ms_exporter.config import MonitorConfig
+from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
+from ms_exporter.thresholds import Thresholds
 
 if TYPE_CHECKING:
     from ms_exporter.actions.lr_scale import LrScaler
@@ -29,12 +33,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ms_exporter")
 
 SNAPSHOT_DIR = "snapshots"
+_SECTION_OF = {"rollback_stop": "rollback"}  # an action counted under another one's config section
+
+
+def _unheard(step: int, action: str, details: dict[str, Any]) -> None:
+    """Where events go when nobody listens (an ActionRunner built without a monitor, in tests)."""
 
 
 class ActionRunner:
     """One per monitor, only when some action is enabled; runs on the training thread after the probes."""
 
-    def __init__(self, config: MonitorConfig, store: MetricStore) -> None:
+    def __init__(self, config: MonitorConfig, store: MetricStore, rank: RankInfo | None = None,
+                 announce: Announce | None = None) -> None:
         actions = config.actions
         self._config = actions
         self._store = store
@@ -42,7 +52,14 @@ class ActionRunner:
         self._snapshot_dir = Path(config.save_dir) / SNAPSHOT_DIR
         family = store.register(catalogue.ACTIONS_TAKEN)
         self._counts = {name: family.series(action=name) for name in catalogue.ACTIONS
-                        if getattr(actions, name).enable}
+                        if getattr(actions, _SECTION_OF.get(name, name)).enable}
+        self._rollback: Rollback | None = None
+        if actions.rollback.enable:
+            limits = Thresholds.from_config(config)
+            rank = rank or RankInfo(0, 0, 1, "")
+            self._rollback = Rollback(actions.rollback, store, Path(config.save_dir), limits.grad_norm_high,
+                                      limits.grad_norm_exploding, limits.memory_growth_ratio, rank.rank,
+                                      rank.world_size, self._counts, announce or _unheard, config.warmup_steps)
         self._factor = None
         if actions.lr_backoff.enable:
             self._factor = store.register(catalogue.LR_BACKOFF_FACTOR).series()
@@ -64,6 +81,8 @@ class ActionRunner:
         """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
         self._network = cb_params.get("train_network") or cb_params.get("network")
         self._lr_probe = lr_probe
+        if self._rollback is not None:
+            self._rollback.on_train_begin(cb_params)
         if self._backoff is not None and self._scaler is None:
             from ms_exporter.actions.lr_scale import LrScaler
 
@@ -99,6 +118,9 @@ class ActionRunner:
             opened = self._episodes.observe(sample.step, anomaly)
             if opened is not None:
                 self._snapshot(sample.step, opened, loss)
+        if self._rollback is not None:
+            before = self._previous_smoothed if self._previous_smoothed is not None else math.nan
+            self._rollback.on_step(sample, run_context, before)
         self._previous_smoothed = smoothed if math.isfinite(smoothed) else self._previous_smoothed
 
     def on_epoch_end(self, run_context: Any, step: int) -> None:
@@ -118,6 +140,10 @@ class ActionRunner:
         current = min((v for v in values if math.isfinite(v) and v > 0), default=0.0)
         if current > 0:
             self._backoff.min_scale = min_lr / (current / self._backoff.scale)
+
+    def close(self) -> None:
+        if self._rollback is not None:
+            self._rollback.close()
 
     # -- effects ------------------------------------------------------------------------------------------------
     def _stop(self, run_context: Any, step: int, reason: str) -> None:

@@ -70,7 +70,8 @@ class TrainingMonitor(Callback):
         probes = build_probes(self.config, self.store, self.rank, self.phases)
         self._eval = probes.eval
         self._memory = probes.memory
-        self._actions = ActionRunner(self.config, self.store) if self.config.actions.any else None
+        self._actions = ActionRunner(self.config, self.store, self.rank, self._announce) \
+            if self.config.actions.any else None
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(("watchdog",) if probes.hang else ()),
                                               *(p.name for p in probes.step),
                                               *(("actions",) if self._actions is not None else ()),
@@ -141,8 +142,15 @@ class TrainingMonitor(Callback):
         if self._goodput is not None:
             self._guard("goodput", self._goodput.close)
         self._signals.restore()  # a closed monitor must not stay in the signal path
+        if self._actions is not None:
+            self._guard("actions", self._actions.close)
         for sink in self._sinks:
             self._guard(sink.name, sink.close)
+
+    def _announce(self, step: int, action: str, details: dict[str, Any]) -> None:
+        """An action the monitor took, to the sinks that keep events (the JSON Lines file)."""
+        for sink in self._sinks:
+            self._guard(sink.name, sink.on_action, step, action, details)
 
     def publish(self) -> None:
         """Run the steps recorded since the last publication through the probes now (tests, end of training)."""

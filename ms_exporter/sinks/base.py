@@ -18,6 +18,7 @@ class Sink:
     | start(step) | every train begin (threads, periodic pushes) |
     | on_step(sample) | each published step record, on the training thread: keep it cheap |
     | on_eval(step, metrics) | an evaluation ended |
+    | on_action(step, action, details) | the monitor acted on the run (a rollback, a stop) |
     | run_ended(step) | train end, or training raised |
     | interrupted(signal_name, step) | SIGTERM/SIGINT in the training process, before the previous handler runs |
     | close() | the monitor closes (at exit at the latest); after it nothing is called |
@@ -35,6 +36,9 @@ class Sink:
 
     def on_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         """An evaluation's results (metric name -> value as MindSpore gave it)."""
+
+    def on_action(self, step: int, action: str, details: Mapping[str, Any]) -> None:
+        """An action taken on the training thread (ms_exporter.actions), with what it did."""
 
     def run_ended(self, step: int) -> None:
         """Training ended; the sink may be started again by another train call."""

@@ -113,6 +113,9 @@ class JsonlWriter(Sink):
     def on_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.record_event("eval", step=step, metrics={str(k): _plain(v) for k, v in metrics.items()})
 
+    def on_action(self, step: int, action: str, details: Mapping[str, Any]) -> None:
+        self.record_event("action", step=step, action=action, **{str(k): _plain(v) for k, v in details.items()})
+
     def run_ended(self, step: int) -> None:
         self.record_event("train_end", step=step)
         self.stop()

@@ -1,0 +1,79 @@
+"""The health score: how healthy a step looks, 0 to 1, from three terms (docs/rollback.md#the-health-score).
+
+- loss: the smoothed loss now against its value `span` steps ago: 1 while it falls or holds, falling linearly to 0
+  at a rise of LOSS_RISE_AT_ZERO (50%); 0 for a non-finite loss.
+- gradient norm: 1 up to `grad_high` (grad_norm.threshold), falling linearly to 0 at `grad_exploding` (10 x that);
+  0 when non-finite; 1 while no norm was read (no evidence against).
+- memory: 1 - (memory growth ratio / its alert threshold), clamped to [0, 1]; 1 while unknown.
+
+The score is the worst of the three. Loss and gradient norm are the same on every replica (an all-reduced loss,
+the norm of all-reduced gradients); memory is not, so `replica_score` leaves it out for decisions that every rank
+of a data-parallel job must take alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+LOSS_RISE_AT_ZERO = 0.5
+
+
+@dataclass(frozen=True)
+class Health:
+    loss: float
+    grad: float
+    memory: float
+
+    @property
+    def score(self) -> float:
+        return min(self.loss, self.grad, self.memory)
+
+    @property
+    def replica_score(self) -> float:
+        return min(self.loss, self.grad)
+
+
+def _falling(value: float, full: float, zero: float) -> float:
+    """1 at or below `full`, 0 at or above `zero`, linear between."""
+    if value <= full:
+        return 1.0
+    if value >= zero:
+        return 0.0
+    return (zero - value) / (zero - full)
+
+
+class HealthScore:
+    def __init__(self, span: int, grad_high: float, grad_exploding: float, memory_growth_limit: float) -> None:
+        self._smoothed: deque[float] = deque(maxlen=span + 1)
+        self._grad_high = grad_high
+        self._grad_exploding = max(grad_exploding, grad_high * (1 + 1e-9))
+        self._memory_limit = memory_growth_limit
+
+    def observe(self, loss: float | None, smoothed: float, grad_norm: float, memory_growth: float) -> Health:
+        """One step: its loss, the smoothed loss after it, the last gradient norm read and the memory growth ratio
+        (NaN where not measured)."""
+        if math.isfinite(smoothed):
+            self._smoothed.append(smoothed)
+        return Health(self._loss_term(loss), self._grad_term(grad_norm), self._memory_term(memory_growth))
+
+    def _loss_term(self, loss: float | None) -> float:
+        if loss is not None and not math.isfinite(loss):
+            return 0.0
+        if len(self._smoothed) < 2 or self._smoothed[0] == 0:
+            return 1.0
+        rise = (self._smoothed[-1] - self._smoothed[0]) / abs(self._smoothed[0])
+        return _falling(rise, 0.0, LOSS_RISE_AT_ZERO)
+
+    def _grad_term(self, grad_norm: float) -> float:
+        if math.isnan(grad_norm):
+            return 1.0
+        if math.isinf(grad_norm):
+            return 0.0
+        return _falling(grad_norm, self._grad_high, self._grad_exploding)
+
+    def _memory_term(self, growth: float) -> float:
+        if not math.isfinite(growth):
+            return 1.0
+        return _falling(growth, 0.0, self._memory_limit)

@@ -1,0 +1,194 @@
+"""actions.rollback: keep the last good state; on a divergence restore it, list the batches trained since, go on.
+
+| name | type | labels | unit |
+|---|---|---|---|
+| mindspore_train_health_score | gauge | | 0 to 1 (ms_exporter.actions.health) |
+| mindspore_train_last_good_step | gauge | | step of the newest good state |
+| mindspore_train_rollback_lost_steps_total | counter | | steps undone |
+| mindspore_train_actions_total | counter | action (rollback, rollback_stop) | actions |
+
+Runs on the training thread at the end of every step (the step's update is done: a divergence seen in its loss
+is already in the weights, which is why a state is only kept after `quiet_steps` quiet steps).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ms_exporter import catalogue
+from ms_exporter.actions.good_state import STATE_DIR, GoodStates
+from ms_exporter.actions.health import HealthScore
+from ms_exporter.config import RollbackConfig
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore, Series
+from ms_exporter.skipped_batches import SkippedBatches, batch_identity
+
+logger = logging.getLogger("ms_exporter")
+
+# (action, details) to the sinks that keep events (the JSON Lines file)
+Announce = Callable[[int, str, dict[str, Any]], None]
+
+
+def divergence_of(config: RollbackConfig, loss: float | None, smoothed_before: float, grad_norm: float,
+                  grad_limit: float, warm: bool = True) -> str | None:
+    """What makes this step a divergence, if anything (each trigger as configured). Before the run is `warm` (its
+    first warmup_steps steps) a loss spike does not count: a smoothed loss of a few steps says little."""
+    if loss is not None and not math.isfinite(loss):
+        return "nonfinite_loss" if config.on_nonfinite else None
+    if (warm and config.spike_factor is not None and loss is not None and math.isfinite(smoothed_before)
+            and smoothed_before > 0 and loss > config.spike_factor * smoothed_before):
+        return "loss_spike"
+    if math.isinf(grad_norm) or (math.isfinite(grad_norm) and grad_norm > grad_limit):
+        return "grad_norm"
+    return None
+
+
+class LoopGuard:
+    """At most `max_rollbacks` rollbacks within `window_steps` steps; the next divergence inside the window stops."""
+
+    def __init__(self, max_rollbacks: int, window_steps: int) -> None:
+        self._max = max_rollbacks
+        self._window = window_steps
+        self._steps: deque[int] = deque()
+
+    def allows(self, step: int) -> bool:
+        while self._steps and self._steps[0] <= step - self._window:
+            self._steps.popleft()
+        return len(self._steps) < self._max
+
+    def record(self, step: int) -> None:
+        self._steps.append(step)
+
+    @property
+    def recent(self) -> int:
+        return len(self._steps)
+
+
+class Rollback:
+    def __init__(self, config: RollbackConfig, store: MetricStore, save_dir: Path, grad_high: float,
+                 grad_exploding: float, memory_growth_limit: float, rank: int, world_size: int,
+                 counts: dict[str, Series], announce: Announce, warmup_steps: int = 0) -> None:
+        self._config = config
+        self._warmup = warmup_steps
+        self._steps_seen = 0
+        self._grad_limit = config.grad_norm_above if config.grad_norm_above is not None else grad_exploding
+        self._health = HealthScore(config.quiet_steps, grad_high, grad_exploding, memory_growth_limit)
+        self._states = GoodStates(config.storage, config.memory_limit_mb * 2**20, save_dir / STATE_DIR,
+                                  config.max_kept)
+        self._skipped = SkippedBatches(save_dir)
+        self._guard = LoopGuard(config.max_rollbacks, config.window_steps)
+        self._rank = rank
+        self._replicas = world_size > 1  # then memory (not the same on every rank) stays out of the decision
+        self._counts = counts
+        self._announce = announce
+        self._health_gauge = store.register(catalogue.HEALTH_SCORE).series()
+        self._last_good = store.register(catalogue.LAST_GOOD_STEP).series()
+        self._lost = store.register(catalogue.ROLLBACK_LOST_STEPS).series()
+        self._store = store
+        self._since_good: list[dict[str, Any]] = []  # the batches trained since the newest good state
+        self._quiet = 0
+        self._next_good = config.good_every
+        self._warned_no_state = False
+        self._stopped = False
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        network = cb_params.get("train_network") or cb_params.get("network")
+        if network is None:
+            raise RuntimeError("no train network in cb_params: rollback has nothing to restore")
+        optimizer = cb_params.get("optimizer") or getattr(network, "optimizer", None)
+        learning_rate = getattr(optimizer, "learning_rate", None)
+        from mindspore import Parameter, ParameterTuple
+
+        fixed_lr = (learning_rate,) if isinstance(learning_rate, Parameter) else \
+            tuple(learning_rate) if isinstance(learning_rate, ParameterTuple) else ()
+        self._states.bind(network, leave_out=fixed_lr)
+        step = int(cb_params.get("cur_step_num", 0) or 0)
+        self._next_good = (step // self._config.good_every + 1) * self._config.good_every
+        logger.info("ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
+                    len(self._states.names), self._states.nbytes / 2**20, self._states.where,
+                    self._config.good_every)
+
+    def on_step(self, sample: StepSample, run_context: Any, smoothed_before: float) -> None:
+        if self._stopped:
+            return
+        cb_params = run_context.original_args()
+        step = sample.step
+        self._since_good.append(self._identity(cb_params, step, sample.epoch))
+        store = self._store
+        grad_norm = store.value_of(catalogue.GRAD_NORM)
+        health = self._health.observe(sample.loss, store.value_of(catalogue.LOSS_SMOOTHED), grad_norm,
+                                      store.value_of(catalogue.MEMORY_GROWTH_RATIO))
+        self._health_gauge.value = health.score
+        self._steps_seen += 1
+        reason = divergence_of(self._config, sample.loss, smoothed_before, grad_norm, self._grad_limit,
+                               warm=self._steps_seen > self._warmup)
+        if reason is not None:
+            self._quiet = 0
+            self._diverged(run_context, step, reason, sample.loss)
+            return
+        self._quiet += 1
+        gate = health.replica_score if self._replicas else health.score
+        if step >= self._next_good and self._quiet >= self._config.quiet_steps and gate >= self._config.min_health:
+            state = self._states.capture(step)
+            self._since_good.clear()
+            self._last_good.value = step
+            self._next_good = (step // self._config.good_every + 1) * self._config.good_every
+            logger.debug("ms_exporter: good state at step %d (%.1f MiB, %.1f ms)", step, state.nbytes / 2**20,
+                         state.seconds * 1e3)
+
+    def _identity(self, cb_params: Any, step: int, epoch: int) -> dict[str, Any]:
+        batch_num = int(cb_params.get("batch_num", 0) or 0)
+        position = (step - 1) % batch_num + 1 if batch_num > 0 else None
+        element = cb_params.get("train_dataset_element")
+        columns = None
+        if isinstance(element, (list, tuple)) and element:
+            columns = [np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t) for t in element]
+        return {**batch_identity(step, epoch, position, columns), "rank": self._rank}
+
+    def _diverged(self, run_context: Any, step: int, reason: str, loss: float | None) -> None:
+        state = self._states.newest
+        if state is None:
+            if not self._warned_no_state:
+                self._warned_no_state = True
+                logger.warning("ms_exporter: rollback: %s at step %d, but no good state was kept yet (the first "
+                               "comes after step %d and %d quiet steps); training goes on", reason, step,
+                               self._config.good_every, self._config.quiet_steps)
+            return
+        if not self._guard.allows(step):
+            self._stop(run_context, step, reason)
+            return
+        self._states.restore(state)
+        self._guard.record(step)
+        lost = step - state.step
+        batches = [{**identity, "reason": reason, "rolled_back_at": step, "good_step": state.step}
+                   for identity in self._since_good]
+        self._since_good.clear()
+        listed = self._skipped.append(batches)
+        self._counts["rollback"].value += 1
+        self._lost.value += lost
+        shown = loss if loss is None or math.isfinite(loss) else str(loss)
+        logger.warning("ms_exporter: rollback at step %d (%s, loss %s): restored the good state of step %d, %d "
+                       "steps lost; %d batches listed in %s (%d in all)", step, reason, shown, state.step, lost,
+                       len(batches), self._skipped.path, listed)
+        self._announce(step, "rollback", {"reason": reason, "good_step": state.step, "steps_lost": lost,
+                                          "batches_listed": len(batches)})
+
+    def _stop(self, run_context: Any, step: int, reason: str) -> None:
+        self._stopped = True
+        run_context.request_stop()
+        self._counts["rollback_stop"].value += 1
+        why = (f"{reason} at step {step} after {self._guard.recent} rollbacks within {self._config.window_steps} "
+               f"steps (actions.rollback.max_rollbacks {self._config.max_rollbacks})")
+        logger.error("ms_exporter: rollback_stop: %s; training stops after this step: the divergence comes back "
+                     "(docs/alerts.md#mindsporetrainingrollbackloop)", why)
+        self._announce(step, "rollback_stop", {"reason": why})
+
+    def close(self) -> None:
+        self._states.close()

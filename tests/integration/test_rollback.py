@@ -1,0 +1,160 @@
+"""actions.rollback in real training, GRAPH and PYNATIVE (issue #24): a batch made to blow the loss up at a known
+step is rolled back, the restored state is checked through the network, the batch is listed, and a rerun through
+the wrapper never sees it; a dataset that keeps poisoning ends training at the loop guard."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from mindspore.train import Callback, Model
+
+from ms_exporter import TrainingMonitor
+from ms_exporter import catalogue as c
+from ms_exporter.skipped_batches import SkipListedSamples, SkippedBatches, sample_hash
+
+pytestmark = pytest.mark.integration
+
+BATCH, FEATURES = 4, 8
+POISON_STEP = 57  # the batch of this step (epoch 1) carries a target a million times too large
+GOOD_EVERY, QUIET = 20, 10
+MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
+
+
+class Source:
+    """Random-access samples (x, y) of a noisy linear target; `poisoned` steps' batches get y = 1e6."""
+
+    def __init__(self, steps: int, poisoned: set[int]) -> None:
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(steps * BATCH, FEATURES)).astype(np.float32)
+        self.y = (self.x @ np.linspace(-1, 1, FEATURES, dtype=np.float32))[:, None] + \
+            rng.normal(0, 0.1, size=(steps * BATCH, 1)).astype(np.float32)
+        for step in poisoned:
+            self.y[(step - 1) * BATCH: step * BATCH] = 1e6
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[index], self.y[index]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def network() -> nn.Cell:
+    ms.set_seed(0)
+    return nn.SequentialCell(nn.Dense(FEATURES, 16), nn.ReLU(), nn.Dense(16, 1))
+
+
+class Probe(Callback):
+    """Placed after the monitor: the network's output on a fixed batch after every step (a forward pass, so the
+    memory the graphs use is what is read), and the optimizer's step counter. Before each step it also computes
+    the step's loss through a forward pass: the training graph's own loss for that batch must equal it, which holds
+    only if the training graph computes with the parameters the forward pass reads (after a rollback too)."""
+
+    def __init__(self, net: nn.Cell, loss: nn.Cell, optimizer: nn.Optimizer) -> None:
+        self.net, self.loss, self.optimizer = net, loss, optimizer
+        self.batch = Tensor(np.random.default_rng(1).normal(size=(BATCH, FEATURES)).astype(np.float32))
+        self.outputs: dict[int, np.ndarray] = {}
+        self.optimizer_steps: dict[int, int] = {}
+        self.losses: dict[int, float] = {}
+        self.forward_losses: dict[int, float] = {}
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        cb = run_context.original_args()
+        self.forward_losses[cb.cur_step_num] = float(self.loss(*cb.train_dataset_element).asnumpy())
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        cb = run_context.original_args()
+        step = cb.cur_step_num
+        self.outputs[step] = self.net(self.batch).asnumpy().copy()
+        self.optimizer_steps[step] = int(self.optimizer.global_step.asnumpy().reshape(-1)[0])
+        self.losses[step] = float(cb.net_outputs.asnumpy())
+
+
+def train(mode: str, source: Any, save_dir: Path, **rollback: Any) -> tuple[TrainingMonitor, Probe]:
+    ms.set_context(mode=MODES[mode])
+    net = network()
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=0.01)
+    with_loss = nn.WithLossCell(net, nn.MSELoss())
+    model = Model(with_loss, optimizer=optimizer)
+    data = ds.GeneratorDataset(source, ["x", "y"], shuffle=False).batch(BATCH)
+    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(save_dir), interval=1,
+                              actions={"rollback": {"enable": True, "good_every": GOOD_EVERY, "quiet_steps": QUIET,
+                                                    **rollback}})
+    probe = Probe(net, with_loss, optimizer)
+    try:
+        model.train(1, data, callbacks=[monitor, probe], dataset_sink_mode=False)
+    finally:
+        monitor.close()
+    return monitor, probe
+
+
+def counted(monitor: TrainingMonitor, action: str) -> float:
+    return next(s.value for s in monitor.store.series_of(c.ACTIONS_TAKEN) if dict(s.labels)["action"] == action)
+
+
+def events(save_dir: Path, action: str) -> list[dict[str, Any]]:
+    lines = (save_dir / "metrics-rank0.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == "event" and r["event"] == "action"
+            and r["action"] == action]
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_a_poisoned_batch_is_rolled_back_listed_and_skipped_on_a_rerun(
+        mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    steps = 80 if mode == "graph" else 70  # PYNATIVE steps are slower
+    source = Source(steps, {POISON_STEP})
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        monitor, probe = train(mode, source, tmp_path / "run")
+    good = 40  # good states at 20 and 40 (quiet since the start); the poison at 57
+    assert counted(monitor, "rollback") == 1
+    assert monitor.store.value_of(c.LAST_GOOD_STEP) > POISON_STEP  # kept again once the run was quiet again
+    assert monitor.store.value_of(c.ROLLBACK_LOST_STEPS) == POISON_STEP - good
+    # The restored state, through the network: the output on the fixed batch is what it was at the good step,
+    # and the optimizer's step counter is back there too (its moments with it).
+    np.testing.assert_array_equal(probe.outputs[POISON_STEP], probe.outputs[good])
+    assert probe.optimizer_steps[POISON_STEP] == probe.optimizer_steps[good]
+    assert probe.losses[POISON_STEP] > 1e9  # the spike itself
+    # The step after the rollback trains from the restored parameters: its loss is the forward pass's.
+    assert probe.losses[POISON_STEP + 1] == pytest.approx(probe.forward_losses[POISON_STEP + 1], rel=1e-5)
+    after = [probe.losses[s] for s in range(POISON_STEP + 1, steps + 1)]
+    assert all(math.isfinite(v) and v < 100 for v in after), after  # a spike is 1e12
+    [warning] = [r.getMessage() for r in caplog.records if "rollback at step" in r.getMessage()]
+    assert f"restored the good state of step {good}, {POISON_STEP - good} steps lost" in warning
+    [event] = events(tmp_path / "run", "rollback")
+    assert event["step"] == POISON_STEP and event["good_step"] == good and event["reason"] == "loss_spike"
+    # The list names the poisoned batch (with the batches trained since the good state), by content.
+    listed = SkippedBatches(tmp_path / "run").read()
+    assert [b["step"] for b in listed] == list(range(good + 1, POISON_STEP + 1))
+    poisoned = next(b for b in listed if b["step"] == POISON_STEP)
+    assert poisoned["position"] == POISON_STEP and poisoned["epoch"] == 1
+    assert poisoned["sample_hashes"] == [sample_hash(source[i]) for i in range((POISON_STEP - 1) * BATCH,
+                                                                                POISON_STEP * BATCH)]
+    # The rerun from the same seed through the wrapper: the listed samples are left out, nothing spikes.
+    wrapped = SkipListedSamples(Source(steps, {POISON_STEP}), tmp_path / "run")
+    rerun, rerun_probe = train(mode, wrapped, tmp_path / "rerun")
+    assert wrapped.skipped == (POISON_STEP - good) * BATCH
+    assert counted(rerun, "rollback") == 0
+    assert all(math.isfinite(v) and v < 100 for v in rerun_probe.losses.values()), rerun_probe.losses
+
+
+def test_a_dataset_that_keeps_poisoning_stops_at_the_loop_guard(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    steps = 200
+    source = Source(steps, set(range(20, steps + 1, 20)))
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        monitor, probe = train("graph", source, tmp_path, good_every=5, quiet_steps=3, max_rollbacks=2,
+                               window_steps=1000)
+    assert counted(monitor, "rollback") == 2 and counted(monitor, "rollback_stop") == 1
+    assert max(probe.losses) == 60  # rolled back at 20 and 40, stopped after the step of 60
+    [stop] = [r.getMessage() for r in caplog.records if "rollback_stop" in r.getMessage()]
+    assert "after 2 rollbacks within 1000 steps" in stop
+    [event] = events(tmp_path, "rollback_stop")
+    assert event["step"] == 60 and "max_rollbacks 2" in event["reason"]
