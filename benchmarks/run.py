@@ -17,10 +17,10 @@ from typing import Any
 
 import psutil
 
-from benchmarks import fingerprint, hotpath, memory, paired, scrape, training
+from benchmarks import fingerprint, good_state, hotpath, memory, paired, scrape, training
 
 TARGETS = {"step_ratio": 0.01, "grad_ratio": 0.02, "hot_path_us": 30.0, "scrape_p99_ms": 5.0, "rss_mb": 30.0,
-           "fingerprint_share": 0.001}
+           "fingerprint_share": 0.001, "rollback_share": 0.02}
 
 
 def machine() -> str:
@@ -91,12 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         steps_tables.append((title, rounds, steps, training.measure(mode, layers, d_model, rounds, steps, selection)))
     log("replica fingerprint ...", flush=True)
     prints = fingerprint.measure(20 if quick else 500, 30 if quick else 300)
+    log("rollback good states ...", flush=True)
+    goods = good_state.measure(20 if quick else 200, 30 if quick else 300, (16,) if quick else (16, 128, 512))
     log("step-interleaved pairs ...", flush=True)
     pairs = paired.measure(300 if quick else 6000, 1 if quick else 3)
     log("step time while scraped ...", flush=True)
     scraped = scrape.during_training([0, 1, 100], 1 if quick else 4, 30 if quick else 150)
 
-    doc = render(command, hot, latency, rss, steps_tables, scraped, pairs, prints, quick, time.monotonic() - started)
+    doc = render(command, hot, latency, rss, steps_tables, scraped, pairs, prints, goods, quick,
+                 time.monotonic() - started)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
     log(f"wrote {args.output} in {time.monotonic() - started:.0f} s")
@@ -109,7 +112,7 @@ def _ratio(rows: list[dict[str, Any]], prefix: str) -> float:
 
 def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]], rss: list[dict[str, Any]],
            steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]], scraped: list[dict[str, Any]],
-           pairs: dict[str, Any], prints: dict[str, Any], quick: bool, seconds: float) -> str:
+           pairs: dict[str, Any], prints: dict[str, Any], goods: dict[str, Any], quick: bool, seconds: float) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
     noise, spread = abs(second["ratio"] - 1), second["ratio_high"] - second["ratio_low"]
@@ -174,6 +177,14 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         f"{prints['fingerprint_ms']:.2f} ms "
         f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
         f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |",
+        f"| rollback: a good state every 100 steps < 2% of step time (demo model, GRAPH) | "
+        f"{verdict(goods['share'] * 100, TARGETS['rollback_share'] * 100, '%')}: keeping the state of "
+        f"{goods['parameters']:,} values ({goods['tensors']} Parameters, {goods['state_mib']:.1f} MiB: weights, "
+        f"Adam's moments and step) in host memory takes {goods['capture_ms']:.2f} ms (median of {goods['n']}), "
+        f"spread over {goods['every_n_steps']} steps of a median {goods['step_ms']:.1f} ms, plus "
+        f"{goods['identity_us']:.0f} µs a step for the batch's content hashes ({', '.join(goods['batch'])}) and "
+        f"{goods['health_us']:.1f} µs for the health score; a restore takes {goods['restore_ms']:.1f} ms "
+        f"(docs/rollback.md) |",
         f"| hot path < 30 µs | {verdict(hot_default, TARGETS['hot_path_us'], 'µs')} (mean per step with the "
         f"publications, defaults; median {hot[0]['median_us']:.1f} µs) |",
         f"| /metrics p99 < 5 ms | {verdict(scrape_p99, TARGETS['scrape_p99_ms'], 'ms')} (worst case below) |",
@@ -241,6 +252,21 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         table(pairs["rows"], [("case", "case", ""), ("pairs", "pairs", "d"), ("ratio", "median ratio", ".4f"),
                               ("cost", "cost per step", ".2%"), ("cost_low", "95% low", ".2%"),
                               ("cost_high", "95% high", ".2%"), ("per_training", "per training", "")]),
+        "",
+    ]
+    out += [
+        "## Rollback: keeping and restoring a good state by its size",
+        "",
+        "A state of 16 float32 Parameters of the given total size (GRAPH mode), kept and restored by",
+        "`ms_exporter/actions/good_state.py` in host memory (a copy of each) and on disk (one uncompressed .npz",
+        "under `save_dir/good-states`, written to a temporary name and renamed); median of 3. Disk costs more",
+        "time for the same size and saves only host memory, which is why `actions.rollback.storage: auto` keeps",
+        "states in memory up to `memory_limit_mb` (2 GiB) and writes larger ones to disk (docs/rollback.md).",
+        "",
+        table(goods["by_size"], [("mib", "state MiB", "d"), ("memory_capture_ms", "memory: keep ms", ".1f"),
+                                 ("memory_restore_ms", "memory: restore ms", ".1f"),
+                                 ("disk_capture_ms", "disk: keep ms", ".1f"),
+                                 ("disk_restore_ms", "disk: restore ms", ".1f")]),
         "",
     ]
     for title, rounds, steps, rows in steps_tables:

@@ -88,6 +88,10 @@ def cases(selection: str) -> list[Case]:
              monitor(grad_norm={"every_n_steps": 1})),
         Case("TrainingMonitor, everything on (local backend, weight norm, LayerNorm, 1 s interval)", "cell",
              monitor(**everything)),
+        # Rounds are shorter than good_every: this is the per-step part (a batch's hashes, the health score);
+        # keeping the states is measured on its own (benchmarks/good_state.py).
+        Case("TrainingMonitor, actions.rollback on (its per-step bookkeeping)", "plain",
+             monitor(actions={"rollback": {"enable": True}})),
     ]
     if selection == "quick":
         return [all_cases[0], all_cases[1], all_cases[5], all_cases[6], all_cases[7]]

@@ -52,6 +52,7 @@ class GoodStates:
         self._max_kept = max_kept
         self._parameters: list[Any] = []
         self.names: list[str] = []
+        self._taken = 0
 
     def bind(self, train_network: Any, leave_out: tuple[Any, ...] = ()) -> None:
         """Every Parameter of the network once (a shared one is listed once), less `leave_out` (the optimizer's
@@ -87,7 +88,8 @@ class GoodStates:
         path = None
         if self.where == "disk":
             self._directory.mkdir(parents=True, exist_ok=True)
-            path = self._directory / f"good-step{step:012d}.npz"
+            self._taken += 1  # the same step may be kept twice (a train call that starts again there)
+            path = self._directory / f"good-step{step:012d}-{self._taken}.npz"
             partial = path.with_suffix(".npz.partial")
             with open(partial, "wb") as file:
                 np.savez(file, **{f"p{i}": a for i, a in enumerate(arrays)})

@@ -141,7 +141,19 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
         (f"increase({c.ACTIONS_TAKEN.name}{{{s}}}[{rate}])", "{{action}} rank {{rank}}"),
         (f"{c.LR_BACKOFF_FACTOR.name}{{{s}}}", "LR scale rank {{rank}}")],
         "monitor_config.actions: early stops, learning-rate back-offs (and the scale now on the LR), anomaly "
-        f"snapshots ({c.LAST_SNAPSHOT_STEP.name} says which step is on disk)."), 24, 7)
+        f"snapshots ({c.LAST_SNAPSHOT_STEP.name} says which step is on disk), rollbacks."), 10, 7)
+    layout.add(timeseries("Rollbacks and steps lost", "none", [
+        (f'increase({c.ACTIONS_TAKEN.name}{{{s},action=~"rollback|rollback_stop"}}[{rate}])',
+         "{{action}} rank {{rank}}"),
+        (f"increase({c.ROLLBACK_LOST_STEPS.name}{{{s}}}[{rate}])", "steps lost rank {{rank}}")],
+        "actions.rollback: divergences rolled back to the last good state, the steps each undid, and a stop by the "
+        "loop guard (docs/rollback.md)."), 7, 7)
+    layout.add(timeseries("Health score and last good step", "none", [
+        (f"{c.HEALTH_SCORE.name}{{{s}}}", "health rank {{rank}}"),
+        (f"{c.GLOBAL_STEP.name}{{{s}}} - {c.LAST_GOOD_STEP.name}{{{s}}}", "steps since the good state rank {{rank}}")],
+        "0 to 1: the worst of the smoothed-loss trend, gradient norm and memory growth terms; a good state is kept "
+        "at or above actions.rollback.min_health. Steps since the good state: what a rollback now would undo."),
+        7, 7)
 
     layout.row("Throughput")
     layout.add(timeseries("Tokens per second", "suffix: tokens/s",

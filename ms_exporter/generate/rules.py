@@ -319,6 +319,18 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                   f"Project {{{{ $labels.project }}}} runs at {{{{ $value | humanizePercentage }}}} model FLOPs "
                   f"utilisation (its ranks' model FLOPs per second over their devices' peak), below "
                   f"{_number(t.mfu_low)} for {w.slow_for}.", b)] if t.mfu_low is not None else []),
+        # The action label keeps the rank apart from another action's series; the count is shown whole.
+        _alert("MindSporeTrainingRolledBack",
+               f'increase({c.ACTIONS_TAKEN.name}{{action="rollback"}}[{w.events_window}]) > 0', w.event_for,
+               "warning", "The monitor rolled the training back to its last good state",
+               f"{_WHO} diverged and was rolled back {{{{ printf \"%.0f\" $value }}}} times in the last "
+               f"{w.events_window}; {c.ROLLBACK_LOST_STEPS.name} counts the steps undone and "
+               f"save_dir/skipped-batches.json lists the batches.", b),
+        _alert("MindSporeTrainingRollbackLoop",
+               f'increase({c.ACTIONS_TAKEN.name}{{action="rollback_stop"}}[{w.events_window}]) > 0', w.event_for,
+               "critical", "Rollbacks did not stop the divergence: the monitor ended the training",
+               f"{_WHO} diverged again after actions.rollback.max_rollbacks rollbacks within window_steps; the "
+               f"monitor stopped the training (the reason is in the log and the JSON Lines file).", b),
         _alert("MindSporeExporterErrors", f"increase({c.ERRORS.name}[{w.errors_window}]) > 0",
                w.short_for, "warning", "The training monitor is absorbing errors",
                f"Component {{{{ $labels.component }}}} of the monitor on {_WHO} failed {{{{ $value | humanize }}}} "

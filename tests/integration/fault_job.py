@@ -99,7 +99,10 @@ def main() -> None:
                               # On but never triggered, so that the dashboard's actions panel has series.
                               actions={"early_stop": {"enable": True, "patience": 10**6, "unit": "epoch",
                                                       "max_nonfinite": None},
-                                       "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False}},
+                                       "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False},
+                                       # keeps good states (the health score, the last good step), never rolls back
+                                       "rollback": {"enable": True, "good_every": 50, "on_nonfinite": False,
+                                                    "spike_factor": None, "grad_norm_above": 1e12}},
                               # A short hang deadline only where the stall is the fault: a loaded machine's pauses
                               # must not make the healthy run stall.
                               hang={"min_seconds": 5 if args.fault in ("stall", "pause") else 120},

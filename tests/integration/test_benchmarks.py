@@ -19,7 +19,7 @@ def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     text = output.read_text()
     for heading in ("## Targets", "## Training step time: demo model", "## The hot path alone", "## Scrape cost",
-                    "## Step-interleaved",
+                    "## Step-interleaved", "## Rollback: keeping and restoring",
                     "## Memory", "Machine: ", "python -m benchmarks.run --quick"):
         assert heading in text, heading
     assert "smoke run" in text  # a quick run says that its figures mean nothing

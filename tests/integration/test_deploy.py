@@ -27,7 +27,8 @@ PINNED_ALERTS = {
     "MindSporeTrainingLossScaleCollapse": "warning", "MindSporeTrainingLayerNormDrift": "warning",
     "MindSporeTrainingRankDown": "critical", "MindSporeTrainingRankMissing": "critical",
     "MindSporeTrainingStraggler": "warning", "MindSporeTrainingGoodputLow": "warning",
-    "MindSporeTrainingReplicaDivergence": "critical",
+    "MindSporeTrainingReplicaDivergence": "critical", "MindSporeTrainingRolledBack": "warning",
+    "MindSporeTrainingRollbackLoop": "critical",
     "MindSporeExporterErrors": "warning",
 }
 # Rendered only when the user sets their threshold: (severity, monitor_config that switches it on, promtool cases).

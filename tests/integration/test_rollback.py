@@ -17,7 +17,7 @@ import pytest
 from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
-from ms_exporter import TrainingMonitor
+from ms_exporter import LossScaleTrainOneStepCell, TrainingMonitor
 from ms_exporter import catalogue as c
 from ms_exporter.skipped_batches import SkipListedSamples, SkippedBatches, sample_hash
 
@@ -158,3 +158,45 @@ def test_a_dataset_that_keeps_poisoning_stops_at_the_loop_guard(tmp_path: Path,
     assert "after 2 rollbacks within 1000 steps" in stop
     [event] = events(tmp_path, "rollback_stop")
     assert event["step"] == 60 and "max_rollbacks 2" in event["reason"]
+
+
+class Scales(Callback):
+    """The loss scale each step started with and its overflow flag, as the train cell reports them."""
+
+    def __init__(self) -> None:
+        self.scales: dict[int, float] = {}
+        self.overflows: dict[int, bool] = {}
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        cb = run_context.original_args()
+        self.scales[cb.cur_step_num] = float(cb.net_outputs[2].asnumpy())
+        self.overflows[cb.cur_step_num] = bool(cb.net_outputs[1].asnumpy())
+
+
+def train_with_loss_scale(tmp_path: Path, rollback: bool) -> tuple[TrainingMonitor, Scales]:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    source = Source(60, set())
+    source.y[(POISON_STEP - 1) * BATCH: POISON_STEP * BATCH] = np.inf
+    net = network()
+    cell = LossScaleTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Adam(net.trainable_params(), 0.01),
+                                     init_scale=2.0**10, scale_window=10_000)
+    monitor = TrainingMonitor(port=0, backend=["prometheus"], save_dir=str(tmp_path), actions={"rollback": {
+        "enable": rollback, "good_every": GOOD_EVERY, "quiet_steps": QUIET}})
+    scales = Scales()
+    try:
+        Model(cell).train(1, ds.GeneratorDataset(source, ["x", "y"], shuffle=False).batch(BATCH),
+                          callbacks=[monitor, scales], dataset_sink_mode=False)
+    finally:
+        monitor.close()
+    return monitor, scales
+
+
+def test_the_loss_scale_comes_back_with_the_weights(tmp_path: Path) -> None:
+    """An infinite target overflows the scaled gradients: the cell halves its scale and skips the update, and the
+    loss is not finite. Without rollback the next step starts from the halved scale; with it, from the good
+    step's, which the train cell itself reports."""
+    _, alone = train_with_loss_scale(tmp_path / "alone", rollback=False)
+    assert alone.overflows[POISON_STEP] and alone.scales[POISON_STEP + 1] == 2.0**9
+    monitor, scales = train_with_loss_scale(tmp_path / "rollback", rollback=True)
+    assert counted(monitor, "rollback") == 1 and scales.overflows[POISON_STEP]
+    assert scales.scales[POISON_STEP + 1] == scales.scales[40] == 2.0**10

@@ -79,7 +79,7 @@ def test_a_kept_state_comes_back_exactly_and_old_ones_go(storage: str, tmp_path:
     kept = states._kept[0]
     assert [s.step for s in states._kept] == [2, 3]
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == (
-        ["good-step000000000002.npz", "good-step000000000003.npz"] if storage == "disk" else [])
+        ["good-step000000000002-2.npz", "good-step000000000003-3.npz"] if storage == "disk" else [])
     states.restore(kept)
     after = {name: p.asnumpy() for name, p in train.parameters_and_names()}
     for name, value in before.items():

@@ -1,0 +1,92 @@
+"""What actions.rollback costs (docs/rollback.md): keeping a good state of the demo model every 100 steps, the
+per-step bookkeeping (the batch's content hashes and the health score), against the demo model's own step time;
+and what keeping and restoring a state costs by its size, in host memory and on disk (which is why `storage: auto`
+keeps states up to memory_limit_mb in memory).
+
+Timed in one process after a few GRAPH-mode steps, so the parameters are the compiled graph's.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _median_ms(func: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - began)
+    return float(np.median(times)) * 1e3
+
+
+def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps: int = 100) -> dict[str, Any]:
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn
+    from mindspore.train import Callback
+
+    from ms_exporter.actions.good_state import GoodStates
+    from ms_exporter.actions.health import HealthScore
+    from ms_exporter.skipped_batches import batch_identity
+    from ms_exporter.tools.demo import BATCH, build_model, synthetic_dataset
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    model = build_model(grad_norm=False)
+    ends: list[float] = []
+    batches: list[list[np.ndarray]] = []
+
+    class StepEnds(Callback):
+        def on_train_step_end(self, run_context: Any) -> None:
+            cb_params = run_context.original_args()
+            cb_params.net_outputs.asnumpy()  # GRAPH mode does not synchronise otherwise
+            ends.append(time.perf_counter())
+            if not batches:
+                batches.append([t.asnumpy() for t in cb_params.train_dataset_element])
+
+    model.train(1, synthetic_dataset(size=(steps + 10) * BATCH), callbacks=[StepEnds()], dataset_sink_mode=False)
+    step_ms = float(np.median(np.diff(ends[10:])))  * 1e3
+    scratch = Path(tempfile.mkdtemp(prefix="ms_exporter_bench_"))
+    states = GoodStates("memory", math.inf, scratch, 1)
+    states.bind(model.train_network)
+    capture_ms = _median_ms(lambda: states.capture(1), captures)
+    restore_ms = _median_ms(lambda: states.restore(states.newest), max(5, captures // 10))
+    columns = batches[0]
+    health = HealthScore(20, 10.0, 100.0, 0.3)
+    repeats = captures * 20
+    identity_us = _median_ms(lambda: batch_identity(1, 1, 1, columns), repeats) * 1e3
+    health_us = _median_ms(lambda: health.observe(0.5, 0.5, 1.0, 0.01), repeats) * 1e3
+    per_step_ms = (identity_us + health_us) / 1e3
+    by_size = []
+    for size in sizes_mib:
+        net = nn.Cell()
+        per = size * 2**20 // 16 // 4
+        for index in range(16):
+            setattr(net, f"p{index}", Parameter(Tensor(np.ones(per, np.float32)), name=f"p{index}"))
+        row: dict[str, Any] = {"mib": size}
+        for storage in ("memory", "disk"):
+            kept = GoodStates(storage, math.inf, scratch / storage, 1)
+            kept.bind(net)
+            repeats = 3
+            row[f"{storage}_capture_ms"] = _median_ms(lambda kept=kept: kept.capture(1), repeats)
+            row[f"{storage}_restore_ms"] = _median_ms(lambda kept=kept: kept.restore(kept.newest), repeats)
+            kept.close()
+        by_size.append(row)
+        del net
+    states.close()
+    return {"parameters": int(sum(p.size for p in states._parameters)), "tensors": len(states.names),
+            "state_mib": states.nbytes / 2**20, "capture_ms": capture_ms, "restore_ms": restore_ms,
+            "identity_us": identity_us, "health_us": health_us, "step_ms": step_ms, "every_n_steps": every_n_steps,
+            "batch": [f"{c.dtype}{list(c.shape)}" for c in columns],
+            "share": (capture_ms / every_n_steps + per_step_ms) / step_ms, "by_size": by_size, "n": captures}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(measure(20, 60, (16, 64)), indent=1))
