@@ -145,12 +145,13 @@ def test_a_poisoned_batch_is_rolled_back_listed_and_skipped_on_a_rerun(
     assert all(math.isfinite(v) and v < 100 for v in rerun_probe.losses.values()), rerun_probe.losses
 
 
-def test_a_dataset_that_keeps_poisoning_stops_at_the_loop_guard(tmp_path: Path,
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_a_dataset_that_keeps_poisoning_stops_at_the_loop_guard(mode: str, tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     steps = 200
     source = Source(steps, set(range(20, steps + 1, 20)))
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
-        monitor, probe = train("graph", source, tmp_path, good_every=5, quiet_steps=3, max_rollbacks=2,
+        monitor, probe = train(mode, source, tmp_path, good_every=5, quiet_steps=3, max_rollbacks=2,
                                window_steps=1000)
     assert counted(monitor, "rollback") == 2 and counted(monitor, "rollback_stop") == 1
     assert max(probe.losses) == 60  # rolled back at 20 and 40, stopped after the step of 60

@@ -136,3 +136,16 @@ def test_restore_writes_into_the_parameter_a_graph_compiled_before_reads(tmp_pat
     states.restore(kept)
     np.testing.assert_array_equal(net(x).asnumpy(), expected)
     ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_keep_unlisted_filters_a_real_pipeline_before_batch(tmp_path: Path) -> None:
+    """The recipe for sources other than GeneratorDataset: Dataset.filter with the predicate, then batch."""
+    import mindspore.dataset as ds
+
+    ids = np.arange(12, dtype=np.int32).reshape(6, 2)
+    labels = np.arange(6, dtype=np.int32)
+    SkippedBatches(tmp_path).append([{"sample_hashes": [sample_hash((ids[2], labels[2])),
+                                                        sample_hash((ids[3], labels[3]))]}])
+    dataset = ds.NumpySlicesDataset((ids, labels), ["ids", "label"], shuffle=False)
+    dataset = dataset.filter(KeepUnlisted(tmp_path), input_columns=["ids", "label"]).batch(2)
+    assert [row[1].tolist() for row in dataset.create_tuple_iterator(output_numpy=True)] == [[0, 1], [4, 5]]
