@@ -97,6 +97,7 @@ class Rollback:
         self._next_good = config.good_every
         self._warned_no_state = False
         self._stopped = False
+        self._network: Any = None
 
     def on_train_begin(self, cb_params: Any) -> None:
         network = cb_params.get("train_network") or cb_params.get("network")
@@ -108,7 +109,9 @@ class Rollback:
 
         fixed_lr = (learning_rate,) if isinstance(learning_rate, Parameter) else \
             tuple(learning_rate) if isinstance(learning_rate, ParameterTuple) else ()
-        self._states.bind(network, leave_out=fixed_lr)
+        if network is not self._network:  # another train call on the same network keeps its good states
+            self._network = network
+            self._states.bind(network, leave_out=fixed_lr)
         step = int(cb_params.get("cur_step_num", 0) or 0)
         self._next_good = (step // self._config.good_every + 1) * self._config.good_every
         logger.info("ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
