@@ -30,7 +30,7 @@ debian-packages:
 # The second venv (MindSpore Transformers 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is
 # built first; tests/integration/test_mindformers.py runs in it and skips, saying why, where it cannot be built.
 test: install debian-packages lint mindformers-venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
 
 mindformers-venv: install
 	$(BIN)/python -m tests.mindformers_venv
