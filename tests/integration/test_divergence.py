@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 STEPS_PER_EPOCH = 21
 # `make divergence-clean` runs the clean job for 96 epochs (2,016 steps); the suite's run is shorter.
-CLEAN_EPOCHS = int(os.environ.get("DIVERGENCE_CLEAN_EPOCHS", "20"))
+CLEAN_EPOCHS = int(os.environ.get("DIVERGENCE_CLEAN_EPOCHS", "10"))
 
 
 def fingerprints_by_step(job: DistributedJob, project: str, window: str) -> dict[float, dict[str, float]]:

@@ -110,7 +110,8 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
 # hang.checkpoint_callbacks) that holds every rank for PAUSE_SECONDS every PAUSE_EVERY steps, an evaluation every
 # 5 epochs. hang.min_seconds is set under the
 # pause, so a pause counted as data wait or step would page. `make hangs-healthy` runs the same for 10+ minutes.
-HEALTHY_EPOCHS = int(os.environ.get("HANGS_HEALTHY_EPOCHS", "15"))  # 21 steps an epoch
+# 21 steps an epoch: 8 epochs hold one pause and one evaluation (make hangs-healthy runs 70: 9 pauses)
+HEALTHY_EPOCHS = int(os.environ.get("HANGS_HEALTHY_EPOCHS", "8"))
 PAUSE_EVERY, PAUSE_SECONDS, MIN_SECONDS = 150, 40, 20
 
 
