@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ms_exporter import catalogue
+from ms_exporter.actions.decisions import anomaly_of
 from ms_exporter.actions.good_state import STATE_DIR, GoodStates
 from ms_exporter.actions.health import HealthScore
 from ms_exporter.config import RollbackConfig
@@ -38,16 +39,13 @@ Announce = Callable[[int, str, dict[str, Any]], None]
 
 def divergence_of(config: RollbackConfig, loss: float | None, smoothed_before: float, grad_norm: float,
                   grad_limit: float, warm: bool = True) -> str | None:
-    """What makes this step a divergence, if anything (each trigger as configured). Before the run is `warm` (its
-    first warmup_steps steps) a loss spike does not count: a smoothed loss of a few steps says little."""
-    if loss is not None and not math.isfinite(loss):
-        return "nonfinite_loss" if config.on_nonfinite else None
-    if (warm and config.spike_factor is not None and loss is not None and math.isfinite(smoothed_before)
-            and smoothed_before > 0 and loss > config.spike_factor * smoothed_before):
-        return "loss_spike"
-    if math.isinf(grad_norm) or (math.isfinite(grad_norm) and grad_norm > grad_limit):
-        return "grad_norm"
-    return None
+    """What makes this step a divergence, if anything: the anomalies actions.snapshot knows (anomaly_of), each
+    trigger as configured. Before the run is `warm` (its first warmup_steps steps) a loss spike does not count: a
+    smoothed loss of a few steps says little."""
+    if loss is not None and not math.isfinite(loss) and not config.on_nonfinite:
+        return None
+    spike_factor = config.spike_factor if warm and config.spike_factor is not None else math.inf
+    return anomaly_of(loss, smoothed_before, spike_factor, None if math.isnan(grad_norm) else grad_norm, grad_limit)
 
 
 class LoopGuard:
