@@ -66,8 +66,13 @@ def test_every_pinned_alert_with_severity_annotations_and_runbook_section() -> N
         assert rule["for"], f"{name} has no for:"
 
 
+PROMTOOL_TESTS = sorted((ROOT / "deploy/prometheus/tests").glob("*.test.yml"))
+
+
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
-    tests = yaml.safe_load((ROOT / "deploy/prometheus/tests/alerts.test.yml").read_text())["tests"]
+    assert [path.name for path in PROMTOOL_TESTS] == ["alerts.test.yml", "goodput.test.yml",
+                                                      "throughput-drop.test.yml"]
+    tests = [case for path in PROMTOOL_TESTS for case in yaml.safe_load(path.read_text())["tests"]]
     firing, quiet = set(), set()
     for case in tests:
         for check in case.get("alert_rule_test", []):
@@ -80,7 +85,8 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
 def test_promtool_and_amtool_accept_the_files() -> None:
     checked = run("promtool", "check", "rules", RULES_FILE)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    tested = run("promtool", "test", "rules", "tests/alerts.test.yml", cwd=ROOT / "deploy/prometheus")
+    tested = run("promtool", "test", "rules", *(f"tests/{path.name}" for path in PROMTOOL_TESTS),
+                 cwd=ROOT / "deploy/prometheus")
     assert tested.returncode == 0, tested.stdout + tested.stderr
     config = run("promtool", "check", "config", "deploy/prometheus/prometheus.yml")
     assert config.returncode == 0, config.stdout + config.stderr
