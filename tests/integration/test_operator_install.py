@@ -65,7 +65,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> OperatorVenv:
     env.update(PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     # sys.executable is the test venv's interpreter; venv builds on its base Python, without its packages.
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, env=env, timeout=120)
-    install = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet",
+    install = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
                               "--disable-pip-version-check", str(source)],
                              cwd=work, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                              check=False)

@@ -88,7 +88,7 @@ def watch(tmp: Path, project: str, arguments: tuple[str, ...], faulted: Callable
 @pytest.fixture(scope="module")
 def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Healthy for HEALTHY_STEPS steps, then every loss NaN until the run ends normally."""
-    return watch(tmp_path_factory.mktemp("nan-run"), "nan-run", ("--fault", "nan", "--seconds", "40"),
+    return watch(tmp_path_factory.mktemp("nan-run"), "nan-run", ("--fault", "nan", "--seconds", "25"),
                  lambda base: scrape(base + "metrics").value("mindspore_train_nonfinite_loss_total") >= 15,
                  "15 NaN steps")
 
@@ -101,7 +101,7 @@ def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         return bool(now["hang_deadline"] and now["phase_seconds"] > now["hang_deadline"] + 2)
 
     return watch(tmp_path_factory.mktemp("stalled-run"), "stalled-run",
-                 ("--fault", "pause", "--pause", "20", "--seconds", "45"), stalled,
+                 ("--fault", "pause", "--pause", "20", "--seconds", "35"), stalled,
                  "the run standing still past its hang deadline")
 
 
