@@ -58,6 +58,10 @@ class HealthScore:
             self._smoothed.append(smoothed)
         return Health(self._loss_term(loss), self._grad_term(grad_norm), self._memory_term(memory_growth))
 
+    def restart(self) -> None:
+        """Training went back to a good state: the trend of the path it left says nothing of the one it takes."""
+        self._smoothed.clear()
+
     def _loss_term(self, loss: float | None) -> float:
         if loss is not None and not math.isfinite(loss):
             return 0.0

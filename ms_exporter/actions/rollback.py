@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,15 @@ logger = logging.getLogger("ms_exporter")
 
 # (action, details) to the sinks that keep events (the JSON Lines file)
 Announce = Callable[[int, str, dict[str, Any]], None]
+
+
+class StateFollower(Protocol):
+    """What keeps figures of the steps it saw (the probes: ms_exporter.probes.base.Probe) and follows the
+    training back to a good state."""
+
+    def on_good_state(self, step: int) -> None: ...
+
+    def on_rollback(self, good_step: int) -> None: ...
 
 
 def divergence_of(config: RollbackConfig, loss: float | None, smoothed_before: float, grad_norm: float,
@@ -72,8 +81,10 @@ class LoopGuard:
 class Rollback:
     def __init__(self, config: RollbackConfig, store: MetricStore, save_dir: Path, grad_high: float,
                  grad_exploding: float, memory_growth_limit: float, rank: int, world_size: int,
-                 counts: dict[str, Series], announce: Announce, warmup_steps: int = 0) -> None:
+                 counts: dict[str, Series], announce: Announce, warmup_steps: int = 0,
+                 followers: Sequence[StateFollower] = ()) -> None:
         self._config = config
+        self._followers = tuple(followers)
         self._warmup = warmup_steps
         self._steps_seen = 0
         self._grad_limit = config.grad_norm_above if config.grad_norm_above is not None else grad_exploding
@@ -138,6 +149,8 @@ class Rollback:
         gate = health.replica_score if self._replicas else health.score
         if step >= self._next_good and self._quiet >= self._config.quiet_steps and gate >= self._config.min_health:
             state = self._states.capture(step)
+            for follower in self._followers:
+                follower.on_good_state(step)
             self._since_good.clear()
             self._last_good.value = step
             self._next_good = (step // self._config.good_every + 1) * self._config.good_every
@@ -166,6 +179,9 @@ class Rollback:
             self._stop(run_context, step, reason)
             return
         self._states.restore(state)
+        self._health.restart()
+        for follower in self._followers:
+            follower.on_rollback(state.step)
         self._guard.record(step)
         lost = step - state.step
         batches = [{**identity, "reason": reason, "rolled_back_at": step, "good_step": state.step}

@@ -14,12 +14,13 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ms_exporter import catalogue
 from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
-from ms_exporter.actions.rollback import Announce, Rollback
+from ms_exporter.actions.rollback import Announce, Rollback, StateFollower
 from ms_exporter.config import MonitorConfig
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.sample import StepSample
@@ -44,7 +45,7 @@ class ActionRunner:
     """One per monitor, only when some action is enabled; runs on the training thread after the probes."""
 
     def __init__(self, config: MonitorConfig, store: MetricStore, rank: RankInfo | None = None,
-                 announce: Announce | None = None) -> None:
+                 announce: Announce | None = None, followers: Sequence[StateFollower] = ()) -> None:
         actions = config.actions
         self._config = actions
         self._store = store
@@ -59,7 +60,8 @@ class ActionRunner:
             rank = rank or RankInfo(0, 0, 1, "")
             self._rollback = Rollback(actions.rollback, store, Path(config.save_dir), limits.grad_norm_high,
                                       limits.grad_norm_exploding, limits.memory_growth_ratio, rank.rank,
-                                      rank.world_size, self._counts, announce or _unheard, config.warmup_steps)
+                                      rank.world_size, self._counts, announce or _unheard, config.warmup_steps,
+                                      followers)
         self._factor = None
         if actions.lr_backoff.enable:
             self._factor = store.register(catalogue.LR_BACKOFF_FACTOR).series()
@@ -121,6 +123,7 @@ class ActionRunner:
         if self._rollback is not None:
             before = self._previous_smoothed if self._previous_smoothed is not None else math.nan
             self._rollback.on_step(sample, run_context, before)
+            smoothed = store.value_of(catalogue.LOSS_SMOOTHED)  # a rollback takes the smoothed loss back too
         self._previous_smoothed = smoothed if math.isfinite(smoothed) else self._previous_smoothed
 
     def on_epoch_end(self, run_context: Any, step: int) -> None:

@@ -70,7 +70,7 @@ class TrainingMonitor(Callback):
         probes = build_probes(self.config, self.store, self.rank, self.phases)
         self._eval = probes.eval
         self._memory = probes.memory
-        self._actions = ActionRunner(self.config, self.store, self.rank, self._announce) \
+        self._actions = ActionRunner(self.config, self.store, self.rank, self._announce, probes.step) \
             if self.config.actions.any else None
         self._errors = ErrorSink(self.store, ("callback", "sampler", *(("watchdog",) if probes.hang else ()),
                                               *(p.name for p in probes.step),

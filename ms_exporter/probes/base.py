@@ -20,3 +20,10 @@ class Probe:
 
     def on_train_end(self) -> None:
         """Release what on_train_begin took."""
+
+    def on_good_state(self, step: int) -> None:
+        """actions.rollback kept the state of `step` (after this step's on_step)."""
+
+    def on_rollback(self, good_step: int) -> None:
+        """actions.rollback restored the state kept at `good_step`: what this probe derived from the steps since
+        belongs to a path training no longer is on."""

@@ -35,6 +35,7 @@ class LossProbe(Probe):
         self._nonfinite = store.register(catalogue.NONFINITE_LOSS).series()
         self._window: deque[float] = deque(maxlen=window)
         self._previous: float | None = None
+        self._at_good_state: tuple[int, list[float], float | None] | None = None  # (step, window, previous)
 
     def on_step(self, sample: StepSample) -> None:
         loss = sample.loss
@@ -58,3 +59,19 @@ class LossProbe(Probe):
         else:
             rising.value = 0
         self._previous = loss
+
+    def on_good_state(self, step: int) -> None:
+        self._at_good_state = (step, list(self._window), self._previous)
+
+    def on_rollback(self, good_step: int) -> None:
+        """The smoothed loss goes back to what it was at the good state: the spike that caused the rollback (and
+        the steps before it) would otherwise stay in the mean for `loss_window` steps, raising the bar the next
+        spike has to clear and keeping the health score low."""
+        if self._at_good_state is None or self._at_good_state[0] != good_step:
+            return
+        _, window, self._previous = self._at_good_state
+        self._window.clear()
+        self._window.extend(window)
+        if self._smoothed is not None and self._rising is not None:
+            self._smoothed.value = sum(window) / len(window) if window else math.nan
+            self._rising.value = 0

@@ -100,9 +100,12 @@ def counted(monitor: TrainingMonitor, action: str) -> float:
     return next(s.value for s in monitor.store.series_of(c.ACTIONS_TAKEN) if dict(s.labels)["action"] == action)
 
 
+def records(save_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (save_dir / "metrics-rank0.jsonl").read_text().splitlines()]
+
+
 def events(save_dir: Path, action: str) -> list[dict[str, Any]]:
-    lines = (save_dir / "metrics-rank0.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["type"] == "event" and r["event"] == "action"
+    return [r for r in records(save_dir) if r["type"] == "event" and r["event"] == "action"
             and r["action"] == action]
 
 
@@ -126,6 +129,9 @@ def test_a_poisoned_batch_is_rolled_back_listed_and_skipped_on_a_rerun(
     assert probe.losses[POISON_STEP + 1] == pytest.approx(probe.forward_losses[POISON_STEP + 1], rel=1e-5)
     after = [probe.losses[s] for s in range(POISON_STEP + 1, steps + 1)]
     assert all(math.isfinite(v) and v < 100 for v in after), after  # a spike is 1e12
+    # The smoothed loss went back with the state: the spike is not in its mean (nor raises the next spike's bar).
+    smoothed = {r["step"]: r["loss_smoothed"] for r in records(tmp_path / "run") if r["type"] == "step"}
+    assert all(smoothed[s] < 100 for s in range(POISON_STEP + 1, steps + 1)), smoothed
     [warning] = [r.getMessage() for r in caplog.records if "rollback at step" in r.getMessage()]
     assert f"restored the good state of step {good}, {POISON_STEP - good} steps lost" in warning
     [event] = events(tmp_path / "run", "rollback")

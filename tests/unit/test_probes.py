@@ -45,6 +45,25 @@ def test_loss_smoothing_rising_and_nonfinite() -> None:
     assert value(store, "mindspore_train_loss_smoothed") == pytest.approx((3.6 + 3.7 + 1.0) / 3)
 
 
+def test_a_rollback_takes_the_smoothed_loss_back_to_the_good_state() -> None:
+    store = MetricStore()
+    probe = LossProbe(store, window=3)
+    for step, loss in enumerate([4.0, 3.0, 2.0], start=1):
+        probe.on_step(sample(step, loss))
+    probe.on_good_state(3)
+    for step, loss in ((4, 2.5), (5, 1e12)):  # the spike that makes the monitor roll back to step 3
+        probe.on_step(sample(step, loss))
+    assert value(store, "mindspore_train_loss_consecutive_increases") == 2
+    probe.on_rollback(2)  # not the state it kept: nothing changes
+    assert value(store, "mindspore_train_loss_smoothed") == pytest.approx((2.0 + 2.5 + 1e12) / 3)
+    probe.on_rollback(3)
+    assert value(store, "mindspore_train_loss_smoothed") == pytest.approx((4.0 + 3.0 + 2.0) / 3)
+    assert value(store, "mindspore_train_loss_consecutive_increases") == 0
+    probe.on_step(sample(6, 2.5))  # after the rollback: against step 3's loss, in step 3's window
+    assert value(store, "mindspore_train_loss_smoothed") == pytest.approx((3.0 + 2.0 + 2.5) / 3)
+    assert value(store, "mindspore_train_loss_consecutive_increases") == 1
+
+
 def test_throughput_over_window_and_token_series_only_with_tokens() -> None:
     store = MetricStore()
     probe = ThroughputProbe(store, samples=True, tokens=True)

@@ -38,6 +38,16 @@ def test_health_is_the_worst_of_its_three_terms() -> None:
     assert worn.score == 0.0 and worn.replica_score > 0  # memory growth is left out of the replicas' decision
 
 
+def test_after_a_restart_the_loss_trend_starts_again() -> None:
+    health = HealthScore(span=2, grad_high=10, grad_exploding=100, memory_growth_limit=0.3)
+    for smoothed in (2.0, 2.0, 4.0):  # doubled over the span
+        rising = health.observe(2.0, smoothed, NAN, NAN)
+    assert rising.loss == 0.0
+    health.restart()  # a rollback: the trend of the path left behind is gone
+    assert health.observe(2.0, 2.0, NAN, NAN).loss == 1.0
+    assert health.observe(2.0, 2.5, NAN, NAN).loss == pytest.approx(0.5)  # +25% since the restart
+
+
 def test_what_a_divergence_is() -> None:
     config = load_config({"actions": {"rollback": {"enable": True}}}).actions.rollback
     assert divergence_of(config, math.nan, 1.0, NAN, 100.0) == "nonfinite_loss"
