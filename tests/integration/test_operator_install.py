@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 CAPTURE = REPO / "tests" / "unit" / "data" / "top_rank1_step8.prom"
 TRAINING_SIDE = ("mindspore", "numpy", "psutil")
 INSTALL_HINT = "pip install 'ms-exporter[mindspore]' (or pip install mindspore 'numpy<2' psutil)"
-# Build from a copy: an in-tree build leaves build/ in the shared checkout, and setuptools packs whatever stale
-# modules an earlier build left there.
-_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
-                                     ".pytest_cache", ".ruff_cache", "monitor_output", "rank_*", "kernel_meta",
-                                     "*.ir", "test-artifacts")
+# Build from a copy of what the build reads (pyproject.toml's readme and package): an in-tree build leaves build/
+# in the shared checkout, and setuptools packs whatever stale modules an earlier build left there. Only these:
+# the checkout also holds virtual environments of gigabytes (.venv, .venv-mindformers).
+PACKAGE_SOURCES = ("pyproject.toml", "README.md", "ms_exporter")
+_NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,12 @@ class OperatorVenv:
 def venv(tmp_path_factory: pytest.TempPathFactory) -> OperatorVenv:
     base = tmp_path_factory.mktemp("operator")
     source, root, work = base / "source", base / "venv", base / "work"
-    shutil.copytree(REPO, source, ignore=_NOT_SOURCE)
+    source.mkdir()
+    for name in PACKAGE_SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=_NOT_SOURCE)
+        else:
+            shutil.copy2(REPO / name, source / name)
     work.mkdir()
     unset = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith("MS_EXPORTER_")}

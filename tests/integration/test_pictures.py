@@ -75,8 +75,16 @@ def steps_of(jsonl: Path) -> list[int]:
 def watch(tmp: Path, project: str, arguments: tuple[str, ...], faulted: Callable[[str], bool], what: str) -> Run:
     """Run the fault job, keep the live page (DOM and live-<project>.png) once `faulted(base URL)`, let it end."""
     job, base = start(tmp, project, *arguments)
+
+    def seen() -> bool:
+        try:
+            return faulted(base)
+        except OSError:  # not serving: not up yet, or ended before the fault was seen (say so now, not at timeout)
+            assert job.poll() is None, f"the job ended (exit code {job.returncode}) before {what} were seen"
+            raise
+
     try:
-        wait_until(lambda: faulted(base), 240, what)
+        wait_until(seen, 240, what)
         page = dom(base)
         screenshot(base, f"live-{project}.png", 1280, 900)
         assert job.wait(240) == 0
@@ -88,7 +96,7 @@ def watch(tmp: Path, project: str, arguments: tuple[str, ...], faulted: Callable
 @pytest.fixture(scope="module")
 def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Healthy for HEALTHY_STEPS steps, then every loss NaN until the run ends normally."""
-    return watch(tmp_path_factory.mktemp("nan-run"), "nan-run", ("--fault", "nan", "--seconds", "25"),
+    return watch(tmp_path_factory.mktemp("nan-run"), "nan-run", ("--fault", "nan", "--seconds", "40"),
                  lambda base: scrape(base + "metrics").value("mindspore_train_nonfinite_loss_total") >= 15,
                  "15 NaN steps")
 
@@ -101,7 +109,7 @@ def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         return bool(now["hang_deadline"] and now["phase_seconds"] > now["hang_deadline"] + 2)
 
     return watch(tmp_path_factory.mktemp("stalled-run"), "stalled-run",
-                 ("--fault", "pause", "--pause", "20", "--seconds", "35"), stalled,
+                 ("--fault", "pause", "--pause", "20", "--seconds", "45"), stalled,
                  "the run standing still past its hang deadline")
 
 
