@@ -1,7 +1,7 @@
 """What actions.rollback costs (docs/rollback.md): keeping a good state of the demo model every 100 steps, the
 per-step bookkeeping (the batch's content hashes and the health score), against the demo model's own step time;
-and what keeping and restoring a state costs by its size, in host memory and on disk (which `storage: auto`
-prefers below memory_limit_mb).
+and what keeping and restoring a state costs by its size, in host memory and on disk (where `storage: auto`'s
+memory_limit_mb comes from).
 
 Timed in one process after a few GRAPH-mode steps, so the parameters are the compiled graph's.
 """

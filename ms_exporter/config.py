@@ -530,11 +530,10 @@ class RollbackConfig:
     quiet_steps: int = setting(20, check=int_in(1, 10_000_000))  # steps without a divergence before one is kept
     min_health: float = setting(0.8, check=at_least(0, 1))  # mindspore_train_health_score needed to keep one
     max_kept: int = setting(2, check=int_in(1, 100))
-    # where good states live: host memory, files in save_dir/good-states, or auto (memory up to memory_limit_mb:
-    # faster to keep and to restore at every size measured, docs/benchmarks.md; the limit bounds the host memory
-    # the max_kept copies take)
+    # where good states live: host memory, files in save_dir/good-states, or auto (memory up to memory_limit_mb;
+    # past 64 MiB a fresh host copy cost more to keep than a file did: docs/benchmarks.md)
     storage: str = setting("auto", check=choice(*ROLLBACK_STORAGE))
-    memory_limit_mb: float = setting(1024.0, check=greater_than(0, 1024 * 1024))
+    memory_limit_mb: float = setting(64.0, check=greater_than(0, 1024 * 1024))
     # what a divergence is: a non-finite loss, a loss over spike_factor x the smoothed loss, a gradient norm over
     # grad_norm_above (unset: the exploding threshold, 10 x grad_norm.threshold)
     on_nonfinite: bool = setting(True, check=boolean())

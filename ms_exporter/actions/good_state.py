@@ -31,25 +31,13 @@ class GoodState:
     seconds: float  # what taking it cost
 
 
-def _host_value(parameter: Any) -> np.ndarray:
-    """The Parameter's value on the host; may share the Parameter's memory (asnumpy does on CPU)."""
+def _host_copy(parameter: Any) -> np.ndarray:
     try:
-        return np.asarray(parameter.asnumpy())
+        return np.array(parameter.asnumpy(), copy=True)  # asnumpy may share the Parameter's host memory
     except TypeError:  # a dtype numpy lacks (bfloat16): kept as float32, cast back when restored
         import mindspore
 
-        return np.asarray(parameter.astype(mindspore.float32).asnumpy())
-
-
-def _host_copy(parameter: Any, into: np.ndarray | None) -> np.ndarray:
-    """A copy of the Parameter's value that training does not change, in `into` when it fits: an array of a
-    state that is being dropped, whose pages are already mapped (a fresh copy of a large state costs more in
-    page faults than in copying, benchmarks/good_state.py)."""
-    value = _host_value(parameter)
-    if into is not None and into.shape == value.shape and into.dtype == value.dtype:
-        np.copyto(into, value)
-        return into
-    return np.array(value, copy=True)
+        return np.array(parameter.astype(mindspore.float32).asnumpy(), copy=True)
 
 
 class GoodStates:
@@ -95,19 +83,10 @@ class GoodStates:
 
     def capture(self, step: int) -> GoodState:
         began = time.perf_counter()
-        to_disk = self.where == "disk"
-        reuse: list[np.ndarray] | None = None
-        if not to_disk and len(self._kept) >= self._max_kept:
-            # The oldest state goes with this capture anyway: taken out first, its arrays take the new values.
-            reuse = self._kept.popleft().arrays
-        if to_disk:  # written before training goes on: the Parameters' own memory needs no copy
-            arrays = [_host_value(p) for p in self._parameters]
-        else:
-            arrays = [_host_copy(p, reuse[i] if reuse is not None and i < len(reuse) else None)
-                      for i, p in enumerate(self._parameters)]
+        arrays = [_host_copy(p) for p in self._parameters]
         nbytes = int(sum(a.nbytes for a in arrays))
         path = None
-        if to_disk:
+        if self.where == "disk":
             self._directory.mkdir(parents=True, exist_ok=True)
             self._taken += 1  # the same step may be kept twice (a train call that starts again there)
             path = self._directory / f"good-step{step:012d}-{self._taken}.npz"
