@@ -127,9 +127,10 @@ class Rollback:
                     len(self._states.names), self._states.nbytes / 2**20, self._states.where,
                     self._config.good_every)
 
-    def on_step(self, sample: StepSample, run_context: Any, smoothed_before: float) -> None:
+    def on_step(self, sample: StepSample, run_context: Any, smoothed_before: float) -> bool:
+        """One step; True when it rolled the training back to a good state."""
         if self._stopped:
-            return
+            return False
         cb_params = run_context.original_args()
         step = sample.step
         self._since_good.append(self._identity(cb_params, step, sample.epoch))
@@ -143,8 +144,7 @@ class Rollback:
                                warm=self._steps_seen > self._warmup)
         if reason is not None:
             self._quiet = 0
-            self._diverged(run_context, step, reason, sample.loss)
-            return
+            return self._diverged(run_context, step, reason, sample.loss)
         self._quiet += 1
         gate = health.replica_score if self._replicas else health.score
         if step >= self._next_good and self._quiet >= self._config.quiet_steps and gate >= self._config.min_health:
@@ -156,6 +156,7 @@ class Rollback:
             self._next_good = (step // self._config.good_every + 1) * self._config.good_every
             logger.debug("ms_exporter: good state at step %d (%.1f MiB, %.1f ms)", step, state.nbytes / 2**20,
                          state.seconds * 1e3)
+        return False
 
     def _identity(self, cb_params: Any, step: int, epoch: int) -> dict[str, Any]:
         batch_num = int(cb_params.get("batch_num", 0) or 0)
@@ -166,7 +167,7 @@ class Rollback:
             columns = [np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t) for t in element]
         return {**batch_identity(step, epoch, position, columns), "rank": self._rank}
 
-    def _diverged(self, run_context: Any, step: int, reason: str, loss: float | None) -> None:
+    def _diverged(self, run_context: Any, step: int, reason: str, loss: float | None) -> bool:
         state = self._states.newest
         if state is None:
             if not self._warned_no_state:
@@ -174,10 +175,10 @@ class Rollback:
                 logger.warning("ms_exporter: rollback: %s at step %d, but no good state was kept yet (the first "
                                "comes after step %d and %d quiet steps); training goes on", reason, step,
                                self._config.good_every, self._config.quiet_steps)
-            return
+            return False
         if not self._guard.allows(step):
             self._stop(run_context, step, reason)
-            return
+            return False
         self._states.restore(state)
         self._health.restart()
         for follower in self._followers:
@@ -196,6 +197,7 @@ class Rollback:
                        len(batches), self._skipped.path, listed)
         self._announce(step, "rollback", {"reason": reason, "good_step": state.step, "steps_lost": lost,
                                           "batches_listed": len(batches)})
+        return True
 
     def _stop(self, run_context: Any, step: int, reason: str) -> None:
         self._stopped = True

@@ -122,8 +122,8 @@ class ActionRunner:
                 self._snapshot(sample.step, opened, loss)
         if self._rollback is not None:
             before = self._previous_smoothed if self._previous_smoothed is not None else math.nan
-            self._rollback.on_step(sample, run_context, before)
-            smoothed = store.value_of(catalogue.LOSS_SMOOTHED)  # a rollback takes the smoothed loss back too
+            if self._rollback.on_step(sample, run_context, before):
+                smoothed = store.value_of(catalogue.LOSS_SMOOTHED)  # taken back with the state
         self._previous_smoothed = smoothed if math.isfinite(smoothed) else self._previous_smoothed
 
     def on_epoch_end(self, run_context: Any, step: int) -> None:
