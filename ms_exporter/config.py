@@ -17,7 +17,7 @@ import os
 import re
 import reprlib
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
@@ -50,6 +50,7 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PUSH_EVENTS = ("train_end", "interval")
 # What check-config prints instead of a secret.
 REDACTED = "<redacted>"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # user:password@ in a URL (a Pushgateway or collector behind basic auth), with or without its scheme (a value
 # that failed the URL check): the password is never printed or logged.
 _URL_PASSWORD = re.compile(r"(?P<head>(?:[a-zA-Z][a-zA-Z0-9+.-]*://|(?<![^\s'\"(=]))[^:/@\s'\"]*):[^@/\s'\"]*@")
@@ -58,6 +59,30 @@ _URL_PASSWORD = re.compile(r"(?P<head>(?:[a-zA-Z][a-zA-Z0-9+.-]*://|(?<![^\s'\"(
 def hide_url_passwords(text: str) -> str:
     """`text` with the password of every scheme://user:password@ in it replaced."""
     return _URL_PASSWORD.sub(rf"\g<head>:{REDACTED}@", text)
+
+
+_URL_PARTS = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)?(?P<authority>[^/?#]*)(?P<path>[^?#]*)"
+                        r"(?:\?(?P<query>[^#]*))?", re.DOTALL)
+
+
+def url_for_logs(url: str) -> str:
+    """A collector's or Pushgateway's URL as logs, messages and check-config show it: the password of a user:password@
+    and a bare token@ replaced, the value of every query parameter too (an ?api_key=...), no #fragment, and control
+    characters escaped (a URL from an environment variable is not checked as monitor_config's are)."""
+    parts = _URL_PARTS.match(url)
+    if parts is None:  # not reached: every group may be empty, so the pattern matches any text
+        return REDACTED
+    authority = parts["authority"]
+    if "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        authority = f"{user}:{REDACTED}@{host}" if colon else f"{REDACTED}@{host}"
+    shown = (parts["scheme"] or "") + authority + parts["path"]
+    if parts["query"] is not None:
+        shown += "?" + "&".join(f"{name}={REDACTED}" if sep else name
+                                for name, sep, _ in (item.partition("=") for item in parts["query"].split("&")))
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], shown)
+
 
 # Names allowed in `metrics`: each switches on one group of series (docs/metrics.md lists them).
 METRIC_GROUPS = (
@@ -110,13 +135,28 @@ _MAX_LABEL_VALUE = 128
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s]+")
 
 
-class ConfigError(ValueError):
-    """Raised at construction with every problem found; `problems` holds them one per item."""
+_HEADER = re.compile(r"invalid monitor_config \(\d+ problem\(s\)\):\n  - ")
 
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = [hide_url_passwords(problem) for problem in problems]
+
+class ConfigError(ValueError):
+    """Raised at construction with every problem found; `problems` holds them one per item.
+
+    Built from one string it is one problem, or, when the string is a ConfigError's own text with something put in
+    front (MindSpore Transformers' registry re-raises `type(e)(f"{cls}: {e}")`), the same problems under that
+    prefix: never one problem per character."""
+
+    def __init__(self, problems: str | Iterable[str]) -> None:
+        prefix = ""
+        if isinstance(problems, str):
+            found = _HEADER.search(problems)
+            if found is None:
+                problems = [problems]
+            else:
+                prefix, problems = problems[:found.start()], problems[found.end():].split("\n  - ")
+        self.problems = [hide_url_passwords(str(problem)) for problem in problems]
         lines = "\n  - ".join(self.problems)
-        super().__init__(f"invalid monitor_config ({len(self.problems)} problem(s)):\n  - {lines}")
+        super().__init__(f"{hide_url_passwords(prefix)}invalid monitor_config ({len(self.problems)} problem(s)):"
+                         f"\n  - {lines}")
 
 
 # -- constraints: a check returns the clean value, or raises _Bad saying what is wrong and what is allowed -----
@@ -177,8 +217,8 @@ def greater_than(low: int, high: float) -> Check:
                  lambda value: _is_number(value) and low < value <= high, float)
 
 
-def at_least(low: int, high: float) -> Check:
-    return _rule(f"a number of at least {low}{_upto(high)}",
+def at_least(low: float, high: float) -> Check:
+    return _rule(f"a number of at least {low:g}{_upto(high)}",
                  lambda value: _is_number(value) and low <= value <= high, float)
 
 
@@ -222,9 +262,33 @@ def _runbook_url(value: Any) -> str:
     return value
 
 
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX
+
+
+def file_path() -> Check:
+    """A file or directory path: non-empty, at most MAX_PATH_CHARS characters, no control character (a NUL cannot be
+    in a path at all, and a newline or escape in one garbles every log line and dump name that shows it)."""
+
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise _Bad("must be a non-empty path", value)
+        if (bad := _CONTROL.search(value)) is not None:
+            raise _Bad(f"must be a path without control characters (it has {bad.group()!r} at {bad.start()})", value)
+        if len(value) > MAX_PATH_CHARS:
+            raise _Bad(f"must be a path of at most {MAX_PATH_CHARS} characters", value)
+        return value
+
+    return check
+
+
 def readable_file() -> Check:
-    return _rule("the path of a readable file",
-                 lambda value: isinstance(value, str) and os.path.isfile(value) and os.access(value, os.R_OK))
+    def check(value: Any) -> str:
+        clean: str = file_path()(value)
+        if not (os.path.isfile(clean) and os.access(clean, os.R_OK)):
+            raise _Bad("must be the path of a readable file", value)
+        return clean
+
+    return check
 
 
 def _strings(value: Any) -> list[str] | None:
@@ -459,8 +523,9 @@ class OtlpConfig:
     endpoint: str | None = setting(None, check=optional(url()))
     # grpc or http/protobuf; None: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc
     protocol: str | None = setting(None, check=optional(choice(*OTLP_PROTOCOLS)))
-    # seconds between exports; None: OTEL_METRIC_EXPORT_INTERVAL, else 60
-    interval: float | None = setting(None, check=optional(greater_than(0, MAX_SECONDS)))
+    # seconds between exports; None: OTEL_METRIC_EXPORT_INTERVAL, else 60. Each export renders every series on the
+    # SDK's reader thread: ten a second at most.
+    interval: float | None = setting(None, check=optional(at_least(0.1, MAX_SECONDS)))
     timeout: float = setting(10.0, check=greater_than(0, MAX_SECONDS))  # seconds one export may take, retries included
     headers: Mapping[str, str] | None = setting(None, check=optional(_headers))
     insecure: bool | None = setting(None, check=optional(boolean()))
@@ -472,7 +537,8 @@ class PushgatewayConfig:
 
     url: str | None = setting(None, check=optional(url()))  # None: no pushes
     on: tuple[str, ...] = setting(("train_end",), check=names(PUSH_EVENTS))
-    interval: float = setting(30.0, check=greater_than(0, MAX_SECONDS))  # seconds between pushes when `on` has interval
+    # seconds between pushes when `on` has interval; each push renders the whole store: ten a second at most
+    interval: float = setting(30.0, check=at_least(0.1, MAX_SECONDS))
     timeout: float = setting(5.0, check=greater_than(0, MAX_SECONDS))
     job: str = setting("mindspore_training", check=text())
 
@@ -605,7 +671,8 @@ class GoodputConfig:
 
     enable: bool = setting(True, check=boolean())
     # How often the run state file in save_dir is rewritten (the run's totals are exported as of the last save).
-    save_seconds: float = setting(5.0, check=greater_than(0, MAX_SECONDS))
+    # Each save writes and renames a small file: ten a second at most.
+    save_seconds: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
     # MindSporeTrainingGoodputLow fires below this share of productive time over the last hour (ms-exporter rules).
     alert_below: float = setting(0.5, check=between(0, 1))
 
@@ -767,7 +834,7 @@ class WebConfig:
     """monitor_config.web: who may read the endpoint, in the spirit of Prometheus' web configuration file."""
 
     # a Prometheus web config file (tls_server_config, basic_auth_users)
-    config_file: str | None = setting(None, check=optional(text()))
+    config_file: str | None = setting(None, check=optional(file_path()))
     tls_cert_file: str | None = setting(None, check=optional(readable_file()))
     tls_key_file: str | None = setting(None, check=optional(readable_file()))
     client_ca_file: str | None = setting(None, check=optional(readable_file()))
@@ -816,8 +883,10 @@ class MonitorConfig:
     enable: bool = setting(True, check=boolean())
     backend: tuple[str, ...] = setting(("prometheus",), check=names(BACKENDS, at_least_one=True))
     project: str = setting("default", check=text(label_value=True))
-    interval: float = setting(30.0, check=greater_than(0, MAX_SECONDS))
-    save_dir: str = setting("./monitor_output", check=text())
+    # The JSON Lines (TensorBoard, W&B) flush period and, up to MEMORY_SAMPLE_SECONDS, the memory sampling period:
+    # twenty snapshots and samples a second at most (1e-9 s wrote 8 MB/s of JSON Lines and spun the sampler thread).
+    interval: float = setting(30.0, check=at_least(0.05, MAX_SECONDS))
+    save_dir: str = setting("./monitor_output", check=file_path())
     port: int = setting(DEFAULT_PORT, check=_base_port)
     bind_address: str = setting("127.0.0.1", check=_bind_address)
     metrics: tuple[str, ...] = setting(METRIC_GROUPS, check=names(METRIC_GROUPS))
@@ -838,7 +907,7 @@ class MonitorConfig:
     grad_norm: GradNormConfig = section(GradNormConfig)
     layernorm: LayerNormConfig = section(LayerNormConfig)
     weight_norm: bool = setting(False, check=boolean())
-    file_sd_dir: str | None = setting(None, check=optional(text()))
+    file_sd_dir: str | None = setting(None, check=optional(file_path()))
     # Where the alerts' runbook_url links point (ms-exporter rules/kubernetes --config): the page that serves
     # docs/alerts.md with a heading anchor per alert; unset: the repository-relative docs/alerts.md.
     runbook_url: str | None = setting(None, check=optional(_runbook_url))
@@ -889,7 +958,7 @@ class MonitorConfig:
                 out[section_name][key] = {name: REDACTED for name in out[section_name][key]}
         for section_name, key in (("otlp", "endpoint"), ("pushgateway", "url")):
             if out[section_name][key]:
-                out[section_name][key] = hide_url_passwords(out[section_name][key])
+                out[section_name][key] = url_for_logs(out[section_name][key])
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -936,15 +1005,16 @@ def read_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     if not isinstance(source, MonitorConfig):
         translation = mindformers_keys.translate(raw)
         notes += [summary] if (summary := translation.summary()) else []
-        for section, key in translation.created.items():  # an error then names the key the user wrote
-            problems.origin[section] = f"monitor_config.{key}, MindSpore Transformers' key read as ours"
+        for its_key, ours in translation.read.items():  # an error then names the key the user wrote
+            problems.set_origin(ours, f"monitor_config.{its_key}, MindSpore Transformers' key read as ours")
     for key, text in _env_values().items():
-        _merge(raw, key, _parse_env(key, text))
-        problems.origin[key] = f"environment variable {ENV_PREFIX}{key.upper()}"
+        value = _parse_env(key, text)
+        _merge(raw, key, value)
+        problems.set_origin(key, f"environment variable {ENV_PREFIX}{key.upper()}", value)
     problems.found.extend(_unknown_env_names())
     for key, value in overrides.items():
         _merge(raw, key, value)
-        problems.origin[key] = f"keyword argument {key}="
+        problems.set_origin(key, f"keyword argument {key}=", value)
     config = _build(MonitorConfig, raw, "", problems)
     if problems.found or config is None:
         raise ConfigError(problems.found)
@@ -983,10 +1053,24 @@ class _Problems:
 
     def __init__(self) -> None:
         self.found: list[str] = []
-        self.origin: dict[str, str] = {}  # top-level key -> the environment variable or keyword argument that set it
+        # key path (a top-level key, or section.key) -> the environment variable, keyword argument or MindSpore
+        # Transformers key that set it; a path not here was set where its longest listed prefix was
+        self.origin: dict[str, str] = {}
+
+    def set_origin(self, path: str, where: str, value: Any = None) -> None:
+        """`path` was set by `where`; with a section's mapping `value`, only the sub-keys it names are (they are
+        merged into what was there)."""
+        for known in [known for known in self.origin if known.startswith(path + ".")]:
+            if not isinstance(value, Mapping) or known[len(path) + 1:].split(".")[0] in value:
+                del self.origin[known]
+        self.origin[path] = where
 
     def _where(self, path: str) -> str:
-        return self.origin.get(path.split(".")[0], "monitor_config")
+        parts = path.split(".")
+        for end in range(len(parts), 0, -1):
+            if (where := self.origin.get(".".join(parts[:end]))) is not None:
+                return where
+        return "monitor_config"
 
     def add(self, path: str, message: str, value: Any = _UNSHOWN) -> None:
         shown = "" if value is _UNSHOWN else f", got {shown_value(value)}"
@@ -1195,7 +1279,9 @@ def _env_values() -> dict[str, str]:
 
 def _read_web_config_file(path: Any, say: Say) -> dict[str, Any]:
     """A Prometheus web config file (exporter-toolkit format) as monitor_config.web keys."""
-    if not isinstance(path, str):
+    try:
+        file_path()(path)
+    except _Bad:
         return {}  # the config_file check reports it
     try:
         data = load_yaml(read_small_file(path)) or {}

@@ -41,7 +41,6 @@ class Translation:
     read: dict[str, str] = field(default_factory=dict)  # its key -> ours
     shadowed: dict[str, str] = field(default_factory=dict)  # its key -> ours, which the block also set
     left: list[str] = field(default_factory=list)
-    created: dict[str, str] = field(default_factory=dict)  # our section that only its keys set -> its first key
 
     def summary(self) -> str | None:
         """One line for the log and check-config, or None when the block had none of its keys."""
@@ -73,8 +72,6 @@ def translate(raw: dict[str, Any]) -> Translation:
         if not isinstance(block, Mapping) or name in block:  # ours is set (a bad section is reported as such)
             done.shadowed[key] = ours
             continue
-        if section not in raw:
-            done.created[section] = key
         raw[section] = {**block, name: value}
         done.read[key] = ours
     return done

@@ -38,7 +38,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ms_exporter._version import __version__
-from ms_exporter.config import OtlpConfig
+from ms_exporter.config import OtlpConfig, url_for_logs
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import Family, HistogramSeries, MetricStore, Series
 from ms_exporter.sinks import otel_sdk
@@ -106,10 +106,12 @@ def export_interval_millis(config: OtlpConfig) -> float:
 
 
 def describe_target(config: OtlpConfig) -> str:
-    """Where exports go, for messages: never the headers, which may carry credentials."""
+    """Where exports go, for messages: never the headers, nor the endpoint's user:password@ (or token@) and query
+    values, which may carry credentials."""
     endpoint = (config.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "the SDK's default endpoint")
-    return f"{endpoint} ({resolve_protocol(config)})"
+                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    shown = url_for_logs(endpoint) if endpoint else "the SDK's default endpoint"
+    return f"{shown} ({resolve_protocol(config)})"
 
 
 def build_resource(rank: RankInfo, project: str) -> Resource:

@@ -122,7 +122,7 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(problems) == 11, problems
     assert "prot: unknown key" in text and "did you mean 'port'" in text
     assert "port: must be an integer from 0 to 65535, got -1" in text
-    assert "interval: must be a number greater than 0" in text
+    assert "interval: must be a number of at least 0.05" in text
     assert "'grafana'" in text and "allowed: ['prometheus', 'otlp', 'local', 'tensorboard', 'wandb']" in text
     assert "'los' (did you mean 'loss'?)" in text
     assert "loss_window: must be an integer from 1" in text
@@ -138,11 +138,11 @@ def test_every_problem_is_reported_at_once() -> None:
     [
         ({"port": True}, "port: must be an integer"),
         ({"port": 65535}, "leaves no room for base + local rank"),
-        ({"interval": 0}, "interval: must be a number greater than 0"),
-        ({"interval": float("nan")}, "interval: must be a number greater than 0"),
+        ({"interval": 0}, "interval: must be a number of at least 0.05"),
+        ({"interval": float("nan")}, "interval: must be a number of at least 0.05"),
         ({"project": ""}, "project: must be a non-empty string"),
         ({"project": "x" * 200}, "at most 128 characters"),
-        ({"save_dir": 3}, "save_dir: must be a non-empty string"),
+        ({"save_dir": 3}, "save_dir: must be a non-empty path"),
         ({"backend": []}, "needs at least one of"),
         ({"otlp": {"protocol": "udp"}}, "otlp.protocol: must be one of ['grpc', 'http/protobuf']"),
         ({"otlp": {"endpoint": "collector:4317"}}, "otlp.endpoint: must be a URL"),
@@ -151,7 +151,7 @@ def test_every_problem_is_reported_at_once() -> None:
         ({"otlp": {"endpont": "http://c:4317"}}, "did you mean 'endpoint'"),
         ({"pushgateway": {"url": "pushgateway:9091"}}, "pushgateway.url: must be a URL"),
         ({"pushgateway": {"on": ["train_end", "every_step"]}}, "unknown name(s) 'every_step'"),
-        ({"pushgateway": {"interval": -1}}, "pushgateway.interval: must be a number greater than 0"),
+        ({"pushgateway": {"interval": -1}}, "pushgateway.interval: must be a number of at least 0.1"),
         ({"metrics": "loss,lr"}, "unknown name(s)"),
         ({"warn_on_value": [1]}, "must be a mapping of metric to bound"),
         ({"warn_on_value": {"loss": "high"}}, "bound for 'loss' must be a number"),
@@ -183,8 +183,10 @@ def test_file_errors_are_config_errors(tmp_path: Path) -> None:
     latin1.write_bytes("monitor_config: {project: caf\u00e9}\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="cannot read config file .*utf-8"):
         load_config(latin1)
-    with pytest.raises(ConfigError, match="web.config_file: cannot read"):
+    with pytest.raises(ConfigError, match="web.config_file: must be a path without control characters"):
         load_config({"web": {"config_file": "web\x00.yml"}})  # found by the fuzz test: a NUL byte in the path
+    with pytest.raises(ConfigError, match="web.config_file: cannot read"):
+        load_config({"web": {"config_file": str(tmp_path / "missing-web.yml")}})
 
 
 def test_env_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -464,7 +466,7 @@ def test_finding_9_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_a
 
 def test_finding_9_a_400_digit_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MS_EXPORTER_INTERVAL", "9" * 400)
-    with pytest.raises(ConfigError, match=r"interval: must be a number greater than 0 and at most 604800, got an "
+    with pytest.raises(ConfigError, match=r"interval: must be a number of at least 0.05 and at most 604800, got an "
                                           r"integer of 400 digits \(from environment variable MS_EXPORTER_INTERVAL\)"):
         load_config()
 
@@ -524,3 +526,83 @@ def test_finding_9_two_monitors_cannot_share_one_json_lines_file(tmp_path: Path)
     finally:
         first.close()
     TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path)).close()  # free again once closed
+
+
+def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_problems() -> None:
+    """MindSpore Transformers' registry re-raises `type(e)(f"{cls}: {e}")`: that must read as the same problems under
+    the class's name, not one problem per character; any other string is one problem."""
+    with pytest.raises(ConfigError) as raised:
+        load_config({"port": -1, "loss_window": 0})
+    again = type(raised.value)(f"TrainingMonitor: {raised.value}")
+    assert again.problems == raised.value.problems and len(again.problems) == 2
+    assert str(again) == f"TrainingMonitor: {raised.value}"
+    assert ConfigError("monitor_config.port: taken").problems == ["monitor_config.port: taken"]
+    assert str(ConfigError("x")) == "invalid monitor_config (1 problem(s)):\n  - x"
+    assert ConfigError(problem for problem in ("a", "b")).problems == ["a", "b"]
+    secret = ConfigError("TrainingMonitor: invalid monitor_config (1 problem(s)):\n  - bad url http://u:pw@h:1")
+    assert "pw" not in str(secret) and secret.problems == ["bad url http://u:<redacted>@h:1"]
+
+
+@pytest.mark.parametrize("key", ["save_dir", "file_sd_dir", "web.config_file", "web.tls_cert_file"])
+@pytest.mark.parametrize("bad", ["run\x00s", "runs\n", "runs\x1b[2J", "runs\x7f"])
+def test_round2_finding_13_a_control_character_in_a_path_is_a_config_error(key: str, bad: str) -> None:
+    with pytest.raises(ConfigError, match=rf"monitor_config\.{key}: must be a path without control characters"):
+        load_config(nested(key, bad))
+
+
+def test_round2_finding_13_a_nul_in_save_dir_fails_check_config_not_the_monitor(tmp_path: Path) -> None:
+    from ms_exporter import TrainingMonitor
+
+    path = write(tmp_path, 'monitor_config: {backend: [local], save_dir: "runs\\0x"}\n')
+    done = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(path)], capture_output=True,
+                          text=True, check=False, timeout=120)
+    assert done.returncode != 0 and "save_dir: must be a path without control characters" in done.stderr + done.stdout
+    with pytest.raises(ConfigError, match="save_dir"):  # a plain ValueError (embedded null byte) before
+        TrainingMonitor(port=0, backend=["local"], save_dir=f"{tmp_path}/runs\x00x")
+    assert len(load_config(save_dir="a" * 4096).save_dir) == 4096
+    with pytest.raises(ConfigError, match="at most 4096 characters"):
+        load_config(save_dir="a" * 4097)
+
+
+# Every key that sets how often something periodic runs; each has a lower bound, stated in docs/configuration.md.
+INTERVAL_KEYS = ("interval", "otlp.interval", "pushgateway.interval", "goodput.save_seconds")
+
+
+def lower_bound(key: str) -> float:
+    """The least value the key's declared check accepts, as its refusal of 0 states it."""
+    check = dict(leaves(MonitorConfig))[key]
+    try:
+        check(0)
+    except _Bad as bad:
+        message = str(bad)
+    else:
+        raise AssertionError(f"{key} accepts 0")
+    assert message.startswith("must be a number of at least "), message
+    return float(message.split("at least ")[1].split()[0])
+
+
+def test_round2_finding_13_every_interval_has_a_documented_lower_bound() -> None:
+    named = {path for path, _ in leaves(MonitorConfig) if path.rsplit(".", 1)[-1] in ("interval", "save_seconds")}
+    assert named == set(INTERVAL_KEYS)
+    rows = {line.split("|")[1].strip().strip("`"): line for line in
+            (Path(__file__).parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `")}
+    for key in INTERVAL_KEYS:
+        low = lower_bound(key)
+        assert 0 < low <= 1, key
+        with pytest.raises(ConfigError, match=rf"{key}: must be a number of at least {low:g} "):
+            load_config(nested(key, 1e-9))  # 1e-9 s: 8 MB/s of JSON Lines before
+        config: Any = load_config(nested(key, low))
+        for part in key.split("."):
+            config = getattr(config, part)
+        assert config == low
+        assert f"at least {low:g} " in rows[key], (key, rows[key])
+
+
+def test_round2_credential_check_config_hides_a_token_and_query_values_of_a_target() -> None:
+    config = load_config({"pushgateway": {"url": "https://tok3n@gateway:9091/?api_key=k3y&debug"},
+                          "otlp": {"endpoint": "http://ops:pw0rd@collector:4318/v1/metrics?token=t0k#x"}})
+    shown = config.redacted()
+    assert shown["pushgateway"]["url"] == "https://<redacted>@gateway:9091/?api_key=<redacted>&debug"
+    assert shown["otlp"]["endpoint"] == "http://ops:<redacted>@collector:4318/v1/metrics?token=<redacted>"
+    assert not any(secret in repr(shown) for secret in ("tok3n", "k3y", "pw0rd", "t0k"))

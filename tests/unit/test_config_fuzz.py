@@ -20,7 +20,10 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.flo
                     st.integers(-10**400, 10**400), st.sampled_from([1e308, -1e308, 1e10, 2**63, 2**64 + 1]),
                     st.text(max_size=20), st.text(min_size=1000, max_size=5000),
                     st.sampled_from(["prometheus", "otlp", "loss", "grpc", "train_end",
-                                     "$2b$", "sha256:", "0.0.0.0", "1e3", "on", "http://u:p@h:1"]))
+                                     "$2b$", "sha256:", "0.0.0.0", "1e3", "on", "http://u:p@h:1"]),
+                    # round two: control characters in paths, intervals at and past their lower bounds
+                    st.sampled_from(["runs\x00x", "runs\n", "\x1b[2J", "a\x7f", "x" * 4097]),
+                    st.sampled_from([1e-9, 0.0499, 0.05, 0.0999, 0.1, 5e-324]))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                        st.dictionaries(st.text(max_size=8), inner, max_size=4)),
                       max_leaves=8)
@@ -97,8 +100,9 @@ CROSS_FIELD = {"grad_norm.top_k", "grad_norm.max_series", "web.config_file", "we
                # one key of a model description needs the others
                *(f"flops.model.{key}" for key in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
                                                   "vocab_size", "num_kv_heads", "head_dim"))}
-near_valid = st.one_of(values, st.integers(-3, 70000), st.floats(-2, 5), st.sampled_from(
-    ["http://h:1", "grpc", "interval", "DEBUG", "epoch", "127.0.0.1", "::", "x", ["loss"], {"loss": 3}, {"a": "b"}]))
+near_valid = st.one_of(values, st.integers(-3, 70000), st.floats(-2, 5), st.floats(0, 0.2), st.sampled_from(
+    ["http://h:1", "grpc", "interval", "DEBUG", "epoch", "127.0.0.1", "::", "x", ["loss"], {"loss": 3}, {"a": "b"},
+     "runs/x\x00", "run\ts", "./runs"]))
 
 
 @settings(max_examples=600, deadline=None)
@@ -152,3 +156,35 @@ def test_any_project_and_tag_value_renders_as_valid_exposition(project: str, tag
     (sample,) = [s for f in families for s in f.samples if s.name == "mindspore_train_info"]
     assert sample.labels["project"] == project and sample.labels["team"] == tag
     assert not math.isnan(sample.value)
+
+
+PATH_KEYS = ("save_dir", "file_sd_dir", "web.config_file", "web.tls_cert_file", "web.tls_key_file",
+             "web.client_ca_file")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(PATH_KEYS), st.text(max_size=40))
+def test_round2_finding_13_any_text_as_a_path_is_a_config_or_a_config_error(key: str, text: str) -> None:
+    """A path key takes a path without control characters (NUL, newline, escape, DEL) or says why not, at that key."""
+    section, _, sub = key.rpartition(".")
+    raw: dict[str, Any] = {section: {sub: text}} if section else {sub: text}
+    try:
+        config: Any = load_config(raw)
+    except ConfigError as exc:
+        assert any(p.startswith(f"monitor_config.{key}") for p in exc.problems), exc.problems
+        return
+    for part in key.split("."):
+        config = getattr(config, part)
+    assert not any(ord(c) < 32 or ord(c) == 127 for c in config)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=60).filter(lambda p: "\n  - " not in p), min_size=1, max_size=5),
+       st.text(max_size=30))
+def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_problems(problems: list[str],
+                                                                                  prefix: str) -> None:
+    """MindSpore Transformers' registry re-raises `type(e)(f"{cls}: {e}")`; the problems survive it."""
+    error = ConfigError(problems)
+    again = type(error)(f"{prefix}: {error}")
+    assert again.problems == error.problems
+    assert ConfigError(prefix).problems == [hide_url_passwords(prefix)]

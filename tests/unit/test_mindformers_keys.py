@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -105,3 +106,48 @@ def test_the_register_path_holds_the_file_run_mindformer_loads() -> None:
     done = subprocess.run([sys.executable, "-m", "ms_exporter.mindformers"], capture_output=True, text=True,
                           check=True)
     assert (Path(done.stdout.strip()) / "ms_exporter_callback.py").is_file()
+
+
+def build_like_mindformers(entry: dict[str, Any]) -> Any:
+    """MindSpore Transformers' registry when it is installed (the second venv), else what it does: build the class from
+    the entry's keys and re-raise what construction raised as `type(e)(f"{cls.__name__}: {e}")` (its register.py)."""
+    from ms_exporter.monitor.callback import TrainingMonitor
+
+    if mindformers.available():
+        from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+
+        assert mindformers.register() is True
+        return MindFormerRegister.get_instance_from_cfg(dict(entry), MindFormerModuleType.CALLBACK)
+    arguments = {key: value for key, value in entry.items() if key != "type"}
+    try:
+        return TrainingMonitor(**arguments)
+    except Exception as e:  # noqa: BLE001 - as MindSpore Transformers' registry does
+        raise type(e)(f"{TrainingMonitor.__name__}: {e}") from None
+
+
+def test_round2_finding_12_a_config_error_through_the_registry_names_each_problem_and_the_key_written() -> None:
+    entry = {"type": "TrainingMonitor", "port": -1,
+             "config": {"step_interval": 5, "global_norm_spike_threshold": -1, "dump_path": "./dump"}}
+    with pytest.raises(ConfigError) as raised:
+        build_like_mindformers(entry)
+    error = raised.value
+    assert str(error).startswith("TrainingMonitor: invalid monitor_config (2 problem(s)):\n  - "), str(error)
+    (threshold,) = [p for p in error.problems if p.startswith("monitor_config.grad_norm.threshold:")]
+    assert threshold.endswith("(from monitor_config.global_norm_spike_threshold, MindSpore Transformers' key read "
+                              "as ours)"), threshold
+    (port,) = [p for p in error.problems if p.startswith("monitor_config.port:")]
+    assert port.endswith("(from keyword argument port=)")
+
+
+def test_round2_finding_12_each_read_key_is_named_for_its_own_value() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config({"step_interval": 0, "global_norm_spike_threshold": 0, "grad_norm": {"top_k": 3}})
+    assert sorted(raised.value.problems) == [
+        "monitor_config.grad_norm.every_n_steps: must be an integer from 1 to 1000000, got 0 (from "
+        "monitor_config.step_interval, MindSpore Transformers' key read as ours)",
+        "monitor_config.grad_norm.threshold: must be a number greater than 0 and at most 1e+12, got 0 (from "
+        "monitor_config.global_norm_spike_threshold, MindSpore Transformers' key read as ours)"]
+    # A later source that sets the key itself is named instead.
+    with pytest.raises(ConfigError) as raised:
+        load_config({"global_norm_spike_threshold": 2}, grad_norm={"threshold": -1})
+    assert raised.value.problems[0].endswith("(from keyword argument grad_norm=)")

@@ -114,3 +114,41 @@ def test_preferences_fall_back_to_the_sdk_defaults_with_a_warning(caplog: pytest
         found = otel_sdk.preferences(Bare())  # type: ignore[arg-type]
     assert found == {"preferred_temporality": None, "preferred_aggregation": None}
     assert "tested: " + otel_sdk.TESTED_VERSIONS in caplog.text
+
+
+SECRET = "s3cr3t-pw"
+
+
+@pytest.mark.parametrize(("configured", "variable", "shown"), [
+    (f"http://ops:{SECRET}@127.0.0.1:{{port}}", None, "http://ops:<redacted>@127.0.0.1:{port}"),
+    (None, f"http://{SECRET}@127.0.0.1:{{port}}/?api_key={SECRET}", "http://<redacted>@127.0.0.1:{port}/?api_key="
+                                                                  "<redacted>"),
+])
+def test_round2_credential_the_otlp_target_is_logged_without_its_credentials(
+        configured: str | None, variable: str | None, shown: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The INFO line that names the collector (and the error of a failed export) shows the host, never the endpoint's
+    user:password@, token@ or query values, whether monitor_config or OTEL_EXPORTER_OTLP_ENDPOINT names it."""
+    from ms_exporter.config import OtlpConfig
+    from ms_exporter.monitor.ranks import RankInfo
+    from ms_exporter.sinks.otlp import OtlpExport
+
+    port = free_port()  # nothing listens there
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", raising=False)
+    if variable is not None:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", variable.format(port=port))
+    else:
+        monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    config = OtlpConfig(endpoint=configured.format(port=port) if configured else None, protocol="http/protobuf",
+                        interval=3600, timeout=1)
+    errors: list[BaseException] = []
+    with caplog.at_level(logging.INFO, logger="ms_exporter"):
+        sink = OtlpExport(MetricStore(), config, RankInfo(0, 0, 1, "host"), "p", lambda _, exc: errors.append(exc))
+        try:
+            assert sink.exporter.export(one_batch(), timeout_millis=1000) is MetricExportResult.FAILURE
+        finally:
+            sink.close()
+    said = caplog.text + "".join(map(str, errors))
+    assert "exporting OTLP to " + shown.format(port=port) in caplog.text
+    assert errors and shown.format(port=port) in str(errors[0])
+    assert SECRET not in said
