@@ -223,7 +223,7 @@ def _report(args: argparse.Namespace) -> int:
         stalled = "".join(f", stalled {stall['seconds']:.0f} s at step {stall['step']}" for stall in facts["stalls"])
         lost = (f", {facts['dropped_records']} records lost (not written: the writer fell behind or the disk was "
                 "full)" if facts["dropped_records"] else "")
-        unreadable = f", {facts['unreadable_lines']} unreadable lines skipped" if facts["unreadable_lines"] else ""
+        unreadable = f"; {facts['skipped']}" if facts["skipped"] else ""
         time = facts["time"]
         goodput = (f", {100 * time['productive'] / sum(time.values()):.1f}% of {sum(time.values()):.0f} s productive"
                    f" ({facts['restarts']} restarts)" if time and sum(time.values()) > 0 else "")

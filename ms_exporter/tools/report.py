@@ -10,13 +10,14 @@ import html
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ms_exporter import catalogue
-from ms_exporter.config import HangConfig
+from ms_exporter.config import MAX_STEPS, HangConfig
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
 # the snapshots.
@@ -35,10 +36,27 @@ _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
 # Snapshot keys of the memory figure, in the order of preference (memory in use on the device, else the host's).
 _MEMORY_KEYS = {catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind
                 for kind in catalogue.MEMORY_IN_USE_ORDER}
+_MAX_LABEL = 256  # characters of a project or rank shown
+_NONFINITE = ("NaN", "Inf", "-Inf")  # how the writer writes a loss that is no number
+
+
+# A record is a few KiB (a snapshot of every series: tens of KiB); a longer line is no record, and is skipped
+# without being held whole (a 2 GB line took 4.2 GB of memory to read).
+MAX_LINE_BYTES = 16 * 1024 * 1024
+_CHUNK = 1024 * 1024
 
 
 class ReportError(ValueError):
     """An input that cannot be read as ms_exporter JSON Lines; the message names the file and line."""
+
+
+class _NotRecord(ValueError):
+    """A line that is no ms_exporter record; the message says why. `foreign`: no JSON Lines record of any writer
+    (not UTF-8, not JSON, not an object with a type): as a file's first line, the file is the wrong one."""
+
+    def __init__(self, why: str, foreign: bool = False) -> None:
+        super().__init__(why)
+        self.foreign = foreign
 
 
 @dataclass
@@ -53,14 +71,25 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
     rank: str = ""
-    unreadable_lines: list[str] = field(default_factory=list)  # file:line of lines that were not JSON
+    skipped_lines: int = 0  # lines that were no record: cut off mid-write, not JSON, not UTF-8, too long ...
+    first_skipped: str = ""  # where the first was, and why
+
+    def skipped(self) -> str | None:
+        """What the report says about the lines it skipped; None when it skipped none."""
+        if not self.skipped_lines:
+            return None
+        return f"skipped {self.skipped_lines} lines that are not records: first at {self.first_skipped}"
 
 
 def _number(value: Any) -> float | None:
-    """JSON Lines writes NaN/Inf as strings; the report's JSON carries them as null."""
+    """JSON Lines writes NaN/Inf as strings; the report's JSON carries them as null (an integer past a float, too)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _rotation_order(path: Path) -> tuple[int, str]:
@@ -82,36 +111,83 @@ def group_files(paths: list[str]) -> list[list[Path]]:
     return [sorted(files, key=_rotation_order) for files in groups.values()]
 
 
+def _lines(handle: BinaryIO) -> Iterator[bytes | None]:
+    """The file's lines; None for a line longer than MAX_LINE_BYTES, read past in chunks and never held whole."""
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line
+            continue
+        while (rest := handle.readline(_CHUNK)) and not rest.endswith(b"\n"):
+            pass
+        yield None
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _NotRecord(f"a number out of range ({text[:20]})")
+    return number
+
+
+def _constant(name: str) -> Any:
+    raise _NotRecord(f"{name} is not JSON (the writer writes non-finite numbers as strings)")
+
+
+def _record(line: bytes | None) -> dict[str, Any]:
+    """One line as a record; _NotRecord saying why it is none."""
+    if line is None:
+        raise _NotRecord(f"longer than {MAX_LINE_BYTES:,} bytes")
+    try:
+        record = json.loads(line.decode("utf-8"), parse_float=_finite, parse_constant=_constant)
+    except UnicodeDecodeError as exc:
+        raise _NotRecord(f"not UTF-8 (byte {exc.start})", foreign=True) from None
+    except _NotRecord:
+        raise
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError; an integer of over 4300 digits; deep nesting
+        raise _NotRecord(f"not JSON ({getattr(exc, 'msg', None) or type(exc).__name__})", foreign=True) from None
+    if not isinstance(record, dict) or "type" not in record:
+        raise _NotRecord("not an ms_exporter JSON Lines record (a JSON object with a type)", foreign=True)
+    kind = record["type"]
+    if kind == "step":
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEPS:
+            raise _NotRecord(f"a step record whose step is not a whole number from 0 to {MAX_STEPS:g}")
+    elif kind == "snapshot" and not isinstance(record.get("metrics", {}), dict):
+        raise _NotRecord("a snapshot whose metrics are not a JSON object")
+    return record
+
+
 def load_run(files: list[Path]) -> Run:
+    """The run the files hold. Lines that are no record are skipped and counted (Run.skipped says where the first
+    was and why); a file whose first line is not JSON is the wrong file: ReportError."""
     run = Run(label="", files=[str(f) for f in files])
     last_step = 0
     for path in files:
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
+        with path.open("rb") as handle:
+            for number, line in enumerate(_lines(handle), start=1):
+                if line is not None and not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    if number == 1:  # not a JSON Lines file at all: the wrong file was given
-                        raise ReportError(f"{path}:{number}: not JSON ({exc.msg})") from exc
-                    # A line cut off mid-write (a killed run, or a file written by an older version on a full
-                    # disk): skipped, and counted in the summary.
-                    run.unreadable_lines.append(f"{path.name}:{number}")
+                    record = _record(line)
+                except _NotRecord as exc:
+                    if number == 1 and exc.foreign:  # the wrong file was given
+                        raise ReportError(f"{path}:{number}: {exc}") from None
+                    # A line cut off mid-write (a killed run, a full disk), or one that something else wrote.
+                    run.skipped_lines += 1
+                    run.first_skipped = run.first_skipped or f"line {number} of {path.name}: {exc}"
                     continue
-                if not isinstance(record, dict) or "type" not in record:
-                    raise ReportError(f"{path}:{number}: not an ms_exporter JSON Lines record")
-                run.project = str(record.get("project", run.project))
-                run.rank = str(record.get("rank", run.rank))
+                run.project = str(record.get("project", run.project))[:_MAX_LABEL]
+                run.rank = str(record.get("rank", run.rank))[:_MAX_LABEL]
                 kind = record["type"]
                 if kind == "step":
-                    last_step = int(record.get("step", last_step))
+                    last_step = record["step"]
                     run.steps["step"].append(last_step)
                     for key in PLOTTED:
                         run.steps[key].append(_number(record.get(key)))
                     if run.steps[_LOSS][-1] is None:  # the smoothed loss of a NaN step is no loss: a gap
                         run.steps[_SMOOTHED][-1] = None
-                    run.last_loss = record.get("loss")
+                    loss = record.get("loss")
+                    run.last_loss = loss if isinstance(loss, (int, float)) or loss in _NONFINITE else None
                 elif kind == "snapshot":
                     metrics = record.get("metrics", {})
                     run.last_snapshot = metrics
@@ -123,7 +199,9 @@ def load_run(files: list[Path]) -> Run:
                 elif kind == "event":
                     run.events.append(record)
     if not run.steps["step"]:
-        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?)")
+        skipped = f" ({run.skipped()})" if run.skipped_lines else ""
+        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?)"
+                          f"{skipped}")
     return run
 
 
@@ -163,7 +241,8 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "stalls": stalls(run, hang),
         # Records the writer could not write (it fell behind, or the disk was full): counted by the monitor.
         "dropped_records": int(_number(snapshot.get(_DROPPED)) or 0),
-        "unreadable_lines": len(run.unreadable_lines),
+        "skipped_lines": run.skipped_lines,
+        "skipped": run.skipped(),
         "wall_seconds": _wall_seconds(run),
         "time": ledger(snapshot),
         "restarts": int(_number(snapshot.get(_RESTARTS)) or 0),
