@@ -1,10 +1,17 @@
-"""The `tensorboard` backend: TensorBoard event files through tensorboardX, written by a background thread."""
+"""The `tensorboard` backend: TensorBoard event files (tensorboardX's records), written by a background thread."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import socket
+import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ms_exporter.monitor import safe_files
 from ms_exporter.monitor.errors import Breaker
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
@@ -12,32 +19,86 @@ from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
 class TensorBoardWriter(QueuedStepWriter):
     """The step and evaluation scalars of QueuedStepWriter as TensorBoard scalars, at the step's global step and
-    wall time; tensorboardX writes the event file.
+    wall time.
 
     Event files go to `save_dir/tensorboard/rank<r>`: `tensorboard --logdir save_dir/tensorboard` shows one run
-    per rank.
+    per rank. The records are tensorboardX's (its `summary.scalar`, its Event proto and record checksum); the file
+    is written here, by the writer thread, in whole records: tensorboardX's SummaryWriter hands events to a thread
+    of its own that dies on the first failed write (a full disk) and then blocks every later `add_scalar` for
+    ever. Here a failed write is an OSError on the writer thread, counted like any other; the file is cut back to
+    where the batch began, so no torn record is left. The event file is created exclusively (O_EXCL, no symlink
+    followed) under a directory made 0750 (`safe_files`); a directory that cannot be made or written (read-only)
+    is an OSError at construction, which `build_sinks` counts: training goes on without TensorBoard.
     """
 
     name = "tensorboard"
 
     def __init__(self, store: MetricStore, log_dir: Path, interval: float,
                  on_error: Callable[[str, BaseException], None], breaker: Breaker | None = None) -> None:
-        from tensorboardX import SummaryWriter  # the extra: build_sinks turns its absence into a ConfigError
+        # the extra: build_sinks turns its absence into a ConfigError
+        import tensorboardX  # noqa: F401  (the package itself: its submodules may be imported already)
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.record_writer import masked_crc32c
+        from tensorboardX.summary import scalar
 
+        self._event, self._crc, self._scalar = Event, masked_crc32c, scalar
         self.log_dir = log_dir
-        self._writer = SummaryWriter(logdir=str(log_dir), flush_secs=max(1, round(interval)))
+        safe_files.make_dir(log_dir)
+        # The name TensorBoard looks for (`*tfevents*`), as tensorboardX makes it, with the pid: two processes on
+        # one directory never share a file.
+        self.path = log_dir / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self._fd: int | None = safe_files.open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+        self._pending: list[bytes] = []
+        try:
+            self._append(self._record(Event(wall_time=time.time(), file_version="brain.Event:2")))
+        except BaseException:
+            self._close_writer()
+            raise
         super().__init__(store, interval, on_error, breaker)
+
+    def _record(self, event: object) -> bytes:
+        """One TFRecord: length, its masked CRC-32C, the serialized event, its masked CRC-32C."""
+        data: bytes = event.SerializeToString()  # type: ignore[attr-defined]
+        header = struct.pack("<Q", len(data))
+        return header + struct.pack("<I", int(self._crc(header))) + data + struct.pack("<I", int(self._crc(data)))
 
     def _write_step(self, step: int, wall_time: float, scalars: dict[str, float]) -> None:
         for key, value in scalars.items():
-            self._writer.add_scalar(key, value, global_step=step, walltime=wall_time)
+            self._pending.append(self._record(self._event(summary=self._scalar(key, value), step=step,
+                                                          wall_time=wall_time)))
 
     def _write_eval(self, step: int, scalars: dict[str, float]) -> None:
+        now = time.time()
         for key, value in scalars.items():
-            self._writer.add_scalar(key, value, global_step=step)
+            self._pending.append(self._record(self._event(summary=self._scalar(key, value), step=step,
+                                                          wall_time=now)))
 
     def _flush_writer(self) -> None:
-        self._writer.flush()
+        data, self._pending = b"".join(self._pending), []
+        self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        """Whole records or nothing: after a failed or short write the file is cut back to where it was."""
+        if self._fd is None:
+            raise OSError(errno.EBADF, "the event file is closed", str(self.path))
+        began = os.fstat(self._fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, "no space left for the TensorBoard records", str(self.path))
+                view = view[written:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, began)
+            raise
+
+    def _abandon(self) -> None:
+        self._pending = []
 
     def _close_writer(self) -> None:
-        self._writer.close()
+        self._pending = []
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

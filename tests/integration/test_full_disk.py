@@ -115,3 +115,60 @@ def test_finding_5_a_transient_full_disk_loses_whole_records_and_counts_them(tmp
                                  str(tmp_path / "report.html")], capture_output=True, text=True, check=False)
         assert report.returncode == 0, report.stderr
         assert "50 records lost (not written" in report.stdout
+
+
+# Issue #31, finding 4: the TensorBoard backend on a disk that fills mid-run. Run in a child process: with
+# tensorboardX's own writer thread (dead on ENOSPC, its queue full) train end and SIGTERM waited for ever there.
+_TENSORBOARD_CHILD = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+from ms_exporter import TrainingMonitor, catalogue as c
+from tests.integration.test_full_disk import fill
+from tests.unit.test_callback_sink_and_jsonl import context
+
+disk = Path(sys.argv[1])
+caught = []
+signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))  # the script's own: it carries on
+monitor = TrainingMonitor(port=0, backend="tensorboard", save_dir=str(disk), interval=3600)
+monitor.on_train_begin(context(0, 0.0))
+fill(disk, leave=0)
+for step in range(1, 201):
+    monitor.on_train_step_begin(context(step, 1.0))
+    monitor.on_train_step_end(context(step, 1.0))
+took = {}
+began = time.monotonic()
+os.kill(os.getpid(), signal.SIGTERM)
+while not caught:
+    time.sleep(0.01)
+took["sigterm"] = time.monotonic() - began
+began = time.monotonic()
+monitor.on_train_end(context(200, 1.0))
+took["train_end"] = time.monotonic() - began
+began = time.monotonic()
+monitor.close()
+took["close"] = time.monotonic() - began
+def by(family, label):
+    return {dict(s.labels)[label]: s.value for s in monitor.store.series_of(family)}
+print("RESULT " + json.dumps({"took": took, "dropped": by(c.DROPPED_RECORDS, "sink"),
+                              "errors": by(c.ERRORS, "component")}))
+"""
+
+
+def test_round2_finding_4_tensorboard_on_a_disk_that_fills_returns_at_train_end_and_sigterm(tmp_path: Path) -> None:
+    from ms_exporter.sinks.queued_writer import WAIT_SECONDS
+
+    with small_disk(tmp_path / "disk") as disk:
+        try:
+            done = subprocess.run([sys.executable, "-c", _TENSORBOARD_CHILD, str(disk)], capture_output=True,
+                                  text=True, timeout=120, cwd=Path(__file__).parents[2], check=False)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"train end, SIGTERM or close waited on the TensorBoard writer for good: {exc.stderr!r}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        result = json.loads(line.removeprefix("RESULT "))
+        for hook, seconds in result["took"].items():
+            assert seconds < WAIT_SECONDS + 2, (hook, seconds)
+        assert result["dropped"]["tensorboard"] == 200  # every step record lost to the full disk, counted
+        assert result["errors"]["tensorboard"] >= 1
+        events = list((disk / "tensorboard" / "rank0").glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].stat().st_size < 4096  # the header record only: no torn record

@@ -49,7 +49,7 @@ def test_a_writer_that_fails_costs_its_records_never_the_training(tmp_path: Path
     def full_disk(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    writer._writer.add_scalar = full_disk  # type: ignore[method-assign]
+    writer._append = full_disk  # type: ignore[method-assign]
     for step in range(1, 4):
         writer.on_step(StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step)))
         writer.flush()  # raises nothing
@@ -59,5 +59,39 @@ def test_a_writer_that_fails_costs_its_records_never_the_training(tmp_path: Path
     writer.close()
     counted = {dict(series.labels)["component"]: series.value for series in store.series_of(c.ERRORS)}
     assert counted["tensorboard"] == 3
+    disabled = {dict(series.labels)["component"]: series.value for series in store.series_of(c.COMPONENT_DISABLED)}
+    assert disabled["tensorboard"] == 1
+
+
+def test_round2_finding_4_a_stuck_writer_is_given_up_within_the_bound(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that never returns (a disk that does not answer): train end, a signal and close each come back
+    within WAIT_SECONDS, the records are counted as lost and the backend is off."""
+    import threading
+    import time
+
+    from ms_exporter.sinks import queued_writer
+
+    monkeypatch.setattr(queued_writer, "WAIT_SECONDS", 0.5)
+    store = MetricStore()
+    errors = ErrorSink(store, ("callback", "tensorboard"))
+    writer = TensorBoardWriter(store, tmp_path, 3600.0, errors.absorb, Breaker(errors, store))
+    release = threading.Event()
+    writer._append = lambda data: release.wait()  # type: ignore[method-assign]
+    try:
+        writer.start(0)
+        for step in range(1, 6):
+            writer.on_step(StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step)))
+        began = time.monotonic()
+        writer.run_ended(5)  # the writer thread takes the 5 records and hangs in the write
+        writer.interrupted("SIGTERM", 5)
+        writer.on_step(StepSample(6, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + 6, 6.0))  # off: not queued
+        writer.close()
+        assert time.monotonic() - began < 2.0
+    finally:
+        release.set()
+    assert store.series_of(c.DROPPED_RECORDS)[0].value == 5
+    counted = {dict(series.labels)["component"]: series.value for series in store.series_of(c.ERRORS)}
+    assert counted["tensorboard"] == 1
     disabled = {dict(series.labels)["component"]: series.value for series in store.series_of(c.COMPONENT_DISABLED)}
     assert disabled["tensorboard"] == 1

@@ -39,9 +39,9 @@ def test_a_bad_mode_is_a_config_error() -> None:
 
 
 class FakeRun:
-    dir = "/nowhere/files"
-
-    def __init__(self, fail: bool) -> None:
+    def __init__(self, fail: bool, save_dir: Path) -> None:
+        self.dir = str(save_dir / "wandb" / "offline-run-1" / "files")
+        Path(self.dir).mkdir(parents=True)
         self.fail = fail
         self.logged: list[tuple[int, dict[str, float]]] = []
 
@@ -90,10 +90,9 @@ def test_a_run_that_fails_to_log_costs_its_records_never_the_training(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     store = MetricStore()
     errors = ErrorSink(store, ("callback", "wandb"))
-    run = FakeRun(fail=True)
+    run = FakeRun(fail=True, save_dir=tmp_path)
     made = writer(tmp_path, store, errors, monkeypatch, lambda **kwargs: run)
     made.start(0)
-    made._thread.stop()  # this test flushes by hand
     for step in range(1, 4):
         made.on_step(sample(step))
         made.flush()  # raises nothing
@@ -107,10 +106,9 @@ def test_a_run_that_fails_to_log_costs_its_records_never_the_training(tmp_path: 
 def test_each_step_is_one_log_call_at_its_global_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = MetricStore()
     errors = ErrorSink(store, ("callback", "wandb"))
-    run = FakeRun(fail=False)
+    run = FakeRun(fail=False, save_dir=tmp_path)
     made = writer(tmp_path, store, errors, monkeypatch, lambda **kwargs: run)
     made.start(0)
-    made._thread.stop()
     made.on_step(sample(7))
     made.on_eval(7, {"accuracy": 0.5, "confusion": [[1, 0], [0, 1]]})
     made.close()
