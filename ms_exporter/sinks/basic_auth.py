@@ -1,17 +1,29 @@
-"""Basic auth for the endpoint, at a cost no client can choose.
+"""Basic auth for the endpoint, at a cost no client can choose and with a fair share for every client address.
 
 A bcrypt check costs tens of milliseconds of CPU by design. Checked on every request, wrong passwords would
 let anyone who can reach the port spend the training process's CPU at will (a flood slowed training 3.7x), and
 the time of a check that ran against the time of one that did not would tell valid user names from invalid
-ones. So:
+ones. A ration alone is not enough either: when the checks go to whoever asks first, two addresses asking five
+times a second take every one and a client with the right password never gets its check (issue #31, finding
+11). So:
 - a user:password pair that passed is remembered (a scrape pays one bcrypt check per process, not per request),
   and one that failed is remembered too: repeating it costs nothing;
-- bcrypt checks are rationed: each peer address gets one every PEER_CHECK_SECONDS, and all peers together
-  CHECKS_PER_SECOND; past the ration a request is refused (401) without a check (sha256 hashes cost
-  microseconds and are not rationed). The ration is what bounds their CPU: it is not charged to the endpoint's
-  request budget as well (`spent()`), where it would make every other client wait for an attacker's checks;
-- an unknown user is checked against a decoy hash of the same cost, so unknown and known users take the same
-  time;
+- a pair not remembered is a claim, queued under its client's address (one claim per address: the first one
+  waits for its turn, later new ones are refused at once). bcrypt checks are rationed, CHECKS_PER_SECOND for all
+  addresses together and one per PEER_CHECK_SECONDS for each, and a check that may run goes to the address
+  whose last check is the oldest (never checked comes first): the addresses take turns. A request whose claim
+  is not checked right away is refused (401) without a check; the claim stays queued and its answer is
+  remembered, so the client's next try is answered from memory. A client with the right password is in after
+  at most one turn of every other address asking (PEER_CHECK_SECONDS apart for one other address, 1 /
+  CHECKS_PER_SECOND for more) plus its own next try, whatever they send. IPv6 clients count by their /64
+  network, which one host usually holds whole;
+- an unknown user's claim is checked against a decoy hash of the same cost and takes its address's turn like
+  any other. Keeping unknown users out of the ration would be visible (a second address would see whether a
+  name spends the shared ration), so names cannot be told apart by time nor by turns; the turns are what keep
+  a flood of unknown names from locking out the known users, and the ration bounds its CPU. The ration is not
+  charged to the endpoint's request budget as well, where it would make every other client wait for an
+  attacker's checks;
+- sha256 hashes cost microseconds and are checked at once, unrationed;
 - a password bcrypt cannot take (over 72 bytes) is a 401, like any wrong one.
 """
 
@@ -21,15 +33,20 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
+import itertools
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 CHECKS_PER_SECOND = 0.5  # bcrypt checks for all peers together (one costs ~60 ms of CPU at cost 10, more above)
 PEER_CHECK_SECONDS = 2.0  # one check per peer address this often: one peer cannot take all of them
+_BURST = 2.0  # checks that may run back to back after a quiet while
 _REMEMBERED = 256  # passed and failed pairs kept (each set); past it the oldest are forgotten
-_PEERS = 1024  # peers whose last check is remembered
+_PEERS = 1024  # peers whose last check, and peers whose claim, are remembered
 
 
 def password_matches(password: str, hashed: str) -> bool:
@@ -42,6 +59,29 @@ def password_matches(password: str, hashed: str) -> bool:
         return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
     except ValueError:  # longer than bcrypt takes (72 bytes), or a malformed hash: not a match
         return False
+
+
+def peer_key(peer: str) -> str:
+    """Whose turn a request takes: its address, an IPv6 one by its /64 network."""
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return peer
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return peer
+
+
+class _Claim(NamedTuple):
+    """A user:password pair waiting for its bcrypt check."""
+
+    fingerprint: bytes
+    password: str
+    against: str  # the user's hash, or the decoy for an unknown user
+    known: bool
+    order: int  # when it was queued: the tie-break between addresses never checked
 
 
 class BasicAuth:
@@ -59,64 +99,95 @@ class BasicAuth:
         self._passed: OrderedDict[bytes, None] = OrderedDict()
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self._peer_checked: OrderedDict[str, float] = OrderedDict()
-        self._tokens = 2.0
+        self._claims: dict[str, _Claim] = {}  # peer key -> its queued claim
+        self._order = itertools.count()
+        self._tokens = _BURST
         self._updated = clock()
         self._lock = threading.Lock()
-        self._spent = threading.local()  # CPU seconds of this thread's checks since spent() last asked
         self.checks = 0  # password checks run, for tests and the reliability benchmark
 
     def __bool__(self) -> bool:
         return bool(self._users)
 
-    def spent(self) -> float:
-        """CPU seconds this thread spent in password checks since the last call (then 0 again)."""
-        seconds = float(getattr(self._spent, "seconds", 0.0))
-        self._spent.seconds = 0.0
-        return seconds
+    def allows(self, header: str, peer: str = "", checks: bool = True) -> bool | None:
+        """Whether `header` passes. With checks=False, None where a bcrypt check is due to run now (the caller
+        then calls again with checks=True off its event loop); True or False otherwise, in microseconds."""
+        claim = self._claim(header)
+        if claim is None:
+            return False
+        if not claim.against.startswith("sha256:"):
+            with self._lock:
+                verdict = self._recall(claim.fingerprint)
+                if verdict is not None:
+                    return verdict
+                key = peer_key(peer)
+                if key not in self._claims and len(self._claims) < _PEERS:
+                    self._claims[key] = claim._replace(order=next(self._order))
+                if not checks:
+                    return None if self._due() is not None else False
+            self.run_due()
+            with self._lock:
+                return self._recall(claim.fingerprint) is True
+        matched = self._check(claim.password, claim.against) and claim.known  # a sha256 check costs ~1 µs
+        self._remember(claim.fingerprint, matched)
+        return matched
 
-    def allows(self, header: str, peer: str = "") -> bool:
+    def run_due(self) -> None:
+        """Run the bcrypt checks whose turn has come (each address's oldest claim, in turn, under the ration)."""
+        while True:
+            with self._lock:
+                key = self._due()
+                if key is None:
+                    return
+                claim = self._claims.pop(key)
+                self._tokens -= 1.0
+                now = self._clock()
+                self._peer_checked[key] = now
+                self._peer_checked.move_to_end(key)
+                if len(self._peer_checked) > _PEERS:
+                    self._peer_checked.popitem(last=False)
+                self.checks += 1
+            # The check itself runs without the lock: bcrypt releases the GIL, other requests go on meanwhile.
+            self._remember(claim.fingerprint, self._check(claim.password, claim.against) and claim.known)
+
+    def _claim(self, header: str) -> _Claim | None:
         scheme, _, encoded = header.partition(" ")
         if scheme.lower() != "basic":
-            return False
+            return None
         try:
             user, _, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError, ValueError):
-            return False
+            return None
         hashed = self._users.get(user)
-        against = hashed if hashed is not None else self._decoy
         fingerprint = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
-        with self._lock:
-            if fingerprint in self._passed:
-                return True
-            if fingerprint in self._failed:
-                return False
-            if not against.startswith("sha256:") and not self._take_check(peer):  # a sha256 check costs ~1 µs
-                return False
-            self.checks += 1
-        # The check itself runs without the lock: bcrypt releases the GIL, other requests go on meanwhile.
-        began = time.thread_time()
-        matched = self._check(password, against) and hashed is not None
-        self._spent.seconds = getattr(self._spent, "seconds", 0.0) + time.thread_time() - began
+        return _Claim(fingerprint, password, hashed if hashed is not None else self._decoy, hashed is not None, 0)
+
+    def _recall(self, fingerprint: bytes) -> bool | None:
+        """What a pair's check said, if it is remembered (under the lock)."""
+        if fingerprint in self._passed:
+            return True
+        if fingerprint in self._failed:
+            return False
+        return None
+
+    def _remember(self, fingerprint: bytes, matched: bool) -> None:
         with self._lock:
             remembered = self._passed if matched else self._failed
             remembered[fingerprint] = None
             if len(remembered) > _REMEMBERED:
                 remembered.popitem(last=False)
-        return matched
 
-    def _take_check(self, peer: str) -> bool:
-        """Whether a check may run now for this peer (under the lock)."""
+    def _due(self) -> str | None:
+        """The peer whose claim is checked next, if a check may run now (under the lock)."""
+        if not self._claims:
+            return None
         now = self._clock()
-        last = self._peer_checked.get(peer)
-        if last is not None and now - last < PEER_CHECK_SECONDS:
-            return False
-        self._tokens = min(2.0, self._tokens + (now - self._updated) * CHECKS_PER_SECOND)
+        self._tokens = min(_BURST, self._tokens + (now - self._updated) * CHECKS_PER_SECOND)
         self._updated = now
         if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        self._peer_checked[peer] = now
-        self._peer_checked.move_to_end(peer)
-        if len(self._peer_checked) > _PEERS:
-            self._peer_checked.popitem(last=False)
-        return True
+            return None
+        ready = [key for key in self._claims
+                 if now - self._peer_checked.get(key, -math.inf) >= PEER_CHECK_SECONDS]
+        if not ready:
+            return None
+        return min(ready, key=lambda key: (self._peer_checked.get(key, -math.inf), self._claims[key].order))

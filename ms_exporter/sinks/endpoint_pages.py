@@ -36,6 +36,9 @@ _MAX_CACHED = 16
 
 Headers = list[tuple[str, str]]
 Answer = tuple[str, Headers, bytes]  # status line's "200 OK", headers without Content-Length, body
+UNAUTHORIZED: Answer = ("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                             ("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')],
+                        b"Unauthorized\n")
 
 
 class RequestHeaders(Protocol):
@@ -69,7 +72,7 @@ class MetricsPages:
         self._labels = dict(labels or {})
         title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
         self._page = live_page(title, history.capacity if history is not None else 0).encode()
-        self._auth = BasicAuth(users)
+        self.auth = BasicAuth(users)
         self._cache_seconds = cache_seconds
         self._cache: dict[tuple[str, bool], tuple[float, Answer]] = {}
         self._series_cache: dict[int, tuple[float, Answer]] = {}  # since -> (perf_counter, answer)
@@ -79,11 +82,12 @@ class MetricsPages:
         self.metrics_requests: deque[float] = deque(maxlen=4)
         self.served_render = -math.inf
 
-    def answer(self, method: str, target: str, headers: RequestHeaders, peer: str = "") -> Answer:
-        """The answer to one parsed request; for HEAD the caller sends its status and headers only."""
-        if self._auth and not self._auth.allows(headers.get("Authorization", ""), peer):
-            return _reply("401 Unauthorized", b"Unauthorized\n",
-                          [("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')])
+    def answer(self, method: str, target: str, headers: RequestHeaders, peer: str = "",
+               authenticated: bool = False) -> Answer:
+        """The answer to one parsed request; for HEAD the caller sends its status and headers only. The server
+        passes authenticated=True once it has checked the request's credentials against `auth` itself."""
+        if not authenticated and self.auth and not self.auth.allows(headers.get("Authorization", ""), peer):
+            return UNAUTHORIZED
         path, query = split_target(target)
         live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
         stacks = self._stacks is not None and path == STACKS_PATH
@@ -103,10 +107,6 @@ class MetricsPages:
             return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
         return self._metrics(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
-
-    def auth_seconds(self) -> float:
-        """CPU seconds this thread's last answers spent checking passwords (rationed on their own)."""
-        return self._auth.spent()
 
     def scrape_interval(self) -> float | None:
         """The median gap between the last /metrics requests; None before two were seen."""

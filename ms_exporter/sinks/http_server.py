@@ -8,31 +8,46 @@ suspended coroutine, not a thread, and no client can keep the endpoint from othe
 - at most MAX_CONNECTIONS are open, and MAX_CONNECTIONS_PER_PEER from one address; a new connection past a
   limit takes the place of the one that has waited longest for its request (slow and silent clients go first),
   and is refused only when every connection is busy being answered;
-- HTTP/1.1 is parsed by h11 (conflicting Content-Length headers, malformed request lines and oversized heads
-  are answered 400/431 with a status line, and the connection closes);
+- HTTP/1.1 is parsed by h11 (conflicting Content-Length headers, malformed request lines and heads over
+  MAX_HEAD_BYTES are answered 400/431 with a status line, and the connection closes);
 - answers are computed by MetricsPages in ANSWER_THREADS threads, under the request budget, which counts each
-  answer's CPU time (request_budget.py). Every request pays the budget before it is read; a request for anything
-  but /metrics (the live page, its series, the stacks, a 404) also pays a second, smaller budget once parsed, and
-  its answer's work is charged there: a flood of page requests cannot delay the scrapes.
+  answer's CPU time (request_budget.py). Without basic auth every request pays the budget before it is read; a
+  request for anything but /metrics (the live page, its series, the stacks, a 404) also pays a second, smaller
+  budget once parsed, and its answer's work is charged there: a flood of page requests cannot delay the scrapes;
+- with basic auth a request is authenticated first, on the loop (a remembered password costs microseconds; a
+  bcrypt check runs in an answer thread, rationed and shared fairly between addresses by basic_auth.py). Only a
+  request that passed pays the request budget; one that did not waits in a third, small budget for its 401, and
+  may make way for a new connection meanwhile: a flood of wrong passwords cannot delay the scrapes either;
+- the answer threads are the server's own daemon threads fed by a queue, not a concurrent.futures pool: those
+  refuse work once the interpreter starts to exit, and a monitor that closes from atexit keeps serving until
+  its scrapers have read that the run ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import h11
 from prometheus_client import CollectorRegistry
 
 from ms_exporter.config import WebConfig
-from ms_exporter.sinks.endpoint_pages import METRICS_PATH, Answer, MetricsPages, Stacks, _reply, split_target
+from ms_exporter.sinks.endpoint_pages import (
+    METRICS_PATH,
+    UNAUTHORIZED,
+    Answer,
+    MetricsPages,
+    Stacks,
+    _reply,
+    split_target,
+)
 from ms_exporter.sinks.request_budget import RequestBudget
 
 if TYPE_CHECKING:
@@ -40,6 +55,7 @@ if TYPE_CHECKING:
 
 REQUEST_SECONDS = 10.0  # the whole head of a request (and a TLS handshake), from its first byte
 PAGES_SHARE = 0.25  # the second budget's rate, as a share of web.max_requests_per_second
+REFUSED_SHARE = 0.25  # the third one's, for requests that failed basic auth
 KEEPALIVE_IDLE_SECONDS = 1.0  # a kept connection's wait for its next request
 REQUESTS_PER_CONNECTION = 100  # then the answer says Connection: close
 SEND_SECONDS = 10.0  # a client that does not take its answer within this is dropped
@@ -50,6 +66,7 @@ ANSWER_THREADS = 2
 LINGER_SECONDS = 1.0  # after an error answer, unread input is drained this long so the answer is not reset away
 LINGER_BYTES = 1024 * 1024
 OnError = Callable[[str, BaseException], None]
+_T = TypeVar("_T")
 
 
 class _Headers(dict[str, str]):
@@ -57,6 +74,49 @@ class _Headers(dict[str, str]):
 
     def get(self, name: str, default: str = "", /) -> str:  # type: ignore[override]
         return super().get(name.lower(), default)
+
+
+class _AnswerThreads:
+    """ANSWER_THREADS daemon threads that run calls for the loop, in the order given. Unlike a ThreadPoolExecutor
+    they take work while atexit handlers run (a monitor closing at exit lingers for its last scrape then)."""
+
+    def __init__(self, count: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]] |
+                                      None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"ms_exporter-http-answer-{index}", daemon=True)
+                         for index in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def run(self, call: Callable[[], _T]) -> asyncio.Future[_T]:
+        """`call()` in a thread; the future (of the running loop) has its result or exception."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        self._jobs.put((loop, future, call))
+        return future
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, call = job
+            try:
+                outcome: tuple[Any, BaseException | None] = (call(), None)
+            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                outcome = (None, exc)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the awaiting coroutine was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class _Connection:
@@ -81,9 +141,10 @@ class EndpointServer:
         self._on_error = on_error
         self._budget = budget
         self._pages_budget = RequestBudget(budget.rate * PAGES_SHARE) if budget is not None else None
+        self._refused_budget = RequestBudget(budget.rate * REFUSED_SHARE) if budget is not None else None
+        self._auth_first = bool(pages.auth)  # then the request budget is paid once a request passed
         self._context = context
         self._connections: dict[int, _Connection] = {}
-        self._pool = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="ms_exporter-http-answer")
         self._loop = asyncio.new_event_loop()
         # What asyncio reports about single connections (a reset during a TLS handshake, say) is the client's
         # business, not a monitor error, and must not reach the training's stderr.
@@ -92,6 +153,7 @@ class EndpointServer:
         # Set up here, in the constructing thread: a shutdown() right after construction finds a whole server.
         self._server = self._loop.run_until_complete(
             asyncio.start_server(self._serve_connection, sock=listener, limit=MAX_HEAD_BYTES))
+        self._threads = _AnswerThreads(ANSWER_THREADS)  # last: nothing to stop when start_server failed
 
     # -- the loop's thread --------------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -123,7 +185,7 @@ class EndpointServer:
 
     def server_close(self) -> None:
         self._listener.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()
 
     # -- one connection ---------------------------------------------------------------------------------------
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -177,8 +239,22 @@ class EndpointServer:
             if request is None:
                 return  # closed, or nothing came in time
             connection.waiting_since = None
+            headers = _Headers()
+            for name, value in request.headers:
+                headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+            answer: Answer | None = None
+            if self._auth_first:
+                if not await self._authenticate(headers, connection.peer):
+                    # Refused requests wait apart from the others, and a new connection may take this one's place.
+                    connection.waiting_since = time.monotonic()
+                    await self._wait_for_budget(self._refused_budget)
+                    connection.waiting_since = None
+                    answer = UNAUTHORIZED
+                else:
+                    await self._wait_for_budget()
             lane = self._budget
-            if self._pages_budget is not None and split_target(request.target.decode("latin-1"))[0] != METRICS_PATH:
+            if (answer is None and self._pages_budget is not None
+                    and split_target(request.target.decode("latin-1"))[0] != METRICS_PATH):
                 lane = self._pages_budget
                 await self._wait_for_budget(lane)
             has_body = request.headers and any(
@@ -186,10 +262,10 @@ class EndpointServer:
                 for name, value in request.headers)
             # A body is never read: the connection ends after the answer so it is never taken for a request.
             closing = bool(has_body) or served == REQUESTS_PER_CONNECTION
-            status, headers, body = await self._answer(request, connection.peer, lane)
+            status, reply_headers, body = answer or await self._answer(request, headers, connection.peer, lane)
             if closing or status.startswith("500"):
-                headers = [*headers, ("Connection", "close")]
-            await self._send(writer, parser, request.method == b"HEAD", status, headers, body)
+                reply_headers = [*reply_headers, ("Connection", "close")]
+            await self._send(writer, parser, request.method == b"HEAD", status, reply_headers, body)
             if not has_body and not isinstance(parser.next_event(), h11.EndOfMessage):
                 return  # (a request without a body ends with its head: this cannot happen, but never guess)
             if parser.our_state is not h11.DONE or parser.their_state is not h11.DONE:
@@ -210,15 +286,20 @@ class EndpointServer:
         while True:
             event = parser.next_event()
             if isinstance(event, h11.Request):
-                if not paid:  # a request that came in the same read as the previous one
+                if not paid and not self._auth_first:  # a request that came in the same read as the previous one
                     await self._wait_for_budget()
                 return event
             if isinstance(event, h11.ConnectionClosed):
                 return None
             if event is not h11.NEED_DATA:
                 continue  # the previous request's EndOfMessage
+            # h11 measures a head only while it is incomplete: one that arrives whole in a read is taken at any
+            # size. Reading no more than the head may still take keeps every head within MAX_HEAD_BYTES.
+            room = MAX_HEAD_BYTES - len(parser.trailing_data[0])
+            if room <= 0:
+                raise h11.RemoteProtocolError(f"the request head is over {MAX_HEAD_BYTES} bytes", error_status_hint=431)
             try:
-                data = await asyncio.wait_for(reader.read(65536), idle if deadline is None
+                data = await asyncio.wait_for(reader.read(room), idle if deadline is None
                                               else max(deadline - loop.time(), 0.0))
             except TimeoutError:
                 if deadline is not None:
@@ -226,7 +307,7 @@ class EndpointServer:
                 return None
             if deadline is None and data:
                 deadline = loop.time() + REQUEST_SECONDS
-            if not paid:
+            if not paid and not self._auth_first:
                 seen = tail + data
                 if b"\r\n\r\n" in seen or b"\n\n" in seen:  # h11 also takes bare newlines
                     await self._wait_for_budget()
@@ -241,13 +322,19 @@ class EndpointServer:
             if delay > 0:
                 await asyncio.sleep(delay)
 
-    async def _answer(self, request: h11.Request, peer: str, budget: RequestBudget | None) -> Answer:
-        headers = _Headers()
-        for name, value in request.headers:
-            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    async def _authenticate(self, headers: _Headers, peer: str) -> bool:
+        """Whether the request's credentials pass: on the loop when that takes microseconds (remembered, sha256,
+        malformed, not this address's turn), in an answer thread when a bcrypt check is due."""
+        auth, header = self.pages.auth, headers.get("Authorization")
+        verdict = auth.allows(header, peer, checks=False)
+        if verdict is None:
+            verdict = await self._threads.run(lambda: auth.allows(header, peer))
+        return bool(verdict)
+
+    async def _answer(self, request: h11.Request, headers: _Headers, peer: str,
+                      budget: RequestBudget | None) -> Answer:
         method, target = request.method.decode("ascii", "replace"), request.target.decode("latin-1")
-        loop = asyncio.get_running_loop()
-        answer, cpu = await loop.run_in_executor(self._pool, self._timed_answer, method, target, headers, peer)
+        answer, cpu = await self._threads.run(lambda: self._timed_answer(method, target, headers, peer))
         if budget is not None:
             budget.charge(cpu)
         return answer
@@ -255,13 +342,12 @@ class EndpointServer:
     def _timed_answer(self, method: str, target: str, headers: _Headers, peer: str) -> tuple[Answer, float]:
         began = time.thread_time()
         try:
-            answer = self.pages.answer(method, target, headers, peer)
+            answer = self.pages.answer(method, target, headers, peer, authenticated=True)
         except Exception as exc:  # a render or the live page's history failed: counted, never raised further
             self._on_error("prometheus", exc)
             answer = _reply("500 Internal Server Error", b"The monitor failed to answer; counted in "
                             b"mindspore_exporter_errors_total{component=\"prometheus\"}\n")
-        # Password checks are rationed by BasicAuth itself: only the rest of the answer's work is charged.
-        return answer, time.thread_time() - began - self.pages.auth_seconds()
+        return answer, time.thread_time() - began
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, parser: h11.Connection, head_only: bool, status: str,

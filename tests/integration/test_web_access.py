@@ -488,3 +488,141 @@ def test_finding_4_a_flood_of_page_requests_does_not_delay_the_scrapes(monitors:
     order = [name for name, _ in sorted(finished, key=lambda item: item[1])]
     assert len(order) == 7 and all(name.endswith(" 200") for name in order), order
     assert order.index("metrics 200") < 6, order  # not behind the whole page flood
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def request_from(source: str, port: int, headers: dict[str, str]) -> int:
+    """One GET /metrics on a new connection from `source` (any 127.0.0.0/8 address is this host's loopback)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+    try:
+        connection.request("GET", "/metrics", headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+def test_round2_finding_11_a_wrong_password_flood_neither_locks_out_nor_delays_the_honest_scraper(
+        monitors: list[TrainingMonitor]) -> None:
+    """Issue #31, finding 11: eight connections from two addresses sending new wrong passwords for a bcrypt user
+    took every bcrypt check (the right password got 401 for a minute), and their requests waited in the request
+    budget the honest scraper waits in, ahead of it: each of its scrapes waited for the whole flood's queue. Now the
+    addresses take turns for checks, and a refused request waits in a budget of its own. Counted, not timed: how
+    many flood answers were sent while a scrape was waiting (the whole queue of 8 before the fix, ~0 now)."""
+    monitor = start(monitors, web={"basic_auth_users": users()})
+    port = port_of(monitor)
+    stop = threading.Event()
+    answers: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def flood(source: str, worker: int) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+        for attempt in range(1_000_000):
+            if stop.is_set():
+                break
+            try:
+                connection.request("GET", "/metrics", headers=basic("grafana", f"guess-{worker}-{attempt}"))
+                response = connection.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()  # http.client connects again at the next request
+                continue
+            with lock:
+                answers.append((time.monotonic(), response.status))
+        connection.close()
+
+    workers = [threading.Thread(target=flood, args=(source, worker), daemon=True)
+               for worker, source in enumerate(["127.0.0.3", "127.0.0.4"] * 4)]
+    began = time.monotonic()
+    for thread in workers:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(answers) < 16 and time.monotonic() < deadline:  # the flood is under way, every connection busy
+            time.sleep(0.05)
+        tries = 0
+        status = 0
+        while status != 200 and time.monotonic() < deadline:  # first login: the check waits its address's turn
+            tries += 1
+            status = request_from("127.0.0.2", port, basic("grafana", BCRYPT_PASSWORD))
+            if status != 200:
+                time.sleep(0.5)
+        assert status == 200, f"the right password was refused {tries} times during the flood"
+        behind = []
+        for _ in range(10):  # the credential is remembered now: each scrape costs microseconds of auth
+            sent = time.monotonic()
+            assert request_from("127.0.0.2", port, basic("grafana", BCRYPT_PASSWORD)) == 200
+            answered = time.monotonic()
+            with lock:
+                behind.append(sum(1 for at, _ in answers if sent < at < answered))
+    finally:
+        stop.set()
+        for thread in workers:
+            thread.join(60)
+    elapsed = time.monotonic() - began
+    assert len(answers) >= 16 and {code for _, code in answers} == {401}
+    assert sum(behind) <= 10, f"flood answers sent while each scrape waited: {behind}"
+    checks = endpoint_of(monitor)._server.pages.auth.checks
+    assert checks <= 3 + elapsed * basic_auth.CHECKS_PER_SECOND  # the flood got no more than the ration
+
+
+def test_round2_finding_13_request_heads_over_16_kib_are_refused_however_they_arrive(
+        monitors: list[TrainingMonitor]) -> None:
+    """Issue #31, finding 13: h11 measures a head only while it is incomplete, and the server read 64 KiB at a
+    time, so a head of up to ~64 KB that arrived in one read was served. Now every head is held to 16 KiB."""
+    from ms_exporter.sinks.http_server import MAX_HEAD_BYTES
+
+    port = port_of(start(monitors))
+    for size, expected in ((MAX_HEAD_BYTES - 200, b"200"), (MAX_HEAD_BYTES + 100, b"431"), (60_000, b"431")):
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"z" * size + b"\r\nConnection: close\r\n\r\n"
+        received, _ = raw_exchange(port, request, wait=10)
+        assert received.split(b"\r\n")[0].split()[1:2] == [expected], (size, received[:80])
+    assert get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+
+
+ATEXIT_SCRIPT = """
+import atexit, sys
+from ms_exporter import TrainingMonitor
+
+monitor = TrainingMonitor(port=0, project="atexit", save_dir=sys.argv[1])
+print(monitor.url, flush=True)
+sys.stdin.readline()  # the test has scraped regularly: the monitor knows its scrapers' interval
+monitor.on_train_end(None)
+# Registered after the monitor, so run before its close(), which lingers for a scrape of phase="ended".
+atexit.register(lambda: print("at exit", flush=True))
+"""
+
+
+def test_round2_finding_1_the_endpoint_answers_while_atexit_closes_the_monitor(tmp_path: Path) -> None:
+    """Issue #31, finding 1: a script that never calls close() has its monitor closed from atexit, after the
+    interpreter shut down concurrent.futures' pools; the scrape that should read phase="ended" failed ("cannot
+    schedule new futures after shutdown") and every normal end paged. The answer threads are the server's own."""
+    process = subprocess.Popen([sys.executable, "-c", ATEXIT_SCRIPT, str(tmp_path)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        url = process.stdout.readline().strip()  # the process is killed in `finally` if it hangs here
+        assert url.startswith("http://"), url
+        for gap in (0.0, 1.5, 1.5):  # a scrape interval of 1.5 s: the linger waits up to 2 of them
+            time.sleep(gap)
+            assert get(url)[0] == 200
+        process.stdin.write("end\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "at exit"
+        ended: list[float] = []
+        deadline = time.monotonic() + 30
+        while not ended and time.monotonic() < deadline:  # the first page may be the cached one (cache_seconds)
+            status, _, body = get(url)
+            assert status == 200
+            ended = Scrape(body).find("mindspore_train_phase", phase="ended")
+        assert ended == [1]
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait(60)
+    assert process.returncode == 0, stderr
+    assert "cannot schedule new futures" not in stderr and "failed" not in stderr, stderr

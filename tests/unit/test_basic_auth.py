@@ -84,3 +84,34 @@ def test_finding_2_a_verified_password_is_served_without_a_check_even_during_a_f
 def test_finding_2_a_password_over_72_bytes_is_a_wrong_password(password: str) -> None:
     assert password_matches(password, HASH) is False
     assert BasicAuth({"grafana": HASH}).allows(header("grafana", password)) is False
+
+
+@pytest.mark.parametrize("user", ["grafana", "nobody"])
+def test_round2_finding_11_a_flood_from_two_addresses_cannot_lock_out_the_right_password(user: str) -> None:
+    """Issue #31, finding 11: two addresses sending new wrong passwords 5 times a second (for a known user or an
+    unknown one) took every bcrypt check, and a correct login got 401 at every try. The addresses now take turns:
+    the right password gets its check within a turn of each other address, and is in at its next try."""
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    tries = []
+    for tick in range(300):  # 30 s in 0.1 s steps after a restart; the honest client tries once a second
+        for attacker in ("10.0.0.1", "10.0.0.2"):
+            if tick % 2 == 0:
+                assert not auth.allows(header(user, f"guess-{tick}-{attacker}"), peer=attacker)
+        if tick % 10 == 5:
+            tries.append(auth.allows(header("grafana", PASSWORD), peer="10.0.0.9"))
+        clock.now += 0.1
+    assert True in tries[:3], tries  # in within 3 tries (2 s for the other addresses' turns, then its own)
+    assert all(tries[tries.index(True):])  # and remembered from then on
+    assert len(checked) <= 2 + 30 * basic_auth.CHECKS_PER_SECOND  # the flood still gets no more than the ration
+
+
+def test_round2_finding_11_addresses_take_turns_and_ipv6_counts_by_network() -> None:
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    for attempt in range(40):  # one /64 network from ever new addresses: one address's turns
+        auth.allows(header("grafana", f"guess-{attempt}"), peer=f"2001:db8::{attempt + 1:x}")
+        clock.now += 0.1
+    assert len(checked) <= 2 + 4 / basic_auth.PEER_CHECK_SECONDS
+    assert basic_auth.peer_key("::ffff:10.0.0.1") == "10.0.0.1"
+    assert basic_auth.peer_key("2001:db8::1") == basic_auth.peer_key("2001:db8::ffff") == "2001:db8::/64"
