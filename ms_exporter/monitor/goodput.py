@@ -22,6 +22,7 @@ from typing import Any
 
 from ms_exporter import catalogue as c
 from ms_exporter.config import RUN_ID_CHARACTERS, MonitorConfig
+from ms_exporter.monitor import run_lock
 from ms_exporter.monitor.ledger import TimeLedger, process_started
 from ms_exporter.monitor.optimizer_step import step_offset
 from ms_exporter.monitor.periodic import PeriodicThread
@@ -47,25 +48,36 @@ class Goodput:
 
     def __init__(self, config: MonitorConfig, store: MetricStore, phases: PhaseClock, rank: int,
                  deadlines: Mapping[str | None, float] | None, on_error: Callable[[BaseException], None]) -> None:
+        """Starts no thread (start() does), so a monitor whose construction fails later leaves nothing running;
+        close() lets go of the files and the lock also when start() was never called."""
         self._on_error = on_error
         self.ledger = TimeLedger(store, process_started(), deadlines)
         phases.ledger = self.ledger
         given = config.run_id is not None
         self.run_id = config.run_id if config.run_id is not None else derived_run_id(config.project, config.save_dir)
         self.state: RunState | None = None
-        try:
-            self.state = RunState(config.save_dir, self.run_id, rank, given)
-        except RunStateTaken as exc:
-            logger.warning("ms_exporter: %s; this monitor's goodput ledger covers this process only", exc)
-        except OSError as exc:  # the ledger of this process still counts; only its carrying over is lost
-            on_error(exc)
-            logger.warning("ms_exporter: cannot keep the run state in %s (%s): the goodput ledger covers this "
-                           "process only", config.save_dir, exc)
+        # Another process on this save_dir and rank owns the run state: this one's ledger stays in its memory.
+        self.claim = run_lock.claim(config.save_dir, rank)
+        if not self.claim.owner:
+            logger.warning("ms_exporter: the goodput ledger of run %s rank %d in %s is kept by another process (%s): "
+                           "this process's ledger stays in memory, covers this process only and is not carried "
+                           "over to a restart", self.run_id, rank, config.save_dir, self.claim.holder)
+        else:
+            try:
+                self.state = RunState(config.save_dir, self.run_id, rank, given)
+            except RunStateTaken as exc:
+                logger.warning("ms_exporter: %s; this monitor's goodput ledger covers this process only", exc)
+            except Exception as exc:  # a full disk, an unusable file that cannot be moved: only carrying over is lost
+                on_error(exc)
+                logger.warning("ms_exporter: cannot keep the run state in %s (%s): the goodput ledger covers this "
+                               "process only", config.save_dir, exc)
         state = self.state
         self._redo_until = state.redo_until if state is not None else 0
         self._mark = state.mark if state is not None else _ignore_step
         self._offset = 0
         self._finished = False
+        self._started = False
+        self._closed = False
         self._save_lock = threading.Lock()  # the saver thread and the training thread's end of training
         self._run_seconds = list(state.earlier) if state is not None else [0.0] * len(c.TIME_BUCKETS)
         run_family = store.register(c.RUN_TIME_SECONDS)
@@ -75,14 +87,21 @@ class Goodput:
         store.register(c.RUN_INFO).series(run_id=self.run_id).value = 1.0
         self._saver = PeriodicThread("ms_exporter-goodput", config.goodput.save_seconds, self.save,
                                      first_at_once=True)
-        self._saver.start()
         if state is not None and state.restarts:
             logger.info("ms_exporter: run %s restarts (%d before); steps up to %d are counted as redo", self.run_id,
                         state.restarts, state.redo_until)
 
+    def start(self) -> None:
+        """Start saving the run state every goodput.save_seconds (the first save at once). The monitor calls it
+        once its construction succeeded; train_begin calls it too. Idempotent; nothing after close()."""
+        if not self._closed:
+            self._started = True
+            self._saver.start()
+
     def train_begin(self, cb_params: Any) -> None:
         """A training call begins: the step it resumes from decides which of its steps are done again."""
         self._finished = False
+        self.start()
         self._offset = step_offset(cb_params)
         self.step_ended(int(cb_params.get("cur_step_num", 0) or 0))
 
@@ -98,25 +117,33 @@ class Goodput:
         self.save()
 
     def save(self) -> None:
-        """Write the run state (the saver thread, the end of training, a signal); never raises."""
-        if self.state is None:
-            return
+        """Write the run state (the saver thread, the end of training, a signal); never raises. Without a run
+        state the run's totals are this process's own (as of this call)."""
         try:
             with self._save_lock:
                 seconds = self.ledger.seconds()
-                self.state.save(seconds, self._finished)
+                if self.state is not None:
+                    self.state.save(seconds, self._finished)
                 # Exported only once saved: a restart then starts from at least what Prometheus last read.
-                for index, earlier in enumerate(self.state.earlier):
-                    self._run_seconds[index] = earlier + seconds[index]
+                earlier = self.state.earlier if self.state is not None else [0.0] * len(seconds)
+                for index, before in enumerate(earlier):
+                    self._run_seconds[index] = before + seconds[index]
         except Exception as exc:
             self._on_error(exc)
 
     def close(self) -> None:
+        """Stop the saver, save once more (when started: a monitor whose construction failed writes nothing),
+        and let go of the files and the lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._saver.stop()
         self.ledger.stop()
-        self.save()
+        if self._started:
+            self.save()
         if self.state is not None:
             self.state.close()
+        self.claim.release()
 
 
 def _ignore_step(step: int) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -17,7 +18,9 @@ from typing import Any
 
 from ms_exporter import catalogue
 from ms_exporter.config import ConfigError
+from ms_exporter.monitor import run_lock
 from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.safe_files import UnsafeFile, make_dir, open_append
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
 from ms_exporter.sinks.base import Sink
@@ -81,7 +84,8 @@ class JsonlWriter(Sink):
                  max_file_mb: float, max_files: int, on_error: Callable[[str, BaseException], None],
                  breaker: Breaker | None = None) -> None:
         self._store = store
-        self.path = Path(save_dir) / f"metrics-rank{rank}.jsonl"
+        self._rank_claim = run_lock.claim(save_dir, rank)  # another process on this save_dir and rank: `-pid<pid>`
+        self.path = Path(save_dir) / f"metrics-rank{rank}{self._rank_claim.suffix}.jsonl"
         _claim(self.path)
         self._identity = {"rank": rank, "project": project}
         self._interval = interval
@@ -161,6 +165,7 @@ class JsonlWriter(Sink):
         with self._lock:
             self._close_file()
         _release(self.path)
+        self._rank_claim.release()
 
     def _close_file(self) -> None:
         if self._fd is not None:
@@ -241,9 +246,9 @@ class JsonlWriter(Sink):
     def _write(self, data: bytes) -> None:
         """Append whole lines or nothing: unbuffered writes to an O_APPEND descriptor, and after a failed or short
         write (a full disk) the file is cut back to where this batch began, so no torn line is ever left."""
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        if self._fd is None:  # a link planted at the name is refused (ELOOP), never followed: counted as a failure
+            make_dir(self.path.parent)
+            self._fd = open_append(self.path)
         began = os.fstat(self._fd).st_size  # one writer (under the lock): the batch starts at the end
         view = memoryview(data)
         try:
@@ -260,15 +265,32 @@ class JsonlWriter(Sink):
             self._rotate()
 
     def _rotate(self) -> None:
-        """metrics-rank0.jsonl -> .1 -> .2 ...; the oldest beyond max_files is deleted."""
+        """metrics-rank0.jsonl -> .1 -> .2 ...; the oldest beyond max_files is deleted.
+
+        Renames and unlinks act on names, never through links; only regular files are moved, and a rename that
+        fails (a directory planted at a rotated name) is counted, not raised: the batch just written stays
+        written."""
         self._close_file()
-        self.path.with_name(f"{self.path.name}.{self._max_files}").unlink(missing_ok=True)
+        self._rotate_step(None, self.path.with_name(f"{self.path.name}.{self._max_files}"))
         for index in range(self._max_files - 1, 0, -1):
-            with contextlib.suppress(FileNotFoundError):  # gaps in the numbering are fine
-                os.replace(self.path.with_name(f"{self.path.name}.{index}"),
-                           self.path.with_name(f"{self.path.name}.{index + 1}"))
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+            self._rotate_step(self.path.with_name(f"{self.path.name}.{index}"),
+                              self.path.with_name(f"{self.path.name}.{index + 1}"))
+        self._rotate_step(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    def _rotate_step(self, source: Path | None, target: Path) -> None:
+        """Move `source` to `target` (None: remove `target`) when it is a regular file of ours."""
+        try:
+            if source is None:
+                if stat.S_ISREG(target.lstat().st_mode):
+                    target.unlink()
+                return
+            if not stat.S_ISREG(source.lstat().st_mode):
+                raise UnsafeFile(f"{source} is not a regular file; left where it is")
+            os.replace(source, target)
+        except FileNotFoundError:  # gaps in the numbering are fine
+            pass
+        except OSError as exc:
+            self._on_error("local", exc)
 
 
 def _plain(value: Any) -> Any:

@@ -171,8 +171,8 @@ def test_an_unreadable_state_is_moved_aside_and_the_run_starts_anew(tmp_path: Pa
     path = tmp_path / "ms_exporter-run-run-d-rank0.json"
     path.write_text('{"format": 1, "run_id": "run-d", "restarts": "many"')
     state = RunState(str(tmp_path), "run-d", 0, given=False)
-    assert state.restarts == 0 and (tmp_path / (path.name + ".unreadable")).exists()
-    assert "could not be read" in caplog.text
+    assert state.restarts == 0 and len(list(tmp_path.glob(path.name + ".unusable-*-invalid"))) == 1
+    assert "is unusable (not UTF-8 JSON" in caplog.text
     state.close()
 
 
@@ -198,6 +198,7 @@ def test_the_run_totals_are_exported_only_once_saved(tmp_path: Path) -> None:
     config = load_config({"save_dir": str(tmp_path), "run_id": "run-e", "goodput": {"save_seconds": 3600}})
     store = MetricStore()
     goodput = Goodput(config, store, PhaseClock(store), 0, None, lambda exc: pytest.fail(str(exc)))
+    goodput.start()
     try:
         time.sleep(0.05)
         exported = {dict(s.labels)["bucket"]: s.value for s in store.series_of(c.RUN_TIME_SECONDS)}
