@@ -9,12 +9,17 @@
 
 Runs on the training thread at the end of every step (the step's update is done: a divergence seen in its loss
 is already in the weights, which is why a state is only kept after `quiet_steps` quiet steps).
+
+Its parts fail alone (ms_exporter.actions.parts): keeping good states that fails 3 times in a row is switched off
+while restoring goes on with the states kept before; a good state that cannot be read back is removed and the one
+before it restored; a list that cannot be written still leaves the rollback counted and announced.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +31,9 @@ from ms_exporter import catalogue
 from ms_exporter.actions.decisions import anomaly_of
 from ms_exporter.actions.good_state import STATE_DIR, GoodStates
 from ms_exporter.actions.health import HealthScore
+from ms_exporter.actions.parts import PartFailures
 from ms_exporter.config import RollbackConfig
+from ms_exporter.monitor.ledger import process_started
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.skipped_batches import SkippedBatches, batch_identity
@@ -82,7 +89,8 @@ class Rollback:
     def __init__(self, config: RollbackConfig, store: MetricStore, save_dir: Path, grad_high: float,
                  grad_exploding: float, memory_growth_limit: float, rank: int, world_size: int,
                  counts: dict[str, Series], announce: Announce, warmup_steps: int = 0,
-                 followers: Sequence[StateFollower] = ()) -> None:
+                 followers: Sequence[StateFollower] = (), parts: PartFailures | None = None,
+                 run_id: str = "run") -> None:
         self._config = config
         self._followers = tuple(followers)
         self._warmup = warmup_steps
@@ -90,7 +98,11 @@ class Rollback:
         self._grad_limit = config.grad_norm_above if config.grad_norm_above is not None else grad_exploding
         self._health = HealthScore(config.quiet_steps, grad_high, grad_exploding, memory_growth_limit)
         self._states = GoodStates(config.storage, config.memory_limit_mb * 2**20, save_dir / STATE_DIR,
-                                  config.max_kept)
+                                  config.max_kept, owner=f"{run_id}-rank{rank}")
+        self._parts = parts if parts is not None else PartFailures(store, ("rollback",))
+        self._keeping = True
+        self._keep_calls = 0
+        self._tidied = False
         self._skipped = SkippedBatches(save_dir)
         self._guard = LoopGuard(config.max_rollbacks, config.window_steps)
         self._rank = rank
@@ -121,6 +133,9 @@ class Rollback:
         if network is not self._network:  # another train call on the same network keeps its good states
             self._network = network
             self._states.bind(network, leave_out=fixed_lr)
+        if not self._tidied:
+            self._tidied = True
+            self._remove_leftovers()
         step = int(cb_params.get("cur_step_num", 0) or 0)
         self._next_good = (step // self._config.good_every + 1) * self._config.good_every
         logger.info("ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
@@ -147,8 +162,15 @@ class Rollback:
             return self._diverged(run_context, step, reason, sample.loss)
         self._quiet += 1
         gate = health.replica_score if self._replicas else health.score
-        if step >= self._next_good and self._quiet >= self._config.quiet_steps and gate >= self._config.min_health:
-            state = self._states.capture(step)
+        if self._keeping and step >= self._next_good and self._quiet >= self._config.quiet_steps and \
+                gate >= self._config.min_health:
+            self._keep_calls += 1
+            try:
+                state = self._states.capture(step)
+            except Exception as exc:  # a full disk: the states kept before stay; the next step tries again
+                if self._parts.failed("rollback.keep", exc, self._keep_calls, self._keeping_off()):
+                    self._keeping = False
+                return False
             for follower in self._followers:
                 follower.on_good_state(step)
             self._since_good.clear()
@@ -157,6 +179,25 @@ class Rollback:
             logger.debug("ms_exporter: good state at step %d (%.1f MiB, %.1f ms)", step, state.nbytes / 2**20,
                          state.seconds * 1e3)
         return False
+
+    def _keeping_off(self) -> str:
+        kept = self._states.kept_steps
+        before = (f"a rollback restores the states kept before (step{'s' if len(kept) > 1 else ''} "
+                  f"{', '.join(map(str, kept))})" if kept else "none was kept, so a divergence is logged, not undone")
+        return f"keeping good states is off: {before}"
+
+    def _remove_leftovers(self) -> None:
+        """What earlier processes of this run and rank left (killed before close), said in the log."""
+        started = time.time() - (time.perf_counter() - process_started())
+        removed = []
+        for remove in (self._states.remove_leftovers, self._skipped.remove_leftovers):
+            try:
+                removed += remove(started)
+            except Exception as exc:  # a tidy-up that fails costs nothing but disk space
+                self._parts.absorb("rollback", exc)
+        if removed:
+            logger.warning("ms_exporter: rollback removed %d files earlier processes of this run and rank left "
+                           "behind: %s", len(removed), ", ".join(str(p) for p in removed[:10]))
 
     def _identity(self, cb_params: Any, step: int, epoch: int) -> dict[str, Any]:
         batch_num = int(cb_params.get("batch_num", 0) or 0)
@@ -179,7 +220,12 @@ class Rollback:
         if not self._guard.allows(step):
             self._stop(run_context, step, reason)
             return False
-        self._states.restore(state)
+        state = self._states.restore_newest()
+        if state is None:
+            logger.warning("ms_exporter: rollback: %s at step %d, but none of the good states kept can be read back "
+                           "(the log above says why); training goes on", reason, step)
+            return False
+        self._last_good.value = state.step  # an older one when the newest could not be read back
         self._health.restart()
         for follower in self._followers:
             follower.on_rollback(state.step)
@@ -188,15 +234,22 @@ class Rollback:
         batches = [{**identity, "reason": reason, "rolled_back_at": step, "good_step": state.step}
                    for identity in self._since_good]
         self._since_good.clear()
-        listed = self._skipped.append(batches)
+        # The rollback happened: it is counted and announced whether or not its batches can be listed.
         self._counts["rollback"].value += 1
         self._lost.value += lost
+        details: dict[str, Any] = {"reason": reason, "good_step": state.step, "steps_lost": lost,
+                                   "batches_listed": len(batches)}
+        try:
+            listed = f"{len(batches)} batches listed in {self._skipped.path} ({self._skipped.append(batches)} in all)"
+        except Exception as exc:
+            self._parts.absorb("rollback.list", exc)
+            details.update(batches_listed=0, list_error=repr(exc))
+            listed = (f"its {len(batches)} batches (steps {batches[0]['step'] if batches else '-'} to {step}) could "
+                      f"not be listed in {self._skipped.path}: {exc!r}")
         shown = loss if loss is None or math.isfinite(loss) else str(loss)
         logger.warning("ms_exporter: rollback at step %d (%s, loss %s): restored the good state of step %d, %d "
-                       "steps lost; %d batches listed in %s (%d in all)", step, reason, shown, state.step, lost,
-                       len(batches), self._skipped.path, listed)
-        self._announce(step, "rollback", {"reason": reason, "good_step": state.step, "steps_lost": lost,
-                                          "batches_listed": len(batches)})
+                       "steps lost; %s", step, reason, shown, state.step, lost, listed)
+        self._announce(step, "rollback", details)
         return True
 
     def _stop(self, run_context: Any, step: int, reason: str) -> None:

@@ -6,6 +6,9 @@ and runs actions.rollback (ms_exporter.actions.rollback).
 | mindspore_train_actions_total | counter | action (early_stop, lr_backoff, snapshot, rollback[_stop]) | actions |
 | mindspore_train_lr_backoff_factor | gauge | | the scale on the optimizer's LR (1 = untouched) |
 | mindspore_train_last_snapshot_step | gauge | | step of the newest snapshot on disk |
+
+Each action is a part that fails alone (ms_exporter.actions.parts): nothing here raises into the callback, and a
+part that fails 3 times in a row is switched off while the others go on.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from ms_exporter import catalogue
 from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
+from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.rollback import Announce, Rollback, StateFollower
 from ms_exporter.config import MonitorConfig
+from ms_exporter.monitor.goodput import derived_run_id
 from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.safe_files import make_dir, replace_file
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.thresholds import Thresholds
@@ -35,6 +41,7 @@ logger = logging.getLogger("ms_exporter")
 
 SNAPSHOT_DIR = "snapshots"
 _SECTION_OF = {"rollback_stop": "rollback"}  # an action counted under another one's config section
+PARTS = ("early_stop", "lr_backoff", "snapshot", "rollback")
 
 
 def _unheard(step: int, action: str, details: dict[str, Any]) -> None:
@@ -54,14 +61,18 @@ class ActionRunner:
         family = store.register(catalogue.ACTIONS_TAKEN)
         self._counts = {name: family.series(action=name) for name in catalogue.ACTIONS
                         if getattr(actions, _SECTION_OF.get(name, name)).enable}
+        self._parts = PartFailures(store, [part for part in PARTS if getattr(actions, part).enable])
+        self._calls = 0  # on_step calls: the index by which failures in a row are judged
+        self._snapshot_calls = 0
         self._rollback: Rollback | None = None
         if actions.rollback.enable:
             limits = Thresholds.from_config(config)
             rank = rank or RankInfo(0, 0, 1, "")
+            run_id = config.run_id if config.run_id is not None else derived_run_id(config.project, config.save_dir)
             self._rollback = Rollback(actions.rollback, store, Path(config.save_dir), limits.grad_norm_high,
                                       limits.grad_norm_exploding, limits.memory_growth_ratio, rank.rank,
                                       rank.world_size, self._counts, announce or _unheard, config.warmup_steps,
-                                      followers)
+                                      followers, self._parts, run_id)
         self._factor = None
         if actions.lr_backoff.enable:
             self._factor = store.register(catalogue.LR_BACKOFF_FACTOR).series()
@@ -83,56 +94,112 @@ class ActionRunner:
         """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
         self._network = cb_params.get("train_network") or cb_params.get("network")
         self._lr_probe = lr_probe
-        if self._rollback is not None:
-            self._rollback.on_train_begin(cb_params)
         if self._backoff is not None and self._scaler is None:
-            from ms_exporter.actions.lr_scale import LrScaler
+            try:
+                from ms_exporter.actions.lr_scale import LrScaler
 
-            optimizer = cb_params.get("optimizer") or getattr(self._network, "optimizer", None)
-            self._scaler = LrScaler(optimizer)
-            if self._scaler.base_lrs and self._config.lr_backoff.min_lr > 0:
-                self._backoff.min_scale = self._config.lr_backoff.min_lr / min(self._scaler.base_lrs)
+                optimizer = cb_params.get("optimizer") or getattr(self._network, "optimizer", None)
+                self._scaler = LrScaler(optimizer)
+                if self._scaler.base_lrs and self._config.lr_backoff.min_lr > 0:
+                    self._backoff.min_scale = self._config.lr_backoff.min_lr / min(self._scaler.base_lrs)
+            except Exception as exc:  # lr_backoff cannot reach the optimizer: it alone is off
+                self._set_up_failed("lr_backoff", exc)
+        if self._rollback is not None:
+            try:
+                self._rollback.on_train_begin(cb_params)
+            except Exception as exc:
+                self._set_up_failed("rollback", exc)
 
     # -- every step ---------------------------------------------------------------------------------------------
     def on_step(self, sample: StepSample, run_context: Any) -> None:
         # What the probes measured (NaN while not measured, or with their group off: then that trigger never fires).
         store = self._store
-        loss = sample.loss
+        self._calls += 1
         smoothed = store.value_of(catalogue.LOSS_SMOOTHED)
-        if self._early is not None:
-            reason = self._early.step(loss)
-            if reason is None and self._config.early_stop.unit == "step":
-                reason = self._early.evaluate(smoothed)
-            if reason is not None:
-                self._stop(run_context, sample.step, reason)
         grad_norm = store.value_of(catalogue.GRAD_NORM)
         grad_breach = self._grad_threshold is not None and math.isfinite(grad_norm) and grad_norm > self._grad_threshold
+        if self._early is not None:
+            self._part("early_stop", self._calls, self._early_stop_step, sample, run_context, smoothed)
         if self._backoff is not None and self._scaler is not None:
-            rising_value = store.value_of(catalogue.LOSS_RISING)
-            rising = int(rising_value) if math.isfinite(rising_value) else 0
-            self._update_floor()
-            decision = self._backoff.observe(sample.step, rising, grad_breach and self._config.lr_backoff.on_grad_norm)
-            if decision is not None:
-                self._scale_lr(sample.step, decision.scale, decision.reason)
+            self._part("lr_backoff", self._calls, self._lr_backoff_step, sample, grad_breach)
         if self._episodes is not None:
-            anomaly = anomaly_of(loss, self._previous_smoothed, self._config.snapshot.spike_factor,
-                                 grad_norm if grad_breach else None, self._grad_threshold)
-            opened = self._episodes.observe(sample.step, anomaly)
-            if opened is not None:
-                self._snapshot(sample.step, opened, loss)
+            self._part("snapshot", self._calls, self._snapshot_step, sample, grad_norm, grad_breach)
         if self._rollback is not None:
             before = self._previous_smoothed if self._previous_smoothed is not None else math.nan
-            if self._rollback.on_step(sample, run_context, before):
+            if self._part("rollback", self._calls, self._rollback.on_step, sample, run_context, before):
                 smoothed = store.value_of(catalogue.LOSS_SMOOTHED)  # taken back with the state
         self._previous_smoothed = smoothed if math.isfinite(smoothed) else self._previous_smoothed
 
-    def on_epoch_end(self, run_context: Any, step: int) -> None:
-        smoothed = self._store.value_of(catalogue.LOSS_SMOOTHED)
-        if self._early is not None and self._config.early_stop.unit == "epoch" and self._store.series_of(
-                catalogue.LOSS_SMOOTHED):
+    def _early_stop_step(self, sample: StepSample, run_context: Any, smoothed: float) -> None:
+        assert self._early is not None
+        reason = self._early.step(sample.loss)
+        if reason is None and self._config.early_stop.unit == "step":
             reason = self._early.evaluate(smoothed)
+        if reason is not None:
+            self._stop(run_context, sample.step, reason)
+
+    def _lr_backoff_step(self, sample: StepSample, grad_breach: bool) -> None:
+        assert self._backoff is not None
+        rising_value = self._store.value_of(catalogue.LOSS_RISING)
+        rising = int(rising_value) if math.isfinite(rising_value) else 0
+        self._update_floor()
+        decision = self._backoff.observe(sample.step, rising, grad_breach and self._config.lr_backoff.on_grad_norm)
+        if decision is not None:
+            self._scale_lr(sample.step, decision.scale, decision.reason)
+
+    def _snapshot_step(self, sample: StepSample, grad_norm: float, grad_breach: bool) -> None:
+        assert self._episodes is not None
+        anomaly = anomaly_of(sample.loss, self._previous_smoothed, self._config.snapshot.spike_factor,
+                             grad_norm if grad_breach else None, self._grad_threshold)
+        opened = self._episodes.observe(sample.step, anomaly)
+        if opened is not None:
+            self._snapshot_calls += 1  # snapshots are rare: failures in a row are judged by their own count
+            self._part("snapshot", self._snapshot_calls, self._snapshot, sample.step, opened, sample.loss)
+
+    def on_epoch_end(self, run_context: Any, step: int) -> None:
+        if self._early is not None and self._config.early_stop.unit == "epoch":
+            self._part("early_stop", self._calls, self._early_stop_epoch, run_context, step)
+
+    def _early_stop_epoch(self, run_context: Any, step: int) -> None:
+        if self._early is not None and self._store.series_of(catalogue.LOSS_SMOOTHED):
+            reason = self._early.evaluate(self._store.value_of(catalogue.LOSS_SMOOTHED))
             if reason is not None:
                 self._stop(run_context, step, reason)
+
+    # -- parts that fail alone ----------------------------------------------------------------------------------
+    def _part(self, part: str, index: int, func: Any, *args: Any) -> Any:
+        """`func(*args)`, whose failure counts against `part` alone (switched off after 3 in a row)."""
+        try:
+            return func(*args)
+        except Exception as exc:
+            if self._parts.failed(part, exc, index, self._off_means(part)):
+                self._switch_off(part)
+            return None
+
+    def _set_up_failed(self, part: str, exc: BaseException) -> None:
+        """A part that cannot set itself up is off at once (a rollback that binds no network would restore
+        nothing; a back-off without its optimizer would scale nothing)."""
+        self._parts.absorb(part, exc)
+        self._parts.switched_off(part)
+        self._switch_off(part)
+        logger.error("ms_exporter: %s could not start (%r): %s", part, exc, self._off_means(part))
+
+    def _off_means(self, part: str) -> str:
+        if part == "lr_backoff":
+            scale = self._backoff.scale if self._backoff is not None else 1.0
+            return f"LR back-off is off: the learning rate stays at {scale:.4g} times its configured value"
+        return {"early_stop": "early stop is off", "snapshot": "snapshots are off",
+                "rollback": "rollback is off: a divergence is no longer undone"}[part]
+
+    def _switch_off(self, part: str) -> None:
+        if part == "early_stop":
+            self._early = None
+        elif part == "lr_backoff":
+            self._backoff = None
+        elif part == "snapshot":
+            self._episodes = None
+        elif part == "rollback":
+            self._rollback = None
 
     def _update_floor(self) -> None:
         """min_lr as a scale: against the fixed LR, or a schedule's current (unscaled) value."""
@@ -146,7 +213,10 @@ class ActionRunner:
 
     def close(self) -> None:
         if self._rollback is not None:
-            self._rollback.close()
+            try:
+                self._rollback.close()
+            except Exception as exc:
+                self._parts.absorb("rollback", exc)
 
     # -- effects ------------------------------------------------------------------------------------------------
     def _stop(self, run_context: Any, step: int, reason: str) -> None:
@@ -171,14 +241,14 @@ class ActionRunner:
 
         if self._network is None:
             raise RuntimeError("no train network in cb_params to snapshot")
-        self._snapshot_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self._snapshot_dir)
         # The hook runs after the step's update: what can be saved is the state after the anomaly.
         stem = f"snapshot-step{step:09d}-{reason}-post-anomaly"
         mindspore.save_checkpoint(self._network, str(self._snapshot_dir / f"{stem}.ckpt"))
-        (self._snapshot_dir / f"{stem}.json").write_text(json.dumps({
+        replace_file(self._snapshot_dir / f"{stem}.json", (json.dumps({
             "step": step, "reason": reason, "state": "post-anomaly", "time": time.time(),
             "loss": loss if loss is not None and math.isfinite(loss) else str(loss),
-            "smoothed_loss_before": self._previous_smoothed}, indent=1) + "\n")
+            "smoothed_loss_before": self._previous_smoothed}, indent=1) + "\n").encode())
         self._prune()
         self._last_snapshot.series().value = step
         self._counts["snapshot"].value += 1

@@ -63,8 +63,9 @@ class Breaker:
         self._disabled_family = store.register(catalogue.COMPONENT_DISABLED)
         self.disabled: set[str] = set()
 
-    def failed(self, component: str, exc: BaseException, index: int) -> bool:
-        """Count the failure; True when this one switches the component off."""
+    def failed(self, component: str, exc: BaseException, index: int,
+               then: str = "the other metrics keep working") -> bool:
+        """Count the failure; True when this one switches the component off (`then`: what that means, for the log)."""
         self._errors.absorb(component, exc)
         try:
             count, last = self._streaks.get(component, (0, index - 2))
@@ -75,8 +76,7 @@ class Breaker:
             self.disabled.add(component)
             self._disabled_family.series(component=component).value = 1
             logger.error("ms_exporter: %s failed %d times in a row and is switched off for the rest of this "
-                         "process (last error: %s); the other metrics keep working", component, count,
-                         hide_url_passwords(repr(exc)))
+                         "process (last error: %s); %s", component, count, hide_url_passwords(repr(exc)), then)
             return True
         except Exception:
             return False

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from mindspore.train import Callback, Model
 from ms_exporter import LossScaleTrainOneStepCell, TrainingMonitor
 from ms_exporter import catalogue as c
 from ms_exporter.skipped_batches import SkipListedSamples, SkippedBatches, sample_hash
+from tests.integration.test_full_disk import fill, small_disk
 
 pytestmark = pytest.mark.integration
 
@@ -78,19 +80,23 @@ class Probe(Callback):
         self.losses[step] = float(cb.net_outputs.asnumpy())
 
 
-def train(mode: str, source: Any, save_dir: Path, **rollback: Any) -> tuple[TrainingMonitor, Probe]:
+def train(mode: str, source: Any, save_dir: Path, before: Sequence[Callback] = (),
+          backend: Sequence[str] = ("prometheus", "local"), other_actions: dict[str, Any] | None = None,
+          **rollback: Any) -> tuple[TrainingMonitor, Probe]:
+    """One epoch of `source` with rollback on (`rollback`: its settings); `before`: callbacks that run before the
+    monitor's at each step."""
     ms.set_context(mode=MODES[mode])
     net = network()
     optimizer = nn.Adam(net.trainable_params(), learning_rate=0.01)
     with_loss = nn.WithLossCell(net, nn.MSELoss())
     model = Model(with_loss, optimizer=optimizer)
     data = ds.GeneratorDataset(source, ["x", "y"], shuffle=False).batch(BATCH)
-    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(save_dir), interval=1,
+    monitor = TrainingMonitor(port=0, backend=list(backend), save_dir=str(save_dir), interval=1,
                               actions={"rollback": {"enable": True, "good_every": GOOD_EVERY, "quiet_steps": QUIET,
-                                                    **rollback}})
+                                                    **rollback}, **(other_actions or {})})
     probe = Probe(net, with_loss, optimizer)
     try:
-        model.train(1, data, callbacks=[monitor, probe], dataset_sink_mode=False)
+        model.train(1, data, callbacks=[*before, monitor, probe], dataset_sink_mode=False)
     finally:
         monitor.close()
     return monitor, probe
@@ -207,3 +213,92 @@ def test_the_loss_scale_comes_back_with_the_weights(tmp_path: Path) -> None:
     monitor, scales = train_with_loss_scale(tmp_path / "rollback", rollback=True)
     assert counted(monitor, "rollback") == 1 and scales.overflows[POISON_STEP]
     assert scales.scales[POISON_STEP + 1] == scales.scales[40] == 2.0**10
+
+
+# -- issue #31, round two: actions that fail alone ------------------------------------------------------------------
+
+class AtStep(Callback):
+    """Does `action` at the end of `step`, before the monitor's step end."""
+
+    def __init__(self, step: int, action: Callable[[], Any]) -> None:
+        self.step, self.action = step, action
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        if run_context.original_args().cur_step_num == self.step:
+            self.action()
+
+
+def disabled(monitor: TrainingMonitor) -> set[str]:
+    return {dict(s.labels)["component"] for s in monitor.store.series_of(c.COMPONENT_DISABLED) if s.value == 1}
+
+
+def errors(monitor: TrainingMonitor, component: str) -> float:
+    return next((s.value for s in monitor.store.series_of(c.ERRORS) if dict(s.labels)["component"] == component),
+                0.0)
+
+
+def test_round2_finding_5_a_full_disk_switches_off_keeping_alone_and_the_divergence_is_still_rolled_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The disk fills after the good state of step 10 or so: the keeps of steps 20, 21, 22 fail and keeping is
+    switched off, alone; the divergence at step 37 is rolled back to the state kept before, and early stop is still
+    on."""
+    poison = 37
+    with small_disk(tmp_path / "disk") as disk, caplog.at_level(logging.INFO, logger="ms_exporter"):
+        monitor, probe = train("graph", Source(45, {poison}), disk, before=[AtStep(15, lambda: fill(disk, 0))],
+                               backend=["prometheus"], other_actions={"early_stop": {"enable": True,
+                                                                                     "patience": 10_000}},
+                               good_every=10, quiet_steps=5, storage="disk")
+        leftovers = [p.name for p in disk.rglob("*partial*")]
+    assert counted(monitor, "rollback") == 1
+    good = poison - int(monitor.store.value_of(c.ROLLBACK_LOST_STEPS))
+    assert 10 <= good < 15  # the state kept before the disk filled (its first step with quiet_steps and health)
+    np.testing.assert_array_equal(probe.outputs[poison], probe.outputs[good])
+    assert all(probe.losses[s] < 100 for s in range(poison + 1, 46))
+    assert disabled(monitor) == {"actions.rollback.keep"}  # not early stop, not rollback, not "actions"
+    assert errors(monitor, "actions.rollback.keep") == 3
+    assert errors(monitor, "actions.rollback.list") == 1  # the list could not be written either: still counted
+    assert leftovers == []  # no temporary of a failed keep or list stays on the disk
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "actions.rollback.keep failed 3 times in a row and is switched off" in said
+    assert "No space left on device" in said
+    assert f"keeping good states is off: a rollback restores the states kept before (step {good}); early stop goes " \
+        "on" in said
+    assert f"rollback at step {poison}" in said and "could not be listed" in said
+
+
+def test_round2_finding_5_a_newest_state_that_cannot_be_read_gives_way_to_the_one_before(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    poison = 27
+
+    def truncate_newest() -> None:
+        [newest] = [p for p in (tmp_path / "good-states").glob("good-*step000000000020-*.npz")]
+        newest.write_bytes(newest.read_bytes()[:200])
+
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        monitor, probe = train("graph", Source(35, {poison}), tmp_path, before=[AtStep(25, truncate_newest)],
+                               good_every=10, quiet_steps=5, storage="disk")
+    assert counted(monitor, "rollback") == 1
+    [event] = events(tmp_path, "rollback")
+    good = int(event["good_step"])
+    assert 10 <= good < 15 and monitor.store.value_of(c.ROLLBACK_LOST_STEPS) == poison - good
+    np.testing.assert_array_equal(probe.outputs[poison], probe.outputs[good])
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "the good state of step 20" in said and "cannot be read back" in said and \
+        f"trying the one of step {good}" in said
+    assert disabled(monitor) == set()
+
+
+def test_round2_finding_9_a_corrupt_list_leaves_the_rollback_counted_announced_and_listed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    poison = 27
+    (tmp_path / "skipped-batches.json").write_text('{"version": 1, "batches": [')
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        monitor, _ = train("graph", Source(30, {poison}), tmp_path, good_every=10, quiet_steps=5)
+    assert counted(monitor, "rollback") == 1
+    [event] = events(tmp_path, "rollback")
+    good = int(event["good_step"])
+    assert 20 <= good < 25 and event["batches_listed"] == poison - good
+    assert [b["step"] for b in SkippedBatches(tmp_path).read()] == list(range(good + 1, poison + 1))
+    [aside] = tmp_path.glob("skipped-batches.json.unusable-*-corrupt")
+    assert aside.read_text() == '{"version": 1, "batches": ['
+    assert any("moved aside" in r.getMessage() for r in caplog.records)

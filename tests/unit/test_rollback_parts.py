@@ -3,7 +3,9 @@ poisoned-batch list (the whole action runs in tests/integration/test_rollback.py
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from pathlib import Path
 
 import mindspore as ms
@@ -88,8 +90,10 @@ def test_a_kept_state_comes_back_exactly_and_old_ones_go(storage: str, tmp_path:
             before = {name: p.asnumpy().copy() for name, p in train.parameters_and_names()}
     kept = states._kept[0]
     assert [s.step for s in states._kept] == [2, 3]
+    pid = os.getpid()
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == (
-        ["good-step000000000002-2.npz", "good-step000000000003-3.npz"] if storage == "disk" else [])
+        [f"good-run-rank0-pid{pid}-step000000000002-2.npz", f"good-run-rank0-pid{pid}-step000000000003-3.npz"]
+        if storage == "disk" else [])
     states.restore(kept)
     after = {name: p.asnumpy() for name, p in train.parameters_and_names()}
     for name, value in before.items():
@@ -159,3 +163,139 @@ def test_keep_unlisted_filters_a_real_pipeline_before_batch(tmp_path: Path) -> N
     dataset = ds.NumpySlicesDataset((ids, labels), ["ids", "label"], shuffle=False)
     dataset = dataset.filter(KeepUnlisted(tmp_path), input_columns=["ids", "label"]).batch(2)
     assert [row[1].tolist() for row in dataset.create_tuple_iterator(output_numpy=True)] == [[0, 1], [4, 5]]
+
+
+# -- issue #31, round two: actions that fail alone ------------------------------------------------------------------
+
+def _dense_states(directory: Path, max_kept: int = 2) -> tuple[nn.Cell, GoodStates]:
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Dense(3, 2)
+    states = GoodStates("disk", 0, directory, max_kept=max_kept)
+    states.bind(net)
+    return net, states
+
+
+def test_round2_finding_5_a_good_state_that_cannot_be_read_is_removed_and_the_one_before_restored(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    net, states = _dense_states(tmp_path)
+    x = Tensor(np.ones((1, 3), np.float32))
+    states.capture(10)
+    at_10 = net(x).asnumpy().copy()
+    for parameter in net.trainable_params():
+        ops.assign(parameter, parameter * 3)
+    newest = states.capture(20)
+    assert newest.path is not None
+    newest.path.write_bytes(newest.path.read_bytes()[:100])  # truncated, as by a full disk or a killed copy
+    for parameter in net.trainable_params():
+        ops.assign(parameter, parameter * 5)
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        restored = states.restore_newest()
+    assert restored is not None and restored.step == 10
+    np.testing.assert_array_equal(net(x).asnumpy(), at_10)
+    assert not newest.path.exists() and states.kept_steps == [10]
+    [said] = [r.getMessage() for r in caplog.records if "cannot be read back" in r.getMessage()]
+    assert "step 20" in said and "trying the one of step 10" in said
+    restored.path.write_bytes(b"")  # and when none can be read: None, nothing written
+    assert states.restore_newest() is None and states.kept_steps == []
+
+
+def test_round2_finding_6_good_states_and_the_list_replace_planted_links_never_follow_them(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victims = {name: outside / name for name in ("state", "partial", "list", "lock", "list-partial")}
+    for victim in victims.values():
+        victim.write_bytes(b"the training user's file")
+    directory = tmp_path / "good-states"
+    directory.mkdir()
+    net, states = _dense_states(directory)
+    pid = os.getpid()
+    final = directory / f"good-run-rank0-pid{pid}-step000000000001-1.npz"
+    final.symlink_to(victims["state"])
+    (directory / "good-step000000000001-1.npz.partial").symlink_to(victims["partial"])  # the names before round two
+    (tmp_path / "skipped-batches.json").symlink_to(victims["list"])
+    (tmp_path / "skipped-batches.json.lock").symlink_to(victims["lock"])
+    (tmp_path / f"skipped-batches.json.{pid}.partial").symlink_to(victims["list-partial"])
+    states.capture(1)
+    assert [victims[n].read_bytes() for n in ("state", "partial")] == [b"the training user's file"] * 2
+    assert final.is_file() and not final.is_symlink()  # the link was replaced by the state
+    assert SkippedBatches(tmp_path).append([{"step": 1}]) == 1  # the linked list is moved aside, a new one begins
+    assert SkippedBatches(tmp_path).read() == [{"step": 1}]
+    for victim in victims.values():
+        assert victim.read_bytes() == b"the training user's file", victim
+    assert list(tmp_path.glob("skipped-batches.json.unusable-*")) != []
+
+
+def test_round2_finding_9_a_corrupt_list_is_moved_aside_and_a_new_one_started(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "skipped-batches.json"
+    path.write_text('{"version": 1, "batches": [{"step": 3}')  # torn
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        assert SkippedBatches(tmp_path).append([{"step": 7}]) == 1
+    assert SkippedBatches(tmp_path).read() == [{"step": 7}]
+    [aside] = tmp_path.glob("skipped-batches.json.unusable-*-corrupt")
+    assert aside.read_text() == '{"version": 1, "batches": [{"step": 3}'  # kept for a look
+    [said] = [r.getMessage() for r in caplog.records if "moved aside" in r.getMessage()]
+    assert str(path) in said and "not valid JSON" in said
+
+
+@pytest.mark.parametrize("helper", ["SkipListedSamples", "KeepUnlisted"])
+def test_round2_finding_9_the_dataset_helpers_name_a_corrupt_list_and_what_is_wrong(
+        helper: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "skipped-batches.json"
+    path.write_text("{not json")
+
+    def make() -> object:
+        return SkipListedSamples([(np.zeros(2),)], tmp_path) if helper == "SkipListedSamples" \
+            else KeepUnlisted(tmp_path)
+
+    with pytest.raises(ValueError, match=f"{path}: not a skipped-batches list \\(not valid JSON"):
+        make()
+    samples = [(np.full(2, i, dtype=np.int32),) for i in range(3)]
+    SkippedBatches(tmp_path).append([{"sample_hashes": [sample_hash(samples[1])]}])  # moved aside, listed anew
+    made = make()
+    path.write_text("[]")  # a later pass that finds it broken keeps what it had, and says so
+    os.utime(path, ns=(1, 1))
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        if isinstance(made, SkipListedSamples):
+            made._source = samples
+            assert [int(s[0][0]) for s in made] == [0, 2]
+        else:
+            assert isinstance(made, KeepUnlisted)
+            assert [made(*s) for s in samples] == [True, False, True]
+    assert any("still left out" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_are_removed_at_the_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from ms_exporter.actions.runner import ActionRunner
+    from ms_exporter.monitor.store import MetricStore
+
+    config = load_config({"save_dir": str(tmp_path), "run_id": "job7",
+                          "actions": {"rollback": {"enable": True, "storage": "disk"}}})
+    states = tmp_path / "good-states"
+    states.mkdir()
+    old = 1_000_000_000  # long before this process started
+    pid = os.getpid()
+    gone = [states / "good-job7-rank0-pid99999-step000000000100-1.npz",  # a killed process of this run and rank
+            states / ".good-job7-rank0-pid99999-step000000000200-2.npz.k3j_x9.partial",
+            states / f"good-job7-rank0-pid{pid}-step000000000300-1.npz",  # this pid, but older than this process
+            states / "good-step000000000100-1.npz.partial",  # a temporary of the names before round two
+            tmp_path / "skipped-batches.json.4242.partial",
+            tmp_path / ".skipped-batches.json.ab_12x.partial"]
+    stay = [states / "good-job7-rank1-pid99999-step000000000100-1.npz",  # another rank
+            states / "good-job8-rank0-pid99999-step000000000100-1.npz",  # another run
+            states / "good-step000000000100-1.npz",  # no rank in its name: whose it is cannot be told
+            tmp_path / ".skipped-batches.json.live_1.partial",  # a live rank's append, younger than this process
+            tmp_path / "skipped-batches.json"]
+    for path in (*gone, *stay):
+        path.write_bytes(b"x")
+        if path.name != ".skipped-batches.json.live_1.partial":
+            os.utime(path, (old, old))
+    runner = ActionRunner(config, MetricStore())
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        runner.on_train_begin({"train_network": nn.Dense(2, 2), "cur_step_num": 0}, None)
+    assert [p.name for p in gone if p.exists()] == []
+    assert [p.name for p in stay if not p.exists()] == []
+    [said] = [r.getMessage() for r in caplog.records if "left behind" in r.getMessage()]
+    assert f"removed {len(gone)} files" in said
+    runner.close()
