@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import urllib.parse
 from collections import Counter
@@ -21,9 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter import catalogue
+from ms_exporter.monitor import safe_files
 from ms_exporter.tools.top import Access, FetchError, expand_targets, fetch, parse_ranks, parse_target_argument
 
 DUMP_GLOB = "hang-rank*-*.txt"
+# What of a dump is read: its first lines say where the rank was (render_dump); the stacks after them can be
+# megabytes (a 1 GB file took 2.1 GB of memory when read whole).
+DUMP_HEAD_BYTES = 64 * 1024
 # The first lines of a dump (ms_exporter/monitor/watchdog.py render_dump).
 _HEADER = re.compile(r"^ms_exporter hang dump: rank (?P<rank>\d+) of project (?P<project>.*), pid (?P<pid>\d+), "
                      r"(?P<time>\S+)$")
@@ -119,10 +124,29 @@ def from_page(text: str, source: str, stacks: str | None = None) -> list[RankSta
 
 
 def from_dump(path: Path) -> RankState:
-    """A rank as its newest dump left it (after the process died)."""
-    fields = _dump_fields(path.read_text(encoding="utf-8", errors="replace"))
+    """A rank as its newest dump left it (after the process died); one that cannot be read says why."""
+    try:
+        text = _head(path, DUMP_HEAD_BYTES)
+    except OSError as exc:  # a FIFO, device, directory or symlink (UnsafeFile, ELOOP), or gone meanwhile
+        rank = path.name.split("-")[1].removeprefix("rank") if path.name.count("-") >= 2 else "?"
+        return RankState("?", rank or "?", None, None, None, source=str(path),
+                         error=f"cannot read the dump: {exc.strerror or exc}")
+    fields = _dump_fields(text)
     return RankState(fields["project"] or "?", fields["rank"] or "?", fields["phase"], fields["seconds"],
                      fields["deadline"], fields["top_frame"], str(path), dumped=True)
+
+
+def _head(path: Path, limit: int) -> str:
+    """The first `limit` bytes of the regular file `path`, without waiting (a FIFO is refused, not read)."""
+    fd = safe_files.open_regular(path, os.O_RDONLY)
+    try:
+        chunks, size = [], 0
+        while size < limit and (chunk := os.read(fd, limit - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _dump_fields(text: str) -> dict[str, Any]:

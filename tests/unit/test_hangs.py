@@ -4,6 +4,7 @@ tests), reading dumps a watchdog wrote and pages ranks serve."""
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import subprocess
 import sys
@@ -133,3 +134,36 @@ def test_live_endpoints_are_read_with_their_stacks(tmp_path: Path) -> None:
     assert by_rank["?"].error == "Connection refused"
     (verdict,) = [v for v in verdicts(states) if v.project == "demo"]
     assert [r.rank for r in verdict.culprits] == ["1"]
+
+
+def run_hangs(*targets: Path, limit_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`ms-exporter hangs` in a child with a deadline (a read that waits for a FIFO's writer would hang this test, not
+    fail it), its address space capped at `limit_bytes` when given."""
+    cap = (f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit_bytes}, {limit_bytes}))\n"
+           if limit_bytes else "")
+    code = cap + "import sys; from ms_exporter.cli import main; sys.exit(main(['hangs', *sys.argv[1:]]))"
+    return subprocess.run([sys.executable, "-c", code, *map(str, targets)], capture_output=True, text=True,
+                          check=False, cwd=ROOT, timeout=120)
+
+
+def test_round2_finding_13_hangs_refuses_a_dump_that_is_a_fifo_without_waiting(tmp_path: Path) -> None:
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.UTC)
+    os.mkfifo(tmp_path / "hang-rank0-20261201T060000Z.txt")  # nothing ever writes to it
+    write_dump(tmp_path, 1, "data_wait", 6.5, day)
+    done = run_hangs(tmp_path)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("rank 0 (project ?): no answer: cannot read the dump: ") and "not a regular file" in line
+               for line in lines), lines
+    assert any(line.startswith("rank 1 (project demo): data_wait for 6 s") for line in lines), lines
+
+
+def test_round2_finding_13_hangs_reads_the_head_of_a_huge_dump_not_all_of_it(tmp_path: Path) -> None:
+    """A 1 GB dump (sparse) is read in a process that may not hold 512 MB: only its first lines are read."""
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.UTC)
+    path = write_dump(tmp_path, 3, "checkpoint", 1900.0, day)
+    with path.open("r+b") as dump:
+        dump.truncate(1024 * 1024 * 1024)
+    done = run_hangs(tmp_path, limit_bytes=512 * 1024 * 1024)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.splitlines()[0].startswith("rank 3 (project demo): checkpoint for 1900 s"), done.stdout
