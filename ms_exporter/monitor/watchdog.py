@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from ms_exporter import catalogue
+from ms_exporter.monitor import safe_files
 from ms_exporter.monitor.periodic import PeriodicThread
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.store import MetricStore, Series
@@ -117,10 +118,10 @@ class HangWatchdog:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    """save_dir made 0750 if missing; an exclusive temporary of a random name renamed over the dump's name, so a
+    link planted at either is never written through (safe_files)."""
+    safe_files.make_dir(path.parent)
+    safe_files.replace_file(path, text.encode("utf-8"))
 
 
 def python_stacks(training_thread: int | None) -> tuple[str, str | None]:

@@ -64,7 +64,7 @@ def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, ra
         elif backend == "otlp":
             sinks.extend(_otlp(config, store, rank, on_error))
         elif backend == "tensorboard" and (rank.rank == 0 or config.tensorboard.all_ranks):
-            sinks.append(_tensorboard(config, store, rank, on_error, breaker))
+            sinks.extend(_tensorboard(config, store, rank, on_error, breaker))
         elif backend == "wandb" and (rank.rank == 0 or config.wandb.all_ranks):
             sinks.append(_wandb(config, store, rank, on_error, breaker))
     if config.file_sd_dir and port is not None:
@@ -124,15 +124,18 @@ def _file_sd(directory: str, config: MonitorConfig, rank: RankInfo, port: int, o
 
 
 def _tensorboard(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
-                 breaker: Breaker) -> Sink:
+                 breaker: Breaker) -> list[Sink]:
     try:
         from ms_exporter.sinks.tensorboard import TensorBoardWriter
 
-        return TensorBoardWriter(store, Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}", config.interval,
-                                 on_error, breaker)
+        return [TensorBoardWriter(store, Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}",
+                                  config.interval, on_error, breaker)]
     except ImportError as exc:
         raise ConfigError([f"monitor_config.backend: tensorboard needs tensorboardX ({exc.name} is missing); "
                            "install it with: pip install 'ms-exporter[tensorboard]'"]) from exc
+    except OSError as exc:  # a read-only or full save_dir, a link planted at the event file: train without it
+        on_error("tensorboard", exc)  # counted and logged once (the first error of a component is logged)
+        return []
 
 
 def _wandb(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError, breaker: Breaker) -> Sink:

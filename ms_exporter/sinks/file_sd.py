@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 from pathlib import Path
 
+from ms_exporter.monitor import safe_files
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.sinks.base import Sink
@@ -51,11 +51,14 @@ class FileSdTarget(Sink):
         self._withdrawn = False  # removed by a signal the process outlived
 
     def write(self) -> None:
-        """Atomically: Prometheus re-reads the file on change and must never see half of it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(self._content, indent=2) + "\n", encoding="utf-8")
-        os.replace(temporary, self.path)
+        """Atomically: Prometheus re-reads the file on change and must never see half of it.
+
+        The directory is shared by every user's jobs (`/tmp/ms-exporter-targets` in the docs): when the monitor
+        creates it, it is sticky like /tmp (1777: anyone adds targets, none removes another's). The content goes
+        to a fresh temporary of a random name created exclusively (mkstemp) and is renamed over the target: a
+        link planted at any name is replaced, never written through."""
+        safe_files.make_dir(self.path.parent, shared=True)
+        safe_files.replace_file(self.path, (json.dumps(self._content, indent=2) + "\n").encode("utf-8"))
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ms_exporter.config import WandbConfig
+from ms_exporter.monitor import safe_files
 from ms_exporter.monitor.errors import Breaker
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
 logger = logging.getLogger("ms_exporter")
+
+# Below this many free bytes under the run directory a batch is not handed to wandb: wandb's service would drop
+# it without a word (it only logs each failed record to a file on that same full disk), so it is counted here.
+RESERVE_BYTES = 1 << 20
 
 
 class WandbWriter(QueuedStepWriter):
@@ -24,6 +31,14 @@ class WandbWriter(QueuedStepWriter):
     the rank, world size, node and `tags` as its config. Nothing of wandb's own is collected beyond what is logged
     (no system metrics, console capture, code or git state): the exporter's series are the record. A run that
     cannot start is counted as an error and the backend is off; training goes on.
+
+    wandb falls back to the system temporary directory when its `dir` is not writable. Here the run never goes
+    elsewhere: `save_dir/wandb` is made (0750) and a file created and removed in it before `wandb.init`; when that
+    fails (a read-only save_dir), or the run still landed outside it, the failure is counted, logged once and the
+    backend is off. A full disk is invisible to `run.log` (wandb's service drops the records and logs that to the
+    full disk); so a batch that finds less than RESERVE_BYTES free under the run's directory is not handed over but
+    counted in `mindspore_exporter_dropped_samples_total{sink="wandb"}` as an OSError(ENOSPC), like any failed
+    write (three in a row switch the backend off).
     """
 
     name = "wandb"
@@ -53,8 +68,9 @@ class WandbWriter(QueuedStepWriter):
     def start(self, step: int) -> None:
         if self._run is None and not self._off:
             try:
-                self.save_dir.mkdir(parents=True, exist_ok=True)
+                self._check_writable()
                 self._run = self._wandb.init(**self._init)
+                self._check_inside()
             except Exception as exc:  # no service process, a bad entity online: the backend is off, training goes on
                 self._off = True
                 self._on_error(self.name, exc)
@@ -64,11 +80,36 @@ class WandbWriter(QueuedStepWriter):
                             self.run_dir)
         super().start(step)
 
+    def _check_writable(self) -> None:
+        """save_dir/wandb exists, is no link, and takes a new file: else wandb would write to /tmp instead."""
+        root = safe_files.make_dir(self.save_dir / "wandb")
+        fd, probe = safe_files.new_temporary(root / "writable")
+        os.close(fd)
+        probe.unlink()
+
+    def _check_inside(self) -> None:
+        run_dir = self.run_dir
+        if run_dir is not None and not run_dir.resolve().is_relative_to(self.save_dir.resolve()):
+            run, self._run = self._run, None
+            run.finish()
+            raise OSError(errno.EROFS, f"wandb put the run in {run_dir}, outside save_dir {self.save_dir}; the "
+                                       "backend is switched off rather than write elsewhere", str(self.save_dir))
+
     def _ready(self) -> bool:
         return self._run is not None
 
     def _write_step(self, step: int, wall_time: float, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=step)
+
+    def _before_pass(self) -> None:
+        run_dir = self.run_dir
+        if run_dir is None:
+            return
+        usage = os.statvfs(run_dir)
+        free = usage.f_bavail * usage.f_frsize
+        if free < RESERVE_BYTES:
+            raise OSError(errno.ENOSPC, f"{free} bytes free under the wandb run (less than {RESERVE_BYTES}): "
+                                        "wandb would lose these records without a word", str(run_dir))
 
     def _write_eval(self, step: int, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=step)
