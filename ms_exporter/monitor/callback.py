@@ -93,7 +93,13 @@ class TrainingMonitor(Callback):
                                 lambda exc: self._errors.absorb("goodput", exc)) \
             if self.config.goodput.enable else None
         stacks = (lambda: watchdog.latest) if watchdog is not None and hang.debug_endpoint else None
-        self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker, stacks)
+        try:
+            self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker,
+                                      stacks)
+        except BaseException:  # the monitor is not constructed: nothing it started may outlive the error
+            if self._goodput is not None:
+                self._guard("goodput", self._goodput.close)
+            raise
         self._errors.expect(sink.name for sink in self._sinks)
         self._publisher = StepPublisher(probes.step, self._thresholds, self._actions, self._sinks, self._batch,
                                         self._errors, self._breaker)
@@ -107,6 +113,8 @@ class TrainingMonitor(Callback):
         if self._wants_signals:  # from now until close: a SIGTERM between or after train calls counts too
             self._signals.install()
         self._reset_step_state()
+        if self._goodput is not None:  # saves from now on: a process killed before training still counts
+            self._guard("goodput", self._goodput.start)
         atexit.register(self.close)
 
     def _reset_step_state(self) -> None:
@@ -137,6 +145,8 @@ class TrainingMonitor(Callback):
         if self._closed or not self._enabled:
             return
         self._closed = True
+        if "SIGINT" in self._signals.received and self.phases.phase != ENDED:
+            self.phases.enter(ENDED)  # a Ctrl-C outside training ends the script: the endpoint lingers for it too
         self._stop_sampler()
         self._guard("callback", self._publisher.publish, None, True)
         if self._goodput is not None:
@@ -301,6 +311,8 @@ class TrainingMonitor(Callback):
         # MindSpore leaves the callback context on every exit from training, also when training raised
         # (on_train_end is not called then): flush and stop threads either way.
         if self._enabled and exc_info and exc_info[0] is not None:
+            if issubclass(exc_info[0], (KeyboardInterrupt, SystemExit)):
+                self.phases.enter(ENDED)  # stopped as asked (Ctrl-C, sys.exit from a handler): not a lost rank
             self._guard("callback", self._finish_run)
 
     # -- internals ----------------------------------------------------------------------------------------
@@ -313,9 +325,13 @@ class TrainingMonitor(Callback):
         for sink in self._sinks:
             self._guard(sink.name, sink.run_ended, self._publisher.last_step)
 
-    def _on_signal(self, signal_name: str) -> None:
-        """Flush what is queued and let each sink save what must outlive the process."""
+    def _on_signal(self, signal_name: str, ending: bool) -> None:
+        """Flush what is queued and let each sink save what must outlive the process. When the signal ends the
+        process (SIGTERM's default action), the rank ends as asked: it serves phase="ended" until a scrape has read
+        it (the endpoint's interrupted()) and only then leaves discovery, so a stopped job pages nobody."""
         self._guard("callback", self._publisher.publish, None)
+        if ending:
+            self.phases.enter(ENDED)
         if self._goodput is not None:
             self._goodput.save()
         for sink in self._sinks:

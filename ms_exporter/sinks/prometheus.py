@@ -75,6 +75,7 @@ class PrometheusEndpoint(Sink):
     """A private registry served on bind_address:port; a taken port falls back to any free one."""
 
     name = "prometheus"
+    needs_signals = True  # a SIGTERM that ends the process waits for a scrape of `ended` (interrupted())
 
     def __init__(self, store: MetricStore, bind_address: str, port: int,
                  on_error: Callable[[str, BaseException], None], web: WebConfig | None = None,
@@ -134,6 +135,12 @@ class PrometheusEndpoint(Sink):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def interrupted(self, signal_name: str, step: int) -> None:
+        """A signal that ends the process entered `ended` first: serve it until a scrape has read it (bounded as at
+        close), so that the rank's end is seen before its target leaves discovery (file_sd comes after us)."""
+        if self._server is not None:
+            self._linger()
 
     def _ended_since(self) -> float | None:
         """perf_counter time training ended normally (the phase clock's `ended`), None if it did not."""

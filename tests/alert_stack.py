@@ -1,0 +1,78 @@
+"""A real Prometheus and Alertmanager (Debian packages) running the shipped rules and routing, for tests.
+
+The rules are rendered by the same renderer as the committed file, with thresholds and durations shrunk so that
+alerts fire in seconds; Prometheus scrapes `job_ports` loopback ports every second as job `mindspore`, and the
+committed Alertmanager routing delivers to a test webhook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
+from ms_exporter.thresholds import Thresholds
+from tests.servers import Servers, query
+from tests.waiting import free_port
+from tests.webhook import Webhook
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "tests" / "integration" / "fault_job.py"
+
+# Small enough to fire within seconds on a fault, large enough to stay quiet on the healthy demo job.
+THRESHOLDS = dataclasses.replace(Thresholds(), loss_high=5.0, grad_norm_high=1e6, grad_norm_exploding=1e7,
+                                 tokens_per_second_low=3000.0, loss_rising_steps=1000)
+# Throughput is low while the first graph compiles: the throughput alerts wait longer than that.
+TIMING = dataclasses.replace(TEST_TIMING, slow_for="15s")
+
+
+class Stack:
+    def __init__(self, tmp: Path, webhook: Webhook, job_ports: int = 1) -> None:
+        self.tmp = tmp
+        self.job_ports = [free_port() for _ in range(job_ports)]
+        self.job_port = self.job_ports[0]
+        self.prometheus_port = free_port()
+        self.alertmanager_port = free_port()
+        self.servers = Servers(tmp)
+        (tmp / "rules.yml").write_text(render_yaml(render_rules(THRESHOLDS, TIMING, job_regex="mindspore")))
+        # The committed routing, with its placeholder webhooks pointed at the test receiver and waits shortened.
+        routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+        routing["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+        for receiver in routing["receivers"]:
+            for hook in receiver.get("webhook_configs", []):
+                path = urllib.parse.urlparse(hook["url"]).path
+                hook["url"] = f"http://127.0.0.1:{webhook.port}{path}"
+        (tmp / "alertmanager.yml").write_text(yaml.safe_dump(routing))
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp / "rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]},
+            "scrape_configs": [{"job_name": "mindspore",
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in self.job_ports]}]}],
+        }))
+
+    def start(self) -> None:
+        self.servers.alertmanager(self.alertmanager_port, self.tmp / "alertmanager.yml")
+        self.servers.prometheus(self.prometheus_port, self.tmp / "prometheus.yml")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return query(self.prometheus_port, expr)
+
+    def run_job(self, project: str, fault: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
+        job = subprocess.Popen([sys.executable, str(JOB), "--port", str(self.job_port), "--project", project,
+                                "--fault", fault], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env=env)
+        assert job.stdout is not None
+        assert job.stdout.readline().startswith(f"metrics: http://127.0.0.1:{self.job_port}/")
+        return job
+
+    def stop(self) -> None:
+        self.servers.stop()
