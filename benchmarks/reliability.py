@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, a short soak")
     parser.add_argument("--output", default="docs/reliability.md")
     parser.add_argument("--hostile-only", action="store_true",
-                        help="measure the hostile clients again and replace only their section")
+                        help="measure the hostile clients and a tampered save_dir again; replace only their section")
     args = parser.parse_args(argv)
     command = "make reliability" if not args.quick else "python -m benchmarks.reliability --quick"
     started = time.monotonic()
@@ -357,15 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     passes, blocks, block_steps = (1, 2, 20) if args.quick else (2, 20, 30)
     if args.hostile_only:
         from benchmarks.hostile import hostile, render_hostile, replace_section
+        from benchmarks.tampered import render_tampered, tampered
 
         rows_attacked = hostile(passes, blocks, block_steps)
+        tampered_section = render_tampered(tampered())
         note = (f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
                 f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
                 f"on: {machine()}.\n")
         path = Path(args.output)
-        path.write_text(replace_section(path.read_text(), render_hostile(rows_attacked, blocks, block_steps, passes,
-                                                                         note)))
-        print(render_hostile(rows_attacked, blocks, block_steps, passes, note))
+        section = render_hostile(rows_attacked, blocks, block_steps, passes, note) + "\n" + tampered_section
+        path.write_text(replace_section(path.read_text(), section))
+        print(section)
         return 0
     print("endpoint under load ...", flush=True)
     rows = load([300, 600], passes, blocks, block_steps)
@@ -373,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.hostile import hostile, render_hostile  # it builds on this module's block method
 
     attacked = render_hostile(hostile(passes, blocks, block_steps), blocks, block_steps, passes)
+    print("a tampered save_dir ...", flush=True)
+    from benchmarks.tampered import render_tampered, tampered
+
+    attacked += "\n" + render_tampered(tampered())
     print("soak ...", flush=True)
     soaked = soak(500 if args.quick else 20_000, 100 if args.quick else 1000)
     block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes, attacked)

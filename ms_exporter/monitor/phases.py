@@ -8,7 +8,7 @@
 | eval | an evaluation's begin | its end |
 | checkpoint | a ModelCheckpoint's step or epoch hook begins | it returns (monitor/callback_timer.py) |
 | callbacks | another callback's step or epoch hook begins | it returns |
-| ended | training ended normally | the next train begin |
+| ended | training ended normally, or the process ends as asked (SIGTERM, Ctrl-C, sys.exit) | the next train begin |
 
 After a checkpoint or callbacks hook the phase it interrupted goes on, counted from the hook's return. The time
 spent in those hooks and in evaluations is kept `aside` and taken out of the step or data wait it fell in. A
