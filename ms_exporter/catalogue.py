@@ -128,7 +128,8 @@ PLANNED_STEPS = MetricFamily("mindspore_train_planned_steps", "gauge",
                              "Global step at which the current training call ends, when known.", "steps", "always")
 
 PHASE = MetricFamily("mindspore_train_phase", "gauge",
-                     "1 for the phase this rank is in, 0 for the others (ended: training ended normally or was stopped as asked).", "1",
+                     "1 for the phase this rank is in, 0 for the others "
+                     "(ended: training ended normally or was stopped as asked).", "1",
                      "always", ("phase",))
 PHASE_SECONDS = MetricFamily("mindspore_train_phase_seconds", "gauge", "Seconds since the current phase began.",
                              "seconds", "always")

@@ -102,10 +102,12 @@ def new_temporary(target: Path | str) -> tuple[int, Path]:
     return fd, Path(name)
 
 
-def replace_file(target: Path | str, data: bytes, fsync: bool = False) -> None:
-    """Write `data` to a new temporary file and rename it over `target` (a reader never sees half of it)."""
+def replace_file(target: Path | str, data: bytes, fsync: bool = False, mode: int = FILE_MODE) -> None:
+    """Write `data` to a new temporary file and rename it over `target` (a reader never sees half of it). The file
+    gets `mode` (mkstemp makes it 0600): FILE_MODE, or world-readable where another user's process reads it."""
     fd, temporary = new_temporary(target)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if fsync:

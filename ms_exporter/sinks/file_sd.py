@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
+import stat
 from pathlib import Path
 
 from ms_exporter.monitor import safe_files
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.sinks.base import Sink
+
+logger = logging.getLogger("ms_exporter")
 
 
 def target_host(bind_address: str) -> str:
@@ -49,6 +53,7 @@ class FileSdTarget(Sink):
             },
         }]
         self._withdrawn = False  # removed by a signal the process outlived
+        self._checked = False  # the directory's mode, looked at once
 
     def write(self) -> None:
         """Atomically: Prometheus re-reads the file on change and must never see half of it.
@@ -58,7 +63,14 @@ class FileSdTarget(Sink):
         to a fresh temporary of a random name created exclusively (mkstemp) and is renamed over the target: a
         link planted at any name is replaced, never written through."""
         safe_files.make_dir(self.path.parent, shared=True)
-        safe_files.replace_file(self.path, (json.dumps(self._content, indent=2) + "\n").encode("utf-8"))
+        if not self._checked:
+            self._checked = True
+            mode = self.path.parent.stat().st_mode
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:  # made so by a version before round two, or by hand
+                logger.warning("ms_exporter: %s is writable by every user without the sticky bit: any of them can "
+                               "remove or replace this rank's target; chmod 1777 it (as /tmp)", self.path.parent)
+        # 0644: Prometheus reads it, as a user of its own.
+        safe_files.replace_file(self.path, (json.dumps(self._content, indent=2) + "\n").encode("utf-8"), mode=0o644)
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

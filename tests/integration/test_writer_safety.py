@@ -193,6 +193,8 @@ def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable
                               file_sd_dir=str(shared), interval=3600)
     try:
         train_a_little(monitor)
+        # Prometheus reads the target as a user of its own (a mkstemp temporary alone would be 0600).
+        assert [stat.S_IMODE(p.stat().st_mode) for p in shared.iterdir()] == [0o644]
     finally:
         monitor.close()
     watchdog._write_atomically(tmp_path / "dumps" / "hang-rank0-20260101T000000Z.txt", "stacks\n")
@@ -203,3 +205,16 @@ def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable
     assert set(modes.values()) == {0o750}, modes
     for path in (save_dir / "metrics-rank0.jsonl", *(save_dir / "tensorboard" / "rank0").iterdir()):
         assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0, path
+
+
+def test_round2_finding_6_a_shared_directory_without_the_sticky_bit_is_named(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    shared = tmp_path / "ms-exporter-targets"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # as versions before round two made /tmp/ms-exporter-targets
+    monitor = TrainingMonitor(port=0, file_sd_dir=str(shared))
+    try:
+        assert any(f"{shared} is writable by every user without the sticky bit" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        monitor.close()
