@@ -10,6 +10,7 @@ import yaml
 from ms_exporter._version import __version__
 from ms_exporter.config import ConfigError, MonitorConfig, load_config, read_config
 from ms_exporter.flops import from_shape
+from ms_exporter.tools.peak_flops import DTYPES
 
 # `make demo`'s run: about 2 minutes at ~14 ms a step on 2 idle cores. A planned length (not a time limit) lets the
 # LR schedule decay over the run and the dashboard's ETA be right; here, not in tools/demo.py, so that the command
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--timing", choices=("default", "test"), default="default",
                        help="'test' shrinks every window and for: to seconds (integration tests, demos)")
     rules.add_argument("--job-regex", default=".*mindspore.*", help="Prometheus job(s) whose `up` RankDown watches")
-    rules.add_argument("--runbook-url", "--runbook-base", dest="runbook_url", default=None, metavar="URL",
+    rules.add_argument("--runbook-url", dest="runbook_url", default=None, metavar="URL",
                        help="the page that serves docs/alerts.md (a repository host renders one with a heading anchor "
                             "per alert); each alert's runbook_url links to its section (default: the config's "
                             "runbook_url, else the relative docs/alerts.md)")
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     kubernetes = commands.add_parser(
         "kubernetes", help="write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)")
     kubernetes.add_argument("--config", default=None, help="take alert thresholds from this monitor_config file")
-    kubernetes.add_argument("--runbook-url", "--runbook-base", dest="runbook_url", default=None, metavar="URL",
+    kubernetes.add_argument("--runbook-url", dest="runbook_url", default=None, metavar="URL",
                             help="the page that serves docs/alerts.md, as for `ms-exporter rules`")
     kubernetes.add_argument("-o", "--output-dir", default="deploy/kubernetes/base",
                             help="directory for prometheusrule.yaml and grafana-dashboard.yaml "
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "device: a practical flops.peak_flops_per_device where no datasheet "
                                            "figure applies, such as a CPU (docs/mfu.md).")
     peak.add_argument("--size", type=int, default=1024, help="square matrices of this size (default 1024)")
-    peak.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+    peak.add_argument("--dtype", choices=DTYPES, default="float32",
                       help="the precision training uses (default float32)")
     peak.add_argument("--device", default=None, help="MindSpore device_target (default: MindSpore's own choice)")
 

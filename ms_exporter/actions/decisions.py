@@ -1,7 +1,7 @@
 """The decisions behind monitor_config.actions: pure state machines, no MindSpore, no I/O.
 
-Each machine is fed one observation at a time and answers what to do; the callback carries it out
-(ms_exporter/act.py) and counts it. Keeping the decisions here keeps them deterministic and unit-testable.
+Each machine is fed one observation at a time and answers what to do; the action runner carries it out
+(ms_exporter/actions/runner.py) and counts it. Keeping the decisions here keeps them deterministic and unit-testable.
 
 EarlyStop      WATCHING --(no improvement > min_delta for `patience` evaluations)--> STOPPED
                WATCHING --(`max_nonfinite` non-finite losses in a row)------------> STOPPED

@@ -153,15 +153,6 @@ class MetricStore:
         """The family a catalogue entry describes, created on first use (the way probes and sinks register)."""
         return self._family(spec.name, spec.type, spec.help, spec.buckets)
 
-    def gauge(self, name: str, help_text: str) -> Family:
-        return self._family(name, "gauge", help_text)
-
-    def counter(self, name: str, help_text: str) -> Family:
-        return self._family(name, "counter", help_text)
-
-    def histogram(self, name: str, help_text: str, buckets: Sequence[float]) -> Family:
-        return self._family(name, "histogram", help_text, buckets)
-
     def _family(self, name: str, kind: MetricType, help_text: str, buckets: Sequence[float] = ()) -> Family:
         with self._lock:
             family = self._families.get(name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16")  # what --dtype accepts
 
 
 def measure_matmul_flops(size: int = 1024, dtype: str = "float32", rounds: int = 5,

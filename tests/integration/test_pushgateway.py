@@ -23,6 +23,7 @@ from mindspore.train import Callback, Model
 
 from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor, catalogue
+from ms_exporter.catalogue import MetricFamily
 from ms_exporter.config import PushgatewayConfig, load_config
 from ms_exporter.generate.rules import LIVE, RULES_FILE
 from ms_exporter.monitor.store import MetricStore
@@ -272,7 +273,7 @@ def test_a_slow_pushgateway_times_out_is_counted_and_never_hangs() -> None:
 
 def test_start_run_ended_and_close_are_idempotent_and_a_second_run_pushes(gateway: Gateway) -> None:
     store = MetricStore((("rank", "0"), ("project", "pg-unit")))
-    value = store.gauge("pg_unit_value", "A test value.").series()
+    value = store.register(MetricFamily("pg_unit_value", "gauge", "A test value.", "1")).series()
     errors: list[tuple[str, BaseException]] = []
     config = PushgatewayConfig(url=gateway.url, on=("train_end", "interval"), interval=0.2, timeout=2.0)
     sink = PushgatewaySink(store, config, lambda component, exc: errors.append((component, exc)))

@@ -101,11 +101,12 @@ def test_jsonl_records_nonfinite_as_strings_and_flushes_on_train_end(tmp_path: P
 
 
 def test_jsonl_rotates_at_max_file_mb(tmp_path: Path) -> None:
+    from ms_exporter import catalogue
     from ms_exporter.monitor.store import MetricStore
     from ms_exporter.sinks.jsonl import JsonlWriter
 
     store = MetricStore()
-    store.gauge("mindspore_train_loss", "l").series().value = 1.0
+    store.register(catalogue.LOSS).series().value = 1.0
     errors: list = []
     writer = JsonlWriter(store, str(tmp_path), 0, "p", 60, max_file_mb=0.001, max_files=2,
                          on_error=lambda c, e: errors.append(e))

@@ -93,7 +93,7 @@ def test_a_failing_sink_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 NEW_FAMILY = MetricFamily("mindspore_train_example_ratio", "gauge", "An example family for this test.", "ratio",
-                          "always", ("part",))
+                          ("part",))
 
 
 class ExampleProbe(Probe):

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ms_exporter import catalogue
 from ms_exporter.config import Bound
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.sample import StepSample
@@ -129,8 +130,8 @@ def test_device_memory_is_read_at_most_every_interval() -> None:
 
 def test_threshold_breach_warns_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:
     store = MetricStore()
-    loss = store.gauge("mindspore_train_loss", "l").series()
-    tokens = store.gauge("mindspore_train_tokens_per_second", "t").series()
+    loss = store.register(catalogue.LOSS).series()
+    tokens = store.register(catalogue.TOKENS_PER_SECOND).series()
     watcher = ThresholdWatcher(store, {"loss": Bound("max", 5.0), "tokens_per_second": Bound("min", 100.0)},
                                warmup_steps=3)
     caplog.set_level(logging.WARNING, logger="ms_exporter")
@@ -151,7 +152,7 @@ def test_threshold_watch_follows_series_that_appear_later() -> None:
     store = MetricStore()
     watcher = ThresholdWatcher(store, {"grad_norm": Bound("max", 10.0)}, warmup_steps=0)
     watcher.check_step(1)  # no such series yet: nothing to check
-    store.gauge("mindspore_train_grad_norm", "g").series().value = 50.0
+    store.register(catalogue.GRAD_NORM).series().value = 50.0
     watcher.check_step(2)
     breaches = store.get("mindspore_train_threshold_breaches_total")
     assert breaches is not None and breaches.series(metric="grad_norm").value == 1

@@ -57,6 +57,14 @@ def test_rules_and_kubernetes_take_the_url_from_the_flag_or_the_config(tmp_path:
     assert "runbook_url: docs/alerts.md#mindsporetraininghang" in (tmp_path / "default.yml").read_text()
 
 
+@pytest.mark.parametrize("command", ["rules", "kubernetes"])
+def test_the_flag_has_one_name(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # --runbook-base was an alias of --runbook-url before 0.1.0 shipped: one flag, one spelling.
+    with pytest.raises(SystemExit):
+        cli.main([command, "--runbook-base", BASE])
+    assert "unrecognized arguments: --runbook-base" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["docs/alerts.md", "ftp://host/alerts.md", BASE + "#top", "https://"])
 def test_a_runbook_url_that_cannot_be_a_page_is_a_config_error(bad: str) -> None:
     with pytest.raises(ConfigError, match="runbook_url: must be the http"):

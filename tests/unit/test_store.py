@@ -6,6 +6,7 @@ import math
 
 from prometheus_client import CollectorRegistry
 
+from ms_exporter.catalogue import MetricFamily
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
 
@@ -18,11 +19,12 @@ def registry_for(store: MetricStore, errors: list) -> CollectorRegistry:
 
 def test_gauges_counters_histograms_render_with_constant_labels() -> None:
     store = MetricStore((("rank", "3"), ("project", "p")))
-    store.gauge("mindspore_train_loss", "loss").series().value = 1.5
-    store.counter("mindspore_train_steps_total", "steps").series().value = 7
-    memory = store.gauge("mindspore_train_memory_bytes", "mem")
+    store.register(MetricFamily("mindspore_train_loss", "gauge", "loss", "1")).series().value = 1.5
+    store.register(MetricFamily("mindspore_train_steps_total", "counter", "steps", "1")).series().value = 7
+    memory = store.register(MetricFamily("mindspore_train_memory_bytes", "gauge", "mem", "bytes"))
     memory.series(kind="host_rss").value = 100
-    hist = store.histogram("mindspore_train_step_duration_seconds", "d", (0.01, 0.1, 1.0)).histogram()
+    hist = store.register(MetricFamily("mindspore_train_step_duration_seconds", "histogram", "d", "seconds",
+                                     buckets=(0.01, 0.1, 1.0))).histogram()
     hist.observe(0.05)
     hist.observe(0.5, count=3)  # a sink of 3 steps
     hist.observe(5.0)
@@ -42,8 +44,8 @@ def test_gauges_counters_histograms_render_with_constant_labels() -> None:
 
 def test_a_broken_family_costs_only_its_series() -> None:
     store = MetricStore((("rank", "0"), ("project", "p")))
-    store.gauge("good", "g").series().value = 1
-    store.gauge("bad", "b").series().value = "not a number"  # type: ignore[assignment]
+    store.register(MetricFamily("good", "gauge", "g", "1")).series().value = 1
+    store.register(MetricFamily("bad", "gauge", "b", "1")).series().value = "not a number"  # type: ignore[assignment]
     errors: list = []
     registry = registry_for(store, errors)
     assert registry.get_sample_value("good", {"rank": "0", "project": "p"}) == 1
@@ -53,7 +55,7 @@ def test_a_broken_family_costs_only_its_series() -> None:
 
 def test_version_changes_when_a_series_appears() -> None:
     store = MetricStore()
-    family = store.gauge("g", "g")
+    family = store.register(MetricFamily("g", "gauge", "g", "1"))
     before = store.version
     family.series()
     family.series()  # existing: no change
