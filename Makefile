@@ -34,7 +34,7 @@ test: install debian-packages lint mindformers-venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
 
 mindformers-venv: install
-	$(BIN)/python -m tests.mindformers_venv
+	$(BIN)/python -m tests.support.mindformers_venv
 
 # The unit tests alone: no Prometheus, no browser, no training process (about 30 s, most of it importing MindSpore).
 test-unit: install

@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from tests.servers import Servers
-from tests.waiting import free_port
-from tests.webhook import Webhook
+from tests.support.servers import Servers
+from tests.support.waiting import free_port
+from tests.support.webhook import Webhook
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_CONFIG = ROOT / "deploy/prometheus/prometheus.yml"

@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks.run import machine, table
 from ms_exporter.config import WebConfig
-from tests.waiting import free_port
+from tests.support.waiting import free_port
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
@@ -212,7 +212,7 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 from ms_exporter import TrainingMonitor
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.otlp_receiver import GrpcReceiver
+from tests.support.otlp_receiver import GrpcReceiver
 
 steps, save_dir, every = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 receiver = GrpcReceiver(keep=1)  # keeping every request would measure the receiver's memory, not the monitor's

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from ms_exporter.config import LayerNormConfig
-from tests.waiting import free_port
+from tests.support.waiting import free_port
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -1,6 +1,6 @@
 """A MindSpore Transformers training configured from a run YAML, with TrainingMonitor in its `callbacks:` list.
 
-Runs in the MindSpore Transformers virtual environment (tests/mindformers_venv.py). Usage:
+Runs in the MindSpore Transformers virtual environment (tests/support/mindformers_venv.py). Usage:
     python mindformers_train.py RUN_YAML WORK_DIR
 WORK_DIR receives the MindRecord data, MindSpore Transformers' output and ms_exporter's save_dir; scrapes.jsonl holds
 the /metrics lines this harness read after every step.

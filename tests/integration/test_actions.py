@@ -16,7 +16,7 @@ from mindspore.train import Callback, Model
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
 from ms_exporter.tools.demo import build_network, synthetic_dataset
 from tests.integration.boosted import Boosted
-from tests.scrape import scrape
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration
 

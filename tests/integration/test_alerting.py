@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from ms_exporter.generate.dashboard import queries, render_dashboard
-from tests.alert_stack import Stack
-from tests.waiting import wait_until
-from tests.webhook import Webhook
+from tests.support.alert_stack import Stack
+from tests.support.waiting import wait_until
+from tests.support.webhook import Webhook
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from mindspore.train import Callback
 from ms_exporter import TrainingMonitor, catalogue
 from ms_exporter.tools import report, top
 from ms_exporter.tools.demo import build_model, synthetic_dataset
-from tests.scrape import Scrape, scrape
+from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from ms_exporter import catalogue as c
-from tests.integration.test_distributed import DistributedJob, distributed_job
-from tests.integration.test_top import table_rows
-from tests.waiting import wait_until
+from tests.support.distributed import DistributedJob, distributed_job
+from tests.support.top_table import table_rows
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 from ms_exporter import TrainingMonitor
 from ms_exporter.sinks.jsonl import JsonlWriter
 from ms_exporter.tools.demo import build_model, synthetic_dataset
-from tests.scrape import scrape
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration
 

@@ -3,12 +3,9 @@ script, the JSON Lines file holds whole lines only, and what could not be writte
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,34 +13,12 @@ import pytest
 from ms_exporter import TrainingMonitor
 from ms_exporter.sinks.jsonl import JsonlWriter
 from ms_exporter.tools.report import load_run, summary
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
+from tests.support.disks import fill, small_disk
+from tests.support.jsonl import records, steps_of
 
 pytestmark = pytest.mark.integration
-DISK_BYTES = 64 * 1024
 DROPPED = 'mindspore_exporter_dropped_samples_total{sink="local"}'
-
-
-@contextlib.contextmanager
-def small_disk(where: Path, size: int = DISK_BYTES) -> Iterator[Path]:
-    """A 64 KiB tmpfs mounted at `where` (needs root, which CI has: it installs Debian packages)."""
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """Take all but about `leave` bytes of the disk into a filler file."""
-    filler = disk / "filler"
-    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    with filler.open("ab") as out:
-        out.write(b"\0" * max(free - leave, 0))
-    return filler
 
 
 def flush(monitor: TrainingMonitor) -> None:
@@ -52,14 +27,6 @@ def flush(monitor: TrainingMonitor) -> None:
     writer = monitor._sink_of(JsonlWriter)
     assert writer is not None
     writer.flush()
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]  # raises on a torn line
-
-
-def steps_of(path: Path) -> list[int]:
-    return [r["step"] for r in records(path) if r["type"] == "step"]
 
 
 def test_finding_3_close_on_a_full_disk_does_not_raise_into_the_training_script(tmp_path: Path) -> None:
@@ -123,8 +90,8 @@ _TENSORBOARD_CHILD = r"""
 import json, os, signal, sys, time
 from pathlib import Path
 from ms_exporter import TrainingMonitor, catalogue as c
-from tests.integration.test_full_disk import fill
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
+from tests.support.disks import fill
 
 disk = Path(sys.argv[1])
 caught = []

@@ -24,9 +24,9 @@ import yaml
 from ms_exporter import catalogue as c
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.tools.report import load_run, summary
-from tests.scrape import Scrape, scrape
-from tests.servers import Servers, query
-from tests.waiting import free_port, wait_until
+from tests.support.scrape import Scrape, scrape
+from tests.support.servers import Servers, query
+from tests.support.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

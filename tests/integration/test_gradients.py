@@ -16,7 +16,7 @@ from mindspore.train.loss_scale_manager import FixedLossScaleManager
 from ms_exporter import GradNormTrainOneStepCell, LossScaleTrainOneStepCell, TrainingMonitor
 from ms_exporter.tools.demo import build_network, synthetic_dataset
 from tests.integration.boosted import Boosted
-from tests.scrape import Scrape, scrape
+from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
 # No render cache: these tests scrape right after a step and compare with that step.

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from ms_exporter.monitor.watchdog import NATIVE_TIMEOUT
-from tests.integration.test_distributed import distributed_job
-from tests.scrape import scrape
-from tests.waiting import wait_until
+from tests.support.distributed import distributed_job
+from tests.support.scrape import scrape
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.browser import dom, screenshot
+from tests.support.browser import dom, screenshot
 
 pytestmark = pytest.mark.integration
 

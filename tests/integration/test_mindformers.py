@@ -1,6 +1,6 @@
 """MindSpore Transformers for real (issue #23): its own Trainer, configured from a run YAML whose `callbacks:` list
 names TrainingMonitor, in the second virtual environment (mindformers 1.8.0, MindSpore 2.7.2;
-tests/mindformers_venv.py).
+tests/support/mindformers_venv.py).
 The numbers the monitor serves are held against what MindSpore Transformers' MFLossMonitor prints at the same steps.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import mindformers_venv
-from tests.scrape import Scrape
+from tests.support import mindformers_venv
+from tests.support.scrape import Scrape
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from mindspore.train import Model
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.scrape import scrape
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from mindspore.train import Callback, Model
 from ms_exporter import TrainingMonitor, catalogue
 from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.scrape import Scrape, scrape
+from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
 

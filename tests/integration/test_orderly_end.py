@@ -1,7 +1,7 @@
 """A job that ends as asked pages nobody; a SIGTERM ends a job whose main thread is stuck in native code.
 
 Real training processes written as README's integration snippet (tests/integration/end_job.py), scraped by a real
-Prometheus running the shipped rules and a real Alertmanager running the shipped routing (tests/alert_stack.py).
+Prometheus running the shipped rules and a real Alertmanager running the shipped routing (tests/support/alert_stack.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.alert_stack import Stack
 from tests.integration.end_job import STUCK_AFTER_BATCHES
-from tests.scrape import scrape
-from tests.waiting import free_port, wait_until
-from tests.webhook import Webhook
+from tests.support.alert_stack import Stack
+from tests.support.scrape import scrape
+from tests.support.waiting import free_port, wait_until
+from tests.support.webhook import Webhook
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from ms_exporter import TrainingMonitor
 from ms_exporter.sinks.otel_sdk import EXPORT_LOGGERS
 from ms_exporter.sinks.otlp import otlp_name
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Point, free_port
-from tests.scrape import Scrape, scrape
+from tests.support.otlp_receiver import GrpcReceiver, HttpReceiver, Point, free_port
+from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.browser import dom, screenshot
 from tests.integration.fault_job import HEALTHY_STEPS
-from tests.scrape import scrape
-from tests.waiting import free_port, wait_until
+from tests.support.browser import dom, screenshot
+from tests.support.scrape import scrape
+from tests.support.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.scrape import scrape
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,9 +29,9 @@ from ms_exporter.generate.rules import LIVE, RULES_FILE
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.pushgateway import PushgatewaySink
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.scrape import Scrape, scrape
-from tests.servers import Servers
-from tests.waiting import free_port, wait_until
+from tests.support.scrape import Scrape, scrape
+from tests.support.servers import Servers
+from tests.support.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

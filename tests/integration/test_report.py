@@ -18,7 +18,7 @@ from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
 from ms_exporter import catalogue as c
 from ms_exporter.tools.demo import build_network, demo_flops_model, synthetic_dataset
 from ms_exporter.tools.report import ReportError, group_files, load_run, summary
-from tests.browser import dom, screenshot
+from tests.support.browser import dom, screenshot
 
 pytestmark = pytest.mark.integration
 

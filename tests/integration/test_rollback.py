@@ -21,7 +21,7 @@ from mindspore.train import Callback, Model
 from ms_exporter import LossScaleTrainOneStepCell, TrainingMonitor
 from ms_exporter import catalogue as c
 from ms_exporter.skipped_batches import SkipListedSamples, SkippedBatches, sample_hash
-from tests.integration.test_full_disk import fill, small_disk
+from tests.support.disks import fill, small_disk
 
 pytestmark = pytest.mark.integration
 

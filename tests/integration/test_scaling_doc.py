@@ -24,7 +24,7 @@ from benchmarks.scaling import (
     series_in_prometheus,
     yaml_blocks,
 )
-from tests.integration.test_kubernetes import schema_problems
+from tests.support.kubernetes_schema import schema_problems
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,56 +5,19 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
-import mindspore as ms
 import pytest
-import yaml
-from mindspore import nn
-from mindspore.train import Model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from tests.support.writer_runs import STEPS, seed_shaped_config, train
 
 pytestmark = pytest.mark.integration
-
-STEPS = 24
-
-
-def train(config: Any) -> TrainingMonitor:
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_seed(0)
-    network = build_network(layers=1, d_model=32, heads=2)
-    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), nn.ExponentialDecayLR(0.01, 0.9, 4),
-                                                 0.9))
-    monitor = TrainingMonitor(config)
-    try:
-        model.train(1, synthetic_dataset(size=STEPS * 8, batch=8), callbacks=[monitor], dataset_sink_mode=False)
-    finally:
-        monitor.close()
-    return monitor
-
 
 def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
     """Every scalar series in the event files, by tag and step, as TensorBoard reads them."""
     reader = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
     reader.Reload()
     return {tag: {event.step: event.value for event in reader.Scalars(tag)} for tag in reader.Tags()["scalars"]}
-
-
-def seed_shaped_config(tmp_path: Path, backend: str) -> str:
-    """A monitor.yaml in the shape of the seed's config (issue #23), with save_dir tmp_path/out."""
-    config = tmp_path / "monitor.yaml"
-    config.write_text(yaml.safe_dump({"monitor_config": {
-        "backend": backend,
-        "metrics": ["loss", "lr", "tokens_per_second", "memory_usage", "global_rank"],
-        "warn_on_value": {"loss": 50.0},
-        "tags": {"model": "tiny"},
-        "interval": 1,
-        "save_dir": str(tmp_path / "out"),
-    }}))
-    return str(config)
 
 
 def test_a_seed_shaped_config_runs_unchanged_and_tensorboard_reads_its_series(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from mindspore.train import Callback, Model
 
 from ms_exporter import TrainingMonitor, cli
 from ms_exporter.tools.demo import build_network, synthetic_dataset
-from tests.scrape import scrape
+from tests.support.scrape import scrape
+from tests.support.top_table import table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -78,18 +79,6 @@ def ranks() -> Iterator[dict[int, TrainingMonitor]]:
 
 def urls(ranks: dict[int, TrainingMonitor]) -> list[str]:
     return [str(ranks[rank].url) for rank in sorted(ranks)]
-
-
-def table_rows(text: str) -> dict[str, list[str]]:
-    """Table lines by rank: the words of each line, the '>' marker first when it is there."""
-    rows: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        words = line.split()
-        if words and words[0] == ">" and len(words) > 1 and words[1].isdigit():
-            rows[words[1]] = words
-        elif words and words[0].isdigit():
-            rows[words[0]] = [" ", *words]
-    return rows
 
 
 def test_once_shows_every_rank_as_scraped(ranks: dict[int, TrainingMonitor]) -> None:

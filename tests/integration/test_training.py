@@ -18,7 +18,7 @@ from mindspore.train import Callback, CheckpointConfig, Model, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.tools.demo import PaddedTokens, build_network, synthetic_dataset
-from tests.scrape import Scrape, scrape
+from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_tensorboard import STEPS, seed_shaped_config, train
+from tests.support.writer_runs import STEPS, seed_shaped_config, train
 
 pytestmark = pytest.mark.integration
 

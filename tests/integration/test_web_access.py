@@ -25,7 +25,7 @@ from ms_exporter import TrainingMonitor, catalogue
 from ms_exporter.config import ConfigError
 from ms_exporter.sinks import basic_auth
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
-from tests.scrape import Scrape
+from tests.support.scrape import Scrape
 
 pytestmark = pytest.mark.integration
 

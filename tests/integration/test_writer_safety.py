@@ -20,8 +20,9 @@ from ms_exporter.monitor import watchdog
 from ms_exporter.sinks.jsonl import JsonlWriter
 from ms_exporter.sinks.tensorboard import TensorBoardWriter
 from ms_exporter.sinks.wandb import WandbWriter
-from tests.integration.test_full_disk import fill, small_disk, steps_of
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
+from tests.support.disks import fill, small_disk
+from tests.support.jsonl import steps_of
 
 pytestmark = pytest.mark.integration
 

@@ -15,39 +15,10 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore.train.callback import RunContext, _InternalCallbackParam
 
 from ms_exporter import TrainingMonitor
-from tests.scrape import scrape
-
-
-class SinkDataset:
-    def get_col_names(self) -> list[str]:
-        return ["input_ids", "attention_mask", "label"]
-
-    def get_batch_size(self) -> int:
-        return 4
-
-    def output_shapes(self) -> list[list[int]]:
-        return [[4, 8], [4, 8], [4]]
-
-    def output_types(self) -> list[np.dtype]:
-        return [np.dtype(np.int32)] * 3
-
-
-def context(step: int, loss: float, sink_size: int | None = None, element: list | None = None) -> RunContext:
-    params = _InternalCallbackParam()
-    params.cur_step_num = step
-    params.cur_epoch_num = 1
-    params.net_outputs = ms.Tensor(np.float32(loss))
-    params.train_dataset = SinkDataset()
-    params.optimizer = None
-    params.dataset_sink_mode = sink_size is not None
-    if sink_size is not None:
-        params.sink_size = sink_size
-    if element is not None:
-        params.train_dataset_element = element
-    return RunContext(params)
+from tests.support.cb_params import context
+from tests.support.scrape import scrape
 
 
 def test_sink_mode_counts_every_step_of_a_sink(tmp_path: Path) -> None:

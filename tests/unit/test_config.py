@@ -33,6 +33,7 @@ from ms_exporter.config import (
     text,
     url,
 )
+from tests.support.config_fields import leaves
 
 PINNED_EXAMPLE = """
 monitor_config:
@@ -290,15 +291,6 @@ def sections_of(kind: type) -> list[type]:
         if dataclasses.is_dataclass(f.metadata.get("check")):
             found += sections_of(f.metadata["check"])
     return found
-
-
-def leaves(kind: type, prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted path, declared check) of every field that is not itself a section."""
-    out = []
-    for f in dataclasses.fields(kind):
-        check = f.metadata["check"]
-        out += leaves(check, f"{prefix}{f.name}.") if dataclasses.is_dataclass(check) else [(prefix + f.name, check)]
-    return out
 
 
 def nested(path: str, value: Any) -> dict[str, Any]:

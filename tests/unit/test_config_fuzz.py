@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter.config import KEYS, SECTIONS, ConfigError, MonitorConfig, _Bad, hide_url_passwords, load_config
-from tests.unit.test_config import leaves
+from tests.support.config_fields import leaves
 
 SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),

@@ -15,8 +15,8 @@ from ms_exporter.monitor import callback as callback_module
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.probes.base import Probe
 from ms_exporter.sinks.base import Sink
-from tests.scrape import scrape
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
+from tests.support.scrape import scrape
 
 
 class RecordingSink(Sink):

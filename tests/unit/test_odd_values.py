@@ -12,7 +12,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.train.callback import RunContext, _InternalCallbackParam
 
 from ms_exporter import TrainingMonitor
-from tests.scrape import scrape
+from tests.support.scrape import scrape
 
 ODD_OUTPUTS: list[tuple[str, Any]] = [
     ("none", None),

@@ -15,7 +15,7 @@ from ms_exporter.monitor.callback_timer import CallbackTimer, overridden_hooks, 
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.hang_deadline import MIN_CYCLES, HangDeadlineProbe
-from tests.unit.test_probes import sample
+from tests.support.samples import sample
 
 
 def phase_values(store: MetricStore) -> dict[str, float]:

@@ -10,16 +10,11 @@ import pytest
 from ms_exporter import catalogue
 from ms_exporter.config import Bound
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
-from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.loss import LossProbe
 from ms_exporter.probes.memory import MIB, MemoryProbe
 from ms_exporter.probes.throughput import ThroughputProbe
-
-
-def sample(step: int, loss: float | None = 1.0, *, steps: int = 1, duration: float = 0.1, samples: int = 8,
-           tokens: int = 0, t: float = 0.0, wait: float | None = None) -> StepSample:
-    return StepSample(step, 1, steps, loss, duration, wait, samples, tokens, 1e9 + t, t)
+from tests.support.samples import sample
 
 
 def value(store: MetricStore, name: str, **labels: str) -> float:

@@ -12,8 +12,8 @@ import pytest
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.monitor import publisher as publisher_module
-from tests.scrape import scrape
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
+from tests.support.scrape import scrape
 
 
 def steps(monitor: TrainingMonitor, first: int, last: int) -> None:

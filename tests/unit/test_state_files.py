@@ -31,7 +31,7 @@ from ms_exporter.monitor.goodput import Goodput
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.tools.report import load_run, summary
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = "odd"
@@ -230,7 +230,7 @@ def test_round2_finding_6_the_run_state_is_saved_through_a_fresh_temporary(
 @pytest.mark.integration
 def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_off_without_sigbus(
         tmp_path: Path) -> None:
-    from tests.integration.test_full_disk import fill, small_disk
+    from tests.support.disks import fill, small_disk
 
     script = ("import json; from ms_exporter import TrainingMonitor, catalogue as c\n"
               "m = TrainingMonitor(port=0)\n"
@@ -339,7 +339,7 @@ def test_a_link_at_the_lock_name_is_moved_aside(tmp_path: Path) -> None:
 CHILD = """
 import json, sys
 from ms_exporter import TrainingMonitor
-from tests.unit.test_callback_sink_and_jsonl import context
+from tests.support.cb_params import context
 monitor = TrainingMonitor(backend="local", save_dir=sys.argv[1], interval=3600)
 print(json.dumps({"jsonl": monitor.jsonl_path}), flush=True)
 for line in sys.stdin:

@@ -8,24 +8,12 @@ from pathlib import Path
 import pytest
 
 from ms_exporter import catalogue as c
-from ms_exporter.config import ConfigError, load_config
+from ms_exporter.config import ConfigError
 from ms_exporter.monitor.errors import Breaker, ErrorSink
-from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
-from ms_exporter.sinks import build_sinks
 from ms_exporter.sinks.tensorboard import TensorBoardWriter
-
-
-def sinks_of(rank: int, tmp_path: Path, backend: str = "tensorboard", **options: object) -> list[str]:
-    """The names of the sinks rank `rank` of 4 builds for `backend` (closed unstarted)."""
-    config = load_config({"backend": backend, "save_dir": str(tmp_path), **options})
-    store = MetricStore()
-    errors = ErrorSink(store, ("callback",))
-    built = build_sinks(config, store, RankInfo(rank, rank, 4, "node"), errors.absorb, Breaker(errors, store))
-    for sink in built:
-        sink.close()
-    return [sink.name for sink in built]
+from tests.support.sinks import sinks_of
 
 
 def test_rank_0_writes_by_default_and_every_rank_with_all_ranks(tmp_path: Path) -> None:

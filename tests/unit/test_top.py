@@ -37,7 +37,7 @@ from ms_exporter.tools.top import (
     read_file_sd,
     render,
 )
-from tests.scrape import Scrape
+from tests.support.scrape import Scrape
 
 DATA = Path(__file__).parent / "data"
 STEP4 = (DATA / "top_rank1_step4.prom").read_text()

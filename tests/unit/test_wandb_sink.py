@@ -14,7 +14,7 @@ from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.wandb import WandbWriter
-from tests.unit.test_tensorboard_sink import sinks_of as tensorboard_sinks_of
+from tests.support.sinks import sinks_of as tensorboard_sinks_of
 
 
 def sinks_of(rank: int, tmp_path: Path, **options: object) -> list[str]:

@@ -16,7 +16,7 @@ from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.monitor.watchdog import HangWatchdog, render_dump
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def blocked_in_a_data_iterator(release: threading.Event) -> None:

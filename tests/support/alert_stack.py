@@ -19,11 +19,11 @@ import yaml
 
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.thresholds import Thresholds
-from tests.servers import Servers, query
-from tests.waiting import free_port
-from tests.webhook import Webhook
+from tests.support.servers import Servers, query
+from tests.support.waiting import free_port
+from tests.support.webhook import Webhook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "integration" / "fault_job.py"
 
 # Small enough to fire within seconds on a fault, large enough to stay quiet on the healthy demo job.

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 class Servers:

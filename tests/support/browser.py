@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # What the machine's closed network needs: without the background-networking flags Chromium keeps trying to reach
 # Google's hosts; a fresh profile per call keeps runs independent.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -14,7 +14,7 @@ import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from tests.waiting import free_port
+from tests.support.waiting import free_port
 
 
 def value_of(any_value: AnyValue) -> Any:

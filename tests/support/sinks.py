@@ -1,0 +1,22 @@
+"""Which sinks a rank builds for a config, without starting them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ms_exporter.config import load_config
+from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter.monitor.store import MetricStore
+from ms_exporter.sinks import build_sinks
+
+
+def sinks_of(rank: int, tmp_path: Path, backend: str = "tensorboard", **options: object) -> list[str]:
+    """The names of the sinks rank `rank` of 4 builds for `backend` (closed unstarted)."""
+    config = load_config({"backend": backend, "save_dir": str(tmp_path), **options})
+    store = MetricStore()
+    errors = ErrorSink(store, ("callback",))
+    built = build_sinks(config, store, RankInfo(rank, rank, 4, "node"), errors.absorb, Breaker(errors, store))
+    for sink in built:
+        sink.close()
+    return [sink.name for sink in built]
