@@ -92,3 +92,11 @@ def test_the_readmes_integration_is_python_that_hands_the_monitor_to_model_train
     ast.parse(snippet)
     assert "from ms_exporter import TrainingMonitor" in snippet and "callbacks=[monitor]" in snippet
 
+
+def test_test_modules_import_helpers_from_tests_support_never_from_each_other() -> None:
+    """A helper another module needs lives in tests/support/, so a test module can change without breaking others."""
+    crossing = re.compile(r"^\s*(?:from|import)\s+tests\.(?:unit|integration)\.test_\w*", re.MULTILINE)
+    offenders = sorted(f"{path.relative_to(ROOT)}: {match.group().strip()}"
+                       for folder in ("tests", "benchmarks") for path in (ROOT / folder).rglob("*.py")
+                       for match in crossing.finditer(path.read_text(encoding="utf-8")))
+    assert offenders == [], f"import these from tests/support/ instead: {offenders}"
