@@ -1,4 +1,4 @@
-"""Prints what Alertmanager sends: a stand-in for a pager while you try the alerting recipe in the README.
+"""Prints what Alertmanager sends: a stand-in for a pager while you try the alerting recipe (docs/getting-started.md).
 
     python3 examples/print_webhook.py 9099    # deploy/alertmanager/alertmanager.yml sends to 127.0.0.1:9099
 """

@@ -28,7 +28,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "interval": 5,
     "tags": {"model": "transformer-demo"},
     "grad_norm": {"layers": ["head"], "threshold": 10.0},
-    # Where deploy/prometheus/prometheus.yml discovers ranks: the README's alerting recipe finds the demo there.
+    # Where deploy/prometheus/prometheus.yml discovers ranks: docs/getting-started.md's alerting recipe finds it.
     "file_sd_dir": "/tmp/ms-exporter-targets",
     # run_demo adds the peak it measures (a MindSpore matmul on this machine: ms-exporter peak-flops).
     "flops": {"model": demo_flops_model()},
