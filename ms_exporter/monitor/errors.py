@@ -5,13 +5,19 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ms_exporter import catalogue
 from ms_exporter.config import hide_url_passwords
 from ms_exporter.monitor.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
+
+# How a part reports a failure it absorbed: the component (the `component` label of mindspore_exporter_errors_total)
+# and the exception. ErrorSink.absorb is one.
+OnError = Callable[[str, BaseException], None]
+# The same for a part whose component is bound already (`lambda exc: errors.absorb("watchdog", exc)`).
+OnPartError = Callable[[BaseException], None]
 
 
 def described(exc: BaseException) -> str:

@@ -17,12 +17,13 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ms_exporter import catalogue as c
 from ms_exporter.config import RUN_ID_CHARACTERS, MonitorConfig
 from ms_exporter.monitor import run_lock
+from ms_exporter.monitor.errors import OnPartError
 from ms_exporter.monitor.ledger import TimeLedger, process_started
 from ms_exporter.monitor.optimizer_step import step_offset
 from ms_exporter.monitor.periodic import PeriodicThread
@@ -47,7 +48,7 @@ class Goodput:
     """Built by TrainingMonitor when goodput.enable; `step_ended` is on the training thread's step path."""
 
     def __init__(self, config: MonitorConfig, store: MetricStore, phases: PhaseClock, rank: int,
-                 deadlines: Mapping[str | None, float] | None, on_error: Callable[[BaseException], None]) -> None:
+                 deadlines: Mapping[str | None, float] | None, on_error: OnPartError) -> None:
         """Starts no thread (start() does), so a monitor whose construction fails later leaves nothing running;
         close() lets go of the files and the lock also when start() was never called."""
         self._on_error = on_error

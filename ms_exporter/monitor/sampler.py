@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.errors import Breaker, OnPartError
 from ms_exporter.monitor.periodic import PeriodicThread
 from ms_exporter.probes.memory import MemoryProbe
 
@@ -14,7 +14,7 @@ class MemorySampler:
     `check_slow` after each sample. Started at train begin, stopped at train end; start() twice is harmless."""
 
     def __init__(self, memory: MemoryProbe, interval: float, breaker: Breaker,
-                 check_slow: Callable[[], None], on_error: Callable[[BaseException], None]) -> None:
+                 check_slow: Callable[[], None], on_error: OnPartError) -> None:
         self._memory = memory
         self._breaker = breaker
         self._check_slow = check_slow

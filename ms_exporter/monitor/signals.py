@@ -23,6 +23,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from ms_exporter.monitor.errors import OnPartError
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 HANDLER_GRACE_SECONDS = 2.0  # the main thread's handler starts within this when the main thread runs Python
 
@@ -54,7 +56,7 @@ class SignalRelay:
     Handlers can only be installed from the main thread; elsewhere install() does nothing.
     """
 
-    def __init__(self, on_signal: Callable[[str, bool], None], on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, on_signal: Callable[[str, bool], None], on_error: OnPartError) -> None:
         self._on_signal = on_signal
         self._on_error = on_error
         self._previous: dict[int, Any] = {}

@@ -191,7 +191,8 @@ class MetricStore:
     def families(self, on_error: Callable[[BaseException], None] | None = None) -> Iterator[FamilySnapshot]:
         """A consistent view for readers: family list and each family's children copied under their locks.
 
-        With `on_error`, a family that cannot be read is reported and skipped instead of ending the iteration."""
+        With `on_error`, a family that cannot be read is reported and skipped instead of ending the iteration.
+        (`on_error` is an errors.OnPartError, spelled out here: errors.py builds on the store, not the reverse.)"""
         with self._lock:
             families = list(self._families.values())
         for family in families:

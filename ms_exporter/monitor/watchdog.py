@@ -20,6 +20,7 @@ from types import FrameType
 
 from ms_exporter import catalogue
 from ms_exporter.monitor import safe_files
+from ms_exporter.monitor.errors import OnPartError
 from ms_exporter.monitor.periodic import PeriodicThread
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.store import MetricStore, Series
@@ -44,7 +45,7 @@ class HangWatchdog:
     """
 
     def __init__(self, phases: PhaseClock, deadline: Callable[[], float], store: MetricStore, save_dir: str,
-                 rank: int, on_error: Callable[[BaseException], None], native: bool = True,
+                 rank: int, on_error: OnPartError, native: bool = True,
                  project: str = "default") -> None:
         self._project = project
         self._phases = phases

@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ms_exporter.config import ConfigError, MonitorConfig
-from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.errors import Breaker, OnError
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.base import Sink
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ms_exporter")
 
-OnError = Callable[[str, BaseException], None]
 
 
 def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,

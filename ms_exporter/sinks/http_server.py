@@ -39,6 +39,7 @@ import h11
 from prometheus_client import CollectorRegistry
 
 from ms_exporter.config import WebConfig
+from ms_exporter.monitor.errors import OnError
 from ms_exporter.sinks.endpoint_pages import (
     METRICS_PATH,
     UNAUTHORIZED,
@@ -65,7 +66,6 @@ MAX_HEAD_BYTES = 16 * 1024  # request line and headers
 ANSWER_THREADS = 2
 LINGER_SECONDS = 1.0  # after an error answer, unread input is drained this long so the answer is not reset away
 LINGER_BYTES = 1024 * 1024
-OnError = Callable[[str, BaseException], None]
 _T = TypeVar("_T")
 
 

@@ -12,14 +12,14 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ms_exporter import catalogue
 from ms_exporter.config import ConfigError
 from ms_exporter.monitor import run_lock
-from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.errors import Breaker, OnError
 from ms_exporter.monitor.safe_files import UnsafeFile, make_dir, open_append
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
@@ -81,7 +81,7 @@ class JsonlWriter(Sink):
     needs_signals = True
 
     def __init__(self, store: MetricStore, save_dir: str, rank: int, project: str, interval: float,
-                 max_file_mb: float, max_files: int, on_error: Callable[[str, BaseException], None],
+                 max_file_mb: float, max_files: int, on_error: OnError,
                  breaker: Breaker | None = None) -> None:
         self._store = store
         self._rank_claim = run_lock.claim(save_dir, rank)  # another process on this save_dir and rank: `-pid<pid>`

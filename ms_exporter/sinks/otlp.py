@@ -39,6 +39,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ms_exporter._version import __version__
 from ms_exporter.config import OtlpConfig, url_for_logs
+from ms_exporter.monitor.errors import OnError
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import Family, HistogramSeries, MetricStore, Series
 from ms_exporter.sinks import otel_sdk
@@ -130,7 +131,7 @@ class StoreHistogramExporter(MetricExporter):
     """Wraps the OTLP exporter: appends the store's histograms to each batch and counts failed exports."""
 
     def __init__(self, inner: MetricExporter, store: MetricStore,
-                 on_error: Callable[[str, BaseException], None], target: str = "the OTLP endpoint") -> None:
+                 on_error: OnError, target: str = "the OTLP endpoint") -> None:
         super().__init__(**otel_sdk.preferences(inner))  # what the reader asks its exporter for
         self._inner = inner
         self._store = store
@@ -217,7 +218,7 @@ class OtlpExport(Sink):
     name = "otlp"
 
     def __init__(self, store: MetricStore, config: OtlpConfig, rank: RankInfo, project: str,
-                 on_error: Callable[[str, BaseException], None]) -> None:
+                 on_error: OnError) -> None:
         self._store = store
         self._timeout = config.timeout
         self.exporter = StoreHistogramExporter(build_exporter(config), store, on_error, describe_target(config))

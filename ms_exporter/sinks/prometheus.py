@@ -6,7 +6,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from ms_exporter import catalogue
 from ms_exporter.config import ConfigError, WebConfig
+from ms_exporter.monitor.errors import OnError
 from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.sinks.base import Sink
 from ms_exporter.sinks.endpoint_pages import Stacks
@@ -33,7 +34,7 @@ LINGER_MAX_SECONDS = 30.0
 class StoreCollector(Collector):
     """Turns the store into prometheus_client Metric objects; the library does the text format."""
 
-    def __init__(self, store: MetricStore, on_error: Callable[[str, BaseException], None]) -> None:
+    def __init__(self, store: MetricStore, on_error: OnError) -> None:
         self._store = store
         self._on_error = on_error
 
@@ -78,7 +79,7 @@ class PrometheusEndpoint(Sink):
     needs_signals = True  # a SIGTERM that ends the process waits for a scrape of `ended` (interrupted())
 
     def __init__(self, store: MetricStore, bind_address: str, port: int,
-                 on_error: Callable[[str, BaseException], None], web: WebConfig | None = None,
+                 on_error: OnError, web: WebConfig | None = None,
                  history: StepHistory | None = None, stacks: Stacks | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._stacks = stacks

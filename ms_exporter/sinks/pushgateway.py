@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, push_to_gateway
 
 from ms_exporter.config import PushgatewayConfig
+from ms_exporter.monitor.errors import OnError
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.base import Sink
 from ms_exporter.sinks.prometheus import StoreCollector
@@ -35,7 +35,7 @@ class PushgatewaySink(Sink):
     needs_signals = True  # a stopped job leaves its last numbers behind
 
     def __init__(self, store: MetricStore, config: PushgatewayConfig,
-                 on_error: Callable[[str, BaseException], None]) -> None:
+                 on_error: OnError) -> None:
         if not config.url:
             raise ValueError("PushgatewaySink needs pushgateway.url")
         self._config = config

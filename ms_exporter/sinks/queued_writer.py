@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ms_exporter import catalogue
-from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.errors import Breaker, OnError
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.base import Sink
@@ -48,7 +48,7 @@ class QueuedStepWriter(Sink):
 
     needs_signals = True
 
-    def __init__(self, store: MetricStore, interval: float, on_error: Callable[[str, BaseException], None],
+    def __init__(self, store: MetricStore, interval: float, on_error: OnError,
                  breaker: Breaker | None) -> None:
         self._columns = StepColumns(store)
         self._queue: deque[tuple[str, Any]] = deque(maxlen=QUEUE_CAP)

@@ -8,11 +8,10 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ms_exporter.monitor import safe_files
-from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.errors import Breaker, OnError
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
@@ -34,7 +33,7 @@ class TensorBoardWriter(QueuedStepWriter):
     name = "tensorboard"
 
     def __init__(self, store: MetricStore, log_dir: Path, interval: float,
-                 on_error: Callable[[str, BaseException], None], breaker: Breaker | None = None) -> None:
+                 on_error: OnError, breaker: Breaker | None = None) -> None:
         # the extra: build_sinks turns its absence into a ConfigError
         import tensorboardX  # noqa: F401  (the package itself: its submodules may be imported already)
         from tensorboardX.proto.event_pb2 import Event

@@ -5,13 +5,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ms_exporter.config import WandbConfig
 from ms_exporter.monitor import safe_files
-from ms_exporter.monitor.errors import Breaker
+from ms_exporter.monitor.errors import Breaker, OnError
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
@@ -45,7 +45,7 @@ class WandbWriter(QueuedStepWriter):
 
     def __init__(self, store: MetricStore, save_dir: Path, settings: WandbConfig, project: str, group: str,
                  rank: RankInfo, tags: Mapping[str, Any], interval: float,
-                 on_error: Callable[[str, BaseException], None], breaker: Breaker | None = None) -> None:
+                 on_error: OnError, breaker: Breaker | None = None) -> None:
         import wandb  # the extra: build_sinks turns its absence into a ConfigError
 
         self._wandb = wandb
