@@ -70,6 +70,13 @@ def test_relative_links_land_on_a_file_and_a_heading(page: str) -> None:
     assert broken == [], f"{page}: {broken}"
 
 
+@pytest.mark.parametrize("page", LINKED_PAGES)
+def test_every_make_command_in_the_docs_is_a_makefile_target(page: str) -> None:
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(encoding="utf-8"), re.MULTILINE))
+    named = set(re.findall(r"`make ([\w-]+)", (ROOT / page).read_text(encoding="utf-8")))
+    assert sorted(named - targets) == [], f"{page} names make targets the Makefile does not have"
+
+
 def test_the_readme_is_a_short_front_door() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= README_MAX_LINES, "the README grew: move the detail to a page of docs/"
