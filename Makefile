@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
-.PHONY: install demo test test-unit mindformers-venv lint generate bench scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration mindformers-venv lint fmt generate bench scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
@@ -40,10 +40,21 @@ mindformers-venv: install
 test-unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
+# The integration tests alone: real training, real Prometheus, Alertmanager and Pushgateway, headless Chromium (most
+# of `make test`'s time); the Debian packages and the MindSpore Transformers venv first, as for `make test`.
+test-integration: install debian-packages mindformers-venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/integration
+
 # ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
 lint: install
 	$(BIN)/ruff check ms_exporter tests examples benchmarks
 	$(BIN)/mypy
+
+# Formats the code ([tool.ruff.format] in pyproject.toml) and applies ruff's safe fixes. The pre-commit hooks
+# (.pre-commit-config.yaml: ruff, ruff format --check, mypy) check the same, from this venv.
+fmt: install
+	$(BIN)/ruff format ms_exporter tests examples benchmarks
+	$(BIN)/ruff check --fix ms_exporter tests examples benchmarks
 
 # Rewrites every generated deploy file from the code; tests fail while a committed one differs.
 generate: install

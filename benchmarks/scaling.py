@@ -322,7 +322,7 @@ class ReplayServer:
         bodies = self.bodies
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:  # http.server's name
                 try:
                     body = bodies[int(self.path.rsplit("/", 1)[1])]
                 except (ValueError, IndexError):

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 class _Webhook(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - the standard library's handler naming
+    def do_POST(self) -> None:  # the standard library's handler naming
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         try:
             payload = json.loads(body)
@@ -25,7 +25,7 @@ class _Webhook(BaseHTTPRequestHandler):
         self.send_response(200)
         self.end_headers()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's signature
+    def log_message(self, format: str, *args: object) -> None:  # the base class's signature
         pass
 
 

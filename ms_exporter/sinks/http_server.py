@@ -104,7 +104,7 @@ class _AnswerThreads:
             loop, future, call = job
             try:
                 outcome: tuple[Any, BaseException | None] = (call(), None)
-            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            except Exception as exc:  # handed to the awaiting coroutine
                 outcome = (None, exc)
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
                 loop.call_soon_threadsafe(_settle, future, *outcome)
@@ -203,7 +203,7 @@ class EndpointServer:
         except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError, h11.ProtocolError,
                 asyncio.CancelledError):
             pass  # a client that went away, stalled or failed its handshake, or the server stopping
-        except Exception as exc:  # noqa: BLE001 - the server must outlive anything one connection does
+        except Exception as exc:  # the server must outlive anything one connection does
             self._on_error("prometheus", exc)
         finally:
             self._connections.pop(id(connection), None)

@@ -180,7 +180,7 @@ def captured_rank() -> Iterator[str]:
     page = CAPTURE.read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:  # http.server's name
             status, body = (200, page) if self.path == "/metrics" else (404, b"not found\n")
             self.send_response(status)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -81,13 +81,13 @@ class SlowGateway:
 
     def __init__(self, delay: float) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_PUT(self) -> None:  # noqa: N802 - the http.server interface
+            def do_PUT(self) -> None:  # the http.server interface
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 time.sleep(delay)
                 self.send_response(200)
                 self.end_headers()
 
-            do_POST = do_PUT  # noqa: N815
+            do_POST = do_PUT
 
             def log_message(self, *args: Any) -> None:
                 pass

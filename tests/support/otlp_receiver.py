@@ -130,7 +130,7 @@ class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, store: _Store) -> None:
         self._store = store
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the generated service's method name
+    def Export(self, request: Any, context: Any) -> Any:  # the generated service's method name
         self._store.add(request, {k: v for k, v in context.invocation_metadata()})
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -144,7 +144,7 @@ class HttpReceiver(_Store):
         self.paths: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's method name
+            def do_POST(self) -> None:  # http.server's method name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 store.paths.append(self.path)
                 request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)

@@ -17,7 +17,7 @@ class Webhook:
         received = self.notifications
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+            def do_POST(self) -> None:  # the http.server interface
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 received.append({"path": self.path, "received_at": time.time(), **json.loads(body)})
                 self.send_response(200)

@@ -121,7 +121,7 @@ def build_like_mindformers(entry: dict[str, Any]) -> Any:
     arguments = {key: value for key, value in entry.items() if key != "type"}
     try:
         return TrainingMonitor(**arguments)
-    except Exception as e:  # noqa: BLE001 - as MindSpore Transformers' registry does
+    except Exception as e:  # as MindSpore Transformers' registry does
         raise type(e)(f"{TrainingMonitor.__name__}: {e}") from None
 
 
