@@ -156,13 +156,13 @@ def _config_or_none(path: str | None) -> MonitorConfig | None:
 
 
 def _rules(args: argparse.Namespace) -> int:
+    from ms_exporter.config_thresholds import thresholds_of
     from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml
-    from ms_exporter.thresholds import Thresholds
 
     config = _config_or_none(args.config)
     if config is None:
         return 1
-    text = render_yaml(render_rules(Thresholds.from_config(config), TEST_TIMING if args.timing == "test" else Timing(),
+    text = render_yaml(render_rules(thresholds_of(config), TEST_TIMING if args.timing == "test" else Timing(),
                                     job_regex=args.job_regex, runbook_base=_runbook(args, config)))
     _write(text, args.output)
     return 0
@@ -176,28 +176,28 @@ def _runbook(args: argparse.Namespace, config: MonitorConfig) -> str:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
+    from ms_exporter.config_thresholds import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
-    from ms_exporter.thresholds import Thresholds
 
     config = _config_or_none(args.config)
     if config is None:
         return 1
-    _write(render_json(render_dashboard(Thresholds.from_config(config))), args.output)
+    _write(render_json(render_dashboard(thresholds_of(config))), args.output)
     return 0
 
 
 def _kubernetes(args: argparse.Namespace) -> int:
     import os
 
+    from ms_exporter.config_thresholds import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
     from ms_exporter.generate.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
     from ms_exporter.generate.rules import Timing, render_rules
-    from ms_exporter.thresholds import Thresholds
 
     config = _config_or_none(args.config)
     if config is None:
         return 1
-    thresholds = Thresholds.from_config(config)
+    thresholds = thresholds_of(config)
     rules = render_rules(thresholds, Timing(), runbook_base=_runbook(args, config))
     generator = "ms-exporter kubernetes"
     os.makedirs(args.output_dir, exist_ok=True)

@@ -26,7 +26,7 @@ import yaml
 
 from ms_exporter import catalogue, mindformers_keys
 from ms_exporter.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
-from ms_exporter.thresholds import DEFAULTS
+from ms_exporter.thresholds import DEFAULTS, LOSS_SPIKE_FACTOR
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -578,7 +578,7 @@ class SnapshotConfig:
 
     enable: bool = setting(False, check=boolean())
     # a loss above this many times the smoothed loss is a spike
-    spike_factor: float = setting(3.0, check=greater_than(1, MAX_RATIO))
+    spike_factor: float = setting(LOSS_SPIKE_FACTOR, check=greater_than(1, MAX_RATIO))
     max_snapshots: int = setting(3, check=int_in(1, 1000))
     quiet_steps: int = setting(10, check=int_in(1, 10_000_000))  # steps without an anomaly that end an episode
 
@@ -603,7 +603,7 @@ class RollbackConfig:
     # what a divergence is: a non-finite loss, a loss over spike_factor x the smoothed loss, a gradient norm over
     # grad_norm_above (unset: the exploding threshold, 10 x grad_norm.threshold)
     on_nonfinite: bool = setting(True, check=boolean())
-    spike_factor: float | None = setting(3.0, check=optional(greater_than(1, MAX_RATIO)))
+    spike_factor: float | None = setting(LOSS_SPIKE_FACTOR, check=optional(greater_than(1, MAX_RATIO)))
     grad_norm_above: float | None = setting(None, check=optional(greater_than(0, MAX_RATIO)))
     max_rollbacks: int = setting(3, check=int_in(1, 1000))  # within window_steps; one more stops the training
     window_steps: int = setting(1000, check=int_in(1, 10_000_000))
@@ -674,7 +674,7 @@ class GoodputConfig:
     # Each save writes and renames a small file: ten a second at most.
     save_seconds: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
     # MindSporeTrainingGoodputLow fires below this share of productive time over the last hour (ms-exporter rules).
-    alert_below: float = setting(0.5, check=between(0, 1))
+    alert_below: float = setting(DEFAULTS.goodput_low, check=between(0, 1))
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,19 @@
 """Every default threshold, in one place: the config's defaults, the alerting rules and the dashboard read them.
 
-docs/alerts.md explains each number. A user's monitor_config moves some of them (`Thresholds.from_config`):
-warn_on_value bounds, grad_norm.threshold, layernorm.drift_threshold, goodput.alert_below and flops.alert_below;
-the rest are
-changed by editing the rendered rules.
+docs/alerts.md explains each number. A user's monitor_config moves some of them
+(`ms_exporter.config_thresholds.thresholds_of`): warn_on_value bounds, grad_norm.threshold,
+layernorm.drift_threshold, goodput.alert_below and flops.alert_below; the rest are changed by editing the rendered
+rules. This module imports nothing of the package, so that the config can read its defaults here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ms_exporter.config import MonitorConfig
 
 # An exploding gradient norm is this many times the "high" one.
 EXPLODING_FACTOR = 10.0
+# The snapshot and rollback actions: a loss above this many times the smoothed loss is a spike (no alert reads it).
+LOSS_SPIKE_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -25,7 +22,8 @@ class Thresholds:
 
     loss_high: float = 50.0
     grad_norm_high: float = 10.0
-    grad_norm_exploding: float = grad_norm_high * EXPLODING_FACTOR
+    # None: EXPLODING_FACTOR x grad_norm_high, resolved at construction (a number given here stands as given).
+    grad_norm_exploding: float = None  # type: ignore[assignment]
     tokens_per_second_low: float = 1000.0
     # ThroughputDrop: the recent level below this share of the run's own recent best (0.6: a 2x drop pages).
     throughput_drop_ratio: float = 0.6
@@ -44,25 +42,9 @@ class Thresholds:
     # MfuLow: the project's model FLOPs utilisation under this (flops.alert_below); None: no such alert.
     mfu_low: float | None = None
 
-    @classmethod
-    def from_config(cls, config: MonitorConfig) -> Thresholds:
-        """The alert thresholds the user's warn_on_value, grad_norm and layernorm sections imply."""
-        changes: dict[str, Any] = {}
-        bounds = config.warn_on_value
-        for key, field_name, direction in (("loss", "loss_high", "max"),
-                                           ("tokens_per_second", "tokens_per_second_low", "min"),
-                                           ("memory_growth_ratio", "memory_growth_ratio", "max")):
-            if key in bounds and bounds[key].direction == direction:
-                changes[field_name] = bounds[key].value
-        if config.grad_norm.threshold is not None:
-            changes["grad_norm_high"] = config.grad_norm.threshold
-            changes["grad_norm_exploding"] = config.grad_norm.threshold * EXPLODING_FACTOR
-        if config.layernorm.drift_threshold is not None:
-            changes["layernorm_drift"] = config.layernorm.drift_threshold
-        changes["goodput_low"] = config.goodput.alert_below
-        if config.flops.enable:
-            changes["mfu_low"] = config.flops.alert_below
-        return dataclasses.replace(cls(), **changes)
+    def __post_init__(self) -> None:
+        if self.grad_norm_exploding is None:
+            object.__setattr__(self, "grad_norm_exploding", self.grad_norm_high * EXPLODING_FACTOR)
 
 
 DEFAULTS = Thresholds()

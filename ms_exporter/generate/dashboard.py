@@ -97,7 +97,7 @@ def stat(title: str, unit: str, expr: str, description: str = "") -> Any:
 
 
 def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
-    """The dashboard as data; the dashed lines follow `thresholds` (Thresholds.from_config for a user's config)."""
+    """The dashboard as data; the dashed lines follow `thresholds` (thresholds_of(config) for a user's)."""
     t = thresholds
     s = SELECTOR
     rate = "$__rate_interval"

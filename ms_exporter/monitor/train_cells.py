@@ -37,8 +37,9 @@ def _scale_by_tensor(factor: Tensor, grad: Tensor) -> Tensor:
     return grad * factor.astype(grad.dtype)
 
 
-class _PlainStep(nn.TrainOneStepCell):
-    """The ordinary step (with the optional clipping): what runs on the steps whose norms nobody reads."""
+class _NormedStep(nn.TrainOneStepCell):
+    """The gradients of a step, their global L2 norm and the optional clipping by it: the one place both graphs of
+    GradNormTrainOneStepCell (the norm step and the plain one) compute them."""
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None, clip_norm: float | None) -> None:
         super().__init__(network, optimizer, sens)
@@ -46,19 +47,36 @@ class _PlainStep(nn.TrainOneStepCell):
         self._clip_value = Tensor(clip_norm if clip_norm is not None else 1.0, ms.float32)
         self.hyper_map = ops.HyperMap()
 
-    def construct(self, *inputs: Any) -> Any:
+    def _loss_and_grads(self, *inputs: Any) -> tuple[Any, Any]:
         loss = self.network(*inputs)
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
-        grads = self.grad_reducer(grads)
+        return loss, self.grad_reducer(grads)
+
+    def _norms(self, grads: Any) -> tuple[Any, Any]:
+        """(global norm, each gradient's sum of squares): the L2 norm of all gradients together, in float32."""
+        squares = ops.stack(self.hyper_map(_square_sum, grads))
+        return ops.sqrt(squares.sum()), squares
+
+    def _clipped(self, grads: Any, global_norm: Any) -> Any:
+        """The gradients scaled down to a global norm of at most `clip_norm` (unchanged without one)."""
         if self._clip:
-            global_norm = ops.sqrt(ops.stack(self.hyper_map(_square_sum, grads)).sum())
-            grads = self.hyper_map(ops.partial(_scale_by, self._clip_value / ops.maximum(global_norm,
-                                                                                         self._clip_value)), grads)
+            return self.hyper_map(ops.partial(_scale_by, self._clip_value / ops.maximum(global_norm,
+                                                                                       self._clip_value)), grads)
+        return grads
+
+
+class _PlainStep(_NormedStep):
+    """The ordinary step (with the optional clipping): what runs on the steps whose norms nobody reads."""
+
+    def construct(self, *inputs: Any) -> Any:
+        loss, grads = self._loss_and_grads(*inputs)
+        if self._clip:
+            grads = self._clipped(grads, self._norms(grads)[0])
         return ops.depend(loss, self.optimizer(grads))
 
 
-class GradNormTrainOneStepCell(nn.TrainOneStepCell):
+class GradNormTrainOneStepCell(_NormedStep):
     """TrainOneStepCell that also reports the global L2 gradient norm (before clipping) and one norm per parameter.
 
     On every `every_n_steps`-th step it returns `(loss, global_norm, parameter_norms)`, computed in-graph from the
@@ -74,16 +92,13 @@ class GradNormTrainOneStepCell(nn.TrainOneStepCell):
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None = None,
                  clip_norm: float | None = None, every_n_steps: int = 10) -> None:
-        super().__init__(network, optimizer, sens)
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be a number greater than 0 or None, got {clip_norm!r}")
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be an integer of at least 1, got {every_n_steps!r}")
+        super().__init__(network, optimizer, sens, clip_norm)
         self.clip_norm = clip_norm
         self.every_n_steps = every_n_steps
-        self._clip = clip_norm is not None
-        self._clip_value = Tensor(clip_norm if clip_norm is not None else 1.0, ms.float32)
-        self.hyper_map = ops.HyperMap()
         self._plain = _PlainStep(network, optimizer, sens, clip_norm)
         self._calls: int | None = None
         self._ran = {True: False, False: False}  # whether the norm graph / the plain graph has run (compiled)
@@ -106,16 +121,9 @@ class GradNormTrainOneStepCell(nn.TrainOneStepCell):
         return not self._ran[(self._calls + 1) % self.every_n_steps == 0]
 
     def construct(self, *inputs: Any) -> Any:
-        loss = self.network(*inputs)
-        sens = ops.fill(loss.dtype, loss.shape, self.sens)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
-        grads = self.grad_reducer(grads)
-        squares = ops.stack(self.hyper_map(_square_sum, grads))
-        global_norm = ops.sqrt(squares.sum())
-        if self._clip:
-            grads = self.hyper_map(ops.partial(_scale_by, self._clip_value / ops.maximum(global_norm,
-                                                                                         self._clip_value)), grads)
-        loss = ops.depend(loss, self.optimizer(grads))
+        loss, grads = self._loss_and_grads(*inputs)
+        global_norm, squares = self._norms(grads)
+        loss = ops.depend(loss, self.optimizer(self._clipped(grads, global_norm)))
         return loss, global_norm, ops.sqrt(squares)
 
 

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any
 
 from ms_exporter import catalogue
 from ms_exporter.config import HangConfig
+from ms_exporter.learned_deadline import MIN_CYCLES, LearnedDeadline
 from ms_exporter.monitor.phases import PhaseClock
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
 
-# Cycles seen before the learned figure replaces the first step's: a few, so that one odd step does not set it.
-MIN_CYCLES = 5
-# The percentile is recomputed this often (or at once when a cycle is longer than the figure in use).
-_REFRESH_EVERY = 16
+__all__ = ["MIN_CYCLES", "HangDeadlineProbe"]
+
 # The phases whose deadline is learned; the others have fixed ones.
 _LEARNED = (catalogue.STEP_PHASE, catalogue.DATA_WAIT_PHASE, catalogue.CALLBACKS)
 
@@ -26,7 +24,8 @@ class HangDeadlineProbe(Probe):
     `step`, `data_wait` and `callbacks`; fixed deadlines for compile, eval and checkpoint. A cycle is the time from
     one step's end to the next (one hook call: a whole sink in sink mode), everything between included: a callback
     or a data wait that is regularly slow raises the deadline once it is more than the percentile leaves out. Until
-    MIN_CYCLES cycles are in, the first step (compilation included) stands in for them.
+    MIN_CYCLES cycles are in, the first step (compilation included) stands in for them. The formula is
+    ms_exporter/learned_deadline.py, which `ms-exporter report` shares.
 
     | name | type | labels | unit |
     |---|---|---|---|
@@ -36,15 +35,11 @@ class HangDeadlineProbe(Probe):
     name = "hang_deadline"
 
     def __init__(self, store: MetricStore, config: HangConfig, phases: PhaseClock) -> None:
-        self._config = config
         self._phases = phases
         self._family = store.register(catalogue.HANG_DEADLINE)
         self._bound = False
-        self._cycles: deque[float] = deque(maxlen=config.window)
-        self._first: float | None = None
+        self._learned = LearnedDeadline(config)
         self._previous_end: float | None = None  # perf_counter at the last step's end
-        self._base = math.nan  # the percentile in use
-        self._since_refresh = 0
         self._fixed = {catalogue.COMPILE: config.compile_seconds, catalogue.EVAL_PHASE: config.eval_seconds,
                        catalogue.CHECKPOINT: config.checkpoint_seconds, catalogue.ENDED: math.nan}
         # Every phase's deadline as of now, kept current here (where it changes, when steps are published) so that
@@ -54,7 +49,7 @@ class HangDeadlineProbe(Probe):
         self._update_learned()
 
     def on_train_begin(self, cb_params: Any) -> None:
-        self._first = None  # a new call compiles again; its first cycle is not a step cycle
+        self._learned.restart()  # a new call compiles again; its first cycle is not a step cycle
         self._previous_end = None
         self._update_learned()
         if not self._bound:
@@ -64,16 +59,9 @@ class HangDeadlineProbe(Probe):
     def on_step(self, sample: StepSample) -> None:
         previous, self._previous_end = self._previous_end, sample.monotonic
         if previous is None:  # the first step of a training call
-            self._first = sample.duration + (sample.data_wait or 0.0)
+            self._learned.first_step(sample.duration + (sample.data_wait or 0.0))
             self._update_learned()
-            return
-        cycle = sample.monotonic - previous
-        self._cycles.append(cycle)
-        self._since_refresh += 1
-        if self._since_refresh >= _REFRESH_EVERY or not cycle <= self._base:
-            self._refresh()
-            self._update_learned()
-        elif len(self._cycles) == MIN_CYCLES:  # the learned figure takes over from the first step's
+        elif self._learned.cycle(sample.monotonic - previous):
             self._update_learned()
 
     def _update_learned(self) -> None:
@@ -81,17 +69,9 @@ class HangDeadlineProbe(Probe):
         for phase in _LEARNED:
             self.deadlines[phase] = learned
 
-    def _refresh(self) -> None:
-        self._since_refresh = 0
-        ordered = sorted(self._cycles)
-        index = max(0, math.ceil(len(ordered) * self._config.percentile / 100) - 1)
-        self._base = ordered[index]
-
     def learned(self) -> float:
         """The deadline of the step, data_wait and callbacks phases."""
-        first = self._first if self._first is not None else 0.0
-        base = self._base if len(self._cycles) >= MIN_CYCLES else first
-        return max(self._config.min_seconds, self._config.factor * base)
+        return self._learned.seconds()
 
     def current(self) -> float:
         """The deadline of the phase the rank is in now (read at scrape time)."""

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from ms_exporter import catalogue
 from ms_exporter.config import MAX_STEPS, HangConfig
+from ms_exporter.learned_deadline import LearnedDeadline, nearest_rank
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
 # the snapshots.
@@ -263,32 +264,36 @@ def _wall_seconds(run: Run) -> float | None:
     return times[-1] - times[0] if len(times) > 1 else None
 
 
-def stalls(run: Run, hang: HangConfig | None = None) -> list[dict[str, float]]:
-    """Where the run stood still: two records further apart in wall-clock time than the hang deadline the monitor
-    would have had there (`hang.factor` x the `hang.percentile` of the cycles before, at least `hang.min_seconds`;
-    docs/hangs.md), with the step it stood at and for how long."""
+def gaps(run: Run, hang: HangConfig | None = None) -> list[tuple[int, float, float, float]]:
+    """(step, start, seconds, deadline) of each gap between two records: its step and wall-clock start, its length,
+    and the hang deadline the monitor had while it lasted (ms_exporter/learned_deadline.py, the probe's own
+    formula, fed the same cycles: the first record's step and data wait until a few cycles are in)."""
     hang = hang or HangConfig()
     times, steps = run.steps["time"], run.steps["step"]
-    found: list[dict[str, float]] = []
-    cycles: list[float] = []
+    learned = LearnedDeadline(hang)
+    first = run.steps[catalogue.STEP_DURATION.short][0] if times else None
+    if first is not None:
+        learned.first_step(first + (run.steps[catalogue.DATA_WAIT.short][0] or 0.0))
+    found = []
     for index in range(1, len(times)):
         earlier, later = times[index - 1], times[index]
         if earlier is None or later is None:
             continue
-        gap = later - earlier
-        recent = sorted(cycles[-hang.window:])
-        base = recent[max(0, math.ceil(len(recent) * hang.percentile / 100) - 1)] if recent else 0.0
-        if gap > max(hang.min_seconds, hang.factor * base):
-            found.append({"step": steps[index - 1], "start": earlier, "seconds": gap})
-        else:
-            cycles.append(gap)
+        found.append((steps[index - 1], earlier, later - earlier, learned.seconds()))
+        learned.cycle(later - earlier)
     return found
 
 
+def stalls(run: Run, hang: HangConfig | None = None) -> list[dict[str, float]]:
+    """Where the run stood still: two records further apart in wall-clock time than the hang deadline the monitor
+    would have had there (`hang.factor` x the `hang.percentile` of the cycles before, at least `hang.min_seconds`;
+    docs/hangs.md), with the step it stood at and for how long."""
+    return [{"step": step, "start": start, "seconds": seconds}
+            for step, start, seconds, deadline in gaps(run, hang) if seconds > deadline]
+
+
 def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, int(q * len(values)))]
+    return nearest_rank(values, q * 100) if values else None
 
 
 def render(runs: list[Run], hang: HangConfig | None = None) -> str:

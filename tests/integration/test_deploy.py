@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from ms_exporter.config import load_config
+from ms_exporter.config_thresholds import thresholds_of
 from ms_exporter.generate.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
 from ms_exporter.generate.rules import RULES_FILE, render_rules, render_yaml
-from ms_exporter.thresholds import DEFAULTS, Thresholds
+from ms_exporter.thresholds import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_ALERTS = {
@@ -177,7 +178,7 @@ def test_static_prometheus_config_is_valid() -> None:
 def test_an_optional_alert_appears_with_its_setting_and_its_promtool_cases_pass(name: str, tmp_path: Path) -> None:
     severity, settings, cases_file = OPTIONAL_ALERTS[name]
     assert name not in committed_alerts()  # off by default
-    rules = render_rules(Thresholds.from_config(load_config(settings)))
+    rules = render_rules(thresholds_of(load_config(settings)))
     alerts = {r["alert"]: r for group in rules["groups"] for r in group["rules"] if "alert" in r}
     assert alerts[name]["labels"]["severity"] == severity
     assert f"\n## {name}\n" in (ROOT / "docs/alerts.md").read_text(), f"docs/alerts.md has no section for {name}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ms_exporter import load_config
+from ms_exporter.config_thresholds import thresholds_of
 from ms_exporter.generate.dashboard import render_dashboard
 from ms_exporter.generate.rules import render_rules
 from ms_exporter.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_straggler
@@ -17,7 +18,7 @@ def test_the_config_defaults_are_the_alert_defaults() -> None:
     config = load_config({})
     assert config.grad_norm.threshold == DEFAULTS.grad_norm_high
     assert config.layernorm.drift_threshold == DEFAULTS.layernorm_drift
-    assert Thresholds.from_config(config) == DEFAULTS
+    assert thresholds_of(config) == DEFAULTS
     assert DEFAULTS.grad_norm_exploding == DEFAULTS.grad_norm_high * EXPLODING_FACTOR
 
 

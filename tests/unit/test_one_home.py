@@ -1,0 +1,225 @@
+"""One home per formula and threshold: each is written once, its users read it there, and the docs are held to it."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ms_exporter import catalogue
+from ms_exporter.config import HangConfig, MonitorConfig, load_config
+from ms_exporter.config_thresholds import thresholds_of
+from ms_exporter.generate.rules import render_rules
+from ms_exporter.learned_deadline import MIN_CYCLES, nearest_rank
+from ms_exporter.monitor.phases import PhaseClock
+from ms_exporter.monitor.sample import StepSample
+from ms_exporter.monitor.store import MetricStore
+from ms_exporter.probes.hang_deadline import HangDeadlineProbe
+from ms_exporter.thresholds import DEFAULTS, EXPLODING_FACTOR, LOSS_SPIKE_FACTOR, Thresholds
+from ms_exporter.tools import report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- "exploding = high x 10", once -------------------------------------------------------------------------------
+
+def _alert_exprs(thresholds: Thresholds) -> dict[str, str]:
+    return {rule["alert"]: rule["expr"] for group in render_rules(thresholds)["groups"] for rule in group["rules"]
+            if "alert" in rule}
+
+
+def test_the_exploding_gradient_norm_follows_the_high_one_unless_given() -> None:
+    assert Thresholds(grad_norm_high=2.5).grad_norm_exploding == 25
+    assert Thresholds(grad_norm_high=2.5, grad_norm_exploding=7.0).grad_norm_exploding == 7.0
+    assert DEFAULTS.grad_norm_exploding == DEFAULTS.grad_norm_high * EXPLODING_FACTOR == 100
+    assert thresholds_of(load_config({"grad_norm": {"threshold": 4}})).grad_norm_exploding == 40
+    assert _alert_exprs(Thresholds(grad_norm_high=2.5))["MindSporeTrainingGradNormExploding"].endswith("> 25")
+
+
+# -- config defaults read from the thresholds, and no circle between the two -------------------------------------
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_the_config_reads_its_alert_and_spike_defaults_from_the_thresholds() -> None:
+    config = load_config({})
+    assert config.goodput.alert_below == DEFAULTS.goodput_low
+    assert config.actions.snapshot.spike_factor == config.actions.rollback.spike_factor == LOSS_SPIKE_FACTOR
+    # Read, not copied: thresholds moved before the config is imported (the package imports it) move its defaults.
+    moved = _python("import dataclasses, importlib.util, sys\n"
+                    "spec = importlib.util.spec_from_file_location('ms_exporter.thresholds',"
+                    " 'ms_exporter/thresholds.py')\n"
+                    "t = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+                    "spec.loader.exec_module(t)\n"
+                    "t.DEFAULTS = dataclasses.replace(t.DEFAULTS, goodput_low=0.7, grad_norm_high=3.0)\n"
+                    "t.LOSS_SPIKE_FACTOR = 4.5\n"
+                    "from ms_exporter.config import load_config\n"
+                    "c = load_config({})\n"
+                    "print(c.goodput.alert_below, c.grad_norm.threshold, c.actions.snapshot.spike_factor,"
+                    " c.actions.rollback.spike_factor)\n")
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.split() == ["0.7", "3.0", "4.5", "4.5"]
+
+
+def _package_imports(path: Path) -> set[str]:
+    """Every ms_exporter module a file imports, TYPE_CHECKING blocks and function bodies included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ms_exporter"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("ms_exporter"))
+    return found
+
+
+def test_the_thresholds_import_nothing_of_the_package_so_config_and_thresholds_make_no_circle() -> None:
+    assert _package_imports(ROOT / "ms_exporter" / "thresholds.py") == set()
+    assert "ms_exporter.thresholds" in _package_imports(ROOT / "ms_exporter" / "config.py")
+
+
+@pytest.mark.parametrize("order", [("config", "thresholds", "config_thresholds"),
+                                   ("thresholds", "config", "config_thresholds"),
+                                   ("config_thresholds", "thresholds", "config"),
+                                   ("learned_deadline", "tools.report", "config")])
+def test_each_module_imports_first_in_a_fresh_interpreter(order: tuple[str, ...]) -> None:
+    imported = _python("".join(f"import ms_exporter.{name}\n" for name in order)
+                       + "from ms_exporter.config_thresholds import thresholds_of\n"
+                         "from ms_exporter.config import load_config\n"
+                         "from ms_exporter.thresholds import DEFAULTS\n"
+                         "assert thresholds_of(load_config({})) == DEFAULTS\n")
+    assert imported.returncode == 0, imported.stderr
+
+
+# -- one hang deadline for the probe and the report --------------------------------------------------------------
+
+# (step duration, data wait, cycle to the next record): the first step compiles (42 s stands in for the cycles
+# until MIN_CYCLES are in); a 100 s cycle among the first ones is no stall under that stand-in; later a long one
+# raises the learned figure at once, and a 50 s one is a stall.
+_FIRST = (40.0, 2.0)
+_CYCLES = [0.2, 100.0, 0.3, 0.25, 0.2, *[0.2 + 0.01 * (i % 7) for i in range(20)], 5.0, 0.2, 0.3, 50.0,
+           *[0.25] * 30, 0.1, 0.2]
+
+
+def _run_of(cycles: list[float]) -> report.Run:
+    run = report.Run(label="", files=[])
+    t = 1000.0
+    for index in range(len(cycles) + 1):
+        duration, wait = _FIRST if index == 0 else (0.15, 0.01)
+        run.steps["step"].append(index + 1)
+        run.steps["time"].append(t)
+        run.steps[catalogue.STEP_DURATION.short].append(duration)
+        run.steps[catalogue.DATA_WAIT.short].append(wait)
+        if index < len(cycles):
+            t += cycles[index]
+    return run
+
+
+def _probe_deadlines(run: report.Run, hang: HangConfig) -> list[float]:
+    """The probe fed the run's records as step samples: its learned deadline while each gap lasted."""
+    store = MetricStore()
+    probe = HangDeadlineProbe(store, hang, PhaseClock(store))
+    probe.on_train_begin({})
+    deadlines = []
+    for index, step in enumerate(run.steps["step"]):
+        if index:
+            deadlines.append(probe.learned())
+        t = run.steps["time"][index]
+        probe.on_step(StepSample(step, 1, 1, 1.0, run.steps[catalogue.STEP_DURATION.short][index],
+                                 run.steps[catalogue.DATA_WAIT.short][index], 8, 0, t, t))
+    return deadlines
+
+
+def test_the_report_and_the_probe_learn_the_same_hang_deadline_from_the_same_cycles() -> None:
+    hang = dataclasses.replace(HangConfig(), min_seconds=1.0, factor=3.0, percentile=90, window=20)
+    run = _run_of(_CYCLES)
+    gaps = report.gaps(run, hang)
+    assert [deadline for _, _, _, deadline in gaps] == _probe_deadlines(run, hang)
+    assert [deadline for _, _, _, deadline in gaps][:MIN_CYCLES] == [3 * 42.0] * MIN_CYCLES  # the first step
+    stalled = [stall["seconds"] for stall in report.stalls(run, hang)]
+    assert stalled == [5.0, 50.0]  # not the 100 s cycle, which the first step's stand-in covers
+
+
+def test_one_percentile_definition_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 11)]
+    assert [nearest_rank(values, p) for p in (10, 50, 90, 99, 100)] == [1.0, 5.0, 9.0, 10.0, 10.0]
+    assert nearest_rank([4.0], 1) == 4.0
+    with pytest.raises(ValueError, match="no values"):
+        nearest_rank([], 50)
+
+
+# -- docs/configuration.md's key table, held to the schema -------------------------------------------------------
+
+_ROW = re.compile(r"^\| (`[^|]+) \| ([^|]*) \|")
+# Defaults the table says in words because the schema's default is a list of every choice, not a literal.
+_IN_WORDS = {"metrics": ("all groups", catalogue.METRIC_GROUPS if hasattr(catalogue, "METRIC_GROUPS") else None)}
+
+
+def _schema_defaults(kind: type, prefix: str = "") -> dict[str, Any]:
+    """Every leaf key of the schema, dotted, with its default."""
+    found: dict[str, Any] = {}
+    for f in dataclasses.fields(kind):
+        check = f.metadata["check"]
+        if dataclasses.is_dataclass(check) and isinstance(check, type):
+            found.update(_schema_defaults(check, f"{prefix}{f.name}."))
+        else:
+            found[prefix + f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return found
+
+
+def _documented() -> dict[str, str]:
+    """Each key of the table with its default cell ("`a`, unset" spread over the keys of a row that names several;
+    a key without a dot in such a row shares the first key's section)."""
+    found: dict[str, str] = {}
+    for line in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines():
+        match = _ROW.match(line)
+        if not match or match.group(1) == "key":
+            continue
+        keys = re.findall(r"`([^`]+)`", match.group(1))
+        section = keys[0].rpartition(".")[0]
+        keys = [key if "." in key or not section else f"{section}.{key}" for key in keys]
+        default = match.group(2).strip()
+        parts = [part.strip() for part in default.split(", ")]
+        for key, cell in zip(keys, parts if len(keys) > 1 and len(parts) == len(keys) else [default] * len(keys),
+                             strict=True):
+            assert key not in found, f"docs/configuration.md documents {key} twice"
+            found[key] = cell
+    return found
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def test_every_config_key_is_in_the_docs_table_with_the_schema_default() -> None:
+    schema = _schema_defaults(MonitorConfig)
+    documented = _documented()
+    assert sorted(set(schema) - set(documented)) == [], "keys missing from docs/configuration.md's tables"
+    assert sorted(set(documented) - set(schema)) == [], "docs/configuration.md documents keys that do not exist"
+    wrong = {}
+    for key, cell in documented.items():
+        default = schema[key]
+        literal = re.fullmatch(r"`([^`]*)`", cell)
+        if key in _IN_WORDS:
+            words, value = _IN_WORDS[key]
+            ok = cell == words and (value is None or _plain(default) == _plain(value))
+        elif literal:  # a YAML value: it must be the schema's default
+            ok = _plain(default) == yaml.safe_load(literal.group(1))
+        else:  # words (unset, derived, from the parallel context ...): the schema leaves it unset
+            ok = default is None
+        if not ok:
+            wrong[key] = (cell, default)
+    assert wrong == {}, "docs/configuration.md: (documented default, schema default)"
