@@ -20,7 +20,7 @@ from ms_exporter.monitor.errors import Breaker, ErrorSink
 from ms_exporter.monitor.fingerprint import Fingerprints
 from ms_exporter.monitor.goodput import Goodput
 from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.publisher import StepPublisher
+from ms_exporter.monitor.publisher import StepPublisher, StepRecord
 from ms_exporter.monitor.ranks import RankInfo, detect_rank
 from ms_exporter.monitor.sample import BatchCounter, read_loss
 from ms_exporter.monitor.sampler import MemorySampler
@@ -256,8 +256,9 @@ class TrainingMonitor(Callback):
             # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
             began = (self._step_began if self._step_began is not None else entered) + self.phases.take_aside()
             # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
-            publisher.pending.append((cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss, began, ended,
-                                      self._data_wait, kept, outputs if isinstance(outputs, (tuple, list)) else None))
+            publisher.pending.append(StepRecord(cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss, began,
+                                                ended, self._data_wait, kept,
+                                                outputs if isinstance(outputs, (tuple, list)) else None))
             if publisher.due(ended):
                 publisher.published_at = ended
                 publisher.publish(run_context)

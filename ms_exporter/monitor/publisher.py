@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from ms_exporter.actions.runner import ActionRunner
@@ -23,8 +24,23 @@ from ms_exporter.sinks.base import Sink
 PUBLISH_SECONDS = 1.0
 MAX_PENDING_STEPS = 1024  # and at least every this many steps, so that very fast steps cannot pile up
 
-# What the step hook keeps per step: (step, epoch, loss, began, ended, data wait, kept batch, tuple outputs).
-StepRecord = tuple[Any, Any, "float | None", float, float, "float | None", Any, Any]
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What the step-end hook keeps of one call until it is published: raw readings, nothing derived yet.
+
+    Built on the training thread once per step: ~0.9 µs against ~0.07 µs for a plain tuple (timeit, Python 3.11),
+    about 1% of the hook's ~85 µs (docs/development.md).
+    """
+
+    step: int  # cb_params' cur_step_num after this call
+    epoch: int  # cb_params' cur_epoch_num
+    loss: float | None  # None when the outputs held no readable loss
+    began: float  # perf_counter when the step began, moved later by other callbacks' time inside it
+    ended: float  # perf_counter after the loss read (which waits for the device)
+    data_wait: float | None  # seconds from the previous step's end to this step's begin (None for the first)
+    kept: Any  # what BatchCounter.keep() kept of the batch (None in sink mode)
+    outputs: tuple[Any, ...] | list[Any] | None  # net_outputs when a tuple/list (the probes read more of it)
 
 
 class StepPublisher:
@@ -82,14 +98,14 @@ class StepPublisher:
             self._lock.release()
 
     def _publish_step(self, record: StepRecord, wall_offset: float, run_context: Any) -> None:
-        step, epoch, loss, began, ended, data_wait, kept, outputs = record
-        step, epoch = int(step), int(epoch)
+        step, ended, outputs = int(record.step), record.ended, record.outputs
         steps = step - self.last_step if step > self.last_step else 1
         self.last_step = step
         self.steps_done += steps
-        samples, tokens, squares = self._batch.count(kept, steps)
-        sample = StepSample(step, epoch, steps, loss, ended - began, data_wait, samples, tokens,
-                            ended + wall_offset, ended, outputs, self.layouts.resolve(outputs), squares)
+        samples, tokens, squares = self._batch.count(record.kept, steps)
+        sample = StepSample(step, int(record.epoch), steps, record.loss, ended - record.began, record.data_wait,
+                            samples, tokens, ended + wall_offset, ended, outputs, self.layouts.resolve(outputs),
+                            squares)
         for probe in self.probes:
             try:
                 probe.on_step(sample)
