@@ -33,6 +33,7 @@ from ms_exporter.actions.good_state import STATE_DIR, GoodStates
 from ms_exporter.actions.health import HealthScore
 from ms_exporter.actions.parts import PartFailures
 from ms_exporter.config import RollbackConfig
+from ms_exporter.monitor.cb_params import batch_of, network_of, optimizer_of, step_of, steps_per_epoch_of
 from ms_exporter.monitor.ledger import process_started
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
@@ -121,10 +122,10 @@ class Rollback:
         self._network: Any = None
 
     def on_train_begin(self, cb_params: Any) -> None:
-        network = cb_params.get("train_network") or cb_params.get("network")
+        network = network_of(cb_params)
         if network is None:
             raise RuntimeError("no train network in cb_params: rollback has nothing to restore")
-        optimizer = cb_params.get("optimizer") or getattr(network, "optimizer", None)
+        optimizer = optimizer_of(cb_params) or getattr(network, "optimizer", None)
         learning_rate = getattr(optimizer, "learning_rate", None)
         from mindspore import Parameter, ParameterTuple
 
@@ -136,7 +137,7 @@ class Rollback:
         if not self._tidied:
             self._tidied = True
             self._remove_leftovers()
-        step = int(cb_params.get("cur_step_num", 0) or 0)
+        step = step_of(cb_params)
         self._next_good = (step // self._config.good_every + 1) * self._config.good_every
         logger.info("ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
                     len(self._states.names), self._states.nbytes / 2**20, self._states.where,
@@ -200,9 +201,9 @@ class Rollback:
                            "behind: %s", len(removed), ", ".join(str(p) for p in removed[:10]))
 
     def _identity(self, cb_params: Any, step: int, epoch: int) -> dict[str, Any]:
-        batch_num = int(cb_params.get("batch_num", 0) or 0)
+        batch_num = steps_per_epoch_of(cb_params)
         position = (step - 1) % batch_num + 1 if batch_num > 0 else None
-        element = cb_params.get("train_dataset_element")
+        element = batch_of(cb_params)
         columns = None
         if isinstance(element, (list, tuple)) and element:
             columns = [np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t) for t in element]

@@ -27,6 +27,7 @@ from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.rollback import Announce, Rollback, StateFollower
 from ms_exporter.config import MonitorConfig
 from ms_exporter.config_thresholds import thresholds_of
+from ms_exporter.monitor.cb_params import network_of, optimizer_of
 from ms_exporter.monitor.goodput import derived_run_id
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.safe_files import make_dir, replace_file
@@ -92,13 +93,13 @@ class ActionRunner:
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def on_train_begin(self, cb_params: Any, lr_probe: LearningRateProbe | None) -> None:
         """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
-        self._network = cb_params.get("train_network") or cb_params.get("network")
+        self._network = network_of(cb_params)
         self._lr_probe = lr_probe
         if self._backoff is not None and self._scaler is None:
             try:
                 from ms_exporter.actions.lr_scale import LrScaler
 
-                optimizer = cb_params.get("optimizer") or getattr(self._network, "optimizer", None)
+                optimizer = optimizer_of(cb_params) or getattr(self._network, "optimizer", None)
                 self._scaler = LrScaler(optimizer)
                 if self._scaler.base_lrs and self._config.lr_backoff.min_lr > 0:
                     self._backoff.min_scale = self._config.lr_backoff.min_lr / min(self._scaler.base_lrs)

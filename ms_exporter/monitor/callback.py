@@ -16,6 +16,17 @@ from ms_exporter.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, H
 from ms_exporter.config import MonitorConfig, read_config
 from ms_exporter.monitor.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.callback_timer import CallbackTimer
+from ms_exporter.monitor.cb_params import (
+    CUR_EPOCH_NUM,
+    CUR_STEP_NUM,
+    NET_OUTPUTS,
+    TRAIN_DATASET_ELEMENT,
+    callbacks_of,
+    dataset_of,
+    eval_results_of,
+    step_of,
+    train_network_of,
+)
 from ms_exporter.monitor.errors import Breaker, ErrorSink
 from ms_exporter.monitor.fingerprint import Fingerprints
 from ms_exporter.monitor.goodput import Goodput
@@ -177,11 +188,11 @@ class TrainingMonitor(Callback):
             self._reset_step_state()
             self.phases.enter(COMPILE)
             self.phases.aside = 0.0
-            self._guard("callback", self._other_callbacks.wrap, cb_params.get("list_callback"), self)
-            step = int(cb_params.get("cur_step_num", 0) or 0)
+            self._guard("callback", self._other_callbacks.wrap, callbacks_of(cb_params), self)
+            step = step_of(cb_params)
             self._publisher.reset(step)
-            self._batch.bind(cb_params.get("train_dataset"))
-            network = cb_params.get("train_network")
+            self._batch.bind(dataset_of(cb_params))
+            network = train_network_of(cb_params)
             self._publisher.layouts.bind(network)
             # ms_exporter's own train cells say when a step will compile a graph they have not run yet.
             compiles_next = getattr(network, "compiles_next", None)
@@ -218,7 +229,7 @@ class TrainingMonitor(Callback):
             self._data_wait = max(0.0, began - self._previous_end - aside)
         try:
             # Keep what counting the batch needs (shape, mask): it is counted when the step is published.
-            self._kept = self._batch.keep(run_context.original_args().get("train_dataset_element"))
+            self._kept = self._batch.keep(run_context.original_args().get(TRAIN_DATASET_ELEMENT))
         except Exception as exc:
             self._kept = None
             self._errors.absorb("callback", exc)
@@ -237,7 +248,7 @@ class TrainingMonitor(Callback):
         try:
             cb_params = run_context.original_args()
             reading = time.perf_counter()
-            outputs = cb_params["net_outputs"]  # cb_params is a dict; its attribute access is a slower detour
+            outputs = cb_params[NET_OUTPUTS]  # cb_params is a dict; its attribute access is a slower detour
             try:
                 loss = read_loss(outputs)
             except Exception as exc:  # an unreadable loss must not cost the step: it is counted without a loss
@@ -246,19 +257,19 @@ class TrainingMonitor(Callback):
             # The loss read synchronises the device (GRAPH mode does not), so the step ends here.
             ended = time.perf_counter()
             entered += ended - reading  # the wait for the device belongs to the step, not to the monitor's cost
-            kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get("train_dataset_element"))
+            kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get(TRAIN_DATASET_ELEMENT))
+            step = cb_params[CUR_STEP_NUM]
             if self._goodput is not None:  # before the phase changes: is the data wait ahead redo?
-                self._goodput.step_ended(cb_params["cur_step_num"])
+                self._goodput.step_ended(step)
             fingerprints = self._fingerprints
-            if fingerprints is not None and cb_params["cur_step_num"] >= fingerprints.next_step:
-                self._guard("divergence", fingerprints.take, cb_params["cur_step_num"], outputs)
+            if fingerprints is not None and step >= fingerprints.next_step:
+                self._guard("divergence", fingerprints.take, step, outputs)
             publisher = self._publisher
             # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
             began = (self._step_began if self._step_began is not None else entered) + self.phases.take_aside()
             # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
-            publisher.pending.append(StepRecord(cb_params["cur_step_num"], cb_params["cur_epoch_num"], loss, began,
-                                                ended, self._data_wait, kept,
-                                                outputs if isinstance(outputs, (tuple, list)) else None))
+            publisher.pending.append(StepRecord(step, cb_params[CUR_EPOCH_NUM], loss, began, ended, self._data_wait,
+                                                kept, outputs if isinstance(outputs, (tuple, list)) else None))
             if publisher.due(ended):
                 publisher.published_at = ended
                 publisher.publish(run_context)
@@ -301,9 +312,8 @@ class TrainingMonitor(Callback):
             return
         with self._cost("eval_end", "eval"):
             self._publisher.publish(None, wait=True)
-            cb_params = run_context.original_args()
-            results = cb_params.get("eval_results") or cb_params.get("metrics")
-            if isinstance(results, dict):
+            results = eval_results_of(run_context.original_args())
+            if results is not None:
                 self._eval.on_eval(results)
                 for sink in self._sinks:
                     self._guard(sink.name, sink.on_eval, self._publisher.last_step, results)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ms_exporter import catalogue as c
 from ms_exporter.config import DivergenceConfig
+from ms_exporter.monitor.cb_params import network_of, step_of
 from ms_exporter.monitor.output_layout import LayoutResolver
 from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.replicas import read_layout, replica_group
@@ -58,9 +59,9 @@ class Fingerprints:
                 return
             logger.info("ms_exporter: replica fingerprints every %d steps in replica group %s (%s)",
                         self._config.every_n_steps, self._group, why)
-        network = cb_params.get("train_network") or cb_params.get("network")
+        network = network_of(cb_params)
         self._parameters = list(network.trainable_params()) if network is not None else []
-        step = int(cb_params.get("cur_step_num", 0) or 0)
+        step = step_of(cb_params)
         self.next_step = self._after(step)
 
     def _find_group(self) -> tuple[str | None, str]:

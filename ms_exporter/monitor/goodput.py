@@ -23,6 +23,7 @@ from typing import Any
 from ms_exporter import catalogue as c
 from ms_exporter.config import RUN_ID_CHARACTERS, MonitorConfig
 from ms_exporter.monitor import run_lock
+from ms_exporter.monitor.cb_params import step_of
 from ms_exporter.monitor.errors import OnPartError
 from ms_exporter.monitor.ledger import TimeLedger, process_started
 from ms_exporter.monitor.optimizer_step import step_offset
@@ -104,7 +105,7 @@ class Goodput:
         self._finished = False
         self.start()
         self._offset = step_offset(cb_params)
-        self.step_ended(int(cb_params.get("cur_step_num", 0) or 0))
+        self.step_ended(step_of(cb_params))
 
     def step_ended(self, step: int) -> None:
         """`step` (cb_params.cur_step_num) ended; the steps that follow are redo while they are not past the

@@ -10,14 +10,16 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter.monitor.cb_params import NETWORK, TRAIN_NETWORK, optimizer_of, step_of
+
 
 def find_optimizer(cb_params: Any) -> Any:
     """cb_params' optimizer, else the train network's; None when there is neither."""
     # cb_params is a dict whose attribute access raises KeyError, not AttributeError: use get().
-    optimizer = cb_params.get("optimizer")
+    optimizer = optimizer_of(cb_params)
     if optimizer is not None:
         return optimizer
-    for holder in ("train_network", "network"):
+    for holder in (TRAIN_NETWORK, NETWORK):
         optimizer = getattr(cb_params.get(holder), "optimizer", None)
         if optimizer is not None:
             return optimizer
@@ -34,6 +36,6 @@ def optimizer_step(optimizer: Any, fallback: int) -> int:
 
 def step_offset(cb_params: Any) -> int:
     """What to add to cur_step_num to get the optimizer's step (0 without an optimizer): read at train begin."""
-    step = int(cb_params.get("cur_step_num", 0) or 0)
+    step = step_of(cb_params)
     optimizer = find_optimizer(cb_params)
     return 0 if optimizer is None else optimizer_step(optimizer, step) - step

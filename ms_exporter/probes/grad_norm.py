@@ -11,6 +11,7 @@ import numpy as np
 
 from ms_exporter import catalogue
 from ms_exporter.config import GradNormConfig
+from ms_exporter.monitor.cb_params import optimizer_of, step_of, train_network_of
 from ms_exporter.monitor.sample import StepSample, read_scalar, to_numpy
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -92,10 +93,10 @@ class GradNormProbe(Probe):
         self._warned_no_source = False
 
     def on_train_begin(self, cb_params: Any) -> None:
-        train_network = cb_params.get("train_network")
+        train_network = train_network_of(cb_params)
         weights = getattr(train_network, "weights", None)
         if weights is None:
-            optimizer = cb_params.get("optimizer")
+            optimizer = optimizer_of(cb_params)
             weights = getattr(optimizer, "parameters", None)
         names = [p.name for p in weights] if weights is not None else []
         self._index = LayerIndex(names, self._config.layers, self._config.max_series - self._config.top_k)
@@ -109,7 +110,7 @@ class GradNormProbe(Probe):
             train_network.every_n_steps = self._config.every_n_steps
         if self._clip is not None and self._clipped is None:
             self._clipped = self._store.register(catalogue.GRAD_NORM_CLIPPED).series()
-        step = int(cb_params.get("cur_step_num", 0) or 0)
+        step = step_of(cb_params)
         every = self._config.every_n_steps
         self._next_step = (step // every + 1) * every
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from ms_exporter import catalogue
 from ms_exporter.config import LayerNormConfig
+from ms_exporter.monitor.cb_params import network_of, step_of
 from ms_exporter.monitor.sample import StepSample, to_numpy
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -82,7 +83,7 @@ class LayerNormProbe(Probe):
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        network = cb_params.get("train_network") or cb_params.get("network")
+        network = network_of(cb_params)
         known = {scale.layer: scale for scale in self._scales}
         self._scales = []
         found = find_layernorm_scales(network) if network is not None else []
@@ -96,7 +97,7 @@ class LayerNormProbe(Probe):
                                               self._std.series(layer=layer), self._drift.series(layer=layer))
             scale.parameter = gamma
             self._scales.append(scale)
-        self._next_step = int(cb_params.get("cur_step_num", 0) or 0)
+        self._next_step = step_of(cb_params)
         self.sample(self._next_step)  # the values before training moved them
         self._next_step += self._config.every_n_steps
 

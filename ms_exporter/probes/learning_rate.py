@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ms_exporter import catalogue
+from ms_exporter.monitor.cb_params import step_of
 from ms_exporter.monitor.optimizer_step import find_optimizer, step_offset
 from ms_exporter.monitor.sample import StepSample, read_scalar
 from ms_exporter.monitor.store import MetricStore, Series
@@ -68,7 +69,7 @@ class LearningRateProbe(Probe):
                            "the learning rate", catalogue.LEARNING_RATE.name)
             return
         # The optimizer's own step counter may differ from cur_step_num (resumed runs): read it once.
-        step = int(cb_params.get("cur_step_num", 0) or 0)
+        step = step_of(cb_params)
         self._offset = step_offset(cb_params)
         rates = self._optimizer.learning_rate
         groups = list(rates) if getattr(self._optimizer, "is_group_lr", False) else [rates]

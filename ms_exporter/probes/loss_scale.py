@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ms_exporter import catalogue
+from ms_exporter.monitor.cb_params import loss_scale_manager_of, step_of
 from ms_exporter.monitor.sample import StepSample, read_scalar
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -31,13 +32,13 @@ class LossScaleProbe(Probe):
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        manager = cb_params.get("loss_scale_mananger") or cb_params.get("loss_scale_manager")  # sic: MindSpore
+        manager = loss_scale_manager_of(cb_params)
         get_scale = getattr(manager, "get_loss_scale", None)
         if callable(get_scale):
             scale = read_scalar(get_scale())
             if scale is not None:
                 self._scale_series().value = scale
-        self._next_step = int(cb_params.get("cur_step_num", 0) or 0)
+        self._next_step = step_of(cb_params)
 
     def on_step(self, sample: StepSample) -> None:
         layout = sample.layout

@@ -8,6 +8,7 @@ from typing import Any
 from ms_exporter import catalogue
 from ms_exporter.config import FlopsConfig
 from ms_exporter.flops import FlopsModel, from_parameters
+from ms_exporter.monitor.cb_params import network_of
 from ms_exporter.monitor.optimizer_step import find_optimizer
 from ms_exporter.monitor.rate_window import RateWindow
 from ms_exporter.monitor.replicas import ranks_per_batch, read_layout
@@ -106,7 +107,7 @@ def _derive(cb_params: Any, causal: bool) -> FlopsModel | None:
     """6N from the parameters the optimizer trains (the train cell's own include the optimizer's moments), plus the
     attention of the attention layers found in the network; None without either."""
     optimizer = find_optimizer(cb_params)
-    network = cb_params.get("train_network") or cb_params.get("network")
+    network = network_of(cb_params)
     parameters = getattr(optimizer, "parameters", None)
     if parameters is None and network is not None:
         parameters = network.trainable_params()

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ms_exporter import catalogue
+from ms_exporter.monitor.cb_params import dataset_of, epoch_of, epochs_of, sink_mode_of, step_of, steps_per_epoch_of
 from ms_exporter.monitor.sample import StepSample
 from ms_exporter.monitor.store import MetricStore, Series
 from ms_exporter.probes.base import Probe
@@ -39,19 +40,19 @@ class ProgressProbe(Probe):
     def on_train_begin(self, cb_params: Any) -> None:
         step_family, epoch_family, last_family = self._families
         self._step, self._epoch, self._last = step_family.series(), epoch_family.series(), last_family.series()
-        self._step.value = int(cb_params.get("cur_step_num", 0) or 0)
-        self._epoch.value = int(cb_params.get("cur_epoch_num", 0) or 0)
+        self._step.value = step_of(cb_params)
+        self._epoch.value = epoch_of(cb_params)
         # A hang in the very first step (graph compilation, the first batch) must look like a stall too.
         self._last.value = time.time()
         # MindSpore sets epoch_num to the epochs of this call and batch_num to the steps per epoch, or to the sink
         # size when one is given, even where it then trains without sinking (CPU falls back to a step per batch and
         # says so with dataset_sink_mode False): then an epoch is the whole dataset.
-        epochs = int(cb_params.get("epoch_num", 0) or 0)
-        per_epoch = int(cb_params.get("batch_num", 0) or 0)
-        if not cb_params.get("dataset_sink_mode", False):
-            per_epoch = _dataset_size(cb_params.get("train_dataset"), per_epoch)
+        epochs = epochs_of(cb_params)
+        per_epoch = steps_per_epoch_of(cb_params)
+        if not sink_mode_of(cb_params):
+            per_epoch = _dataset_size(dataset_of(cb_params), per_epoch)
         if epochs > 0 and per_epoch > 0:
-            self._planned.series().value = int(cb_params.get("cur_step_num", 0) or 0) + epochs * per_epoch
+            self._planned.series().value = step_of(cb_params) + epochs * per_epoch
 
     def on_step(self, sample: StepSample) -> None:
         if self._step is None or self._epoch is None or self._last is None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ms_exporter import catalogue
 from ms_exporter.config import GradNormConfig
+from ms_exporter.monitor.cb_params import optimizer_of, step_of, train_network_of
 from ms_exporter.monitor.sample import StepSample, to_numpy
 from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.base import Probe
@@ -33,15 +34,15 @@ class WeightNormProbe(Probe):
 
     def on_train_begin(self, cb_params: Any) -> None:
         # Model(GradNormTrainOneStepCell(...)) leaves cb_params.optimizer empty: the cell's weights are the same.
-        weights = getattr(cb_params.get("train_network"), "weights", None)
+        weights = getattr(train_network_of(cb_params), "weights", None)
         if weights is None:
-            weights = getattr(cb_params.get("optimizer"), "parameters", None)
+            weights = getattr(optimizer_of(cb_params), "parameters", None)
         parameters = list(weights or [])
         # The same watched layers as the gradient norms, under the same cap.
         index = LayerIndex([p.name for p in parameters], self._config.layers,
                            self._config.max_series - self._config.top_k)
         self._layers = [(layer, [parameters[i] for i in index.layers[layer]]) for layer in index.watched]
-        self._next_step = int(cb_params.get("cur_step_num", 0) or 0) + self._config.every_n_steps
+        self._next_step = step_of(cb_params) + self._config.every_n_steps
 
     def on_step(self, sample: StepSample) -> None:
         if sample.step < self._next_step:
