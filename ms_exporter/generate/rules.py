@@ -72,7 +72,10 @@ def heading_anchor(heading: str) -> str:
 
 
 def _number(value: float) -> str:
-    return f"{value:g}"
+    # Short where that is exact (1.5, 10), every digit where it is not: the rule compares with the very number the
+    # Python verdicts (`ms-exporter top`) use, and 2**20 / 60 is not 17476.3.
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
 
 
 # What the Pushgateway holds (monitor_config.pushgateway, scraped with honor_labels as shipped) has no `instance`
