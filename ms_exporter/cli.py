@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import yaml
 
@@ -18,15 +20,69 @@ from ms_exporter.tools.peak_flops import DTYPES
 DEMO_STEPS = 8000
 
 
+@dataclass(frozen=True)
+class _Command:
+    """A subcommand: its one-line help, what adds its arguments and what runs it (with its own parser, whose
+    error() reports a bad argument found after parsing)."""
+
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, argparse.ArgumentParser], int]
+    description: str | None = None
+    training_side: bool = False  # needs MindSpore and numpy, which an operator-only install lacks
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ms-exporter", description="Prometheus monitoring for MindSpore training.")
     parser.add_argument("--version", action="version", version=f"ms-exporter {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    parsers = {}
+    for name, command in COMMANDS.items():
+        parsers[name] = subparsers.add_parser(name, help=command.help, description=command.description)
+        command.arguments(parsers[name])
+    args = parser.parse_args(argv)
+    command = COMMANDS[args.command]
+    if command.training_side:
+        from ms_exporter import MissingDependencyError, _require_training_side
 
-    check = commands.add_parser("check-config", help="validate a monitor_config file and print the effective config")
+        try:
+            _require_training_side(f"ms-exporter {args.command}")
+        except MissingDependencyError as exc:  # an operator-only install: say what to add, not a traceback
+            print(exc, file=sys.stderr)
+            return 1
+    return command.run(args, parsers[args.command])
+
+
+# -- check-config ----------------------------------------------------------------------------------------------------
+
+def _check_config_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("file", help="YAML file with a monitor_config block (or a bare mapping)")
 
-    demo = commands.add_parser("demo", help="train a small Transformer with the monitor on")
+
+def _check_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    path = args.file
+    try:
+        config, notes = read_config(path)
+    except ConfigError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"# {path} is valid; effective configuration (defaults and MS_EXPORTER_* variables applied):")
+    for note in notes:
+        print(f"# {note}")
+    print(yaml.safe_dump({"monitor_config": config.redacted()}, sort_keys=False), end="")
+    shape = config.flops.model.shape()
+    length = config.flops.model.seq_length
+    if shape is not None:  # so that a description can be checked against the model it means (docs/mfu.md)
+        at = f"; {from_shape(shape).per_token_at(length):.4g} training FLOPs per token of a full {length}-token " \
+             "sequence" if length else ""
+        print(f"# flops.model: {shape.parameters():,} parameters, {shape.matmul_weights():,} of them multiplied "
+              f"per token{at}")
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------------------------------------------
+
+def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--steps", type=int, default=DEMO_STEPS,
                       help=f"the run's length in steps, which its LR schedule and ETA follow (default {DEMO_STEPS}, "
                            "about 2 minutes on 2 idle cores)")
@@ -36,7 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
     demo.add_argument("--save-dir", default=None, help="where the JSONL file goes (default: the config's save_dir)")
 
-    rules = commands.add_parser("rules", help="print the Prometheus recording and alerting rules")
+
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ms_exporter.tools.demo import run_demo
+
+    return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
+                    save_dir=args.save_dir)
+
+
+# -- rules, dashboard, kubernetes ---------------------------------------------------------------------------------
+
+def _rules_arguments(rules: argparse.ArgumentParser) -> None:
     rules.add_argument("--config", default=None, help="take thresholds from this monitor_config file")
     rules.add_argument("--timing", choices=("default", "test"), default="default",
                        help="'test' shrinks every window and for: to seconds (integration tests, demos)")
@@ -47,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
                             "runbook_url, else the relative docs/alerts.md)")
     rules.add_argument("-o", "--output", default=None, help="write here instead of standard output")
 
-    dashboard = commands.add_parser("dashboard", help="print the Grafana dashboard JSON")
+
+def _dashboard_arguments(dashboard: argparse.ArgumentParser) -> None:
     dashboard.add_argument("-o", "--output", default=None, help="write here instead of standard output")
     dashboard.add_argument("--config", default=None,
                            help="draw the threshold lines of this monitor_config file (default: the defaults)")
 
-    kubernetes = commands.add_parser(
-        "kubernetes", help="write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)")
+
+def _kubernetes_arguments(kubernetes: argparse.ArgumentParser) -> None:
     kubernetes.add_argument("--config", default=None, help="take alert thresholds from this monitor_config file")
     kubernetes.add_argument("--runbook-url", dest="runbook_url", default=None, metavar="URL",
                             help="the page that serves docs/alerts.md, as for `ms-exporter rules`")
@@ -61,101 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                             help="directory for prometheusrule.yaml and grafana-dashboard.yaml "
                                  "(default: deploy/kubernetes/base)")
 
-    top = commands.add_parser("top", help="a live table of every rank's /metrics (step, loss, speed, alerts)",
-                              description="Polls each rank's endpoint and shows one row per rank; the rank the "
-                                          "job waits for is marked '>' (docs/top.md).")
-    top.add_argument("targets", nargs="+", metavar="TARGET",
-                     help="http[s]://host:port[/path] (path default /metrics), host:port, or a directory of "
-                          "Prometheus file_sd *.json files (re-read every poll) or one such file")
-    top.add_argument("--once", action="store_true", help="print the table once as plain text and exit "
-                                                        "(status 1 when a target is down)")
-    top.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
-    top.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each endpoint (default 2)")
-    top.add_argument("--stale-seconds", type=float, default=60.0,
-                     help="a rank without a step for longer is flagged (default 60)")
-    top.add_argument("--scheme", choices=("http", "https"), default="http",
-                     help="for host:port and file_sd targets (default http; file_sd __scheme__ labels win)")
-    top.add_argument("--user", default=None, help="basic auth user (the endpoint's web.basic_auth_users)")
-    top.add_argument("--password", default=None,
-                     help="basic auth password; better: the MS_EXPORTER_TOP_PASSWORD environment variable")
-    top.add_argument("--cafile", default=None, help="CA certificate(s) that sign the endpoints' TLS certificates")
-    top.add_argument("--insecure", action="store_true", help="do not verify the endpoints' TLS certificates")
-    top.add_argument("--cert", default=None, help="client certificate, for web.client_auth_type")
-    top.add_argument("--key", default=None, help="the client certificate's private key")
 
-    hangs = commands.add_parser(
-        "hangs", help="where each rank is stuck and which rank the others wait for (docs/hangs.md)",
-        description="Reads each rank's phase, time in it, hang deadline and top frame, live from its endpoint or "
-                    "from the hang dumps in its save_dir, and names the rank(s) the job waits for. Exit status 1 "
-                    "when a rank is past its deadline.")
-    hangs.add_argument("targets", nargs="+", metavar="TARGET",
-                       help="http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
-                            "or a rank's save_dir (the hang-rank*.txt dumps it left)")
-    hangs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
-    hangs.add_argument("--scheme", choices=("http", "https"), default="http",
-                       help="for host:port and file_sd targets (default http)")
-
-    report = commands.add_parser("report", help="render finished runs' JSON Lines into one static HTML report")
-    report.add_argument("files", nargs="+", help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
-                                                 "one file (.jsonl.1, .2 ...) are read as one run")
-    report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
-    report.add_argument("--hang-min-seconds", type=float, default=None, metavar="S",
-                        help="a pause between steps counts as a stall past max(S, hang.factor x the recent step "
-                             "cycle), as the monitor's hang deadline (default: hang.min_seconds' default, 120)")
-
-    peak = commands.add_parser("peak-flops", help="measure a MindSpore matrix multiply's FLOPs per second here",
-                               description="Prints the best FLOPs per second of MindSpore's matmul on this machine's "
-                                           "device: a practical flops.peak_flops_per_device where no datasheet "
-                                           "figure applies, such as a CPU (docs/mfu.md).")
-    peak.add_argument("--size", type=int, default=1024, help="square matrices of this size (default 1024)")
-    peak.add_argument("--dtype", choices=DTYPES, default="float32",
-                      help="the precision training uses (default float32)")
-    peak.add_argument("--device", default=None, help="MindSpore device_target (default: MindSpore's own choice)")
-
-    args = parser.parse_args(argv)
-    if args.command == "dashboard":
-        return _dashboard(args)
-    if args.command == "check-config":
-        return _check_config(args.file)
-    if args.command == "rules":
-        return _rules(args)
-    if args.command == "kubernetes":
-        return _kubernetes(args)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "top":
-        from ms_exporter.tools.top import run_top
-
-        return run_top(args, top.error)
-    if args.command == "hangs":
-        from ms_exporter.tools.hangs import run_hangs
-
-        return run_hangs(args, hangs.error)
-    from ms_exporter import MissingDependencyError, _require_training_side
-
-    try:
-        _require_training_side(f"ms-exporter {args.command}")
-    except MissingDependencyError as exc:  # an operator-only install: say what to add, not a traceback
-        print(exc, file=sys.stderr)
-        return 1
-    if args.command == "peak-flops":
-        return _peak_flops(args)
-    from ms_exporter.tools.demo import run_demo
-
-    return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
-                    save_dir=args.save_dir)
-
-
-def _config_or_none(path: str | None) -> MonitorConfig | None:
-    """The config for a generator, or None after printing what is wrong with it."""
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        print(f"{path}: {exc}", file=sys.stderr)
-        return None
-
-
-def _rules(args: argparse.Namespace) -> int:
+def _rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ms_exporter.config_thresholds import thresholds_of
     from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml
 
@@ -175,7 +149,7 @@ def _runbook(args: argparse.Namespace, config: MonitorConfig) -> str:
     return args.runbook_url or config.runbook_url or RUNBOOK
 
 
-def _dashboard(args: argparse.Namespace) -> int:
+def _dashboard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ms_exporter.config_thresholds import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
 
@@ -186,7 +160,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kubernetes(args: argparse.Namespace) -> int:
+def _kubernetes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import os
 
     from ms_exporter.config_thresholds import thresholds_of
@@ -209,7 +183,62 @@ def _kubernetes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+# -- top, hangs -------------------------------------------------------------------------------------------------------
+
+def _top_arguments(top: argparse.ArgumentParser) -> None:
+    top.add_argument("targets", nargs="+", metavar="TARGET",
+                     help="http[s]://host:port[/path] (path default /metrics), host:port, or a directory of "
+                          "Prometheus file_sd *.json files (re-read every poll) or one such file")
+    top.add_argument("--once", action="store_true", help="print the table once as plain text and exit "
+                                                        "(status 1 when a target is down)")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
+    top.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each endpoint (default 2)")
+    top.add_argument("--stale-seconds", type=float, default=60.0,
+                     help="a rank without a step for longer is flagged (default 60)")
+    top.add_argument("--scheme", choices=("http", "https"), default="http",
+                     help="for host:port and file_sd targets (default http; file_sd __scheme__ labels win)")
+    top.add_argument("--user", default=None, help="basic auth user (the endpoint's web.basic_auth_users)")
+    top.add_argument("--password", default=None,
+                     help="basic auth password; better: the MS_EXPORTER_TOP_PASSWORD environment variable")
+    top.add_argument("--cafile", default=None, help="CA certificate(s) that sign the endpoints' TLS certificates")
+    top.add_argument("--insecure", action="store_true", help="do not verify the endpoints' TLS certificates")
+    top.add_argument("--cert", default=None, help="client certificate, for web.client_auth_type")
+    top.add_argument("--key", default=None, help="the client certificate's private key")
+
+
+def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ms_exporter.tools.top import run_top
+
+    return run_top(args, parser.error)
+
+
+def _hangs_arguments(hangs: argparse.ArgumentParser) -> None:
+    hangs.add_argument("targets", nargs="+", metavar="TARGET",
+                       help="http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
+                            "or a rank's save_dir (the hang-rank*.txt dumps it left)")
+    hangs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
+    hangs.add_argument("--scheme", choices=("http", "https"), default="http",
+                       help="for host:port and file_sd targets (default http)")
+
+
+def _hangs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ms_exporter.tools.hangs import run_hangs
+
+    return run_hangs(args, parser.error)
+
+
+# -- report ----------------------------------------------------------------------------------------------------------
+
+def _report_arguments(report: argparse.ArgumentParser) -> None:
+    report.add_argument("files", nargs="+", help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
+                                                 "one file (.jsonl.1, .2 ...) are read as one run")
+    report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
+    report.add_argument("--hang-min-seconds", type=float, default=None, metavar="S",
+                        help="a pause between steps counts as a stall past max(S, hang.factor x the recent step "
+                             "cycle), as the monitor's hang deadline (default: hang.min_seconds' default, 120)")
+
+
+def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ms_exporter.config import HangConfig
     from ms_exporter.tools.report import ReportError, summary, write_report
 
@@ -235,7 +264,16 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _peak_flops(args: argparse.Namespace) -> int:
+# -- peak-flops ------------------------------------------------------------------------------------------------------
+
+def _peak_flops_arguments(peak: argparse.ArgumentParser) -> None:
+    peak.add_argument("--size", type=int, default=1024, help="square matrices of this size (default 1024)")
+    peak.add_argument("--dtype", choices=DTYPES, default="float32",
+                      help="the precision training uses (default float32)")
+    peak.add_argument("--device", default=None, help="MindSpore device_target (default: MindSpore's own choice)")
+
+
+def _peak_flops(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import mindspore
 
     from ms_exporter.tools.peak_flops import measure_matmul_flops
@@ -249,6 +287,17 @@ def _peak_flops(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- shared ----------------------------------------------------------------------------------------------------------
+
+def _config_or_none(path: str | None) -> MonitorConfig | None:
+    """The config for a generator, or None after printing what is wrong with it."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return None
+
+
 def _write(text: str, path: str | None) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as out:
@@ -257,21 +306,27 @@ def _write(text: str, path: str | None) -> None:
         print(text, end="")
 
 
-def _check_config(path: str) -> int:
-    try:
-        config, notes = read_config(path)
-    except ConfigError as exc:
-        print(f"{path}: {exc}", file=sys.stderr)
-        return 1
-    print(f"# {path} is valid; effective configuration (defaults and MS_EXPORTER_* variables applied):")
-    for note in notes:
-        print(f"# {note}")
-    print(yaml.safe_dump({"monitor_config": config.redacted()}, sort_keys=False), end="")
-    shape = config.flops.model.shape()
-    length = config.flops.model.seq_length
-    if shape is not None:  # so that a description can be checked against the model it means (docs/mfu.md)
-        at = f"; {from_shape(shape).per_token_at(length):.4g} training FLOPs per token of a full {length}-token " \
-             "sequence" if length else ""
-        print(f"# flops.model: {shape.parameters():,} parameters, {shape.matmul_weights():,} of them multiplied "
-              f"per token{at}")
-    return 0
+# Subcommand name -> what it is; the order is `ms-exporter --help`'s.
+COMMANDS: dict[str, _Command] = {
+    "check-config": _Command("validate a monitor_config file and print the effective config",
+                             _check_config_arguments, _check_config),
+    "demo": _Command("train a small Transformer with the monitor on", _demo_arguments, _demo, training_side=True),
+    "rules": _Command("print the Prometheus recording and alerting rules", _rules_arguments, _rules),
+    "dashboard": _Command("print the Grafana dashboard JSON", _dashboard_arguments, _dashboard),
+    "kubernetes": _Command("write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)",
+                           _kubernetes_arguments, _kubernetes),
+    "top": _Command("a live table of every rank's /metrics (step, loss, speed, alerts)", _top_arguments, _top,
+                    description="Polls each rank's endpoint and shows one row per rank; the rank the job waits for "
+                                "is marked '>' (docs/top.md)."),
+    "hangs": _Command("where each rank is stuck and which rank the others wait for (docs/hangs.md)",
+                      _hangs_arguments, _hangs,
+                      description="Reads each rank's phase, time in it, hang deadline and top frame, live from its "
+                                  "endpoint or from the hang dumps in its save_dir, and names the rank(s) the job "
+                                  "waits for. Exit status 1 when a rank is past its deadline."),
+    "report": _Command("render finished runs' JSON Lines into one static HTML report", _report_arguments, _report),
+    "peak-flops": _Command("measure a MindSpore matrix multiply's FLOPs per second here", _peak_flops_arguments,
+                           _peak_flops, training_side=True,
+                           description="Prints the best FLOPs per second of MindSpore's matmul on this machine's "
+                                       "device: a practical flops.peak_flops_per_device where no datasheet figure "
+                                       "applies, such as a CPU (docs/mfu.md)."),
+}
