@@ -17,9 +17,11 @@ def thresholds_of(config: MonitorConfig) -> Thresholds:
     exploding gradient norm follows grad_norm.threshold (thresholds.EXPLODING_FACTOR times it)."""
     changes: dict[str, Any] = {}
     bounds = config.warn_on_value
-    for key, field_name, direction in (("loss", "loss_high", "max"),
-                                       ("tokens_per_second", "tokens_per_second_low", "min"),
-                                       ("memory_growth_ratio", "memory_growth_ratio", "max")):
+    for key, field_name, direction in (
+        ("loss", "loss_high", "max"),
+        ("tokens_per_second", "tokens_per_second_low", "min"),
+        ("memory_growth_ratio", "memory_growth_ratio", "max"),
+    ):
         if key in bounds and bounds[key].direction == direction:
             changes[field_name] = bounds[key].value
     if config.grad_norm.threshold is not None:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ms_exporter.config import HangConfig
+from typing import Protocol
 
 # Cycles seen before the learned figure replaces the first step's: a few, so that one odd step does not set it.
 MIN_CYCLES = 5
@@ -25,6 +22,20 @@ def nearest_rank(ordered: Sequence[float], percent: float) -> float:
     return ordered[max(0, math.ceil(len(ordered) * percent / 100) - 1)]
 
 
+class HangSettings(Protocol):
+    """What the formula reads of monitor_config.hang (config.HangConfig), named here so that this module imports
+    nothing of the package."""
+
+    @property
+    def min_seconds(self) -> float: ...
+    @property
+    def factor(self) -> float: ...
+    @property
+    def percentile(self) -> float: ...
+    @property
+    def window(self) -> int: ...
+
+
 class LearnedDeadline:
     """`hang.factor` x the `hang.percentile` of the last `hang.window` step cycles, at least `hang.min_seconds`.
 
@@ -33,7 +44,7 @@ class LearnedDeadline:
     `cycle` for every step after it; `seconds` is the deadline as of now.
     """
 
-    def __init__(self, config: HangConfig) -> None:
+    def __init__(self, config: HangSettings) -> None:
         self._config = config
         self._cycles: deque[float] = deque(maxlen=config.window)
         self._first: float | None = None

@@ -65,11 +65,13 @@ def _page(ranks: list[Rank], seconds: float) -> str:
     for index, rank in enumerate(ranks):
         labels = f'project="{_PROJECT}",rank="{index}"'
         steps = rank.steps_per_second * seconds
-        lines += [f"{c.STEP_DURATION.sum}{{{labels}}} {rank.step * steps!r}",
-                  f"{c.STEP_DURATION.count}{{{labels}}} {steps!r}",
-                  f"{c.DATA_WAIT.sum}{{{labels}}} {rank.wait * steps!r}",
-                  f'{c.MEMORY_GROWTH_RATIO.name}{{{labels},kind="{_KIND}"}} {rank.growth_ratio!r}',
-                  f'{c.MEMORY_GROWTH_RATE.name}{{{labels},kind="{_KIND}"}} {rank.growth_rate!r}']
+        lines += [
+            f"{c.STEP_DURATION.sum}{{{labels}}} {rank.step * steps!r}",
+            f"{c.STEP_DURATION.count}{{{labels}}} {steps!r}",
+            f"{c.DATA_WAIT.sum}{{{labels}}} {rank.wait * steps!r}",
+            f'{c.MEMORY_GROWTH_RATIO.name}{{{labels},kind="{_KIND}"}} {rank.growth_ratio!r}',
+            f'{c.MEMORY_GROWTH_RATE.name}{{{labels},kind="{_KIND}"}} {rank.growth_rate!r}',
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -80,8 +82,10 @@ def _top_verdicts(ranks: list[Rank]) -> dict[str, set[str]]:
         for (project, rank), samples in parse_ranks(_page(ranks, now)).items():
             rows[rank], histories[rank] = build_row("target", project, rank, samples, histories.get(rank), now)
     marked = mark_slowest([rows[str(index)] for index in range(len(ranks))])
-    return {_STRAGGLER: {row.rank for row in marked if "straggler" in row.alerts},
-            _MEMORY: {row.rank for row in marked if any(alert.startswith("memory +") for alert in row.alerts)}}
+    return {
+        _STRAGGLER: {row.rank for row in marked if "straggler" in row.alerts},
+        _MEMORY: {row.rank for row in marked if any(alert.startswith("memory +") for alert in row.alerts)},
+    }
 
 
 def _promtool_case(ranks: list[Rank], verdicts: dict[str, set[str]]) -> dict:
@@ -89,23 +93,42 @@ def _promtool_case(ranks: list[Rank], verdicts: dict[str, set[str]]) -> dict:
     for index, rank in enumerate(ranks):
         labels = f'job="mindspore", instance="localhost:{19420 + index}", project="{_PROJECT}", rank="{index}"'
         per_minute = rank.steps_per_second * 60
-        series += [{"series": f"{c.STEP_DURATION.sum}{{{labels}}}", "values": f"0+{rank.step * per_minute!r}x30"},
-                   {"series": f"{c.STEP_DURATION.count}{{{labels}}}", "values": f"0+{per_minute!r}x30"},
-                   {"series": f"{c.DATA_WAIT.sum}{{{labels}}}", "values": f"0+{rank.wait * per_minute!r}x30"},
-                   {"series": f'{c.MEMORY_GROWTH_RATIO.name}{{{labels}, kind="{_KIND}"}}',
-                    "values": f"{rank.growth_ratio!r}x30"},
-                   {"series": f'{c.MEMORY_GROWTH_RATE.name}{{{labels}, kind="{_KIND}"}}',
-                    "values": f"{rank.growth_rate!r}x30"}]
+        series += [
+            {"series": f"{c.STEP_DURATION.sum}{{{labels}}}", "values": f"0+{rank.step * per_minute!r}x30"},
+            {"series": f"{c.STEP_DURATION.count}{{{labels}}}", "values": f"0+{per_minute!r}x30"},
+            {"series": f"{c.DATA_WAIT.sum}{{{labels}}}", "values": f"0+{rank.wait * per_minute!r}x30"},
+            {
+                "series": f'{c.MEMORY_GROWTH_RATIO.name}{{{labels}, kind="{_KIND}"}}',
+                "values": f"{rank.growth_ratio!r}x30",
+            },
+            {
+                "series": f'{c.MEMORY_GROWTH_RATE.name}{{{labels}, kind="{_KIND}"}}',
+                "values": f"{rank.growth_rate!r}x30",
+            },
+        ]
 
     def expected(alert: str, rank: str) -> dict:
-        labels = {"job": "mindspore", "instance": f"localhost:{19420 + int(rank)}", "project": _PROJECT, "rank": rank,
-                  "severity": "warning"}
+        labels = {
+            "job": "mindspore",
+            "instance": f"localhost:{19420 + int(rank)}",
+            "project": _PROJECT,
+            "rank": rank,
+            "severity": "warning",
+        }
         return {"exp_labels": {**labels, "kind": _KIND} if alert == _MEMORY else labels}
 
-    return {"interval": "1m", "input_series": series,
-            "alert_rule_test": [{"eval_time": "20m", "alertname": alert,
-                                 "exp_alerts": [expected(alert, rank) for rank in sorted(ranks_named)]}
-                                for alert, ranks_named in verdicts.items()]}
+    return {
+        "interval": "1m",
+        "input_series": series,
+        "alert_rule_test": [
+            {
+                "eval_time": "20m",
+                "alertname": alert,
+                "exp_alerts": [expected(alert, rank) for rank in sorted(ranks_named)],
+            }
+            for alert, ranks_named in verdicts.items()
+        ],
+    }
 
 
 def _rules_without_annotations() -> dict:
@@ -124,11 +147,20 @@ def test_top_and_the_rules_name_the_same_stragglers_and_growing_memory(name: str
     verdicts = _top_verdicts(ranks)
     assert verdicts[_STRAGGLER] and len(verdicts[_STRAGGLER]) < len(ranks)  # both answers are in the case
     (tmp_path / "rules.yml").write_text(render_yaml(_rules_without_annotations()))
-    cases = {"rule_files": ["rules.yml"], "evaluation_interval": "10s",
-             "tests": [{"name": name, **_promtool_case(ranks, verdicts)}]}
+    cases = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "10s",
+        "tests": [{"name": name, **_promtool_case(ranks, verdicts)}],
+    }
     (tmp_path / "agree.test.yml").write_text(yaml.safe_dump(cases, sort_keys=False))
-    tested = subprocess.run(["promtool", "test", "rules", "agree.test.yml"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120, check=False)
+    tested = subprocess.run(
+        ["promtool", "test", "rules", "agree.test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert tested.returncode == 0, f"top said {verdicts}; promtool:\n{tested.stdout}{tested.stderr}"
 
 

@@ -31,9 +31,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # -- "exploding = high x 10", once -------------------------------------------------------------------------------
 
+
 def _alert_exprs(thresholds: Thresholds) -> dict[str, str]:
-    return {rule["alert"]: rule["expr"] for group in render_rules(thresholds)["groups"] for rule in group["rules"]
-            if "alert" in rule}
+    return {
+        rule["alert"]: rule["expr"]
+        for group in render_rules(thresholds)["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
 
 
 def test_the_exploding_gradient_norm_follows_the_high_one_unless_given() -> None:
@@ -46,9 +51,11 @@ def test_the_exploding_gradient_norm_follows_the_high_one_unless_given() -> None
 
 # -- config defaults read from the thresholds, and no circle between the two -------------------------------------
 
+
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_the_config_reads_its_alert_and_spike_defaults_from_the_thresholds() -> None:
@@ -56,17 +63,19 @@ def test_the_config_reads_its_alert_and_spike_defaults_from_the_thresholds() -> 
     assert config.goodput.alert_below == DEFAULTS.goodput_low
     assert config.actions.snapshot.spike_factor == config.actions.rollback.spike_factor == LOSS_SPIKE_FACTOR
     # Read, not copied: thresholds moved before the config is imported (the package imports it) move its defaults.
-    moved = _python("import dataclasses, importlib.util, sys\n"
-                    "spec = importlib.util.spec_from_file_location('ms_exporter.thresholds',"
-                    " 'ms_exporter/thresholds.py')\n"
-                    "t = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
-                    "spec.loader.exec_module(t)\n"
-                    "t.DEFAULTS = dataclasses.replace(t.DEFAULTS, goodput_low=0.7, grad_norm_high=3.0)\n"
-                    "t.LOSS_SPIKE_FACTOR = 4.5\n"
-                    "from ms_exporter.config import load_config\n"
-                    "c = load_config({})\n"
-                    "print(c.goodput.alert_below, c.grad_norm.threshold, c.actions.snapshot.spike_factor,"
-                    " c.actions.rollback.spike_factor)\n")
+    moved = _python(
+        "import dataclasses, importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('ms_exporter.thresholds',"
+        " 'ms_exporter/thresholds.py')\n"
+        "t = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(t)\n"
+        "t.DEFAULTS = dataclasses.replace(t.DEFAULTS, goodput_low=0.7, grad_norm_high=3.0)\n"
+        "t.LOSS_SPIKE_FACTOR = 4.5\n"
+        "from ms_exporter.config import load_config\n"
+        "c = load_config({})\n"
+        "print(c.goodput.alert_below, c.grad_norm.threshold, c.actions.snapshot.spike_factor,"
+        " c.actions.rollback.spike_factor)\n"
+    )
     assert moved.returncode == 0, moved.stderr
     assert moved.stdout.split() == ["0.7", "3.0", "4.5", "4.5"]
 
@@ -84,19 +93,27 @@ def _package_imports(path: Path) -> set[str]:
 
 def test_the_thresholds_import_nothing_of_the_package_so_config_and_thresholds_make_no_circle() -> None:
     assert _package_imports(ROOT / "ms_exporter" / "thresholds.py") == set()
+    assert _package_imports(ROOT / "ms_exporter" / "learned_deadline.py") == set()  # the report imports it too
     assert "ms_exporter.thresholds" in _package_imports(ROOT / "ms_exporter" / "config.py")
 
 
-@pytest.mark.parametrize("order", [("config", "thresholds", "config_thresholds"),
-                                   ("thresholds", "config", "config_thresholds"),
-                                   ("config_thresholds", "thresholds", "config"),
-                                   ("learned_deadline", "tools.report", "config")])
+@pytest.mark.parametrize(
+    "order",
+    [
+        ("config", "thresholds", "config_thresholds"),
+        ("thresholds", "config", "config_thresholds"),
+        ("config_thresholds", "thresholds", "config"),
+        ("learned_deadline", "tools.report", "config"),
+    ],
+)
 def test_each_module_imports_first_in_a_fresh_interpreter(order: tuple[str, ...]) -> None:
-    imported = _python("".join(f"import ms_exporter.{name}\n" for name in order)
-                       + "from ms_exporter.config_thresholds import thresholds_of\n"
-                         "from ms_exporter.config import load_config\n"
-                         "from ms_exporter.thresholds import DEFAULTS\n"
-                         "assert thresholds_of(load_config({})) == DEFAULTS\n")
+    imported = _python(
+        "".join(f"import ms_exporter.{name}\n" for name in order)
+        + "from ms_exporter.config_thresholds import thresholds_of\n"
+        "from ms_exporter.config import load_config\n"
+        "from ms_exporter.thresholds import DEFAULTS\n"
+        "assert thresholds_of(load_config({})) == DEFAULTS\n"
+    )
     assert imported.returncode == 0, imported.stderr
 
 
@@ -106,8 +123,21 @@ def test_each_module_imports_first_in_a_fresh_interpreter(order: tuple[str, ...]
 # until MIN_CYCLES are in); a 100 s cycle among the first ones is no stall under that stand-in; later a long one
 # raises the learned figure at once, and a 50 s one is a stall.
 _FIRST = (40.0, 2.0)
-_CYCLES = [0.2, 100.0, 0.3, 0.25, 0.2, *[0.2 + 0.01 * (i % 7) for i in range(20)], 5.0, 0.2, 0.3, 50.0,
-           *[0.25] * 30, 0.1, 0.2]
+_CYCLES = [
+    0.2,
+    100.0,
+    0.3,
+    0.25,
+    0.2,
+    *[0.2 + 0.01 * (i % 7) for i in range(20)],
+    5.0,
+    0.2,
+    0.3,
+    50.0,
+    *[0.25] * 30,
+    0.1,
+    0.2,
+]
 
 
 def _run_of(cycles: list[float]) -> report.Run:
@@ -134,8 +164,20 @@ def _probe_deadlines(run: report.Run, hang: HangConfig) -> list[float]:
         if index:
             deadlines.append(probe.learned())
         t = run.steps["time"][index]
-        probe.on_step(StepSample(step, 1, 1, 1.0, run.steps[catalogue.STEP_DURATION.short][index],
-                                 run.steps[catalogue.DATA_WAIT.short][index], 8, 0, t, t))
+        probe.on_step(
+            StepSample(
+                step,
+                1,
+                1,
+                1.0,
+                run.steps[catalogue.STEP_DURATION.short][index],
+                run.steps[catalogue.DATA_WAIT.short][index],
+                8,
+                0,
+                t,
+                t,
+            )
+        )
     return deadlines
 
 
@@ -189,8 +231,9 @@ def _documented() -> dict[str, str]:
         keys = [key if "." in key or not section else f"{section}.{key}" for key in keys]
         default = match.group(2).strip()
         parts = [part.strip() for part in default.split(", ")]
-        for key, cell in zip(keys, parts if len(keys) > 1 and len(parts) == len(keys) else [default] * len(keys),
-                             strict=True):
+        for key, cell in zip(
+            keys, parts if len(keys) > 1 and len(parts) == len(keys) else [default] * len(keys), strict=True
+        ):
             assert key not in found, f"docs/configuration.md documents {key} twice"
             found[key] = cell
     return found
