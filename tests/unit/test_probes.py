@@ -151,3 +151,23 @@ def test_threshold_watch_follows_series_that_appear_later() -> None:
     watcher.check_step(2)
     breaches = store.get("mindspore_train_threshold_breaches_total")
     assert breaches is not None and breaches.series(metric="grad_norm").value == 1
+
+
+def test_layernorm_std_of_scales_near_one_keeps_its_digits() -> None:
+    """E[x^2] - E[x]^2 of raw values near 1 with a spread of 4e-5 lost 8 digits (a flaky integration check)."""
+    import numpy as np
+
+    from ms_exporter.config import LayerNormConfig
+    from ms_exporter.monitor.store import MetricStore
+    from ms_exporter.probes.layernorm import LayerNormProbe, _Scale
+
+    values = 1.0 + np.random.default_rng(3).normal(0.0, 4e-5, 512)
+    store = MetricStore((("rank", "0"), ("project", "p")))
+    probe = LayerNormProbe(store, LayerNormConfig())
+    probe._scales = [_Scale("norm", values.astype(np.float32), probe._mean.series(layer="norm"),
+                            probe._std.series(layer="norm"), probe._drift.series(layer="norm"))]
+    probe.sample(0)
+    exact = values.astype(np.float32).astype(np.float64)
+    (scale,) = probe._scales
+    assert scale.std.value == pytest.approx(exact.std(), rel=1e-12)
+    assert scale.mean.value == pytest.approx(exact.mean(), rel=1e-15)
