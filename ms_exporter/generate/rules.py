@@ -181,7 +181,7 @@ def render_rules(thresholds: Thresholds | None = None, timing: Timing | None = N
                f"({c.PHASE.name}{{phase=\"{c.STEP_PHASE}\"}} == 1)) + 0.5) or count by (project, phase) ({current}))")
     # A rank that reported: any process of it served its always-present step counter within the window.
     reported = f"max by (job, instance, project, rank) (last_over_time({c.STEPS.name}[{w.reported_window}]))"
-    # ...and one that ended normally: it served phase="ended" (it keeps serving until a scrape read it).
+    # ...and one that ended normally: it served phase="ended" (it keeps serving until two scrapes read it).
     ended = (f"on (job, instance, project, rank) "
              f"(last_over_time({c.PHASE.name}{{phase=\"{c.ENDED}\"}}[{w.reported_window}]) == 1)")
     alerts = [

@@ -80,7 +80,7 @@ class MetricsPages:
         # When /metrics was asked for (perf_counter), and when the newest page served was rendered: how a rank that
         # ended knows the interval its scrapers keep and whether they have seen its last state.
         self.metrics_requests: deque[float] = deque(maxlen=4)
-        self.served_render = -math.inf
+        self.served_renders: deque[float] = deque(maxlen=16)  # when each served /metrics page was rendered
 
     def answer(self, method: str, target: str, headers: RequestHeaders, peer: str = "",
                authenticated: bool = False) -> Answer:
@@ -118,7 +118,7 @@ class MetricsPages:
     def _metrics(self, accept: str, accept_encoding: str) -> Answer:
         self.metrics_requests.append(time.perf_counter())
         rendered, answer = self._render(accept, accept_encoding)
-        self.served_render = max(self.served_render, rendered)
+        self.served_renders.append(rendered)
         return answer
 
     def _render(self, accept: str, accept_encoding: str) -> tuple[float, Answer]:

@@ -29,6 +29,9 @@ logger = logging.getLogger("ms_exporter")
 # A rank that ended normally keeps serving at close until its scrapers have read `phase="ended"` (alerts tell a
 # finished rank from a dead one by it), for at most two of their intervals and never longer than this.
 LINGER_MAX_SECONDS = 30.0
+# Scrapes of `ended` to wait for: a scrape the scraper gave up on (its timeout, on a loaded machine) was served
+# here but never stored there, so one served page is not yet an end that was seen.
+LINGER_SCRAPES = 2
 
 
 class StoreCollector(Collector):
@@ -138,8 +141,9 @@ class PrometheusEndpoint(Sink):
             self._server = None
 
     def interrupted(self, signal_name: str, step: int) -> None:
-        """A signal that ends the process entered `ended` first: serve it until a scrape has read it (bounded as at
-        close), so that the rank's end is seen before its target leaves discovery (file_sd comes after us)."""
+        """A signal that ends the process entered `ended` first: serve it until LINGER_SCRAPES scrapes read it
+        (bounded as at close), so that the rank's end is seen before its target leaves discovery (file_sd comes
+        after us)."""
         if self._server is not None:
             self._linger()
 
@@ -151,12 +155,14 @@ class PrometheusEndpoint(Sink):
         return None
 
     def _linger(self) -> None:
-        """Wait until a page rendered after training ended has been served, when someone scrapes regularly."""
+        """Wait until LINGER_SCRAPES pages rendered after training ended have been served, when someone scrapes
+        regularly: at most one scrape interval more than that many, never over LINGER_MAX_SECONDS."""
         ended = self._ended_since()
         interval = self._server.pages.scrape_interval()
         if ended is None or interval is None:
             return
-        pages = self._server.pages
-        deadline = time.perf_counter() + min(2 * interval + 1.0, LINGER_MAX_SECONDS)
-        while pages.served_render < ended and time.perf_counter() < deadline:
+        renders = self._server.pages.served_renders
+        deadline = time.perf_counter() + min((LINGER_SCRAPES + 1) * interval + 1.0, LINGER_MAX_SECONDS)
+        while (sum(1 for rendered in list(renders) if rendered >= ended) < LINGER_SCRAPES
+               and time.perf_counter() < deadline):
             time.sleep(0.05)

@@ -32,6 +32,7 @@ class StuckTokens:
 
     def __getitem__(self, index: int) -> Any:
         if index >= STUCK_AFTER_BATCHES * BATCH:
+            print("blocked", flush=True)  # every batch before this one is ready: the training runs out soon
             self._never.wait()
         return self._tokens[index]
 
@@ -57,9 +58,10 @@ def main() -> None:
         dataset = ds.GeneratorDataset(StuckTokens(), ["input_ids", "attention_mask", "label"], shuffle=False,
                                       python_multiprocessing=False).batch(BATCH, drop_remainder=True)
     else:
-        dataset = synthetic_dataset(size=BATCH * (20 if args.mode == "finish" else 4096))
+        dataset = synthetic_dataset(size=BATCH * (40 if args.mode == "finish" else 4096))
     model = build_model()
-    model.train(4 if args.mode == "finish" else 1000, dataset, callbacks=[monitor], dataset_sink_mode=False)
+    # finish: 400 steps, long enough to be scraped past step 10 on a loaded machine whose scrapes time out at times
+    model.train(10 if args.mode == "finish" else 1000, dataset, callbacks=[monitor], dataset_sink_mode=False)
     print("trained", flush=True)
 
 
