@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,6 @@ from tests.support.webhook import Webhook
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-@pytest.fixture(scope="module")
-def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
-    yield hook
-    hook.close()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("stack"), webhook)
-    stack.start()
-    yield stack
-    stack.stop()
 
 
 def stop_job(job: subprocess.Popen[str]) -> None:

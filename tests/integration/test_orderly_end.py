@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("end_job.py")
 PAGES = ("MindSporeTrainingRankMissing", "MindSporeTrainingRankDown")
+ALERT_STACK_JOB_PORTS = 4  # the stack fixture (tests/integration/conftest.py) scrapes four jobs
 
 
 def start_job(port: int, project: str, mode: str, logs: Path, save_dir: Path | None = None) -> subprocess.Popen[str]:
@@ -48,21 +48,6 @@ def stderr_of(logs: Path, project: str) -> str:
 
 def steps_served(port: int) -> float:
     return max(scrape(f"http://127.0.0.1:{port}/metrics").find("mindspore_train_global_step"), default=-1.0)
-
-
-@pytest.fixture(scope="module")
-def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
-    yield hook
-    hook.close()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("stack"), webhook, job_ports=4)
-    stack.start()
-    yield stack
-    stack.stop()
 
 
 def test_round2_finding_1_a_job_that_ends_as_asked_pages_nobody(stack: Stack, webhook: Webhook,
