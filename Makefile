@@ -48,6 +48,7 @@ test-integration: install debian-packages mindformers-venv
 # ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
 lint: install
 	$(BIN)/ruff check ms_exporter tests examples benchmarks
+	$(BIN)/ruff format --check ms_exporter tests examples benchmarks
 	$(BIN)/mypy
 
 # Formats the code ([tool.ruff.format] in pyproject.toml) and applies ruff's safe fixes. The pre-commit hooks

@@ -60,16 +60,25 @@ FAILURES = (
     Failure("loss_high", "MindSporeTrainingLossHigh", 120, "the loss + 100, gradients unchanged"),
     Failure("loss_rising", "MindSporeTrainingLossRising", 120, "the loss + 0.5 more at every step"),
     Failure("leak", "MindSporeTrainingMemoryGrowth", 120, "4 MiB of host memory more at every step (8 MiB/s)"),
-    Failure("scale", "MindSporeTrainingLossScaleCollapse", 120,
-            "every step overflows and the loss scale halves (from 1024)"),
+    Failure(
+        "scale", "MindSporeTrainingLossScaleCollapse", 120, "every step overflows and the loss scale halves (from 1024)"
+    ),
     # Stalled fires as well; the shipped routing mutes it while Hang, which names the rank, fires for the project.
     Failure("stall", "MindSporeTrainingHang", 180, "a step begins and never ends (a sleep of an hour)"),
-    Failure("slow", "MindSporeTrainingThroughputDrop", 300,
-            "each step cycle twice as long as the healthy ones (tokens/s halved)",
-            healthy_seconds=210.0),
+    Failure(
+        "slow",
+        "MindSporeTrainingThroughputDrop",
+        300,
+        "each step cycle twice as long as the healthy ones (tokens/s halved)",
+        healthy_seconds=210.0,
+    ),
     Failure("kill", "MindSporeTrainingRankDown", 60, "the process is killed (SIGKILL): its target stays"),
-    Failure("crash", "MindSporeTrainingRankMissing", 60,
-            "training raises and the process exits: its target file goes with it"),
+    Failure(
+        "crash",
+        "MindSporeTrainingRankMissing",
+        60,
+        "training raises and the process exits: its target file goes with it",
+    ),
 )
 
 
@@ -107,8 +116,7 @@ class Stack:
         self.prometheus_port, self.alertmanager_port = free_port(), free_port()
         config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         config["rule_files"] = [str(RULES)]
-        config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
-            f"127.0.0.1:{self.alertmanager_port}"]
+        config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{self.alertmanager_port}"]
         config["scrape_configs"] = [job for job in config["scrape_configs"] if job["job_name"] == "mindspore"]
         config["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(self.targets / "ms-exporter-*.json")]
         self.intervals = dict(config["global"])
@@ -118,8 +126,10 @@ class Stack:
             for hook in receiver.get("webhook_configs", []):
                 hook["url"] = f"http://127.0.0.1:{webhook.port}{urllib.parse.urlparse(hook['url']).path}"
         (scratch / "alertmanager.yml").write_text(yaml.safe_dump(routing))
-        self.routes = {route["matchers"][0]: route.get("group_wait", routing["route"]["group_wait"])
-                       for route in routing["route"]["routes"]}
+        self.routes = {
+            route["matchers"][0]: route.get("group_wait", routing["route"]["group_wait"])
+            for route in routing["route"]["routes"]
+        }
         self.servers = Servers(scratch)
 
     def start(self) -> None:
@@ -128,7 +138,6 @@ class Stack:
 
     def stop(self) -> None:
         self.servers.stop()
-
 
 
 def _version(binary: str) -> str:
@@ -143,10 +152,29 @@ def _version(binary: str) -> str:
 def start_job(scratch: Path, project: str, fault: str, healthy_seconds: float, seconds: float) -> Job:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.detection_job", "--project", project, "--fault", fault,
-         "--file-sd-dir", str(scratch / "targets"), "--save-dir", str(scratch / project),
-         "--healthy-seconds", str(healthy_seconds), "--seconds", str(seconds)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.detection_job",
+            "--project",
+            project,
+            "--fault",
+            fault,
+            "--file-sd-dir",
+            str(scratch / "targets"),
+            "--save-dir",
+            str(scratch / project),
+            "--healthy-seconds",
+            str(healthy_seconds),
+            "--seconds",
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     job = Job(project, fault, process)
     threading.Thread(target=job.read, daemon=True).start()
     return job
@@ -177,8 +205,9 @@ def run(healthy_minutes: float) -> dict[str, Any]:
             jobs[HEALTHY] = start_job(scratch, f"detect-{HEALTHY}", "none", healthy_seconds, healthy_seconds)
             for failure in FAILURES:
                 time.sleep(1)  # staggered: a dozen MindSpore imports at once would make the first steps crawl
-                jobs[failure.fault] = start_job(scratch, f"detect-{failure.fault}", failure.fault,
-                                                failure.healthy_seconds, 3600)
+                jobs[failure.fault] = start_job(
+                    scratch, f"detect-{failure.fault}", failure.fault, failure.healthy_seconds, 3600
+                )
             results = {}
             waiting = {failure.fault: failure for failure in FAILURES}
             while waiting:
@@ -204,22 +233,37 @@ def run(healthy_minutes: float) -> dict[str, Any]:
             webhook.close()
     return {
         "results": [results[failure.fault] for failure in FAILURES],
-        "healthy": {"minutes": healthy_minutes, "exit": healthy.process.returncode, "pages": healthy_pages,
-                    "watched_after_end": WATCH_AFTER_END, "ended": ended},
-        "intervals": stack.intervals, "group_wait": stack.routes,
+        "healthy": {
+            "minutes": healthy_minutes,
+            "exit": healthy.process.returncode,
+            "pages": healthy_pages,
+            "watched_after_end": WATCH_AFTER_END,
+            "ended": ended,
+        },
+        "intervals": stack.intervals,
+        "group_wait": stack.routes,
         "seconds": time.monotonic() - began,
-        "versions": {"prometheus": _version(shutil.which("prometheus") or "prometheus"),
-                     "alertmanager": _version(shutil.which("prometheus-alertmanager") or "prometheus-alertmanager")},
+        "versions": {
+            "prometheus": _version(shutil.which("prometheus") or "prometheus"),
+            "alertmanager": _version(shutil.which("prometheus-alertmanager") or "prometheus-alertmanager"),
+        },
     }
 
 
 def _result(failure: Failure, job: Job, delivered: dict[str, Any] | None, webhook: Webhook) -> dict[str, Any]:
     latency = delivered["received_at"] - job.fault_at if delivered is not None and job.fault_at else None
     others = [name for name in alerts_for(webhook, job.project, job.stopped_at) if name != failure.alert]
-    return {"fault": failure.fault, "alert": failure.alert, "target": failure.target, "what": failure.what,
-            "latency": latency, "receiver": delivered["path"] if delivered is not None else None,
-            "fault_injected": job.fault_at is not None, "others": others,
-            "met": latency is not None and latency <= failure.target}
+    return {
+        "fault": failure.fault,
+        "alert": failure.alert,
+        "target": failure.target,
+        "what": failure.what,
+        "latency": latency,
+        "receiver": delivered["path"] if delivered is not None else None,
+        "fault_injected": job.fault_at is not None,
+        "others": others,
+        "met": latency is not None and latency <= failure.target,
+    }
 
 
 def render(measured: dict[str, Any]) -> str:
@@ -253,11 +297,16 @@ def render(measured: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for result in measured["results"]:
-        latency = f"{result['latency']:.0f} s" if result["latency"] is not None else (
-            "never" if result["fault_injected"] else "the fault never started")
-        lines.append(f"| {result['fault']} | {result['what']} | {result['alert']} | {result['target']:.0f} s | "
-                     f"{latency} | {'yes' if result['met'] else 'no'} | {result['receiver'] or '-'} | "
-                     f"{', '.join(result['others']) or '-'} |")
+        latency = (
+            f"{result['latency']:.0f} s"
+            if result["latency"] is not None
+            else ("never" if result["fault_injected"] else "the fault never started")
+        )
+        lines.append(
+            f"| {result['fault']} | {result['what']} | {result['alert']} | {result['target']:.0f} s | "
+            f"{latency} | {'yes' if result['met'] else 'no'} | {result['receiver'] or '-'} | "
+            f"{', '.join(result['others']) or '-'} |"
+        )
     pages = healthy["pages"]
     lines += [
         "",
@@ -265,8 +314,12 @@ def render(measured: dict[str, Any]) -> str:
         "",
         f"{healthy['minutes']:g} minutes of training that ends normally (exit code {healthy['exit']}), watched "
         f"{healthy['watched_after_end']} s more after its end: **{len(pages)} alerts delivered**"
-        + (f" ({', '.join(pages)})." if pages else ": no false page, and its end paged nothing (RankDown and "
-                                                  "RankMissing stay quiet for a rank that ended normally)."),
+        + (
+            f" ({', '.join(pages)})."
+            if pages
+            else ": no false page, and its end paged nothing (RankDown and "
+            "RankMissing stay quiet for a rank that ended normally)."
+        ),
         "",
     ]
     return "\n".join(lines)

@@ -69,8 +69,9 @@ class ScaledOutputs(nn.Cell):
 class Fault(Callback):
     """Paces steps to CYCLE seconds and, after the healthy period, injects the fault at each step begin."""
 
-    def __init__(self, fault: str, network: TinyClassifier, cell: ScaledOutputs, healthy_seconds: float,
-                 seconds: float) -> None:
+    def __init__(
+        self, fault: str, network: TinyClassifier, cell: ScaledOutputs, healthy_seconds: float, seconds: float
+    ) -> None:
         super().__init__()
         self.fault, self.network, self.cell = fault, network, cell
         self.started = time.monotonic()
@@ -140,8 +141,9 @@ def main() -> None:
     monitor = TrainingMonitor(project=args.project, port=0, file_sd_dir=args.file_sd_dir, save_dir=args.save_dir)
     print(json.dumps({"metrics": monitor.url}), flush=True)
     fault = Fault(args.fault, network, cell, args.healthy_seconds, args.seconds)
-    Model(cell).train(1000, synthetic_dataset(size=BATCH * 32, batch=BATCH), callbacks=[monitor, fault],
-                      dataset_sink_mode=False)
+    Model(cell).train(
+        1000, synthetic_dataset(size=BATCH * 32, batch=BATCH), callbacks=[monitor, fault], dataset_sink_mode=False
+    )
     monitor.close()
 
 

@@ -37,7 +37,13 @@ def measure(fingerprints: int, steps: int, every_n_steps: int = 100) -> dict[str
         fingerprint(parameters)
         times.append(time.perf_counter() - began)
     fingerprint_ms = float(np.median(times)) * 1e3
-    return {"parameters": int(sum(int(np.prod(p.shape)) for p in parameters)), "tensors": len(parameters),
-            "fingerprint_ms": fingerprint_ms, "fingerprint_p90_ms": float(np.percentile(times, 90)) * 1e3,
-            "step_ms": step_ms, "every_n_steps": every_n_steps,
-            "share": fingerprint_ms / (every_n_steps * step_ms), "n": fingerprints}
+    return {
+        "parameters": int(sum(int(np.prod(p.shape)) for p in parameters)),
+        "tensors": len(parameters),
+        "fingerprint_ms": fingerprint_ms,
+        "fingerprint_p90_ms": float(np.percentile(times, 90)) * 1e3,
+        "step_ms": step_ms,
+        "every_n_steps": every_n_steps,
+        "share": fingerprint_ms / (every_n_steps * step_ms),
+        "n": fingerprints,
+    }

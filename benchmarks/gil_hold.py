@@ -35,6 +35,7 @@ MIN_SECONDS = 3.0
 
 # -- the training (child process) ---------------------------------------------------------------------------------
 
+
 def _job(kind: str, hold: float, mark: Path, port_file: Path, save_dir: Path) -> None:
     import mindspore as ms
     import mindspore.dataset as ds
@@ -62,13 +63,19 @@ def _job(kind: str, hold: float, mark: Path, port_file: Path, save_dir: Path) ->
             return 400
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    monitor = TrainingMonitor(port=0, project=f"gil-{kind}", save_dir=str(save_dir), interval=0.5,
-                              hang={"min_seconds": MIN_SECONDS})
+    monitor = TrainingMonitor(
+        port=0, project=f"gil-{kind}", save_dir=str(save_dir), interval=0.5, hang={"min_seconds": MIN_SECONDS}
+    )
     port_file.write_text(monitor.url or "")
     # One reader thread and no prefetch beyond a batch, so that the training thread needs the sample soon.
     ds.config.set_prefetch_size(1)
-    data = ds.GeneratorDataset(Source(), ["input_ids", "attention_mask", "label"], shuffle=False,
-                               python_multiprocessing=False, num_parallel_workers=1).batch(1)
+    data = ds.GeneratorDataset(
+        Source(),
+        ["input_ids", "attention_mask", "label"],
+        shuffle=False,
+        python_multiprocessing=False,
+        num_parallel_workers=1,
+    ).batch(1)
     network = TinyClassifier()
     model = ms.train.Model(network, optimizer=ms.nn.Adam(network.trainable_params(), 1e-3))
     model.train(1, data, callbacks=[monitor], dataset_sink_mode=False)
@@ -76,6 +83,7 @@ def _job(kind: str, hold: float, mark: Path, port_file: Path, save_dir: Path) ->
 
 
 # -- the measurement (this process) -------------------------------------------------------------------------------
+
 
 def _scrape(url: str) -> tuple[bool, float | None]:
     try:
@@ -93,9 +101,22 @@ def measure(kind: str, hold: float, scratch: Path) -> dict[str, Any]:
     scratch.mkdir(parents=True, exist_ok=True)
     mark, port_file, save_dir = scratch / "hold", scratch / "url", scratch / "save"
     env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen([sys.executable, "-m", "benchmarks.gil_hold", "--job", kind, "--hold-seconds",
-                              str(hold), "--scratch", str(scratch)], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gil_hold",
+            "--job",
+            kind,
+            "--hold-seconds",
+            str(hold),
+            "--scratch",
+            str(scratch),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     polls: list[tuple[float, bool]] = []
     spy: str | None = None
     try:
@@ -122,8 +143,10 @@ def measure(kind: str, hold: float, scratch: Path) -> dict[str, Any]:
     during = [ok for at, ok in polls if held["began"] + 0.5 <= at <= held["ended"] - SCRAPE_TIMEOUT]
     text = dumps[0].read_text() if dumps else ""
     return {
-        "kind": kind, "hold": held["ended"] - held["began"],
-        "scrapes_during": len(during), "scrapes_answered": sum(during),
+        "kind": kind,
+        "hold": held["ended"] - held["began"],
+        "scrapes_during": len(during),
+        "scrapes_answered": sum(during),
         "dump_after_block": None if dump_at is None else dump_at - held["began"],
         "dump_header": text.splitlines()[1:3] if text else [],
         "dump_names_source": "__getitem__" in text,
@@ -135,8 +158,9 @@ def _py_spy(pid: int) -> str:
     spy = shutil.which("py-spy")
     if spy is None:
         return "(py-spy is not installed)"
-    done = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=60, check=False
+    )
     return done.stdout if done.returncode == 0 else f"(py-spy could not read the process: {done.stderr.strip()})"
 
 
@@ -149,41 +173,50 @@ def _spy_summary(text: str | None) -> str:
     for index, line in enumerate(lines):
         if "__getitem__" in line:  # the frames from the blocking call up to the Python one that made it
             start = max(0, index - 3)
-            return " <- ".join(lines[start:index + 1])
+            return " <- ".join(lines[start : index + 1])
     return "(no __getitem__ frame)"
 
 
 def render(results: list[dict[str, Any]], command: str) -> str:
-    rows = ["| the source's call | hold (s) | scrapes answered during it | watchdog dump, s after the block began "
-            "| the dump shows the blocking frame | `py-spy dump --native` from outside, mid-hold |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| the source's call | hold (s) | scrapes answered during it | watchdog dump, s after the block began "
+        "| the dump shows the blocking frame | `py-spy dump --native` from outside, mid-hold |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         dump = "none" if r["dump_after_block"] is None else f"{r['dump_after_block']:.1f}"
-        call = "libc sleep() via ctypes.PyDLL (holds the GIL)" if r["kind"] == "holds" else \
-            "time.sleep() (releases the GIL)"
-        rows.append(f"| {call} | {r['hold']:.1f} | {r['scrapes_answered']} of {r['scrapes_during']} | {dump} | "
-                    f"{'yes' if r['dump_names_source'] else 'no'} | `{r['py_spy']}` |")
-    return "\n".join([
-        "# A native call that holds the GIL: measured",
-        "",
-        f"Produced by `{command}` on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}), {time.strftime('%Y-%m-%d', time.gmtime())}.",
-        "",
-        f"A training with `hang.min_seconds: {MIN_SECONDS:g}` blocks in its data source at sample {HOLD_AT}, once "
-        "in a call that keeps the GIL and once in one that releases it. This script scrapes `/metrics` every "
-        f"{POLL} s ({SCRAPE_TIMEOUT:g} s timeout) and runs py-spy once mid-hold.",
-        "",
-        *rows,
-        "",
-        "While the GIL is held no Python thread of the process runs: not the watchdog, not the endpoint's server "
-        "thread. Scrapes time out (Prometheus records `up` 0, and MindSporeTrainingRankDown pages once that lasts "
-        "past its `for` of 20 s), and the watchdog can only look again once the call returned: its dump, if the "
-        "phase is still past its deadline by then, shows where the thread is *after* the call, not the call. "
-        "py-spy reads the process from outside without the GIL and names the native frame that holds it. With "
-        "the GIL released the watchdog dumps at the deadline, showing the blocked frame, and every scrape is "
-        "answered.",
-        "",
-    ])
+        call = (
+            "libc sleep() via ctypes.PyDLL (holds the GIL)"
+            if r["kind"] == "holds"
+            else "time.sleep() (releases the GIL)"
+        )
+        rows.append(
+            f"| {call} | {r['hold']:.1f} | {r['scrapes_answered']} of {r['scrapes_during']} | {dump} | "
+            f"{'yes' if r['dump_names_source'] else 'no'} | `{r['py_spy']}` |"
+        )
+    return "\n".join(
+        [
+            "# A native call that holds the GIL: measured",
+            "",
+            f"Produced by `{command}` on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}), {time.strftime('%Y-%m-%d', time.gmtime())}.",
+            "",
+            f"A training with `hang.min_seconds: {MIN_SECONDS:g}` blocks in its data source at sample {HOLD_AT}, once "
+            "in a call that keeps the GIL and once in one that releases it. This script scrapes `/metrics` every "
+            f"{POLL} s ({SCRAPE_TIMEOUT:g} s timeout) and runs py-spy once mid-hold.",
+            "",
+            *rows,
+            "",
+            "While the GIL is held no Python thread of the process runs: not the watchdog, not the endpoint's server "
+            "thread. Scrapes time out (Prometheus records `up` 0, and MindSporeTrainingRankDown pages once that lasts "
+            "past its `for` of 20 s), and the watchdog can only look again once the call returned: its dump, if the "
+            "phase is still past its deadline by then, shows where the thread is *after* the call, not the call. "
+            "py-spy reads the process from outside without the GIL and names the native frame that holds it. With "
+            "the GIL released the watchdog dumps at the deadline, showing the blocked frame, and every scrape is "
+            "answered.",
+            "",
+        ]
+    )
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps
                 batches.append([t.asnumpy() for t in cb_params.train_dataset_element])
 
     model.train(1, synthetic_dataset(size=(steps + 10) * BATCH), callbacks=[StepEnds()], dataset_sink_mode=False)
-    step_ms = float(np.median(np.diff(ends[10:])))  * 1e3
+    step_ms = float(np.median(np.diff(ends[10:]))) * 1e3
     scratch = Path(tempfile.mkdtemp(prefix="ms_exporter_bench_"))
     states = GoodStates("memory", math.inf, scratch, 1)
     states.bind(model.train_network)
@@ -79,11 +79,21 @@ def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps
         by_size.append(row)
         del net
     states.close()
-    return {"parameters": int(sum(p.size for p in states._parameters)), "tensors": len(states.names),
-            "state_mib": states.nbytes / 2**20, "capture_ms": capture_ms, "restore_ms": restore_ms,
-            "identity_us": identity_us, "health_us": health_us, "step_ms": step_ms, "every_n_steps": every_n_steps,
-            "batch": [f"{c.dtype}{list(c.shape)}" for c in columns],
-            "share": (capture_ms / every_n_steps + per_step_ms) / step_ms, "by_size": by_size, "n": captures}
+    return {
+        "parameters": int(sum(p.size for p in states._parameters)),
+        "tensors": len(states.names),
+        "state_mib": states.nbytes / 2**20,
+        "capture_ms": capture_ms,
+        "restore_ms": restore_ms,
+        "identity_us": identity_us,
+        "health_us": health_us,
+        "step_ms": step_ms,
+        "every_n_steps": every_n_steps,
+        "batch": [f"{c.dtype}{list(c.shape)}" for c in columns],
+        "share": (capture_ms / every_n_steps + per_step_ms) / step_ms,
+        "by_size": by_size,
+        "n": captures,
+    }
 
 
 if __name__ == "__main__":

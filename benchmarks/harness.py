@@ -15,8 +15,10 @@ class SyntheticRun:
         from mindspore import Parameter, Tensor, nn
         from mindspore.train.callback import RunContext, _InternalCallbackParam
 
-        self.params = [Parameter(Tensor(np.ones((4, 4), np.float32)), name=f"block.{i // 2}.dense{i % 2}.weight")
-                       for i in range(parameters)]
+        self.params = [
+            Parameter(Tensor(np.ones((4, 4), np.float32)), name=f"block.{i // 2}.dense{i % 2}.weight")
+            for i in range(parameters)
+        ]
         optimizer = nn.Momentum(self.params, nn.ExponentialDecayLR(0.1, 0.9, 100), 0.9)
         mask = np.zeros((16, 32), np.int32)
         mask[:, :20] = 1
@@ -32,8 +34,15 @@ class SyntheticRun:
         if outputs == "scalar":
             cb.net_outputs = loss  # a float: the loss's device read is timed separately
         else:  # MindSpore Transformers' 7-tuple with local norms, for layer series
-            cb.net_outputs = (loss, Tensor(False), Tensor(np.float32(1024.0)), Tensor(np.float32(1e-3)),
-                              Tensor(np.float32(3.0)), norms, Tensor(np.ones(parameters, np.float32)))
+            cb.net_outputs = (
+                loss,
+                Tensor(False),
+                Tensor(np.float32(1024.0)),
+                Tensor(np.float32(1e-3)),
+                Tensor(np.float32(3.0)),
+                norms,
+                Tensor(np.ones(parameters, np.float32)),
+            )
         self.cb_params = cb
         self.run_context = RunContext(cb)
         self.loss_tensor = Tensor(np.float32(0.5))

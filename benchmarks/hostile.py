@@ -28,8 +28,11 @@ USER, PASSWORD = "prometheus", "scrape-me-please"
 CASES = (
     ("slowloris", "50 sockets, each sending one byte of a request head a second (reopened when dropped)", "open"),
     ("silent", "200 connections that never send a byte (reopened when dropped)", "open"),
-    ("password", "wrong passwords for a user with a bcrypt hash (cost 10), a new one per request, 20 requests/s",
-     "auth"),
+    (
+        "password",
+        "wrong passwords for a user with a bcrypt hash (cost 10), a new one per request, 20 requests/s",
+        "auth",
+    ),
     ("series", "GET /api/series?since=-1 (the live page's whole history), 50 requests/s", "open"),
 )
 FLOOD_CONNECTIONS = 8
@@ -41,13 +44,31 @@ def _attacker(case: str, url: str) -> subprocess.Popen[str]:
     host, port = host_port.rsplit(":", 1)
     if case in ("slowloris", "silent"):
         count = 50 if case == "slowloris" else 200
-        return subprocess.Popen([sys.executable, "-m", "benchmarks.hostile_load", case, host, port, str(count)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.hostile_load", case, host, port, str(count)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
     delay_ms = max(1, round(1000 * FLOOD_CONNECTIONS / FLOOD_RATES[case]))
-    return subprocess.Popen(["wrk", "-t1", f"-c{FLOOD_CONNECTIONS}", "-d600s", "--timeout", "5s", "-s",
-                             str(ROOT / "benchmarks" / "wrk_check.lua"), f"http://{host_port}/"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "DELAY_MS": str(delay_ms), "MODE": case, "USER_NAME": USER})
+    return subprocess.Popen(
+        [
+            "wrk",
+            "-t1",
+            f"-c{FLOOD_CONNECTIONS}",
+            "-d600s",
+            "--timeout",
+            "5s",
+            "-s",
+            str(ROOT / "benchmarks" / "wrk_check.lua"),
+            f"http://{host_port}/",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "DELAY_MS": str(delay_ms), "MODE": case, "USER_NAME": USER},
+    )
 
 
 def _stop_attacker(case: str, attacker: subprocess.Popen[str]) -> dict[str, Any]:
@@ -76,8 +97,10 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
     network = build_network()
     model = Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
-    monitors = {"open": TrainingMonitor(port=0, project="hostile"),
-                "auth": TrainingMonitor(port=0, project="hostile-auth", web={"basic_auth_users": {USER: hashed}})}
+    monitors = {
+        "open": TrainingMonitor(port=0, project="hostile"),
+        "auth": TrainingMonitor(port=0, project="hostile-auth", web={"basic_auth_users": {USER: hashed}}),
+    }
     ratios: dict[str, list[float]] = {case: [] for case, _, _ in CASES}
     latencies: dict[str, list[float]] = {case: [] for case, _, _ in CASES}
     attacks: dict[str, dict[str, float]] = {case: {} for case, _, _ in CASES}
@@ -89,15 +112,30 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
             for case, _, target in CASES:
                 monitor = monitors[target]
                 url = monitor.url or ""
-                scraper = subprocess.Popen([sys.executable, "-m", "benchmarks.hostile_load", "scrape", url,
-                                            *([f"{USER}:{PASSWORD}"] if target == "auth" else [])],
-                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+                scraper = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.hostile_load",
+                        "scrape",
+                        url,
+                        *([f"{USER}:{PASSWORD}"] if target == "auth" else []),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    cwd=ROOT,
+                )
                 attacker = _attacker(case, url)
                 time.sleep(2.0)  # connected and at its pace
                 attacker.send_signal(signal.SIGSTOP)  # the first block is unloaded
                 timer = _block_timer(attacker, block_steps)  # type: ignore[arg-type]
-                model.train(1, synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
-                            callbacks=[monitor, timer], dataset_sink_mode=False)
+                model.train(
+                    1,
+                    synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
+                    callbacks=[monitor, timer],
+                    dataset_sink_mode=False,
+                )
                 for key, value in _stop_attacker(case, attacker).items():
                     attacks[case][key] = attacks[case].get(key, 0.0) + value
                 scraper.send_signal(signal.SIGTERM)
@@ -115,32 +153,59 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
         low, high = np.percentile(np.median(rng.choice(values, size=(1000, len(values))), axis=1), [2.5, 97.5])
         seen = np.asarray(latencies[case])
         attack = attacks[case]
-        rows.append({"case": case, "what": what, "median": float(np.median(medians[case])) * 1e3,
-                     "pairs": len(values), "ratio": float(np.median(values)), "ratio_low": float(low),
-                     "ratio_high": float(high), "scrapes": len(seen),
-                     "failed": int(np.sum(seen >= 5.0)), "p50_ms": float(np.percentile(seen, 50)) * 1e3,
-                     "p99_ms": float(np.percentile(seen, 99)) * 1e3, "max_ms": float(seen.max()) * 1e3,
-                     "attack": (f"{attack['sent']:.0f} requests, {attack['ok']:.0f} answered as expected, "
-                                f"{attack['bad'] + attack['socket_errors']:.0f} other" if attack else "")})
+        rows.append(
+            {
+                "case": case,
+                "what": what,
+                "median": float(np.median(medians[case])) * 1e3,
+                "pairs": len(values),
+                "ratio": float(np.median(values)),
+                "ratio_low": float(low),
+                "ratio_high": float(high),
+                "scrapes": len(seen),
+                "failed": int(np.sum(seen >= 5.0)),
+                "p50_ms": float(np.percentile(seen, 50)) * 1e3,
+                "p99_ms": float(np.percentile(seen, 99)) * 1e3,
+                "max_ms": float(seen.max()) * 1e3,
+                "attack": (
+                    f"{attack['sent']:.0f} requests, {attack['ok']:.0f} answered as expected, "
+                    f"{attack['bad'] + attack['socket_errors']:.0f} other"
+                    if attack
+                    else ""
+                ),
+            }
+        )
     return rows
 
 
-def render_hostile(rows: list[dict[str, Any]], blocks: int, block_steps: int, passes: int,
-                   measured_apart: str = "") -> str:
+def render_hostile(
+    rows: list[dict[str, Any]], blocks: int, block_steps: int, passes: int, measured_apart: str = ""
+) -> str:
     """The section; `measured_apart` says when and how it was measured if not with the rest of its block."""
     verdicts = "\n".join(
         f"- {r['case']}: scrape p99 {r['p99_ms']:.0f} ms ({'met' if r['p99_ms'] < 1000 else 'missed'}: under 1 s), "
         f"{r['failed']} of {r['scrapes']} scrapes failed; step time x{r['ratio']:.3f} (95% interval "
         f"x{r['ratio_low']:.3f} to x{r['ratio_high']:.3f}; "
         f"{'met' if r['ratio_high'] < 1.05 else 'not demonstrated' if r['ratio'] < 1.05 else 'missed'}: under x1.05)"
-        for r in rows)
-    cases = "\n".join(f"- **{r['case']}**: {r['what']}" + (f" ({r['attack']})" if r["attack"] else "")
-                      for r in rows)
-    shown = table(rows, [("case", "attack", ""), ("scrapes", "scrapes", "d"), ("failed", "failed", "d"),
-                         ("p50_ms", "scrape p50 ms", ".1f"), ("p99_ms", "scrape p99 ms", ".1f"),
-                         ("max_ms", "max ms", ".0f"), ("median", "median ms/step", ".2f"),
-                         ("pairs", "block pairs", "d"), ("ratio", "step time ratio", ".3f"),
-                         ("ratio_low", "95% low", ".3f"), ("ratio_high", "95% high", ".3f")])
+        for r in rows
+    )
+    cases = "\n".join(f"- **{r['case']}**: {r['what']}" + (f" ({r['attack']})" if r["attack"] else "") for r in rows)
+    shown = table(
+        rows,
+        [
+            ("case", "attack", ""),
+            ("scrapes", "scrapes", "d"),
+            ("failed", "failed", "d"),
+            ("p50_ms", "scrape p50 ms", ".1f"),
+            ("p99_ms", "scrape p99 ms", ".1f"),
+            ("max_ms", "max ms", ".0f"),
+            ("median", "median ms/step", ".2f"),
+            ("pairs", "block pairs", "d"),
+            ("ratio", "step time ratio", ".3f"),
+            ("ratio_low", "95% low", ".3f"),
+            ("ratio_high", "95% high", ".3f"),
+        ],
+    )
     return f"""### Hostile clients during training
 {measured_apart}The same training and block method ({blocks} attacked blocks of {block_steps} steps per training,
 {passes} passes, the first {SETTLE_STEPS} steps of each block left out), the default monitor (the password case with one

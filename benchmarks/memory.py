@@ -38,11 +38,22 @@ print(json.dumps(rss))
 def measure(steps: int, scratch: str) -> list[dict[str, Any]]:
     rows = []
     for with_monitor in (False, True):
-        out = subprocess.run([sys.executable, "-c", _PROBE, str(steps), "1" if with_monitor else "0", scratch],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(steps), "1" if with_monitor else "0", scratch],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rss = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append({"case": "TrainingMonitor (prometheus + local, grad norm every 10)" if with_monitor
-                     else "the same loop without the monitor",
-                     "start_mb": rss["start"] / 2**20, "after_1000_mb": rss["1000"] / 2**20,
-                     "end_mb": rss[str(steps)] / 2**20, "steps": steps})
+        rows.append(
+            {
+                "case": "TrainingMonitor (prometheus + local, grad norm every 10)"
+                if with_monitor
+                else "the same loop without the monitor",
+                "start_mb": rss["start"] / 2**20,
+                "after_1000_mb": rss["1000"] / 2**20,
+                "end_mb": rss[str(steps)] / 2**20,
+                "steps": steps,
+            }
+        )
     return rows

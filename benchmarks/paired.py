@@ -139,14 +139,21 @@ def _bootstrap_medians(ratios: np.ndarray, seed: int) -> np.ndarray:
     return np.median(rng.choice(ratios, size=(1000, len(ratios))), axis=1)
 
 
-def _summary(label: str, ratios: np.ndarray, amortize: int = 1,
-             per_training: list[float] | None = None) -> dict[str, Any]:
+def _summary(
+    label: str, ratios: np.ndarray, amortize: int = 1, per_training: list[float] | None = None
+) -> dict[str, Any]:
     # The median of pair ratios, and a bootstrap 95% interval of that median.
     low, high = np.percentile(_bootstrap_medians(ratios, 0), [2.5, 97.5])
     median = float(np.median(ratios))
-    return {"case": label, "pairs": len(ratios), "ratio": median, "cost": (median - 1) / amortize,
-            "cost_low": (float(low) - 1) / amortize, "cost_high": (float(high) - 1) / amortize,
-            "per_training": ", ".join(f"{value * 100:+.2f}%" for value in (per_training or []))}
+    return {
+        "case": label,
+        "pairs": len(ratios),
+        "ratio": median,
+        "cost": (median - 1) / amortize,
+        "cost_low": (float(low) - 1) / amortize,
+        "cost_high": (float(high) - 1) / amortize,
+        "per_training": ", ".join(f"{value * 100:+.2f}%" for value in (per_training or [])),
+    }
 
 
 def difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, float]:
@@ -179,36 +186,54 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
 
     def run(train: Any, callbacks: list[Any], recorders: tuple[Publications, ...] = ()) -> dict[int, float]:
         timer = _timer()
-        train.train(1, synthetic_dataset(size=BATCH * 5, batch=BATCH), callbacks=[*callbacks, timer],
-                    dataset_sink_mode=False)  # compile and warm up
+        train.train(
+            1, synthetic_dataset(size=BATCH * 5, batch=BATCH), callbacks=[*callbacks, timer], dataset_sink_mode=False
+        )  # compile and warm up
         timer.intervals.clear()
         timer.last = None
         for recorder in recorders:
             recorder.clear()
         with _stdout_to(os.path.join(scratch, "train.log")):
-            train.train(1, synthetic_dataset(size=BATCH * steps, batch=BATCH), callbacks=[*callbacks, timer],
-                        dataset_sink_mode=False)
+            train.train(
+                1,
+                synthetic_dataset(size=BATCH * steps, batch=BATCH),
+                callbacks=[*callbacks, timer],
+                dataset_sink_mode=False,
+            )
         return {step: value for step, value in timer.intervals.items() if step > 3}
 
     bare = lambda step: step % 2 == 1  # noqa: E731
     plain = model(cell=False)
-    cases = {MONITOR: "TrainingMonitor, defaults (its publishing steps left out)",
-             LOSS_TIME: "LossMonitor + TimeMonitor", CONTROL: "A/A control: a callback that does nothing"}
+    cases = {
+        MONITOR: "TrainingMonitor, defaults (its publishing steps left out)",
+        LOSS_TIME: "LossMonitor + TimeMonitor",
+        CONTROL: "A/A control: a callback that does nothing",
+    }
     pooled: dict[int, list[np.ndarray]] = {slot: [] for slot in cases}
     for _ in range(trainings):
         monitor = TrainingMonitor(port=0, save_dir=scratch)
         published = Publications(monitor)
-        intervals = run(plain, [_rotate({MONITOR: [monitor], LOSS_TIME: [LossMonitor(), TimeMonitor()],
-                                         CONTROL: [_nothing()]})], (published,))
+        intervals = run(
+            plain,
+            [_rotate({MONITOR: [monitor], LOSS_TIME: [LossMonitor(), TimeMonitor()], CONTROL: [_nothing()]})],
+            (published,),
+        )
         monitor.close()
         publishing = set(published.steps)
         for slot in cases:
-            pooled[slot].append(pair_ratios(
-                intervals, lambda step, slot=slot, left_out=publishing: step % SLOTS == slot and step not in left_out,
-                bare))
-    rows = [_summary(label, np.concatenate(pooled[slot]),
-                     per_training=[float(np.median(ratios)) - 1 for ratios in pooled[slot]])
-            for slot, label in cases.items()]
+            pooled[slot].append(
+                pair_ratios(
+                    intervals,
+                    lambda step, slot=slot, left_out=publishing: step % SLOTS == slot and step not in left_out,
+                    bare,
+                )
+            )
+    rows = [
+        _summary(
+            label, np.concatenate(pooled[slot]), per_training=[float(np.median(ratios)) - 1 for ratios in pooled[slot]]
+        )
+        for slot, label in cases.items()
+    ]
     monitor_row, loss_time_row, control_row = rows
 
     # The publications, as they happen in use: the monitor on every step, each publication timed.
@@ -217,14 +242,21 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
     intervals = run(plain, [monitor], (published,))
     monitor.close()
     records = max(len(intervals), 1)
-    publications = {"publications": len(published.steps), "records": records,
-                    "publish_ms": float(np.median(published.seconds)) * 1e3 if published.seconds else 0.0,
-                    "record_us": sum(published.seconds) / records * 1e6,
-                    "step_ms": float(np.median(list(intervals.values()))) * 1e3,
-                    "share": sum(published.seconds) / sum(intervals.values())}
+    publications = {
+        "publications": len(published.steps),
+        "records": records,
+        "publish_ms": float(np.median(published.seconds)) * 1e3 if published.seconds else 0.0,
+        "record_us": sum(published.seconds) / records * 1e6,
+        "step_ms": float(np.median(list(intervals.values()))) * 1e3,
+        "share": sum(published.seconds) / sum(intervals.values()),
+    }
     extra = publications["share"]
-    monitor_row.update(publish_extra=extra, all_steps=monitor_row["cost"] + extra,
-                       all_steps_low=monitor_row["cost_low"] + extra, all_steps_high=monitor_row["cost_high"] + extra)
+    monitor_row.update(
+        publish_extra=extra,
+        all_steps=monitor_row["cost"] + extra,
+        all_steps_low=monitor_row["cost_low"] + extra,
+        all_steps_high=monitor_row["cost_high"] + extra,
+    )
     monitor_ratios, loss_time_ratios = np.concatenate(pooled[MONITOR]), np.concatenate(pooled[LOSS_TIME])
     below = difference(monitor_ratios, loss_time_ratios)
 
@@ -232,11 +264,21 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
     # its cost spread over the 10 steps, on top of the monitor's per-step cost measured above.
     monitor = TrainingMonitor(port=0, save_dir=scratch, grad_norm={"every_n_steps": 10})
     tenth = lambda step: step % 10 == 0  # noqa: E731
-    grad_row = _summary("grad norm every 10 steps (GradNormTrainOneStepCell + monitor): measured steps against "
-                        "their neighbours, spread over 10 steps",
-                        pair_ratios(run(model(cell=True), [monitor]), tenth, lambda step: not tenth(step)),
-                        amortize=10)
+    grad_row = _summary(
+        "grad norm every 10 steps (GradNormTrainOneStepCell + monitor): measured steps against "
+        "their neighbours, spread over 10 steps",
+        pair_ratios(run(model(cell=True), [monitor]), tenth, lambda step: not tenth(step)),
+        amortize=10,
+    )
     monitor.close()
-    return {"rows": [*rows, grad_row], "monitor": monitor_row, "loss_time": loss_time_row, "control": control_row,
-            "grad": grad_row, "publications": publications, "trainings": trainings, "steps": steps,
-            "below_loss_time": {"difference": below[0] + extra, "low": below[1] + extra, "high": below[2] + extra}}
+    return {
+        "rows": [*rows, grad_row],
+        "monitor": monitor_row,
+        "loss_time": loss_time_row,
+        "control": control_row,
+        "grad": grad_row,
+        "publications": publications,
+        "trainings": trainings,
+        "steps": steps,
+        "below_loss_time": {"difference": below[0] + extra, "low": below[1] + extra, "high": below[2] + extra},
+    }

@@ -39,9 +39,12 @@ SETTLE_STEPS = 5  # steps left out at the start of each block, while the load st
 
 def start_load(url: str, rate: float, keep_alive: bool) -> subprocess.Popen[str]:
     delay_ms = max(1, round(1000 * CONNECTIONS / rate))
-    return subprocess.Popen(["wrk", "-t1", f"-c{CONNECTIONS}", "-d600s", "--timeout", "5s", "-s", str(WRK_SCRIPT),
-                             url], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "DELAY_MS": str(delay_ms), "CLOSE": "0" if keep_alive else "1"})
+    return subprocess.Popen(
+        ["wrk", "-t1", f"-c{CONNECTIONS}", "-d600s", "--timeout", "5s", "-s", str(WRK_SCRIPT), url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DELAY_MS": str(delay_ms), "CLOSE": "0" if keep_alive else "1"},
+    )
 
 
 def stop_load(loader: subprocess.Popen[str]) -> dict[str, Any]:
@@ -65,7 +68,8 @@ class StaticCopy:
             f"worker_processes 1; daemon off; pid {root}/nginx.pid; error_log {root}/error.log;\n"
             f"events {{ worker_connections 256; }}\n"
             f"http {{ access_log off; default_type text/plain; keepalive_requests 100; client_body_temp_path {root};\n"
-            f"  server {{ listen 127.0.0.1:{self.port}; root {root}/html; }} }}\n")
+            f"  server {{ listen 127.0.0.1:{self.port}; root {root}/html; }} }}\n"
+        )
         self._process = subprocess.Popen(["nginx", "-c", str(root / "nginx.conf")], stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}/metrics"
         deadline = time.monotonic() + 10
@@ -126,8 +130,13 @@ def block_ratios(steps: list[tuple[int, int, float]], settle: int) -> list[float
         if within >= settle:
             blocks.setdefault(block, []).append(interval)
     medians = {block: float(np.median(values)) for block, values in blocks.items() if values}
-    return [medians[block] / medians[other] for block in medians if block % 2 == 1
-            for other in (block - 1, block + 1) if other in medians]
+    return [
+        medians[block] / medians[other]
+        for block in medians
+        if block % 2 == 1
+        for other in (block - 1, block + 1)
+        if other in medians
+    ]
 
 
 def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
@@ -147,11 +156,14 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
     model = Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
     # The default monitor (its endpoint serves at most web.max_requests_per_second, 20) and one without that
     # budget, which shows what the endpoint's requests themselves cost.
-    monitors = {"monitor": TrainingMonitor(port=0),
-                "unlimited": TrainingMonitor(port=0, web={"max_requests_per_second": 0})}
+    monitors = {
+        "monitor": TrainingMonitor(port=0),
+        "unlimited": TrainingMonitor(port=0, web={"max_requests_per_second": 0}),
+    }
     static: StaticCopy | None = None
-    cases = [(target, rate, keep) for target in ("monitor", "unlimited", "nginx") for rate in rates
-             for keep in (True, False)]
+    cases = [
+        (target, rate, keep) for target in ("monitor", "unlimited", "nginx") for rate in rates for keep in (True, False)
+    ]
     ratios: dict[tuple[str, float, bool], list[float]] = {case: [] for case in cases}
     responses: dict[tuple[str, float, bool], dict[str, float]] = {case: {} for case in cases}
     loaded_seconds = dict.fromkeys(cases, 0.0)
@@ -169,8 +181,12 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
                 time.sleep(1.0)  # connected and running at its pace
                 loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
                 timer = _block_timer(loader, block_steps)
-                model.train(1, synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
-                            callbacks=[monitor, timer], dataset_sink_mode=False)
+                model.train(
+                    1,
+                    synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
+                    callbacks=[monitor, timer],
+                    dataset_sink_mode=False,
+                )
                 loader.send_signal(signal.SIGCONT)
                 time.sleep(0.5)  # wrk ignores a SIGINT that arrives right after SIGCONT (seen with Debian's 4.1)
                 for key, value in stop_load(loader).items():
@@ -191,17 +207,29 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
         low, high = np.percentile(np.median(rng.choice(values, size=(1000, len(values))), axis=1), [2.5, 97.5])
         answered = responses[case]
         how = "kept-alive connections" if keep_alive else "a new connection per request"
-        label = {"monitor": f"the rank's /metrics (defaults: a budget of {BUDGET:g} requests/s), {rate:g} requests/s "
-                            f"wanted, {how}",
-                 "unlimited": f"the rank's /metrics without the request budget, {rate:g} requests/s wanted, {how}",
-                 "nginx": f"nginx serving a copy of the page, {rate:g} requests/s wanted, {how} (the floor)"}[target]
-        rows.append({"case": label, "target": target, "rate": rate, "keep_alive": keep_alive,
-                     "median": float(np.median(medians[case])) * 1e3, "pairs": len(values),
-                     "ratio": float(np.median(values)), "ratio_low": float(low), "ratio_high": float(high),
-                     "achieved": answered["sent"] / loaded_seconds[case] if loaded_seconds[case] else 0.0,
-                     "ok": int(answered.get("ok", 0)),
-                     "bad": int(answered.get("bad", 0) + answered.get("socket_errors", 0)),
-                     "p90_ms": answered.get("p90_ms", 0.0) / max(1, passes)})
+        label = {
+            "monitor": f"the rank's /metrics (defaults: a budget of {BUDGET:g} requests/s), {rate:g} requests/s "
+            f"wanted, {how}",
+            "unlimited": f"the rank's /metrics without the request budget, {rate:g} requests/s wanted, {how}",
+            "nginx": f"nginx serving a copy of the page, {rate:g} requests/s wanted, {how} (the floor)",
+        }[target]
+        rows.append(
+            {
+                "case": label,
+                "target": target,
+                "rate": rate,
+                "keep_alive": keep_alive,
+                "median": float(np.median(medians[case])) * 1e3,
+                "pairs": len(values),
+                "ratio": float(np.median(values)),
+                "ratio_low": float(low),
+                "ratio_high": float(high),
+                "achieved": answered["sent"] / loaded_seconds[case] if loaded_seconds[case] else 0.0,
+                "ok": int(answered.get("ok", 0)),
+                "bad": int(answered.get("bad", 0) + answered.get("socket_errors", 0)),
+                "p90_ms": answered.get("p90_ms", 0.0) / max(1, passes),
+            }
+        )
     return rows
 
 
@@ -254,8 +282,13 @@ receiver.stop()
 def soak(steps: int, every: int) -> dict[str, Any]:
     """A fresh process trains `steps` steps with prometheus, local and otlp on, scraped at 1/s; RSS per `every`."""
     with tempfile.TemporaryDirectory(prefix="ms_exporter_soak_") as scratch:
-        done = subprocess.run([sys.executable, "-c", _SOAK, str(steps), scratch, str(every)], capture_output=True,
-                              text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+        done = subprocess.run(
+            [sys.executable, "-c", _SOAK, str(steps), scratch, str(every)],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         if done.returncode != 0:
             raise RuntimeError(f"soak failed: {done.stderr[-2000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -263,8 +296,16 @@ def soak(steps: int, every: int) -> dict[str, Any]:
     return result
 
 
-def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], blocks: int, block_steps: int,
-           seconds: float, passes: int, hostile_block: str) -> str:
+def render(
+    command: str,
+    rows: list[dict[str, Any]],
+    soaked: dict[str, Any],
+    blocks: int,
+    block_steps: int,
+    seconds: float,
+    passes: int,
+    hostile_block: str,
+) -> str:
     settle = SETTLE_STEPS
     rss = soaked["rss"]
     mib = [(step, value / 2**20) for step, value in rss]
@@ -277,14 +318,23 @@ def render(command: str, rows: list[dict[str, Any]], soaked: dict[str, Any], blo
         f"{'default settings' if r['target'] == 'monitor' else 'request budget off'}: step time x{r['ratio']:.3f} "
         f"(95% interval x{r['ratio_low']:.3f} to x{r['ratio_high']:.3f}), x{floor[(r['rate'], r['keep_alive'])]:.3f} "
         f"with nginx serving the same page; target: under x1.05: {_judge(r['ratio'], r['ratio_high'])}"
-        for r in ours)
-    load_table = table(rows, [("case", "load on /metrics", ""),
-                              ("achieved", "requests/s achieved (while wrk ran)", ".0f"),
-                              ("ok", "well-formed responses", "d"), ("bad", "bad or failed", "d"),
-                              ("p90_ms", "response p90 ms (mean of passes)", ".1f"),
-                              ("median", "median ms/step", ".2f"), ("pairs", "block pairs", "d"),
-                              ("ratio", "step time ratio (median of block pairs)", ".3f"),
-                              ("ratio_low", "95% low", ".3f"), ("ratio_high", "95% high", ".3f")])
+        for r in ours
+    )
+    load_table = table(
+        rows,
+        [
+            ("case", "load on /metrics", ""),
+            ("achieved", "requests/s achieved (while wrk ran)", ".0f"),
+            ("ok", "well-formed responses", "d"),
+            ("bad", "bad or failed", "d"),
+            ("p90_ms", "response p90 ms (mean of passes)", ".1f"),
+            ("median", "median ms/step", ".2f"),
+            ("pairs", "block pairs", "d"),
+            ("ratio", "step time ratio (median of block pairs)", ".3f"),
+            ("ratio_low", "95% low", ".3f"),
+            ("ratio_high", "95% high", ".3f"),
+        ],
+    )
     rss_rows = [{"step": step, "rss": value} for step, value in mib]
     rss_table = table(rss_rows, [("step", "step", "d"), ("rss", "RSS MiB", ".1f")])
     return f"""{BEGIN}
@@ -313,14 +363,14 @@ Latency is given at p90: requests in flight when wrk is stopped wait for the nex
 {hostile_block}
 
 ### Soak: {rss[-1][0]:,} steps with the prometheus, local and otlp backends
-One fresh process, `grad_norm.every_n_steps: 10`, scraped once a second ({soaked['scrapes']} scrapes),
-exporting OTLP every second to a gRPC receiver in the same process ({soaked['otlp_requests']} requests), JSON
-Lines flushed every second ({soaked['jsonl_bytes'] / 2**20:.1f} MiB written).
+One fresh process, `grad_norm.every_n_steps: 10`, scraped once a second ({soaked["scrapes"]} scrapes),
+exporting OTLP every second to a gRPC receiver in the same process ({soaked["otlp_requests"]} requests), JSON
+Lines flushed every second ({soaked["jsonl_bytes"] / 2**20:.1f} MiB written).
 
 {rss_table}
 
 RSS from a quarter of the run to the end: {growth:+.1f} MiB. Dropped records and absorbed errors at the end:
-{_nonzero(soaked['dropped'] + soaked['errors'])}.
+{_nonzero(soaked["dropped"] + soaked["errors"])}.
 {END}"""
 
 
@@ -348,8 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, a short soak")
     parser.add_argument("--output", default="docs/reliability.md")
-    parser.add_argument("--hostile-only", action="store_true",
-                        help="measure the hostile clients and a tampered save_dir again; replace only their section")
+    parser.add_argument(
+        "--hostile-only",
+        action="store_true",
+        help="measure the hostile clients and a tampered save_dir again; replace only their section",
+    )
     args = parser.parse_args(argv)
     command = "make reliability" if not args.quick else "python -m benchmarks.reliability --quick"
     started = time.monotonic()
@@ -361,9 +414,11 @@ def main(argv: list[str] | None = None) -> int:
 
         rows_attacked = hostile(passes, blocks, block_steps)
         tampered_section = render_tampered(tampered())
-        note = (f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
-                f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
-                f"on: {machine()}.\n")
+        note = (
+            f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
+            f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
+            f"on: {machine()}.\n"
+        )
         path = Path(args.output)
         section = render_hostile(rows_attacked, blocks, block_steps, passes, note) + "\n" + tampered_section
         path.write_text(replace_section(path.read_text(), section))
@@ -390,4 +445,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark section and rewrite docs/benchmarks.md with the figures.
 
-    python -m benchmarks.run [--quick] [--output docs/benchmarks.md]
+python -m benchmarks.run [--quick] [--output docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ import psutil
 
 from benchmarks import fingerprint, good_state, hotpath, memory, paired, scrape, training
 
-TARGETS = {"step_ratio": 0.01, "grad_ratio": 0.02, "hot_path_us": 30.0, "scrape_p99_ms": 5.0, "rss_mb": 30.0,
-           "fingerprint_share": 0.001, "rollback_share": 0.02}
+TARGETS = {
+    "step_ratio": 0.01,
+    "grad_ratio": 0.02,
+    "hot_path_us": 30.0,
+    "scrape_p99_ms": 5.0,
+    "rss_mb": 30.0,
+    "fingerprint_share": 0.001,
+    "rollback_share": 0.02,
+}
 
 
 def machine() -> str:
@@ -32,8 +39,10 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM; "
-            f"{platform.platform()}; Python {platform.python_version()}; MindSpore {mindspore.__version__}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM; "
+        f"{platform.platform()}; Python {platform.python_version()}; MindSpore {mindspore.__version__}"
+    )
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -41,14 +50,21 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
     rule = "|" + "|".join("---" for _ in columns) + "|"
     lines = [head, rule]
     for row in rows:
-        lines.append("| " + " | ".join(format(row[key], fmt) if fmt else str(row[key]) for key, _, fmt in columns)
-                     + " |")
+        lines.append(
+            "| " + " | ".join(format(row[key], fmt) if fmt else str(row[key]) for key, _, fmt in columns) + " |"
+        )
     return "\n".join(lines)
 
 
-STEP_COLUMNS = [("case", "configuration", ""), ("median", "median ms/step", ".2f"), ("p90", "p90 ms", ".2f"),
-                ("n", "steps", "d"), ("ratio", "ratio to no callbacks (median of rounds)", ".3f"),
-                ("ratio_low", "lowest round", ".3f"), ("ratio_high", "highest round", ".3f")]
+STEP_COLUMNS = [
+    ("case", "configuration", ""),
+    ("median", "median ms/step", ".2f"),
+    ("p90", "p90 ms", ".2f"),
+    ("n", "steps", "d"),
+    ("ratio", "ratio to no callbacks (median of rounds)", ".3f"),
+    ("ratio_low", "lowest round", ".3f"),
+    ("ratio_high", "highest round", ".3f"),
+]
 
 
 def verdict(measured: float, target: float, unit: str, lower_is_better: bool = True) -> str:
@@ -77,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     rss = memory.measure(1_000 if quick else 10_000, scratch)  # 1,000: the first reading
     demo, larger = (2, 64), (6, 256)
     # (title, mode, model, rounds, steps per round, which configurations)
-    plans = [("demo model (2 layers, d_model 64), GRAPH: the targets", "graph", demo, 50, 30, "headline"),
-             ("demo model (2 layers, d_model 64), GRAPH: every configuration", "graph", demo, 8, 40, "all"),
-             ("demo model (2 layers, d_model 64), PYNATIVE", "pynative", demo, 4, 12, "all"),
-             ("larger model (6 layers, d_model 256), GRAPH", "graph", larger, 4, 20, "all"),
-             ("larger model (6 layers, d_model 256), PYNATIVE", "pynative", larger, 3, 6, "all")]
+    plans = [
+        ("demo model (2 layers, d_model 64), GRAPH: the targets", "graph", demo, 50, 30, "headline"),
+        ("demo model (2 layers, d_model 64), GRAPH: every configuration", "graph", demo, 8, 40, "all"),
+        ("demo model (2 layers, d_model 64), PYNATIVE", "pynative", demo, 4, 12, "all"),
+        ("larger model (6 layers, d_model 256), GRAPH", "graph", larger, 4, 20, "all"),
+        ("larger model (6 layers, d_model 256), PYNATIVE", "pynative", larger, 3, 6, "all"),
+    ]
     if quick:
         plans = [("demo model (2 layers, d_model 64), GRAPH", "graph", demo, 2, 20, "quick")]
     steps_tables = []
@@ -97,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     log("step time while scraped ...", flush=True)
     scraped = scrape.during_training([0, 1, 100], 1 if quick else 4, 30 if quick else 150)
 
-    doc = render(command, hot, latency, rss, steps_tables, scraped, pairs, prints, goods, quick,
-                 time.monotonic() - started)
+    doc = render(
+        command, hot, latency, rss, steps_tables, scraped, pairs, prints, goods, quick, time.monotonic() - started
+    )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
     log(f"wrote {args.output} in {time.monotonic() - started:.0f} s")
@@ -109,16 +128,29 @@ def _ratio(rows: list[dict[str, Any]], prefix: str) -> float:
     return next(r["ratio"] for r in rows if r["case"].startswith(prefix))
 
 
-def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]], rss: list[dict[str, Any]],
-           steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]], scraped: list[dict[str, Any]],
-           pairs: dict[str, Any], prints: dict[str, Any], goods: dict[str, Any], quick: bool, seconds: float) -> str:
+def render(
+    command: str,
+    hot: list[dict[str, Any]],
+    latency: list[dict[str, Any]],
+    rss: list[dict[str, Any]],
+    steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]],
+    scraped: list[dict[str, Any]],
+    pairs: dict[str, Any],
+    prints: dict[str, Any],
+    goods: dict[str, Any],
+    quick: bool,
+    seconds: float,
+) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
     noise, spread = abs(second["ratio"] - 1), second["ratio_high"] - second["ratio_low"]
     default_cost = _ratio(graph_rows, "TrainingMonitor, defaults") - 1
     grad_cost = _ratio(graph_rows, "TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10") - 1
-    grad_reading = (_ratio(graph_rows, "TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10")
-                    / _ratio(graph_rows, "GradNormTrainOneStepCell without") - 1)
+    grad_reading = (
+        _ratio(graph_rows, "TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10")
+        / _ratio(graph_rows, "GradNormTrainOneStepCell without")
+        - 1
+    )
     loss_monitor = next((r["ratio"] - 1 for r in graph_rows if r["case"].startswith("LossMonitor")), float("nan"))
     paired_monitor, paired_loss_monitor, paired_grad = pairs["monitor"], pairs["loss_time"], pairs["grad"]
     control, published, below = pairs["control"], pairs["publications"], pairs["below_loss_time"]
@@ -220,7 +252,7 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "time in a round is divided by the bare run's in the same round, and the table gives the median of",
         "those ratios with the lowest and highest round. Configurations that differ only in their callbacks",
         "train the same Model object; two instances of the same model differ by a few percent on their own",
-        "(memory layout), which the \"second model instance\" row measures: a difference between instances",
+        '(memory layout), which the "second model instance" row measures: a difference between instances',
         "smaller than that is not a measurement.",
         "",
         "Why two methods: on this 2-core machine the per-round ratios of two identical configurations spread",
@@ -248,9 +280,18 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "Cost = median ratio − 1 (per step for the last row), pooled over the trainings, with each training's",
         "own figure; the targets add the monitor's publications to the first row as described above.",
         "",
-        table(pairs["rows"], [("case", "case", ""), ("pairs", "pairs", "d"), ("ratio", "median ratio", ".4f"),
-                              ("cost", "cost per step", ".2%"), ("cost_low", "95% low", ".2%"),
-                              ("cost_high", "95% high", ".2%"), ("per_training", "per training", "")]),
+        table(
+            pairs["rows"],
+            [
+                ("case", "case", ""),
+                ("pairs", "pairs", "d"),
+                ("ratio", "median ratio", ".4f"),
+                ("cost", "cost per step", ".2%"),
+                ("cost_low", "95% low", ".2%"),
+                ("cost_high", "95% high", ".2%"),
+                ("per_training", "per training", ""),
+            ],
+        ),
         "",
     ]
     out += [
@@ -265,15 +306,27 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "states in memory up to `memory_limit_mb` (64 MiB: between the rows where keeping in memory stopped",
         "being the faster) and writes larger ones to disk (docs/rollback.md).",
         "",
-        table(goods["by_size"], [("mib", "state MiB", "d"), ("memory_capture_ms", "memory: keep ms", ".1f"),
-                                 ("memory_restore_ms", "memory: restore ms", ".1f"),
-                                 ("disk_capture_ms", "disk: keep ms", ".1f"),
-                                 ("disk_restore_ms", "disk: restore ms", ".1f")]),
+        table(
+            goods["by_size"],
+            [
+                ("mib", "state MiB", "d"),
+                ("memory_capture_ms", "memory: keep ms", ".1f"),
+                ("memory_restore_ms", "memory: restore ms", ".1f"),
+                ("disk_capture_ms", "disk: keep ms", ".1f"),
+                ("disk_restore_ms", "disk: restore ms", ".1f"),
+            ],
+        ),
         "",
     ]
     for title, rounds, steps, rows in steps_tables:
-        out += [f"## Training step time: {title}", "", f"{rounds} rounds × {steps} steps per configuration.", "",
-                table(rows, STEP_COLUMNS), ""]
+        out += [
+            f"## Training step time: {title}",
+            "",
+            f"{rounds} rounds × {steps} steps per configuration.",
+            "",
+            table(rows, STEP_COLUMNS),
+            "",
+        ]
     out += [
         "## The hot path alone",
         "",
@@ -283,9 +336,17 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "records go through the probes every second, so the mean (publications spread over every step) is the",
         "cost per step and the median the cost of a step that only records.",
         "",
-        table(hot, [("case", "case", ""), ("mean_us", "mean µs", ".1f"), ("median_us", "median µs", ".1f"),
-                    ("p90_us", "p90 µs", ".1f"),
-                    ("p99_us", "p99 µs", ".1f"), ("n", "calls", "d")]),
+        table(
+            hot,
+            [
+                ("case", "case", ""),
+                ("mean_us", "mean µs", ".1f"),
+                ("median_us", "median µs", ".1f"),
+                ("p90_us", "p90 µs", ".1f"),
+                ("p99_us", "p99 µs", ".1f"),
+                ("n", "calls", "d"),
+            ],
+        ),
         "",
         "With 7-tuple outputs (MindSpore Transformers' shape) the overflow flag is read every step; at sampled",
         "steps the norms are moved to the host and turned into layer series.",
@@ -295,24 +356,48 @@ def render(command: str, hot: list[dict[str, Any]], latency: list[dict[str, Any]
         "Sequential GETs of `/metrics` over loopback after 200 synthetic steps, with the endpoint's request budget",
         "(`web.max_requests_per_second`) off: what a request costs once it is served:",
         "",
-        table(latency, [("case", "case", ""), ("median", "median ms", ".2f"), ("p90", "p90 ms", ".2f"),
-                        ("p99", "p99 ms", ".2f"), ("bytes", "bytes", "d"), ("layer_series", "layer series", "d")]),
+        table(
+            latency,
+            [
+                ("case", "case", ""),
+                ("median", "median ms", ".2f"),
+                ("p90", "p90 ms", ".2f"),
+                ("p99", "p99 ms", ".2f"),
+                ("bytes", "bytes", "d"),
+                ("layer_series", "layer series", "d"),
+            ],
+        ),
         "",
         "Training step time (demo model, GRAPH, default monitor with the request budget off, so that 100",
         "scrapes a second are served at 100; with the default budget of 20 a second the endpoint serves at most",
         "that, see docs/reliability.md) while another process scrapes the endpoint:",
         "",
-        table(scraped, [("case", "case", ""), ("median", "median ms/step", ".2f"), ("p90", "p90 ms", ".2f"),
-                        ("n", "steps", "d"), ("ratio", "median / not scraped", ".3f")]),
+        table(
+            scraped,
+            [
+                ("case", "case", ""),
+                ("median", "median ms/step", ".2f"),
+                ("p90", "p90 ms", ".2f"),
+                ("n", "steps", "d"),
+                ("ratio", "median / not scraped", ".3f"),
+            ],
+        ),
         "",
         "## Memory",
         "",
         "Resident set size of a fresh process running synthetic steps (prometheus + local backends, grad norm",
         "every 10 steps from 7-tuple outputs), and of the same loop without the monitor:",
         "",
-        table(rss, [("case", "case", ""), ("start_mb", "start MB", ".1f"), ("after_1000_mb", "after 1,000 steps MB",
-                                                                             ".1f"),
-                    ("end_mb", "end MB", ".1f"), ("steps", "steps", "d")]),
+        table(
+            rss,
+            [
+                ("case", "case", ""),
+                ("start_mb", "start MB", ".1f"),
+                ("after_1000_mb", "after 1,000 steps MB", ".1f"),
+                ("end_mb", "end MB", ".1f"),
+                ("steps", "steps", "d"),
+            ],
+        ),
         "",
         f"RSS added by the monitor: {rss_added:.1f} MB (end with monitor − end without).",
         "",

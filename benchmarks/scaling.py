@@ -41,11 +41,18 @@ from tests.support.waiting import free_port
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 # What Prometheus 2.42 sends by default: it prefers OpenMetrics, and asks for gzip.
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 # Prometheus adds these to every target: https://prometheus.io/docs/concepts/jobs_instances/
-SYNTHETIC = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
-             "scrape_series_added")
+SYNTHETIC = (
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "scrape_samples_post_metric_relabeling",
+    "scrape_series_added",
+)
 TARGET_LABELS = ("job", "instance")  # what a plain static or file_sd scrape config adds to every series
 INTERVALS = (15.0, 30.0)  # deploy/kubernetes scrapes every 15 s; 30 s is a common global setting
 RANKS = (1_000, 10_000)
@@ -59,10 +66,14 @@ RULE_SOURCE = "https://www.robustperception.io/how-much-ram-does-prometheus-2-x-
 # Layers of the demo model (per encoder layer: self_attn, self_attn.out_proj, dense1, dense2, norm1, norm2; plus
 # position, embed, head). These regexes watch 3 per encoder layer and the 3 outer ones: with 4 encoder layers that
 # is 15 = max_series - top_k, and top_k adds the 5 largest of the other 12, so the cap of 20 is reached.
-UPPER_BOUND = {"weight_norm": True,
-               "grad_norm": {"layers": [r"encoder\.layers\.\d+\.(self_attn|dense1|dense2)$", "head$", "embed$",
-                                        "position$"],
-                             "top_k": 5, "max_series": 20}}
+UPPER_BOUND = {
+    "weight_norm": True,
+    "grad_norm": {
+        "layers": [r"encoder\.layers\.\d+\.(self_attn|dense1|dense2)$", "head$", "embed$", "position$"],
+        "top_k": 5,
+        "max_series": 20,
+    },
+}
 # Memory is sampled every `interval` seconds and its growth series appear at the first sample after warm-up: at
 # the default 30 s a run of a few hundred steps would end before they exist. `interval` changes no series.
 MEASURE_INTERVAL = {"interval": 1.0}
@@ -150,12 +161,21 @@ def count_exposition(url: str) -> dict[str, Any]:
     declared = len(re.findall(r"^# TYPE ", text, flags=re.MULTILINE))
     if series != sum(1 for line in text.splitlines() if line and not line.startswith("#")):
         raise RuntimeError("the parser and the sample lines disagree on the number of series")
-    return {"series": series, "families": sum(1 for _, n in per_family.values() if n), "declared_families": declared,
-            "bucket_series": buckets, "histogram_series": histogram, "bytes_openmetrics": len(openmetrics),
-            "bytes_gzip": len(compressed), "bytes_text": len(text_body),
-            "mean_label_pairs": pairs / max(series, 1), "mean_name_length": name_length / max(series, 1),
-            "per_family": per_family, "label_values": {k: len(v) for k, v in sorted(label_values.items())},
-            "exposition": text}
+    return {
+        "series": series,
+        "families": sum(1 for _, n in per_family.values() if n),
+        "declared_families": declared,
+        "bucket_series": buckets,
+        "histogram_series": histogram,
+        "bytes_openmetrics": len(openmetrics),
+        "bytes_gzip": len(compressed),
+        "bytes_text": len(text_body),
+        "mean_label_pairs": pairs / max(series, 1),
+        "mean_name_length": name_length / max(series, 1),
+        "per_family": per_family,
+        "label_values": {k: len(v) for k, v in sorted(label_values.items())},
+        "exposition": text,
+    }
 
 
 @contextlib.contextmanager
@@ -194,18 +214,32 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
         return sum(per_family.get(name, ("", 0))[1] for name in names)
 
     return RankFigures(
-        case=case.label, encoder_layers=case.encoder_layers, steps=steps, series=counts["series"],
-        families=counts["families"], declared_families=counts["declared_families"],
-        bucket_series=counts["bucket_series"], histogram_series=counts["histogram_series"],
+        case=case.label,
+        encoder_layers=case.encoder_layers,
+        steps=steps,
+        series=counts["series"],
+        families=counts["families"],
+        declared_families=counts["declared_families"],
+        bucket_series=counts["bucket_series"],
+        histogram_series=counts["histogram_series"],
         layer_grad_norm_series=series_of("mindspore_train_layer_grad_norm"),
         weight_norm_series=series_of("mindspore_train_weight_norm"),
-        layernorm_series=series_of("mindspore_train_layernorm_scale_mean", "mindspore_train_layernorm_scale_std",
-                                   "mindspore_train_layernorm_scale_drift_ratio"),
+        layernorm_series=series_of(
+            "mindspore_train_layernorm_scale_mean",
+            "mindspore_train_layernorm_scale_std",
+            "mindspore_train_layernorm_scale_drift_ratio",
+        ),
         layernorms_in_model=len(find_layernorm_scales(network)),
-        bytes_openmetrics=counts["bytes_openmetrics"], bytes_gzip=counts["bytes_gzip"],
-        bytes_text=counts["bytes_text"], mean_label_pairs=counts["mean_label_pairs"],
-        mean_name_length=counts["mean_name_length"], per_family=per_family, label_values=counts["label_values"],
-        exposition=counts["exposition"], prometheus=seen)
+        bytes_openmetrics=counts["bytes_openmetrics"],
+        bytes_gzip=counts["bytes_gzip"],
+        bytes_text=counts["bytes_text"],
+        mean_label_pairs=counts["mean_label_pairs"],
+        mean_name_length=counts["mean_name_length"],
+        per_family=per_family,
+        label_values=counts["label_values"],
+        exposition=counts["exposition"],
+        prometheus=seen,
+    )
 
 
 # -- a real Prometheus ------------------------------------------------------------------------------------------------
@@ -230,9 +264,17 @@ class PrometheusServer:
         self.base = f"http://127.0.0.1:{self.port}"
         path = Path(scratch) / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.process = subprocess.Popen([PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={scratch}/tsdb",
-                                         f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={path}",
+                f"--storage.tsdb.path={scratch}/tsdb",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _wait(lambda: urllib.request.urlopen(f"{self.base}/-/ready", timeout=2).status == 200, 60, "Prometheus ready")
 
     def query(self, expr: str) -> list[dict[str, Any]]:
@@ -285,8 +327,10 @@ def prometheus_check(url: str, seconds: float) -> dict[str, Any]:
     """A real Prometheus scrapes the rank every second for `seconds` from its first scrape: the counts as
     Prometheus sees them."""
     address = urllib.parse.urlparse(url).netloc
-    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-              "scrape_configs": [{"job_name": "mindspore", "static_configs": [{"targets": [address]}]}]}
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [{"job_name": "mindspore", "static_configs": [{"targets": [address]}]}],
+    }
     with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
         server = PrometheusServer(config, scratch)
         try:
@@ -297,8 +341,9 @@ def prometheus_check(url: str, seconds: float) -> dict[str, Any]:
             seen = {
                 "scrapes": server.scalar(f'count_over_time(up{{job="mindspore"}}{window})'),
                 "samples_scraped": server.scalar('scrape_samples_scraped{job="mindspore"}'),
-                "series_added_first_scrape": server.scalar(f'max_over_time(scrape_series_added{{job="mindspore"}}'
-                                                           f'{window})'),
+                "series_added_first_scrape": server.scalar(
+                    f'max_over_time(scrape_series_added{{job="mindspore"}}{window})'
+                ),
                 "series_in_head": server.scalar('count({job="mindspore"})'),
                 "synthetic_in_head": server.scalar('count({job="mindspore", __name__=~"up|scrape_.+"})'),
                 "head_series_total": server.own("prometheus_tsdb_head_series"),
@@ -349,15 +394,25 @@ class ReplayServer:
         self.server.server_close()
 
 
-def prometheus_load(exposition: str, ranks: int, interval: float, scrapes: int,
-                    relabel: list[dict[str, Any]] | None = None, baseline: bool = True) -> dict[str, Any]:
+def prometheus_load(
+    exposition: str,
+    ranks: int,
+    interval: float,
+    scrapes: int,
+    relabel: list[dict[str, Any]] | None = None,
+    baseline: bool = True,
+) -> dict[str, Any]:
     """One real Prometheus scraping `ranks` replayed ranks every `interval` s until each target was scraped
     `scrapes` times; its head series and memory then, and (with `baseline`) those of the same Prometheus with no
     targets."""
     replay = ReplayServer(exposition, ranks)
-    targets = [{"targets": [f"127.0.0.1:{replay.port}"],
-                "labels": {"__metrics_path__": f"/metrics/{r}", "instance": f"node{r // 8}:{19420 + r % 8}"}}
-               for r in range(ranks)]
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{replay.port}"],
+            "labels": {"__metrics_path__": f"/metrics/{r}", "instance": f"node{r // 8}:{19420 + r % 8}"},
+        }
+        for r in range(ranks)
+    ]
     job: dict[str, Any] = {"job_name": "mindspore", "static_configs": targets}
     if relabel:
         job["metric_relabel_configs"] = relabel
@@ -373,24 +428,33 @@ def prometheus_load(exposition: str, ranks: int, interval: float, scrapes: int,
                 finally:
                     empty.close()
         with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
-            server = PrometheusServer({"global": {"scrape_interval": every, "scrape_timeout": every},
-                                       "scrape_configs": [job]}, scratch)
+            server = PrometheusServer(
+                {"global": {"scrape_interval": every, "scrape_timeout": every}, "scrape_configs": [job]}, scratch
+            )
             try:
                 began = time.monotonic()
-                _wait(lambda: server.scalar('count(up{job="mindspore"} == 1)') == ranks, interval * 4 + 60,
-                      "every replayed rank scraped once", every=1.0)
+                _wait(
+                    lambda: server.scalar('count(up{job="mindspore"} == 1)') == ranks,
+                    interval * 4 + 60,
+                    "every replayed rank scraped once",
+                    every=1.0,
+                )
                 deadline = began + interval * (scrapes + 0.5)
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 window = f"[{int(interval * (scrapes + 2))}s]"
                 result = {
-                    "ranks": ranks, "interval": interval,
+                    "ranks": ranks,
+                    "interval": interval,
                     "scrapes_per_target": server.scalar(f'min(count_over_time(up{{job="mindspore"}}{window}))'),
-                    "failed_scrapes": server.scalar(f'sum(count_over_time(up{{job="mindspore"}}{window}))'
-                                                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'),
+                    "failed_scrapes": server.scalar(
+                        f'sum(count_over_time(up{{job="mindspore"}}{window}))'
+                        f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
+                    ),
                     "samples_scraped": server.scalar('sum(scrape_samples_scraped{job="mindspore"})'),
                     "samples_kept": server.scalar('sum(scrape_samples_post_metric_relabeling{job="mindspore"})'),
                     "head_series": server.own("prometheus_tsdb_head_series"),
-                    "rss": server.rss(), "empty_rss": empty_rss,
+                    "rss": server.rss(),
+                    "empty_rss": empty_rss,
                     "heap_inuse": server.own("go_memstats_heap_inuse_bytes"),
                     "seconds": time.monotonic() - began,
                 }
@@ -438,8 +502,9 @@ def promtool_check(block: str) -> str:
         # Snippets name the rule file that deploy/ ships; promtool resolves it next to the config.
         rules = Path(__file__).resolve().parents[1] / "deploy/prometheus/rules"
         (Path(scratch) / "rules").symlink_to(rules)
-        run = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60,
-                             check=False)
+        run = subprocess.run(
+            [promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60, check=False
+        )
     if run.returncode != 0:
         raise ValueError(f"promtool rejected the snippet:\n{block}\n{run.stdout}{run.stderr}")
     return run.stdout
@@ -501,9 +566,11 @@ def machine_line() -> str:
     import mindspore
     import psutil
 
-    return (f"{platform.platform()}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM; "
-            f"Python {platform.python_version()}; MindSpore {mindspore.__version__}; "
-            f"prometheus-client {version('prometheus-client')}; Prometheus {prometheus_version()}")
+    return (
+        f"{platform.platform()}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM; "
+        f"Python {platform.python_version()}; MindSpore {mindspore.__version__}; "
+        f"prometheus-client {version('prometheus-client')}; Prometheus {prometheus_version()}"
+    )
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
@@ -513,36 +580,69 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
 
 
 def per_rank_table(figures: list[RankFigures]) -> str:
-    rows = [{"case": f.case, "model": f"{f.encoder_layers} encoder layers, {f.layernorms_in_model} LayerNorms",
-             "series": f.series, "families": f"{f.families} (of {f.declared_families} declared)",
-             "buckets": f"{f.bucket_series} ({f.bucket_series / f.series:.0%})",
-             "histogram": f"{f.histogram_series} ({f.histogram_series / f.series:.0%})",
-             "layers": f.layer_grad_norm_series, "weights": f.weight_norm_series, "layernorm": f.layernorm_series,
-             "om": f"{f.bytes_openmetrics:,}", "gzip": f"{f.bytes_gzip:,}", "text": f"{f.bytes_text:,}"}
-            for f in figures]
-    return _table(rows, [("case", "configuration"), ("model", "model"), ("series", "series"),
-                         ("families", "families with series"), ("buckets", "histogram bucket series"),
-                         ("histogram", "all histogram series"), ("layers", "layer grad-norm series"),
-                         ("weights", "weight-norm series"), ("layernorm", "LayerNorm series"),
-                         ("om", "bytes per scrape (OpenMetrics, as Prometheus asks)"), ("gzip", "gzip bytes"),
-                         ("text", "bytes (classic text)")])
+    rows = [
+        {
+            "case": f.case,
+            "model": f"{f.encoder_layers} encoder layers, {f.layernorms_in_model} LayerNorms",
+            "series": f.series,
+            "families": f"{f.families} (of {f.declared_families} declared)",
+            "buckets": f"{f.bucket_series} ({f.bucket_series / f.series:.0%})",
+            "histogram": f"{f.histogram_series} ({f.histogram_series / f.series:.0%})",
+            "layers": f.layer_grad_norm_series,
+            "weights": f.weight_norm_series,
+            "layernorm": f.layernorm_series,
+            "om": f"{f.bytes_openmetrics:,}",
+            "gzip": f"{f.bytes_gzip:,}",
+            "text": f"{f.bytes_text:,}",
+        }
+        for f in figures
+    ]
+    return _table(
+        rows,
+        [
+            ("case", "configuration"),
+            ("model", "model"),
+            ("series", "series"),
+            ("families", "families with series"),
+            ("buckets", "histogram bucket series"),
+            ("histogram", "all histogram series"),
+            ("layers", "layer grad-norm series"),
+            ("weights", "weight-norm series"),
+            ("layernorm", "LayerNorm series"),
+            ("om", "bytes per scrape (OpenMetrics, as Prometheus asks)"),
+            ("gzip", "gzip bytes"),
+            ("text", "bytes (classic text)"),
+        ],
+    )
 
 
 def family_table(default: RankFigures, upper: RankFigures) -> str:
-    names = sorted(set(default.per_family) | set(upper.per_family),
-                   key=lambda n: (-upper.per_family.get(n, ("", 0))[1], n))
+    names = sorted(
+        set(default.per_family) | set(upper.per_family), key=lambda n: (-upper.per_family.get(n, ("", 0))[1], n)
+    )
     rows = []
     for name in names:
         kind = (upper.per_family.get(name) or default.per_family[name])[0]
         shown = f"{name}_total" if kind == "counter" else name  # the parser names counter families without it
-        rows.append({"name": f"`{shown}`", "type": kind, "default": default.per_family.get(name, ("", 0))[1],
-                     "upper": upper.per_family.get(name, ("", 0))[1]})
-    return _table(rows, [("name", "family"), ("type", "type"), ("default", default.case),
-                         ("upper", upper.case)])
+        rows.append(
+            {
+                "name": f"`{shown}`",
+                "type": kind,
+                "default": default.per_family.get(name, ("", 0))[1],
+                "upper": upper.per_family.get(name, ("", 0))[1],
+            }
+        )
+    return _table(rows, [("name", "family"), ("type", "type"), ("default", default.case), ("upper", upper.case)])
 
 
-def render(figures: list[RankFigures], load: dict[str, Any] | None, relabeled_load: dict[str, Any] | None,
-           checked: list[str], command: str, seconds: float) -> str:
+def render(
+    figures: list[RankFigures],
+    load: dict[str, Any] | None,
+    relabeled_load: dict[str, Any] | None,
+    checked: list[str],
+    command: str,
+    seconds: float,
+) -> str:
     default, upper = figures[0], figures[1]
     out = [
         BEGIN,
@@ -564,52 +664,101 @@ def render(figures: list[RankFigures], load: dict[str, Any] | None, relabeled_lo
         "",
     ]
     if upper.layer_grad_norm_series == UPPER_BOUND["grad_norm"]["max_series"]:
-        out.append(f"The second configuration reached the cap: {upper.layer_grad_norm_series} "
-                   "`mindspore_train_layer_grad_norm` series (`grad_norm.max_series`).")
+        out.append(
+            f"The second configuration reached the cap: {upper.layer_grad_norm_series} "
+            "`mindspore_train_layer_grad_norm` series (`grad_norm.max_series`)."
+        )
     else:
-        out.append(f"**The second configuration did not reach the cap**: {upper.layer_grad_norm_series} "
-                   f"`mindspore_train_layer_grad_norm` series, not {UPPER_BOUND['grad_norm']['max_series']}.")
+        out.append(
+            f"**The second configuration did not reach the cap**: {upper.layer_grad_norm_series} "
+            f"`mindspore_train_layer_grad_norm` series, not {UPPER_BOUND['grad_norm']['max_series']}."
+        )
     for f in figures[2:]:
-        out.append(f"On the {f.encoder_layers}-layer model the same configuration gives "
-                   f"{f.layer_grad_norm_series} layer series: the regexes watch fewer layers there and "
-                   f"top_k adds {UPPER_BOUND['grad_norm']['top_k']} of what is left.")
-    out.append(f"Per series (the name included) a rank's series carry {upper.mean_label_pairs:.1f} label pairs on "
-               f"average and names of {upper.mean_name_length:.0f} characters; Prometheus adds "
-               f"{', '.join(TARGET_LABELS)} (and whatever the scrape config's relabeling adds).")
+        out.append(
+            f"On the {f.encoder_layers}-layer model the same configuration gives "
+            f"{f.layer_grad_norm_series} layer series: the regexes watch fewer layers there and "
+            f"top_k adds {UPPER_BOUND['grad_norm']['top_k']} of what is left."
+        )
+    out.append(
+        f"Per series (the name included) a rank's series carry {upper.mean_label_pairs:.1f} label pairs on "
+        f"average and names of {upper.mean_name_length:.0f} characters; Prometheus adds "
+        f"{', '.join(TARGET_LABELS)} (and whatever the scrape config's relabeling adds)."
+    )
     if upper.layernorms_in_model:
         per_norm = upper.layernorm_series / upper.layernorms_in_model
         cap = LayerNormConfig().max_layers
         deep = [(blocks, blocks * 2 + 1) for blocks in (8, 32, 80)]
-        out.append(f"LayerNorm statistics are {per_norm:g} series per watched LayerNorm, outside "
-                   f"`grad_norm.max_series`: they grow with depth up to `layernorm.max_layers` ({cap} by default). "
-                   "A model with two norms per block and a final one has, per rank, "
-                   + ", ".join(f"{min(norms, cap) * per_norm:,.0f} such series at {blocks} blocks ({norms} norms)"
-                               for blocks, norms in deep) + ".")
-    out += ["", "Series per family:", "", family_table(default, upper), "",
-            "Distinct values per label in the upper-bound configuration (one rank):", "",
-            ", ".join(f"`{name}` {count}" for name, count in upper.label_values.items()) + ".", ""]
+        out.append(
+            f"LayerNorm statistics are {per_norm:g} series per watched LayerNorm, outside "
+            f"`grad_norm.max_series`: they grow with depth up to `layernorm.max_layers` ({cap} by default). "
+            "A model with two norms per block and a final one has, per rank, "
+            + ", ".join(
+                f"{min(norms, cap) * per_norm:,.0f} such series at {blocks} blocks ({norms} norms)"
+                for blocks, norms in deep
+            )
+            + "."
+        )
+    out += [
+        "",
+        "Series per family:",
+        "",
+        family_table(default, upper),
+        "",
+        "Distinct values per label in the upper-bound configuration (one rank):",
+        "",
+        ", ".join(f"`{name}` {count}" for name, count in upper.label_values.items()) + ".",
+        "",
+    ]
 
     seen = [f for f in figures[:2] if f.prometheus]
     if seen:
-        out += ["### As Prometheus saw it", "",
-                "Prometheus scraped the rank every second (`scrape_interval: 1s`); the values are read through "
-                "its HTTP API.", ""]
+        out += [
+            "### As Prometheus saw it",
+            "",
+            "Prometheus scraped the rank every second (`scrape_interval: 1s`); the values are read through "
+            "its HTTP API.",
+            "",
+        ]
         rows = []
         for f in seen:
             p = f.prometheus
-            rows.append({"case": f.case, "scrapes": f"{p['scrapes']:.0f}", "scraped": f"{p['samples_scraped']:.0f}",
-                         "added": f"{p['series_added_first_scrape']:.0f}", "head": f"{p['series_in_head']:.0f}",
-                         "synthetic": f"{p['synthetic_in_head']:.0f}"})
-        out += [_table(rows, [("case", "configuration"), ("scrapes", "scrapes"),
-                              ("scraped", "`scrape_samples_scraped`"),
-                              ("added", "`scrape_series_added` (first scrape)"),
-                              ("head", "series of the target in the head"),
-                              ("synthetic", "of which `up`/`scrape_*`")]), ""]
-        agree = all(f.prometheus["samples_scraped"] == f.series
-                    and f.prometheus["series_in_head"] == f.series + f.prometheus["synthetic_in_head"]
-                    for f in seen)
-        out += [("Prometheus counted exactly the series the parser counted, plus its synthetic series per target."
-                 if agree else "**Prometheus's counts differ from the parser's**; see the table."), ""]
+            rows.append(
+                {
+                    "case": f.case,
+                    "scrapes": f"{p['scrapes']:.0f}",
+                    "scraped": f"{p['samples_scraped']:.0f}",
+                    "added": f"{p['series_added_first_scrape']:.0f}",
+                    "head": f"{p['series_in_head']:.0f}",
+                    "synthetic": f"{p['synthetic_in_head']:.0f}",
+                }
+            )
+        out += [
+            _table(
+                rows,
+                [
+                    ("case", "configuration"),
+                    ("scrapes", "scrapes"),
+                    ("scraped", "`scrape_samples_scraped`"),
+                    ("added", "`scrape_series_added` (first scrape)"),
+                    ("head", "series of the target in the head"),
+                    ("synthetic", "of which `up`/`scrape_*`"),
+                ],
+            ),
+            "",
+        ]
+        agree = all(
+            f.prometheus["samples_scraped"] == f.series
+            and f.prometheus["series_in_head"] == f.series + f.prometheus["synthetic_in_head"]
+            for f in seen
+        )
+        out += [
+            (
+                "Prometheus counted exactly the series the parser counted, plus its synthetic series per target."
+                if agree
+                else "**Prometheus's counts differ from the parser's**; see the table."
+            ),
+            "",
+        ]
 
     out += [
         "### 1,000 and 10,000 ranks, computed",
@@ -627,47 +776,82 @@ def render(figures: list[RankFigures], load: dict[str, Any] | None, relabeled_lo
         f"{RULE_PER_UNIQUE_VALUE} B per unique label value, all doubled for Go's garbage collector; here with "
         "the measured label pairs and name lengths plus the two target labels, and a unique `rank` and "
         "`instance` value per rank. It counts the series, not the samples held in memory; the "
-        "\"extrapolated\" column instead scales linearly what a real Prometheus 2.42 used per head series in "
+        '"extrapolated" column instead scales linearly what a real Prometheus 2.42 used per head series in '
         "the replayed run below (without relabeling). Neither includes the samples a head block accumulates over "
         "its 2-3 hours, queries, or rule evaluation: size a server well above both.",
         "",
     ]
     columns = [("ranks", "ranks"), ("series", "active series")]
     columns += [(f"samples_{i:g}", f"samples/s at {i:g} s") for i in INTERVALS]
-    columns += [("wire", f"on the wire at {INTERVALS[0]:g} s (gzip)"), ("parsed", "parsed (uncompressed)"),
-                ("rule", "head memory, rule of thumb"), ("extrapolated", "head memory, extrapolated")]
+    columns += [
+        ("wire", f"on the wire at {INTERVALS[0]:g} s (gzip)"),
+        ("parsed", "parsed (uncompressed)"),
+        ("rule", "head memory, rule of thumb"),
+        ("extrapolated", "head memory, extrapolated"),
+    ]
     for f in figures[:2]:
         out += [f"**{f.case}** ({f.encoder_layers} encoder layers):", "", _table(scale_rows(f, load), columns), ""]
 
     if load:
         out += ["### A real Prometheus with replayed ranks", ""]
-        out += [f"One Prometheus scraped {load['ranks']:,} targets every {load['interval']:g} s, each serving the "
-                "default configuration's exposition above with its own `rank` label (and its own `instance`), "
-                "gzip-compressed, from one local HTTP server; memory was read after every target had been scraped "
-                f"at least {load['scrapes_per_target']:.0f} times. RSS is the process's resident set; the same "
-                "Prometheus with no targets is subtracted. A few minutes of samples is far from the 2-3 hours a "
-                "head block holds, so this is the series cost, not the steady state.", ""]
+        out += [
+            f"One Prometheus scraped {load['ranks']:,} targets every {load['interval']:g} s, each serving the "
+            "default configuration's exposition above with its own `rank` label (and its own `instance`), "
+            "gzip-compressed, from one local HTTP server; memory was read after every target had been scraped "
+            f"at least {load['scrapes_per_target']:.0f} times. RSS is the process's resident set; the same "
+            "Prometheus with no targets is subtracted. A few minutes of samples is far from the 2-3 hours a "
+            "head block holds, so this is the series cost, not the steady state.",
+            "",
+        ]
         rows = []
         for label, run in (("none", load), ("the relabeling below", relabeled_load)):
             if not run:
                 continue
             added = run["rss"] - run["empty_rss"]
-            rows.append({"relabel": label, "targets": f"{run['ranks']:,}",
-                         "failed": f"{run['failed_scrapes']:.0f}",
-                         "scraped": f"{run['samples_scraped']:,.0f}", "kept": f"{run['samples_kept']:,.0f}",
-                         "head": f"{run['head_series']:,.0f}", "rss": _bytes(run["rss"]),
-                         "added": _bytes(added), "per": f"{added / run['head_series']:,.0f} B",
-                         "heap": _bytes(run["heap_inuse"]),
-                         "rule": _bytes(rule_bytes(default, run["ranks"]) * run["head_series"]
-                                        / (series_in_prometheus(default) * run["ranks"]))})
-        out += [_table(rows, [("relabel", "metric relabeling"), ("targets", "targets"),
-                              ("failed", "failed scrapes"), ("scraped", "samples in the last scrape of every target"),
-                              ("kept", "kept after relabeling"), ("head", "head series"), ("rss", "RSS"),
-                              ("added", "RSS − empty Prometheus"), ("per", "per head series"),
-                              ("heap", "Go heap in use"), ("rule", "rule of thumb for these series")]), ""]
+            rows.append(
+                {
+                    "relabel": label,
+                    "targets": f"{run['ranks']:,}",
+                    "failed": f"{run['failed_scrapes']:.0f}",
+                    "scraped": f"{run['samples_scraped']:,.0f}",
+                    "kept": f"{run['samples_kept']:,.0f}",
+                    "head": f"{run['head_series']:,.0f}",
+                    "rss": _bytes(run["rss"]),
+                    "added": _bytes(added),
+                    "per": f"{added / run['head_series']:,.0f} B",
+                    "heap": _bytes(run["heap_inuse"]),
+                    "rule": _bytes(
+                        rule_bytes(default, run["ranks"])
+                        * run["head_series"]
+                        / (series_in_prometheus(default) * run["ranks"])
+                    ),
+                }
+            )
+        out += [
+            _table(
+                rows,
+                [
+                    ("relabel", "metric relabeling"),
+                    ("targets", "targets"),
+                    ("failed", "failed scrapes"),
+                    ("scraped", "samples in the last scrape of every target"),
+                    ("kept", "kept after relabeling"),
+                    ("head", "head series"),
+                    ("rss", "RSS"),
+                    ("added", "RSS − empty Prometheus"),
+                    ("per", "per head series"),
+                    ("heap", "Go heap in use"),
+                    ("rule", "rule of thumb for these series"),
+                ],
+            ),
+            "",
+        ]
     if checked:
-        out += [f"`promtool check config` ({prometheus_version()}) accepted the {len(checked)} Prometheus "
-                "configuration snippets on this page.", ""]
+        out += [
+            f"`promtool check config` ({prometheus_version()}) accepted the {len(checked)} Prometheus "
+            "configuration snippets on this page.",
+            "",
+        ]
     out.append(END)
     return "\n".join(out)
 
@@ -684,8 +868,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="per-rank series and bytes, and what many ranks cost Prometheus")
     parser.add_argument("--steps", type=int, default=300, help="training steps per configuration")
     parser.add_argument("--output", default="docs/scaling.md", help="the page whose measured block is rewritten")
-    parser.add_argument("--prometheus-seconds", type=float, default=15.0,
-                        help="how long a real Prometheus scrapes each rank (0: skip)")
+    parser.add_argument(
+        "--prometheus-seconds", type=float, default=15.0, help="how long a real Prometheus scrapes each rank (0: skip)"
+    )
     parser.add_argument("--load-ranks", type=int, default=1000, help="replayed ranks for the memory check (0: skip)")
     parser.add_argument("--load-interval", type=float, default=15.0)
     parser.add_argument("--no-prometheus", action="store_true", help="no Prometheus at all")

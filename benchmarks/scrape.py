@@ -34,9 +34,14 @@ def latency(scrapes: int) -> list[dict[str, Any]]:
     from ms_exporter import TrainingMonitor
 
     rows = []
-    cases = [("defaults, 1 rank", "scalar", {}),
-             ("20 layer series (15 watched + top 5)", "tuple",
-              {"grad_norm": {"every_n_steps": 1, "layers": ["block"], "top_k": 5, "max_series": 20}})]
+    cases = [
+        ("defaults, 1 rank", "scalar", {}),
+        (
+            "20 layer series (15 watched + top 5)",
+            "tuple",
+            {"grad_norm": {"every_n_steps": 1, "layers": ["block"], "top_k": 5, "max_series": 20}},
+        ),
+    ]
     for label, outputs, options in cases:
         run = SyntheticRun(outputs)
         monitor = TrainingMonitor(port=0, **options, **UNLIMITED)
@@ -50,8 +55,11 @@ def latency(scrapes: int) -> list[dict[str, Any]]:
                 with urllib.request.urlopen(monitor.url, timeout=5) as response:
                     size = len(response.read())
                 times.append(time.perf_counter() - began)
-            layer_series = sum(1 for line in urllib.request.urlopen(monitor.url).read().decode().splitlines()
-                               if line.startswith("mindspore_train_layer_grad_norm{"))
+            layer_series = sum(
+                1
+                for line in urllib.request.urlopen(monitor.url).read().decode().splitlines()
+                if line.startswith("mindspore_train_layer_grad_norm{")
+            )
         finally:
             monitor.close()
         rows.append({"case": label, **summary(times), "bytes": size, "layer_series": layer_series})
@@ -85,12 +93,19 @@ def during_training(rates: list[float], rounds: int, steps: int) -> list[dict[st
                 scraper = None
                 if rate > 0:
                     # Long enough to cover the round; stopped when the round ends.
-                    scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, monitor.url or "", str(rate), "120"],
-                                               stdout=subprocess.PIPE, text=True)
+                    scraper = subprocess.Popen(
+                        [sys.executable, "-c", _SCRAPER, monitor.url or "", str(rate), "120"],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
                     time.sleep(0.3)
-                model.train(1, synthetic_dataset(size=16 * steps, seed=round_index),
-                            callbacks=[monitor, timer.callback], dataset_sink_mode=False)
-                del timer.times[before:before + 2]
+                model.train(
+                    1,
+                    synthetic_dataset(size=16 * steps, seed=round_index),
+                    callbacks=[monitor, timer.callback],
+                    dataset_sink_mode=False,
+                )
+                del timer.times[before : before + 2]
                 if scraper is not None:
                     scraper.terminate()
                     scraper.wait(10)
@@ -102,6 +117,11 @@ def during_training(rates: list[float], rounds: int, steps: int) -> list[dict[st
     for rate in rates:
         stats = summary(timers[rate].times)
         base = base or stats["median"]
-        rows.append({"case": "not scraped" if rate == 0 else f"scraped {rate:g}/s from another process", **stats,
-                     "ratio": stats["median"] / base})
+        rows.append(
+            {
+                "case": "not scraped" if rate == 0 else f"scraped {rate:g}/s from another process",
+                **stats,
+                "ratio": stats["median"] / base,
+            }
+        )
     return rows

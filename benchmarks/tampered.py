@@ -32,9 +32,16 @@ STEPS = 30
 HUGE_BYTES = 2 * 1024**3
 
 
-GENERIC_NAMES = ("ms_exporter-run-<run_id>-rank0.json", "ms_exporter-run-<run_id>-rank0.step", "ms_exporter-rank0.lock",
-                 "skipped-batches.json", "skipped-batches.json.lock", "metrics-rank0.jsonl",
-                 "good-states/good-<run_id>-rank0-pid1-step5-0.npz", "good-states")
+GENERIC_NAMES = (
+    "ms_exporter-run-<run_id>-rank0.json",
+    "ms_exporter-run-<run_id>-rank0.step",
+    "ms_exporter-rank0.lock",
+    "skipped-batches.json",
+    "skipped-batches.json.lock",
+    "metrics-rank0.jsonl",
+    "good-states/good-<run_id>-rank0-pid1-step5-0.npz",
+    "good-states",
+)
 
 
 def state_names(save_dir: Path) -> list[str]:
@@ -94,8 +101,15 @@ def run_tampered(kind: str, root: Path, timeout: float = 600) -> dict[str, Any]:
     started = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
     try:
-        child = subprocess.run([sys.executable, "-m", "benchmarks.tampered", "job", str(save_dir)], cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=timeout, check=False)
+        child = subprocess.run(
+            [sys.executable, "-m", "benchmarks.tampered", "job", str(save_dir)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         returncode, stdout, stderr = child.returncode, child.stdout, child.stderr
     except subprocess.TimeoutExpired as exc:
         returncode, stdout = None, str(exc.stdout or "")
@@ -103,17 +117,36 @@ def run_tampered(kind: str, root: Path, timeout: float = 600) -> dict[str, Any]:
     seconds = time.monotonic() - started
     trained = next((int(line.split()[1]) for line in stdout.splitlines() if line.startswith("trained ")), 0)
     said = [line for line in stderr.splitlines() if " moved " in line or " removed " in line]
-    return {"kind": kind, "returncode": returncode, "trained": trained, "said": said,
-            "moved": sum(" moved " in line for line in said), "outside_unchanged": snapshot(outside) == before,
-            "seconds": seconds, "stderr": stderr}
+    return {
+        "kind": kind,
+        "returncode": returncode,
+        "trained": trained,
+        "said": said,
+        "moved": sum(" moved " in line for line in said),
+        "outside_unchanged": snapshot(outside) == before,
+        "seconds": seconds,
+        "stderr": stderr,
+    }
 
 
 def render_tampered(rows: list[dict[str, Any]]) -> str:
-    shown = table([{**r, "ok": "yes" if r["trained"] == STEPS and r["returncode"] == 0 else "NO",
-                    "outside": "unchanged" if r["outside_unchanged"] else "CHANGED"} for r in rows],
-                  [("kind", "planted at every state name", ""), ("ok", f"trained all {STEPS} steps", ""),
-                   ("moved", "files said moved aside", "d"), ("outside", "outside save_dir", ""),
-                   ("seconds", "seconds", ".0f")])
+    shown = table(
+        [
+            {
+                **r,
+                "ok": "yes" if r["trained"] == STEPS and r["returncode"] == 0 else "NO",
+                "outside": "unchanged" if r["outside_unchanged"] else "CHANGED",
+            }
+            for r in rows
+        ],
+        [
+            ("kind", "planted at every state name", ""),
+            ("ok", f"trained all {STEPS} steps", ""),
+            ("moved", "files said moved aside", "d"),
+            ("outside", "outside save_dir", ""),
+            ("seconds", "seconds", ".0f"),
+        ],
+    )
     return f"""### A tampered save_dir
 `python -m benchmarks.tampered` (part of `make reliability`): each kind of tampering is planted at every name where
 the monitor keeps state in save_dir ({", ".join(f"`{n}`" for n in GENERIC_NAMES)}), then a training of
@@ -139,9 +172,13 @@ def job(save_dir: str) -> None:
             self.last = run_context.original_args().cur_step_num
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    monitor = TrainingMonitor(port=0, project=PROJECT, backend=["prometheus", "local"], save_dir=save_dir,
-                              actions={"rollback": {"enable": True, "good_every": 5, "quiet_steps": 1,
-                                                    "min_health": 0.0, "storage": "disk"}})
+    monitor = TrainingMonitor(
+        port=0,
+        project=PROJECT,
+        backend=["prometheus", "local"],
+        save_dir=save_dir,
+        actions={"rollback": {"enable": True, "good_every": 5, "quiet_steps": 1, "min_health": 0.0, "storage": "disk"}},
+    )
     steps = Steps()
     build_model().train(1, synthetic_dataset(size=BATCH * STEPS), callbacks=[monitor, steps], dataset_sink_mode=False)
     monitor.close()

@@ -48,9 +48,14 @@ class StepTimer:
         self.last: float | None = None
 
 
-HEADLINE = ("no callbacks", "no callbacks, a second model instance (the noise floor)", "LossMonitor + TimeMonitor",
-            "TrainingMonitor, defaults", "GradNormTrainOneStepCell without a monitor (measures every 10th step)",
-            "TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10 steps")
+HEADLINE = (
+    "no callbacks",
+    "no callbacks, a second model instance (the noise floor)",
+    "LossMonitor + TimeMonitor",
+    "TrainingMonitor, defaults",
+    "GradNormTrainOneStepCell without a monitor (measures every 10th step)",
+    "TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10 steps",
+)
 # Model instances: "plain" is Model(network, optimizer); "cell" wraps the step in GradNormTrainOneStepCell.
 INSTANCES = {"plain": False, "plain-2": False, "cell": True}
 
@@ -70,28 +75,50 @@ def cases(selection: str) -> list[Case]:
         def on_train_begin(self, run_context: Any) -> None:
             run_context.original_args().train_network.every_n_steps = 10
 
-    everything = {"backend": ["prometheus", "local"], "interval": 1, "weight_norm": True,
-                  "grad_norm": {"every_n_steps": 10, "layers": ["head", "encoder.layers.0.linear1"]}}
+    everything = {
+        "backend": ["prometheus", "local"],
+        "interval": 1,
+        "weight_norm": True,
+        "grad_norm": {"every_n_steps": 10, "layers": ["head", "encoder.layers.0.linear1"]},
+    }
     all_cases = [
         Case("no callbacks", "plain", lambda scratch: []),
         Case("no callbacks, a second model instance (the noise floor)", "plain-2", lambda scratch: []),
         Case("LossMonitor + TimeMonitor", "plain", lambda scratch: [LossMonitor(), TimeMonitor()]),
-        Case("SummaryCollector collect_freq=1", "plain",
-             lambda scratch: [SummaryCollector(os.path.join(scratch, "s1"), collect_freq=1)]),
-        Case("SummaryCollector collect_freq=10", "plain",
-             lambda scratch: [SummaryCollector(os.path.join(scratch, "s10"), collect_freq=10)]),
+        Case(
+            "SummaryCollector collect_freq=1",
+            "plain",
+            lambda scratch: [SummaryCollector(os.path.join(scratch, "s1"), collect_freq=1)],
+        ),
+        Case(
+            "SummaryCollector collect_freq=10",
+            "plain",
+            lambda scratch: [SummaryCollector(os.path.join(scratch, "s10"), collect_freq=10)],
+        ),
         Case("TrainingMonitor, defaults", "plain", monitor()),
-        Case("GradNormTrainOneStepCell without a monitor (measures every 10th step)", "cell",
-             lambda scratch: [MeasureEvery10()]),
+        Case(
+            "GradNormTrainOneStepCell without a monitor (measures every 10th step)",
+            "cell",
+            lambda scratch: [MeasureEvery10()],
+        ),
         Case("TrainingMonitor + GradNormTrainOneStepCell, grad norm every 10 steps", "cell", monitor()),
-        Case("TrainingMonitor + GradNormTrainOneStepCell, grad norm every step", "cell",
-             monitor(grad_norm={"every_n_steps": 1})),
-        Case("TrainingMonitor, everything on (local backend, weight norm, LayerNorm, 1 s interval)", "cell",
-             monitor(**everything)),
+        Case(
+            "TrainingMonitor + GradNormTrainOneStepCell, grad norm every step",
+            "cell",
+            monitor(grad_norm={"every_n_steps": 1}),
+        ),
+        Case(
+            "TrainingMonitor, everything on (local backend, weight norm, LayerNorm, 1 s interval)",
+            "cell",
+            monitor(**everything),
+        ),
         # Rounds are shorter than good_every: this is the per-step part (a batch's hashes, the health score);
         # keeping the states is measured on its own (benchmarks/good_state.py).
-        Case("TrainingMonitor, actions.rollback on (its per-step bookkeeping)", "plain",
-             monitor(actions={"rollback": {"enable": True}})),
+        Case(
+            "TrainingMonitor, actions.rollback on (its per-step bookkeeping)",
+            "plain",
+            monitor(actions={"rollback": {"enable": True}}),
+        ),
     ]
     if selection == "quick":
         return [all_cases[0], all_cases[1], all_cases[5], all_cases[6], all_cases[7]]
@@ -133,26 +160,38 @@ def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, selec
         if case.instance not in models:
             ms.set_seed(0)
             network = build_network(layers=layers, d_model=d_model, heads=4)
-            optimizer = nn.AdamWeightDecay(network.trainable_params(),
-                                           learning_rate=nn.CosineDecayLR(1e-5, 1e-4, 10_000))
-            models[case.instance] = (Model(GradNormTrainOneStepCell(network, optimizer))
-                                     if INSTANCES[case.instance] else Model(network, optimizer=optimizer))
+            optimizer = nn.AdamWeightDecay(
+                network.trainable_params(), learning_rate=nn.CosineDecayLR(1e-5, 1e-4, 10_000)
+            )
+            models[case.instance] = (
+                Model(GradNormTrainOneStepCell(network, optimizer))
+                if INSTANCES[case.instance]
+                else Model(network, optimizer=optimizer)
+            )
         runs.append((case, models[case.instance], case.callbacks(scratch), StepTimer()))
     log = os.path.join(scratch, "train.log")
     with _stdout_to(log):
         for _, model, callbacks, timer in runs:  # compile and warm up every model before timing any
-            model.train(1, synthetic_dataset(size=BATCH * 5, batch=BATCH), callbacks=[*callbacks, timer.callback],
-                        dataset_sink_mode=False)
+            model.train(
+                1,
+                synthetic_dataset(size=BATCH * 5, batch=BATCH),
+                callbacks=[*callbacks, timer.callback],
+                dataset_sink_mode=False,
+            )
             timer.times.clear()
         round_medians: dict[int, list[float]] = {id(timer): [] for _, _, _, timer in runs}
         for round_index in range(rounds):
-            order = runs[round_index % len(runs):] + runs[:round_index % len(runs)]
+            order = runs[round_index % len(runs) :] + runs[: round_index % len(runs)]
             for _, model, callbacks, timer in order:
                 before = len(timer.times)
                 timer.last = None
-                model.train(1, synthetic_dataset(size=BATCH * steps, batch=BATCH, seed=round_index),
-                            callbacks=[*callbacks, timer.callback], dataset_sink_mode=False)
-                del timer.times[before:before + 2]  # with the missing first interval: 3 steps dropped
+                model.train(
+                    1,
+                    synthetic_dataset(size=BATCH * steps, batch=BATCH, seed=round_index),
+                    callbacks=[*callbacks, timer.callback],
+                    dataset_sink_mode=False,
+                )
+                del timer.times[before : before + 2]  # with the missing first interval: 3 steps dropped
                 round_medians[id(timer)].append(float(np.median(timer.times[before:])))
     for _, _, callbacks, _ in runs:
         for callback in callbacks:
@@ -165,6 +204,13 @@ def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, selec
     rows = []
     for case, _, _, timer in runs:
         ratios = np.asarray(round_medians[id(timer)]) / bare
-        rows.append({"case": case.label, **summary(timer.times), "ratio": float(np.median(ratios)),
-                     "ratio_low": float(ratios.min()), "ratio_high": float(ratios.max())})
+        rows.append(
+            {
+                "case": case.label,
+                **summary(timer.times),
+                "ratio": float(np.median(ratios)),
+                "ratio_low": float(ratios.min()),
+                "ratio_high": float(ratios.max()),
+            }
+        )
     return rows

@@ -91,8 +91,7 @@ class PeriodicPause(Callback):
             time.sleep(self._seconds)
 
 
-def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None = None,
-                          mark: Path | None = None) -> Any:
+def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None = None, mark: Path | None = None) -> Any:
     """This rank's shard; with slow_seconds > 0, read through a loader that is that much slower per batch; with
     block_at, through one that blocks for good at that sample."""
     if slow_seconds <= 0 and block_at is None:
@@ -101,8 +100,13 @@ def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None =
 
     if block_at is not None:
         blocking = BlockingSamples(PaddedTokens(size=size), block_at, mark)
-        dataset = ds.GeneratorDataset(blocking, ["input_ids", "attention_mask", "label"], shuffle=False,
-                                      num_shards=get_group_size(), shard_id=get_rank())
+        dataset = ds.GeneratorDataset(
+            blocking,
+            ["input_ids", "attention_mask", "label"],
+            shuffle=False,
+            num_shards=get_group_size(),
+            shard_id=get_rank(),
+        )
         return dataset.batch(BATCH, drop_remainder=True)
 
     # One reader (GeneratorDataset's default num_parallel_workers=1): the stall cannot be spread over
@@ -110,8 +114,13 @@ def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None =
     # than the step has drained them after 20-30 steps; from then on every batch waits for the reader, and the
     # wait falls between this rank's steps (mindspore_train_data_wait_seconds), as a slow loader's does.
     source = SlowSamples(PaddedTokens(size=size), slow_seconds / BATCH)
-    dataset = ds.GeneratorDataset(source, ["input_ids", "attention_mask", "label"], shuffle=False,
-                                  num_shards=get_group_size(), shard_id=get_rank())
+    dataset = ds.GeneratorDataset(
+        source,
+        ["input_ids", "attention_mask", "label"],
+        shuffle=False,
+        num_shards=get_group_size(),
+        shard_id=get_rank(),
+    )
     return dataset.batch(BATCH, drop_remainder=True)
 
 
@@ -145,14 +154,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--linger", type=float, default=0, help="keep serving this long after training")
     parser.add_argument("--slow-rank", type=int, default=None, help="slow this rank's data loader on purpose")
-    parser.add_argument("--slow-seconds", type=float, default=0.2,
-                        help="how much longer the slowed rank's loader takes per batch")
+    parser.add_argument(
+        "--slow-seconds", type=float, default=0.2, help="how much longer the slowed rank's loader takes per batch"
+    )
     parser.add_argument("--block-rank", type=int, default=None, help="this rank's data loader blocks for good")
     parser.add_argument("--block-after", type=int, default=2400, help="after this many samples of its shard")
     parser.add_argument("--hang-min-seconds", type=float, default=None, help="monitor_config hang.min_seconds")
     parser.add_argument("--save-dir", default=None, help="each rank's save_dir is <this>/rank<r>")
-    parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="save a checkpoint every this many steps (ModelCheckpoint, into the rank's save_dir)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save a checkpoint every this many steps (ModelCheckpoint, into the rank's save_dir)",
+    )
     parser.add_argument("--pause-every", type=int, default=0, help="a callback holds training every this many steps")
     parser.add_argument("--pause-seconds", type=float, default=40.0, help="... for this long")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many epochs (Model.fit)")
@@ -176,8 +190,7 @@ def main() -> None:
         options["hang"] = hang
     if args.save_dir is not None:
         options["save_dir"] = str(Path(args.save_dir, f"rank{get_rank()}"))
-    monitor = TrainingMonitor(port=args.port, project=args.project, file_sd_dir=args.file_sd_dir, interval=1,
-                              **options)
+    monitor = TrainingMonitor(port=args.port, project=args.project, file_sd_dir=args.file_sd_dir, interval=1, **options)
     if args.file_sd_dir:  # lets a test find (and stop) one rank's process
         Path(args.file_sd_dir, f"pid-rank{get_rank()}").write_text(str(os.getpid()))
     print(f"rank {get_rank()} of {get_group_size()}: {monitor.url}", flush=True)
@@ -190,17 +203,27 @@ def main() -> None:
     dataset = dataset_for_this_rank(samples, slow, args.block_after if blocked else None, mark)
     callbacks: list[Any] = [monitor]
     if args.checkpoint_every:
-        callbacks.append(ModelCheckpoint(prefix="demo", directory=str(Path(args.save_dir, f"rank{get_rank()}", "ckpt")),
-                                         config=CheckpointConfig(save_checkpoint_steps=args.checkpoint_every,
-                                                                 keep_checkpoint_max=2)))
+        callbacks.append(
+            ModelCheckpoint(
+                prefix="demo",
+                directory=str(Path(args.save_dir, f"rank{get_rank()}", "ckpt")),
+                config=CheckpointConfig(save_checkpoint_steps=args.checkpoint_every, keep_checkpoint_max=2),
+            )
+        )
     if args.pause_every:
         callbacks.append(PeriodicPause(args.pause_every, args.pause_seconds))
     if args.diverge_rank == get_rank():
         callbacks.append(Perturb(args.diverge_at))
     if args.eval_every:
         validation = synthetic_dataset(size=256, seed=1, num_shards=get_group_size(), shard_id=get_rank())
-        model.fit(args.epochs, dataset, validation, valid_frequency=args.eval_every, callbacks=callbacks,
-                  dataset_sink_mode=False)
+        model.fit(
+            args.epochs,
+            dataset,
+            validation,
+            valid_frequency=args.eval_every,
+            callbacks=callbacks,
+            dataset_sink_mode=False,
+        )
     else:
         model.train(args.epochs, dataset, callbacks=callbacks, dataset_sink_mode=False)
     time.sleep(args.linger)

@@ -1,6 +1,6 @@
 """Prints what Alertmanager sends: a stand-in for a pager while you try the alerting recipe (docs/getting-started.md).
 
-    python3 examples/print_webhook.py 9099    # deploy/alertmanager/alertmanager.yml sends to 127.0.0.1:9099
+python3 examples/print_webhook.py 9099    # deploy/alertmanager/alertmanager.yml sends to 127.0.0.1:9099
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ class _Webhook(BaseHTTPRequestHandler):
             payload = {}
         for alert in payload.get("alerts", []):
             labels, notes = alert.get("labels", {}), alert.get("annotations", {})
-            print(f"{self.path} {alert.get('status', '?'):8} {labels.get('severity', '-'):8} "
-                  f"{labels.get('alertname', '?')} rank={labels.get('rank', '-')}: {notes.get('description', '')}",
-                  flush=True)
+            print(
+                f"{self.path} {alert.get('status', '?'):8} {labels.get('severity', '-'):8} "
+                f"{labels.get('alertname', '?')} rank={labels.get('rank', '-')}: {notes.get('description', '')}",
+                flush=True,
+            )
         self.send_response(200)
         self.end_headers()
 

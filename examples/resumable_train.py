@@ -34,8 +34,7 @@ _CHECKPOINT = re.compile(rf"^{PREFIX}(?:_\d+)?-(?P<epoch>\d+)_(?P<step>\d+)\.ckp
 
 def newest_checkpoint(directory: Path) -> tuple[Path, int] | None:
     """The checkpoint of the latest epoch ModelCheckpoint wrote here, and that epoch."""
-    found = [(int(m.group("epoch")), path) for path in directory.glob("*.ckpt")
-             if (m := _CHECKPOINT.match(path.name))]
+    found = [(int(m.group("epoch")), path) for path in directory.glob("*.ckpt") if (m := _CHECKPOINT.match(path.name))]
     if not found:
         return None
     epoch, path = max(found)
@@ -76,9 +75,13 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     # JSON Lines too: `ms-exporter report save_dir/metrics-rank0.jsonl` shows where the run's time went.
-    config: dict[str, Any] = {"project": args.project, "save_dir": args.save_dir, "port": args.port,
-                              "backend": ["prometheus", "local"],
-                              "goodput": {"save_seconds": args.save_seconds}}
+    config: dict[str, Any] = {
+        "project": args.project,
+        "save_dir": args.save_dir,
+        "port": args.port,
+        "backend": ["prometheus", "local"],
+        "goodput": {"save_seconds": args.save_seconds},
+    }
     if args.run_id:
         config["run_id"] = args.run_id
     monitor = TrainingMonitor(config)
@@ -91,14 +94,21 @@ def main() -> None:
         path, initial_epoch = newest
         ms.load_param_into_net(model.train_network, ms.load_checkpoint(str(path)))
         print(f"resumed from {path.name} (epoch {initial_epoch})", flush=True)
-    saver = ModelCheckpoint(prefix=PREFIX, directory=str(checkpoints),
-                            config=CheckpointConfig(save_checkpoint_steps=args.checkpoint_every,
-                                                    keep_checkpoint_max=1000))
+    saver = ModelCheckpoint(
+        prefix=PREFIX,
+        directory=str(checkpoints),
+        config=CheckpointConfig(save_checkpoint_steps=args.checkpoint_every, keep_checkpoint_max=1000),
+    )
     callbacks: list[Any] = [monitor, saver]
     if args.record:
         callbacks.append(StepRecorder(Path(args.record), initial_epoch * args.steps_per_epoch))
-    model.train(args.epochs, synthetic_dataset(size=args.steps_per_epoch * BATCH), callbacks=callbacks,
-                dataset_sink_mode=False, initial_epoch=initial_epoch)
+    model.train(
+        args.epochs,
+        synthetic_dataset(size=args.steps_per_epoch * BATCH),
+        callbacks=callbacks,
+        dataset_sink_mode=False,
+        initial_epoch=initial_epoch,
+    )
     print("training ended", flush=True)
     time.sleep(args.linger)
     monitor.close()

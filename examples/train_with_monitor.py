@@ -1,6 +1,6 @@
 """Train the demo Transformer with TrainingMonitor: the integration a user adds to their own script.
 
-    python examples/train_with_monitor.py --config examples/monitor.yaml --epochs 3
+python examples/train_with_monitor.py --config examples/monitor.yaml --epochs 3
 """
 
 from __future__ import annotations

@@ -12,8 +12,16 @@ if TYPE_CHECKING:
     from ms_exporter.monitor.callback import TrainingMonitor
     from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
 
-__all__ = ["ConfigError", "GradNormTrainOneStepCell", "LossScaleTrainOneStepCell", "MissingDependencyError",
-           "MonitorConfig", "TrainingMonitor", "__version__", "load_config"]
+__all__ = [
+    "ConfigError",
+    "GradNormTrainOneStepCell",
+    "LossScaleTrainOneStepCell",
+    "MissingDependencyError",
+    "MonitorConfig",
+    "TrainingMonitor",
+    "__version__",
+    "load_config",
+]
 
 # What the `mindspore` extra installs (pyproject.toml); the base install serves only the operator commands.
 _TRAINING_SIDE = {"mindspore": "MindSpore", "numpy": "numpy", "psutil": "psutil"}
@@ -31,8 +39,9 @@ def _require_training_side(user: str) -> None:
         names = [_TRAINING_SIDE[name] for name in missing]
         names_text = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
         verb = "is" if len(missing) == 1 else "are"
-        raise MissingDependencyError(f"{user} needs {names_text}, which {verb} not installed here: {_TRAINING_INSTALL}",
-                                     name=missing[0])
+        raise MissingDependencyError(
+            f"{user} needs {names_text}, which {verb} not installed here: {_TRAINING_INSTALL}", name=missing[0]
+        )
 
 
 def __getattr__(name: str) -> Any:

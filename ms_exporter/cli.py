@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- check-config ----------------------------------------------------------------------------------------------------
 
+
 def _check_config_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("file", help="YAML file with a monitor_config block (or a bare mapping)")
 
@@ -73,19 +74,29 @@ def _check_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     shape = config.flops.model.shape()
     length = config.flops.model.seq_length
     if shape is not None:  # so that a description can be checked against the model it means (docs/mfu.md)
-        at = f"; {from_shape(shape).per_token_at(length):.4g} training FLOPs per token of a full {length}-token " \
-             "sequence" if length else ""
-        print(f"# flops.model: {shape.parameters():,} parameters, {shape.matmul_weights():,} of them multiplied "
-              f"per token{at}")
+        at = (
+            f"; {from_shape(shape).per_token_at(length):.4g} training FLOPs per token of a full {length}-token sequence"
+            if length
+            else ""
+        )
+        print(
+            f"# flops.model: {shape.parameters():,} parameters, {shape.matmul_weights():,} of them multiplied "
+            f"per token{at}"
+        )
     return 0
 
 
 # -- demo --------------------------------------------------------------------------------------------------------------
 
+
 def _demo_arguments(demo: argparse.ArgumentParser) -> None:
-    demo.add_argument("--steps", type=int, default=DEMO_STEPS,
-                      help=f"the run's length in steps, which its LR schedule and ETA follow (default {DEMO_STEPS}, "
-                           "about 2 minutes on 2 idle cores)")
+    demo.add_argument(
+        "--steps",
+        type=int,
+        default=DEMO_STEPS,
+        help=f"the run's length in steps, which its LR schedule and ETA follow (default {DEMO_STEPS}, "
+        "about 2 minutes on 2 idle cores)",
+    )
     demo.add_argument("--seconds", type=float, default=None, help="stop early after this many seconds")
     demo.add_argument("--port", type=int, default=None, help="metrics port (default: the config's port)")
     demo.add_argument("--config", default=None, help="a monitor_config YAML file")
@@ -96,37 +107,62 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ms_exporter.tools.demo import run_demo
 
-    return run_demo(steps=args.steps, seconds=args.seconds, port=args.port, config=args.config, mode=args.mode,
-                    save_dir=args.save_dir)
+    return run_demo(
+        steps=args.steps,
+        seconds=args.seconds,
+        port=args.port,
+        config=args.config,
+        mode=args.mode,
+        save_dir=args.save_dir,
+    )
 
 
 # -- rules, dashboard, kubernetes ---------------------------------------------------------------------------------
 
+
 def _rules_arguments(rules: argparse.ArgumentParser) -> None:
     rules.add_argument("--config", default=None, help="take thresholds from this monitor_config file")
-    rules.add_argument("--timing", choices=("default", "test"), default="default",
-                       help="'test' shrinks every window and for: to seconds (integration tests, demos)")
+    rules.add_argument(
+        "--timing",
+        choices=("default", "test"),
+        default="default",
+        help="'test' shrinks every window and for: to seconds (integration tests, demos)",
+    )
     rules.add_argument("--job-regex", default=".*mindspore.*", help="Prometheus job(s) whose `up` RankDown watches")
-    rules.add_argument("--runbook-url", dest="runbook_url", default=None, metavar="URL",
-                       help="the page that serves docs/alerts.md (a repository host renders one with a heading anchor "
-                            "per alert); each alert's runbook_url links to its section (default: the config's "
-                            "runbook_url, else the relative docs/alerts.md)")
+    rules.add_argument(
+        "--runbook-url",
+        dest="runbook_url",
+        default=None,
+        metavar="URL",
+        help="the page that serves docs/alerts.md (a repository host renders one with a heading anchor "
+        "per alert); each alert's runbook_url links to its section (default: the config's "
+        "runbook_url, else the relative docs/alerts.md)",
+    )
     rules.add_argument("-o", "--output", default=None, help="write here instead of standard output")
 
 
 def _dashboard_arguments(dashboard: argparse.ArgumentParser) -> None:
     dashboard.add_argument("-o", "--output", default=None, help="write here instead of standard output")
-    dashboard.add_argument("--config", default=None,
-                           help="draw the threshold lines of this monitor_config file (default: the defaults)")
+    dashboard.add_argument(
+        "--config", default=None, help="draw the threshold lines of this monitor_config file (default: the defaults)"
+    )
 
 
 def _kubernetes_arguments(kubernetes: argparse.ArgumentParser) -> None:
     kubernetes.add_argument("--config", default=None, help="take alert thresholds from this monitor_config file")
-    kubernetes.add_argument("--runbook-url", dest="runbook_url", default=None, metavar="URL",
-                            help="the page that serves docs/alerts.md, as for `ms-exporter rules`")
-    kubernetes.add_argument("-o", "--output-dir", default="deploy/kubernetes/base",
-                            help="directory for prometheusrule.yaml and grafana-dashboard.yaml "
-                                 "(default: deploy/kubernetes/base)")
+    kubernetes.add_argument(
+        "--runbook-url",
+        dest="runbook_url",
+        default=None,
+        metavar="URL",
+        help="the page that serves docs/alerts.md, as for `ms-exporter rules`",
+    )
+    kubernetes.add_argument(
+        "-o",
+        "--output-dir",
+        default="deploy/kubernetes/base",
+        help="directory for prometheusrule.yaml and grafana-dashboard.yaml (default: deploy/kubernetes/base)",
+    )
 
 
 def _rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -136,8 +172,14 @@ def _rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = _config_or_none(args.config)
     if config is None:
         return 1
-    text = render_yaml(render_rules(thresholds_of(config), TEST_TIMING if args.timing == "test" else Timing(),
-                                    job_regex=args.job_regex, runbook_base=_runbook(args, config)))
+    text = render_yaml(
+        render_rules(
+            thresholds_of(config),
+            TEST_TIMING if args.timing == "test" else Timing(),
+            job_regex=args.job_regex,
+            runbook_base=_runbook(args, config),
+        )
+    )
     _write(text, args.output)
     return 0
 
@@ -175,31 +217,50 @@ def _kubernetes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     rules = render_rules(thresholds, Timing(), runbook_base=_runbook(args, config))
     generator = "ms-exporter kubernetes"
     os.makedirs(args.output_dir, exist_ok=True)
-    _write(render_manifest(render_prometheus_rule(rules), generator),
-           os.path.join(args.output_dir, "prometheusrule.yaml"))
-    _write(render_manifest(render_dashboard_configmap(render_json(render_dashboard(thresholds))), generator),
-           os.path.join(args.output_dir, "grafana-dashboard.yaml"))
+    _write(
+        render_manifest(render_prometheus_rule(rules), generator), os.path.join(args.output_dir, "prometheusrule.yaml")
+    )
+    _write(
+        render_manifest(render_dashboard_configmap(render_json(render_dashboard(thresholds))), generator),
+        os.path.join(args.output_dir, "grafana-dashboard.yaml"),
+    )
     print(f"wrote prometheusrule.yaml and grafana-dashboard.yaml in {args.output_dir}")
     return 0
 
 
 # -- top, hangs -------------------------------------------------------------------------------------------------------
 
+
 def _top_arguments(top: argparse.ArgumentParser) -> None:
-    top.add_argument("targets", nargs="+", metavar="TARGET",
-                     help="http[s]://host:port[/path] (path default /metrics), host:port, or a directory of "
-                          "Prometheus file_sd *.json files (re-read every poll) or one such file")
-    top.add_argument("--once", action="store_true", help="print the table once as plain text and exit "
-                                                        "(status 1 when a target is down)")
+    top.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="http[s]://host:port[/path] (path default /metrics), host:port, or a directory of "
+        "Prometheus file_sd *.json files (re-read every poll) or one such file",
+    )
+    top.add_argument(
+        "--once",
+        action="store_true",
+        help="print the table once as plain text and exit (status 1 when a target is down)",
+    )
     top.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
     top.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each endpoint (default 2)")
-    top.add_argument("--stale-seconds", type=float, default=60.0,
-                     help="a rank without a step for longer is flagged (default 60)")
-    top.add_argument("--scheme", choices=("http", "https"), default="http",
-                     help="for host:port and file_sd targets (default http; file_sd __scheme__ labels win)")
+    top.add_argument(
+        "--stale-seconds", type=float, default=60.0, help="a rank without a step for longer is flagged (default 60)"
+    )
+    top.add_argument(
+        "--scheme",
+        choices=("http", "https"),
+        default="http",
+        help="for host:port and file_sd targets (default http; file_sd __scheme__ labels win)",
+    )
     top.add_argument("--user", default=None, help="basic auth user (the endpoint's web.basic_auth_users)")
-    top.add_argument("--password", default=None,
-                     help="basic auth password; better: the MS_EXPORTER_TOP_PASSWORD environment variable")
+    top.add_argument(
+        "--password",
+        default=None,
+        help="basic auth password; better: the MS_EXPORTER_TOP_PASSWORD environment variable",
+    )
     top.add_argument("--cafile", default=None, help="CA certificate(s) that sign the endpoints' TLS certificates")
     top.add_argument("--insecure", action="store_true", help="do not verify the endpoints' TLS certificates")
     top.add_argument("--cert", default=None, help="client certificate, for web.client_auth_type")
@@ -213,12 +274,17 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _hangs_arguments(hangs: argparse.ArgumentParser) -> None:
-    hangs.add_argument("targets", nargs="+", metavar="TARGET",
-                       help="http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
-                            "or a rank's save_dir (the hang-rank*.txt dumps it left)")
+    hangs.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
+        "or a rank's save_dir (the hang-rank*.txt dumps it left)",
+    )
     hangs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
-    hangs.add_argument("--scheme", choices=("http", "https"), default="http",
-                       help="for host:port and file_sd targets (default http)")
+    hangs.add_argument(
+        "--scheme", choices=("http", "https"), default="http", help="for host:port and file_sd targets (default http)"
+    )
 
 
 def _hangs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -229,13 +295,23 @@ def _hangs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 # -- report ----------------------------------------------------------------------------------------------------------
 
+
 def _report_arguments(report: argparse.ArgumentParser) -> None:
-    report.add_argument("files", nargs="+", help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
-                                                 "one file (.jsonl.1, .2 ...) are read as one run")
+    report.add_argument(
+        "files",
+        nargs="+",
+        help="metrics-rank<r>.jsonl files (backend: local); rotated pieces of "
+        "one file (.jsonl.1, .2 ...) are read as one run",
+    )
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
-    report.add_argument("--hang-min-seconds", type=float, default=None, metavar="S",
-                        help="a pause between steps counts as a stall past max(S, hang.factor x the recent step "
-                             "cycle), as the monitor's hang deadline (default: hang.min_seconds' default, 120)")
+    report.add_argument(
+        "--hang-min-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a pause between steps counts as a stall past max(S, hang.factor x the recent step "
+        "cycle), as the monitor's hang deadline (default: hang.min_seconds' default, 120)",
+    )
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -251,25 +327,36 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for run in runs:
         facts = summary(run, hang)
         stalled = "".join(f", stalled {stall['seconds']:.0f} s at step {stall['step']}" for stall in facts["stalls"])
-        lost = (f", {facts['dropped_records']} records lost (not written: the writer fell behind or the disk was "
-                "full)" if facts["dropped_records"] else "")
+        lost = (
+            f", {facts['dropped_records']} records lost (not written: the writer fell behind or the disk was full)"
+            if facts["dropped_records"]
+            else ""
+        )
         unreadable = f"; {facts['skipped']}" if facts["skipped"] else ""
         time = facts["time"]
-        goodput = (f", {100 * time['productive'] / sum(time.values()):.1f}% of {sum(time.values()):.0f} s productive"
-                   f" ({facts['restarts']} restarts)" if time and sum(time.values()) > 0 else "")
+        goodput = (
+            f", {100 * time['productive'] / sum(time.values()):.1f}% of {sum(time.values()):.0f} s productive"
+            f" ({facts['restarts']} restarts)"
+            if time and sum(time.values()) > 0
+            else ""
+        )
         mfu = f", MFU p50 {100 * facts['mfu_p50']:.1f}%" if facts["mfu_p50"] is not None else ""
-        print(f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
-              f"{mfu}{goodput}{stalled}{lost}{unreadable}")
+        print(
+            f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
+            f"{mfu}{goodput}{stalled}{lost}{unreadable}"
+        )
     print(f"wrote {args.output}")
     return 0
 
 
 # -- peak-flops ------------------------------------------------------------------------------------------------------
 
+
 def _peak_flops_arguments(peak: argparse.ArgumentParser) -> None:
     peak.add_argument("--size", type=int, default=1024, help="square matrices of this size (default 1024)")
-    peak.add_argument("--dtype", choices=DTYPES, default="float32",
-                      help="the precision training uses (default float32)")
+    peak.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="the precision training uses (default float32)"
+    )
     peak.add_argument("--device", default=None, help="MindSpore device_target (default: MindSpore's own choice)")
 
 
@@ -282,12 +369,15 @@ def _peak_flops(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         mindspore.set_device(args.device)
     flops = measure_matmul_flops(args.size, args.dtype)
     device = mindspore.get_context("device_target")
-    print(f"# best of 5 rounds of {args.size}x{args.size} {args.dtype} matmuls on {device}: "
-          f"{flops / 1e9:,.1f} GFLOP/s\nflops:\n  peak_flops_per_device: {flops:.4g}")
+    print(
+        f"# best of 5 rounds of {args.size}x{args.size} {args.dtype} matmuls on {device}: "
+        f"{flops / 1e9:,.1f} GFLOP/s\nflops:\n  peak_flops_per_device: {flops:.4g}"
+    )
     return 0
 
 
 # -- shared ----------------------------------------------------------------------------------------------------------
+
 
 def _config_or_none(path: str | None) -> MonitorConfig | None:
     """The config for a generator, or None after printing what is wrong with it."""
@@ -308,25 +398,40 @@ def _write(text: str, path: str | None) -> None:
 
 # Subcommand name -> what it is; the order is `ms-exporter --help`'s.
 COMMANDS: dict[str, _Command] = {
-    "check-config": _Command("validate a monitor_config file and print the effective config",
-                             _check_config_arguments, _check_config),
+    "check-config": _Command(
+        "validate a monitor_config file and print the effective config", _check_config_arguments, _check_config
+    ),
     "demo": _Command("train a small Transformer with the monitor on", _demo_arguments, _demo, training_side=True),
     "rules": _Command("print the Prometheus recording and alerting rules", _rules_arguments, _rules),
     "dashboard": _Command("print the Grafana dashboard JSON", _dashboard_arguments, _dashboard),
-    "kubernetes": _Command("write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)",
-                           _kubernetes_arguments, _kubernetes),
-    "top": _Command("a live table of every rank's /metrics (step, loss, speed, alerts)", _top_arguments, _top,
-                    description="Polls each rank's endpoint and shows one row per rank; the rank the job waits for "
-                                "is marked '>' (docs/top.md)."),
-    "hangs": _Command("where each rank is stuck and which rank the others wait for (docs/hangs.md)",
-                      _hangs_arguments, _hangs,
-                      description="Reads each rank's phase, time in it, hang deadline and top frame, live from its "
-                                  "endpoint or from the hang dumps in its save_dir, and names the rank(s) the job "
-                                  "waits for. Exit status 1 when a rank is past its deadline."),
+    "kubernetes": _Command(
+        "write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)",
+        _kubernetes_arguments,
+        _kubernetes,
+    ),
+    "top": _Command(
+        "a live table of every rank's /metrics (step, loss, speed, alerts)",
+        _top_arguments,
+        _top,
+        description="Polls each rank's endpoint and shows one row per rank; the rank the job waits for "
+        "is marked '>' (docs/top.md).",
+    ),
+    "hangs": _Command(
+        "where each rank is stuck and which rank the others wait for (docs/hangs.md)",
+        _hangs_arguments,
+        _hangs,
+        description="Reads each rank's phase, time in it, hang deadline and top frame, live from its "
+        "endpoint or from the hang dumps in its save_dir, and names the rank(s) the job "
+        "waits for. Exit status 1 when a rank is past its deadline.",
+    ),
     "report": _Command("render finished runs' JSON Lines into one static HTML report", _report_arguments, _report),
-    "peak-flops": _Command("measure a MindSpore matrix multiply's FLOPs per second here", _peak_flops_arguments,
-                           _peak_flops, training_side=True,
-                           description="Prints the best FLOPs per second of MindSpore's matmul on this machine's "
-                                       "device: a practical flops.peak_flops_per_device where no datasheet figure "
-                                       "applies, such as a CPU (docs/mfu.md)."),
+    "peak-flops": _Command(
+        "measure a MindSpore matrix multiply's FLOPs per second here",
+        _peak_flops_arguments,
+        _peak_flops,
+        training_side=True,
+        description="Prints the best FLOPs per second of MindSpore's matmul on this machine's "
+        "device: a practical flops.peak_flops_per_device where no datasheet figure "
+        "applies, such as a CPU (docs/mfu.md).",
+    ),
 }

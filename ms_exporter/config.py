@@ -61,8 +61,11 @@ def hide_url_passwords(text: str) -> str:
     return _URL_PASSWORD.sub(rf"\g<head>:{REDACTED}@", text)
 
 
-_URL_PARTS = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)?(?P<authority>[^/?#]*)(?P<path>[^?#]*)"
-                        r"(?:\?(?P<query>[^#]*))?", re.DOTALL)
+_URL_PARTS = re.compile(
+    r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)?(?P<authority>[^/?#]*)(?P<path>[^?#]*)"
+    r"(?:\?(?P<query>[^#]*))?",
+    re.DOTALL,
+)
 
 
 def url_for_logs(url: str) -> str:
@@ -79,8 +82,10 @@ def url_for_logs(url: str) -> str:
         authority = f"{user}:{REDACTED}@{host}" if colon else f"{REDACTED}@{host}"
     shown = (parts["scheme"] or "") + authority + parts["path"]
     if parts["query"] is not None:
-        shown += "?" + "&".join(f"{name}={REDACTED}" if sep else name
-                                for name, sep, _ in (item.partition("=") for item in parts["query"].split("&")))
+        shown += "?" + "&".join(
+            f"{name}={REDACTED}" if sep else name
+            for name, sep, _ in (item.partition("=") for item in parts["query"].split("&"))
+        )
     return _CONTROL.sub(lambda found: repr(found.group())[1:-1], shown)
 
 
@@ -98,8 +103,9 @@ METRIC_GROUPS = (
 
 # warn_on_value keys, which way a bare number bounds each, and the `metrics` group that must be on for it to see
 # values: from the catalogue, where each key's family is.
-WATCHABLE: dict[str, Literal["max", "min"]] = {key: catalogue.WATCHABLE[key].direction
-                                                for key in catalogue.WARN_ON_VALUE_KEYS}
+WATCHABLE: dict[str, Literal["max", "min"]] = {
+    key: catalogue.WATCHABLE[key].direction for key in catalogue.WARN_ON_VALUE_KEYS
+}
 WATCH_GROUP = {key: str(catalogue.WATCHABLE[key].group) for key in catalogue.WARN_ON_VALUE_KEYS}
 
 # Host memory is read at least this often (psutil, ~20 µs on the sampler thread): the growth slope then spans
@@ -152,11 +158,12 @@ class ConfigError(ValueError):
             if found is None:
                 problems = [problems]
             else:
-                prefix, problems = problems[:found.start()], problems[found.end():].split("\n  - ")
+                prefix, problems = problems[: found.start()], problems[found.end() :].split("\n  - ")
         self.problems = [hide_url_passwords(str(problem)) for problem in problems]
         lines = "\n  - ".join(self.problems)
-        super().__init__(f"{hide_url_passwords(prefix)}invalid monitor_config ({len(self.problems)} problem(s)):"
-                         f"\n  - {lines}")
+        super().__init__(
+            f"{hide_url_passwords(prefix)}invalid monitor_config ({len(self.problems)} problem(s)):\n  - {lines}"
+        )
 
 
 # -- constraints: a check returns the clean value, or raises _Bad saying what is wrong and what is allowed -----
@@ -208,23 +215,28 @@ def boolean() -> Check:
 
 
 def int_in(low: int, high: int) -> Check:
-    return _rule(f"an integer from {low} to {high}", lambda value: isinstance(value, int)
-                 and not isinstance(value, bool) and low <= value <= high)
+    return _rule(
+        f"an integer from {low} to {high}",
+        lambda value: isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+    )
 
 
 def greater_than(low: int, high: float) -> Check:
-    return _rule(f"a number greater than {low}{_upto(high)}",
-                 lambda value: _is_number(value) and low < value <= high, float)
+    return _rule(
+        f"a number greater than {low}{_upto(high)}", lambda value: _is_number(value) and low < value <= high, float
+    )
 
 
 def at_least(low: float, high: float) -> Check:
-    return _rule(f"a number of at least {low:g}{_upto(high)}",
-                 lambda value: _is_number(value) and low <= value <= high, float)
+    return _rule(
+        f"a number of at least {low:g}{_upto(high)}", lambda value: _is_number(value) and low <= value <= high, float
+    )
 
 
 def between(low: int, high: int) -> Check:
-    return _rule(f"a number between {low} and {high} (exclusive)",
-                 lambda value: _is_number(value) and low < value < high, float)
+    return _rule(
+        f"a number between {low} and {high} (exclusive)", lambda value: _is_number(value) and low < value < high, float
+    )
 
 
 def choice(*allowed: str, any_case: bool = False) -> Check:
@@ -257,8 +269,11 @@ def url() -> Check:
 
 def _runbook_url(value: Any) -> str:
     if not (isinstance(value, str) and re.match(r"^https?://[^/\s]+\S*$", value) and "#" not in value):
-        raise _Bad("must be the http(s) URL of the runbook page, without a #fragment (each alert adds its own), "
-                   "such as https://github.com/ORG/REPO/blob/main/docs/alerts.md", value)
+        raise _Bad(
+            "must be the http(s) URL of the runbook page, without a #fragment (each alert adds its own), "
+            "such as https://github.com/ORG/REPO/blob/main/docs/alerts.md",
+            value,
+        )
     return value
 
 
@@ -311,8 +326,11 @@ def names(allowed: Sequence[str], *, at_least_one: bool = False) -> Check:
         items = _strings(value)
         if items is None:
             raise _Bad(f"must be a name or a list of names from {list(allowed)}", value)
-        bad = [f"'{item}' (did you mean '{close}'?)" if (close := _close(item, allowed)) else f"'{item}'"
-               for item in items if item not in allowed]
+        bad = [
+            f"'{item}' (did you mean '{close}'?)" if (close := _close(item, allowed)) else f"'{item}'"
+            for item in items
+            if item not in allowed
+        ]
         if bad:
             raise _Bad(f"unknown name(s) {', '.join(bad)}; allowed: {list(allowed)}", value)
         if at_least_one and not items:
@@ -383,8 +401,11 @@ def mapping(what: str, entry: Callable[[Any, Any], tuple[Any, Any]], *, secret: 
 def _base_port(value: Any) -> int:
     port: int = int_in(0, 65535)(value)
     if port > 65535 - 7:  # base + local rank must stay a valid port on an 8-rank node
-        raise _Bad(f"must be 0 (any free port) or a base port from 1 to {65535 - 7}: a higher one leaves no room "
-                   "for base + local rank (up to +7)", value)
+        raise _Bad(
+            f"must be 0 (any free port) or a base port from 1 to {65535 - 7}: a higher one leaves no room "
+            "for base + local rank (up to +7)",
+            value,
+        )
     return port
 
 
@@ -405,8 +426,9 @@ def _watch(metric: Any, spec: Any) -> tuple[str, Bound]:
         raise _Bad(f"unknown metric '{metric}'{hint}; allowed: {list(WATCHABLE)}", {metric: spec})
     bound = _bound(spec, WATCHABLE[metric])
     if bound is None:
-        raise _Bad(f"bound for '{metric}' must be a number (a {WATCHABLE[metric]} bound), {{max: x}} or {{min: y}}",
-                   spec)
+        raise _Bad(
+            f"bound for '{metric}' must be a number (a {WATCHABLE[metric]} bound), {{max: x}} or {{min: y}}", spec
+        )
     return metric, bound
 
 
@@ -431,8 +453,7 @@ def _tag(name: Any, tag: Any) -> tuple[str, str]:
     if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
         raise _Bad(f"tag name {name!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)", {name: tag})
     if name in RESERVED_LABELS:
-        raise _Bad(f"tag name '{name}' is set by the exporter itself; reserved: {sorted(RESERVED_LABELS)}",
-                   {name: tag})
+        raise _Bad(f"tag name '{name}' is set by the exporter itself; reserved: {sorted(RESERVED_LABELS)}", {name: tag})
     if isinstance(tag, bool) or not isinstance(tag, (str, int, float)):
         raise _Bad(f"tag '{name}' must be a string or number", {name: tag})
     if len(str(tag)) > _MAX_LABEL_VALUE:
@@ -456,16 +477,21 @@ def _password_hash(user: Any, hashed: Any) -> tuple[str, str]:
     if not isinstance(user, str) or not user or ":" in user:
         raise _Bad("user names must be non-empty strings without ':'", user)
     if not isinstance(hashed, str) or not (_BCRYPT_HASH.match(hashed) or _SHA256_HASH.match(hashed)):
-        raise _Bad(f"the hash for user '{user}' must be a bcrypt hash ($2a$/$2b$/$2y$, e.g. from "
-                   "`htpasswd -nbBC 10 user password`) or sha256:<64 hex digits>", REDACTED)
+        raise _Bad(
+            f"the hash for user '{user}' must be a bcrypt hash ($2a$/$2b$/$2y$, e.g. from "
+            "`htpasswd -nbBC 10 user password`) or sha256:<64 hex digits>",
+            REDACTED,
+        )
     return user, hashed
 
 
 def _password_hashes(value: Any) -> dict[str, str]:
     users: dict[str, str] = mapping("user name to password hash", _password_hash, secret=True)(value)
     if any(_BCRYPT_HASH.match(h) for h in users.values()) and importlib.util.find_spec("bcrypt") is None:
-        raise _Bad("bcrypt hashes need the bcrypt package: pip install 'ms-exporter[auth]' "
-                   "(or give sha256:<hex> hashes)", REDACTED)
+        raise _Bad(
+            "bcrypt hashes need the bcrypt package: pip install 'ms-exporter[auth]' (or give sha256:<hex> hashes)",
+            REDACTED,
+        )
     return users
 
 
@@ -623,8 +649,12 @@ class ActionsConfig:
         return self.early_stop.enable or self.lr_backoff.enable or self.snapshot.enable or self.rollback.enable
 
 
-ACTION_SECTIONS = {"early_stop": EarlyStopConfig, "lr_backoff": LrBackoffConfig, "snapshot": SnapshotConfig,
-                   "rollback": RollbackConfig}
+ACTION_SECTIONS = {
+    "early_stop": EarlyStopConfig,
+    "lr_backoff": LrBackoffConfig,
+    "snapshot": SnapshotConfig,
+    "rollback": RollbackConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -658,8 +688,11 @@ _RUN_ID = re.compile(rf"^[A-Za-z0-9][{RUN_ID_CHARACTERS}]{{0,127}}$")
 
 def _run_id(value: Any) -> str:
     if not isinstance(value, str) or not _RUN_ID.match(value):
-        raise _Bad("must be 1 to 128 letters, digits and '_.:-', starting with a letter or digit (it names the "
-                   "run's state file in save_dir)", value)
+        raise _Bad(
+            "must be 1 to 128 letters, digits and '_.:-', starting with a letter or digit (it names the "
+            "run's state file in save_dir)",
+            value,
+        )
     return value
 
 
@@ -698,12 +731,18 @@ def _peak(value: Any) -> float | str:
             return value
         close = _close(value, list(PEAK_PRESETS))
         hint = f" (did you mean '{close}'?)" if close else ""
-        raise _Bad(f"unknown preset{hint}; give FLOPs per second as a number (such as 312e12) or a preset from "
-                   f"{list(PEAK_PRESETS)}", value)
+        raise _Bad(
+            f"unknown preset{hint}; give FLOPs per second as a number (such as 312e12) or a preset from "
+            f"{list(PEAK_PRESETS)}",
+            value,
+        )
     if _is_number(value) and 0 < value <= MAX_FLOPS:
         return float(value)
-    raise _Bad(f"must be FLOPs per second greater than 0 and at most {MAX_FLOPS:g} (such as 312e12), or a preset "
-               f"from {list(PEAK_PRESETS)}", value)
+    raise _Bad(
+        f"must be FLOPs per second greater than 0 and at most {MAX_FLOPS:g} (such as 312e12), or a preset "
+        f"from {list(PEAK_PRESETS)}",
+        value,
+    )
 
 
 _SIZE = optional(int_in(1, 10**9))
@@ -758,11 +797,18 @@ class FlopsModelConfig:
         if kv_heads is not None and (kv_heads > heads or heads % kv_heads):
             say("num_kv_heads", f"must divide num_heads ({heads})", kv_heads)
         if self.num_experts > 1 and not (self.moe_top_k and self.moe_top_k <= self.num_experts):
-            say("moe_top_k", f"an MoE model (num_experts {self.num_experts}) needs the experts each token is routed "
-                             f"to, from 1 to {self.num_experts}", self.moe_top_k)
+            say(
+                "moe_top_k",
+                f"an MoE model (num_experts {self.num_experts}) needs the experts each token is routed "
+                f"to, from 1 to {self.num_experts}",
+                self.moe_top_k,
+            )
         if self.num_experts <= 1 and (self.moe_top_k is not None or self.moe_ffn_hidden_size is not None):
-            say("num_experts", "moe_top_k and moe_ffn_hidden_size describe an MoE model: give num_experts (2 or more)",
-                self.num_experts)
+            say(
+                "num_experts",
+                "moe_top_k and moe_ffn_hidden_size describe an MoE model: give num_experts (2 or more)",
+                self.num_experts,
+            )
 
 
 @dataclass(frozen=True)
@@ -860,20 +906,37 @@ class WebConfig:
 
     def _cross_check(self, say: Say) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            say("", "tls_cert_file and tls_key_file go together: give both for TLS, or neither",
-                {"tls_cert_file": self.tls_cert_file, "tls_key_file": self.tls_key_file})
+            say(
+                "",
+                "tls_cert_file and tls_key_file go together: give both for TLS, or neither",
+                {"tls_cert_file": self.tls_cert_file, "tls_key_file": self.tls_key_file},
+            )
         if not self.tls and (self.client_ca_file or self.client_auth_type != "NoClientCert"):
-            say("", "client certificates (client_ca_file, client_auth_type) need TLS: set tls_cert_file and "
-                    "tls_key_file", self.client_auth_type)
+            say(
+                "",
+                "client certificates (client_ca_file, client_auth_type) need TLS: set tls_cert_file and tls_key_file",
+                self.client_auth_type,
+            )
         if self.client_auth_type != "NoClientCert" and not self.client_ca_file:
-            say("client_auth_type", "needs client_ca_file, the CA that signs client certificates",
-                self.client_auth_type)
+            say(
+                "client_auth_type", "needs client_ca_file, the CA that signs client certificates", self.client_auth_type
+            )
 
 
-SECTIONS = {"grad_norm": GradNormConfig, "layernorm": LayerNormConfig, "otlp": OtlpConfig,
-            "pushgateway": PushgatewayConfig, "web": WebConfig, "actions": ActionsConfig, "hang": HangConfig,
-            "goodput": GoodputConfig, "divergence": DivergenceConfig, "flops": FlopsConfig,
-            "tensorboard": TensorBoardConfig, "wandb": WandbConfig}
+SECTIONS = {
+    "grad_norm": GradNormConfig,
+    "layernorm": LayerNormConfig,
+    "otlp": OtlpConfig,
+    "pushgateway": PushgatewayConfig,
+    "web": WebConfig,
+    "actions": ActionsConfig,
+    "hang": HangConfig,
+    "goodput": GoodputConfig,
+    "divergence": DivergenceConfig,
+    "flops": FlopsConfig,
+    "tensorboard": TensorBoardConfig,
+    "wandb": WandbConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -892,7 +955,8 @@ class MonitorConfig:
     metrics: tuple[str, ...] = setting(METRIC_GROUPS, check=names(METRIC_GROUPS))
     loss_window: int = setting(50, check=int_in(1, 1_000_000))
     warn_on_value: Mapping[str, Bound] = setting(
-        factory=dict, check=mapping(f"metric to bound, metrics from {list(WATCHABLE)}", _watch))
+        factory=dict, check=mapping(f"metric to bound, metrics from {list(WATCHABLE)}", _watch)
+    )
     tags: Mapping[str, str] = setting(factory=dict, check=mapping("label name to value", _tag))
     log_level: str = setting("INFO", check=choice(*LOG_LEVELS, any_case=True))
     # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
@@ -928,8 +992,10 @@ class MonitorConfig:
         for metric in self.warn_on_value:
             group = WATCH_GROUP[metric]
             if group not in self.metrics:
-                say(f"warn_on_value.{metric}", f"watches a metric that is switched off; add '{group}' to "
-                                               "monitor_config.metrics or drop the bound")
+                say(
+                    f"warn_on_value.{metric}",
+                    f"watches a metric that is switched off; add '{group}' to monitor_config.metrics or drop the bound",
+                )
 
     @property
     def memory_interval(self) -> float:
@@ -983,14 +1049,16 @@ def _plain(value: Any) -> Any:
 KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig))
 
 
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None,
-                **overrides: Any) -> MonitorConfig:
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None, **overrides: Any
+) -> MonitorConfig:
     """Build the effective config: defaults < file/dict < MS_EXPORTER_* environment < keyword overrides."""
     return read_config(source, **overrides)[0]
 
 
-def read_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None,
-                **overrides: Any) -> tuple[MonitorConfig, list[str]]:
+def read_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None, **overrides: Any
+) -> tuple[MonitorConfig, list[str]]:
     """load_config, and what the caller should tell the user about the block: MindSpore Transformers' own keys
     found in it, read as ours or left to it (ms_exporter.mindformers_keys)."""
     problems = _Problems()
@@ -1061,7 +1129,7 @@ class _Problems:
         """`path` was set by `where`; with a section's mapping `value`, only the sub-keys it names are (they are
         merged into what was there)."""
         for known in [known for known in self.origin if known.startswith(path + ".")]:
-            if not isinstance(value, Mapping) or known[len(path) + 1:].split(".")[0] in value:
+            if not isinstance(value, Mapping) or known[len(path) + 1 :].split(".")[0] in value:
                 del self.origin[known]
         self.origin[path] = where
 
@@ -1079,8 +1147,9 @@ class _Problems:
     def unknown(self, path: str, key: Any, allowed: list[str]) -> None:
         close = _close(key, allowed)
         hint = f"did you mean '{close}'? " if close else ""
-        self.found.append(f"monitor_config.{path}: unknown key ({self._where(path)}); {hint}"
-                          f"allowed keys: {', '.join(allowed)}")
+        self.found.append(
+            f"monitor_config.{path}: unknown key ({self._where(path)}); {hint}allowed keys: {', '.join(allowed)}"
+        )
 
 
 _T = TypeVar("_T", bound="DataclassInstance")
@@ -1230,16 +1299,19 @@ def _yaml_on_key(raw: Any) -> Any:
 
 def _unwrap(data: Any, where: str, problems: list[str]) -> dict[str, Any]:
     if not isinstance(data, Mapping):
-        problems.append(f"{where}: expected a mapping with a monitor_config key (or a bare mapping of its keys), "
-                        f"got {type(data).__name__}")
+        problems.append(
+            f"{where}: expected a mapping with a monitor_config key (or a bare mapping of its keys), "
+            f"got {type(data).__name__}"
+        )
         return {}
     # A MindSpore Transformers run YAML: its other top-level keys are its own (docs/mindformers.md).
     run_config = bool(mindformers_keys.RUN_CONFIG_KEYS.intersection(map(str, data)))
     if "monitor_config" in data or run_config:
         extra = [k for k in data if k != "monitor_config"]
         if extra and not run_config:
-            problems.append(f"{where}: only the top-level key monitor_config is read; "
-                            f"unexpected {sorted(map(str, extra))}")
+            problems.append(
+                f"{where}: only the top-level key monitor_config is read; unexpected {sorted(map(str, extra))}"
+            )
         inner = data.get("monitor_config")
         if inner is None:
             return {}
@@ -1263,8 +1335,10 @@ def _unknown_env_names() -> list[str]:
         if name.startswith(ENV_PREFIX) and name not in known and name not in OTHER_ENV_NAMES:
             close = _close(name, known)
             hint = f"did you mean {close}? " if close else ""
-            found.append(f"environment variable {name}: not a monitor_config key; {hint}the variables are "
-                         f"{ENV_PREFIX}<KEY> for the top-level keys: {', '.join(k.upper() for k in KEYS)}")
+            found.append(
+                f"environment variable {name}: not a monitor_config key; {hint}the variables are "
+                f"{ENV_PREFIX}<KEY> for the top-level keys: {', '.join(k.upper() for k in KEYS)}"
+            )
     return found
 
 
@@ -1294,8 +1368,12 @@ def _read_web_config_file(path: Any, say: Say) -> dict[str, Any]:
     out: dict[str, Any] = {}
     unknown = [k for k in data if k not in ("tls_server_config", "basic_auth_users")]
     tls = data.get("tls_server_config") or {}
-    names = {"cert_file": "tls_cert_file", "key_file": "tls_key_file", "client_ca_file": "client_ca_file",
-             "client_auth_type": "client_auth_type"}
+    names = {
+        "cert_file": "tls_cert_file",
+        "key_file": "tls_key_file",
+        "client_ca_file": "client_ca_file",
+        "client_auth_type": "client_auth_type",
+    }
     if isinstance(tls, Mapping):
         unknown += [f"tls_server_config.{k}" for k in tls if k not in names]
         out.update({names[k]: v for k, v in tls.items() if k in names})
@@ -1304,8 +1382,11 @@ def _read_web_config_file(path: Any, say: Say) -> dict[str, Any]:
     if data.get("basic_auth_users") is not None:
         out["basic_auth_users"] = data["basic_auth_users"]
     if unknown:
-        say("config_file", f"{path} has keys this exporter does not support: {sorted(map(str, unknown))}; "
-                           f"supported: tls_server_config.{{{', '.join(names)}}}, basic_auth_users")
+        say(
+            "config_file",
+            f"{path} has keys this exporter does not support: {sorted(map(str, unknown))}; "
+            f"supported: tls_server_config.{{{', '.join(names)}}}, basic_auth_users",
+        )
     return out
 
 

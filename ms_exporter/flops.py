@@ -34,16 +34,27 @@ class Peak:
 # No preset without the vendor's published figure (docs/mfu.md#peak-presets repeats each citation). Dense figures:
 # NVIDIA's datasheets list Tensor Core figures "with sparsity", which are twice the dense ones.
 PEAK_PRESETS: dict[str, Peak] = {
-    "nvidia_a100_bf16": Peak(312e12, "NVIDIA A100 Tensor Core GPU datasheet: BFLOAT16 Tensor Core 312 TFLOPS "
-                                     "(624 TFLOPS with sparsity)"),
-    "nvidia_a100_fp16": Peak(312e12, "NVIDIA A100 Tensor Core GPU datasheet: FP16 Tensor Core 312 TFLOPS "
-                                     "(624 TFLOPS with sparsity)"),
-    "nvidia_h100_sxm_bf16": Peak(989.5e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BFLOAT16 Tensor Core "
-                                           "1,979 TFLOPS shown with sparsity, 1/2 of it without"),
-    "nvidia_h100_pcie_bf16": Peak(756.5e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe: BFLOAT16 Tensor Core "
-                                            "1,513 TFLOPS shown with sparsity, 1/2 of it without"),
-    "ascend_910_fp16": Peak(256e12, "Huawei, 'Huawei launches Ascend 910, the world's most powerful AI processor' "
-                                    "(press release, 23 August 2019): 256 TeraFLOPS at FP16"),
+    "nvidia_a100_bf16": Peak(
+        312e12, "NVIDIA A100 Tensor Core GPU datasheet: BFLOAT16 Tensor Core 312 TFLOPS (624 TFLOPS with sparsity)"
+    ),
+    "nvidia_a100_fp16": Peak(
+        312e12, "NVIDIA A100 Tensor Core GPU datasheet: FP16 Tensor Core 312 TFLOPS (624 TFLOPS with sparsity)"
+    ),
+    "nvidia_h100_sxm_bf16": Peak(
+        989.5e12,
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BFLOAT16 Tensor Core "
+        "1,979 TFLOPS shown with sparsity, 1/2 of it without",
+    ),
+    "nvidia_h100_pcie_bf16": Peak(
+        756.5e12,
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe: BFLOAT16 Tensor Core "
+        "1,513 TFLOPS shown with sparsity, 1/2 of it without",
+    ),
+    "ascend_910_fp16": Peak(
+        256e12,
+        "Huawei, 'Huawei launches Ascend 910, the world's most powerful AI processor' "
+        "(press release, 23 August 2019): 256 TeraFLOPS at FP16",
+    ),
 }
 
 
@@ -135,9 +146,12 @@ def _attention_coefficient(query_width_sum: float, causal: bool) -> float:
 
 
 def from_shape(shape: ModelShape) -> FlopsModel:
-    return FlopsModel(dense=FORWARD_AND_BACKWARD * 2 * shape.matmul_weights(),
-                      attention=_attention_coefficient(shape.num_layers * shape.query_width, shape.causal),
-                      source="model", attention_kind="causal" if shape.causal else "full")
+    return FlopsModel(
+        dense=FORWARD_AND_BACKWARD * 2 * shape.matmul_weights(),
+        attention=_attention_coefficient(shape.num_layers * shape.query_width, shape.causal),
+        source="model",
+        attention_kind="causal" if shape.causal else "full",
+    )
 
 
 def from_per_token(per_token: float) -> FlopsModel:
@@ -148,6 +162,9 @@ def from_per_token(per_token: float) -> FlopsModel:
 def from_parameters(parameters: int, attention_width: int, causal: bool) -> FlopsModel:
     """6N over the trainable parameters, plus the attention term of the attention layers found in the network
     (`attention_width`: their query widths summed; 0 when none was recognised)."""
-    return FlopsModel(dense=FORWARD_AND_BACKWARD * 2 * parameters,
-                      attention=_attention_coefficient(attention_width, causal), source="parameters",
-                      attention_kind=("causal" if causal else "full") if attention_width else "none")
+    return FlopsModel(
+        dense=FORWARD_AND_BACKWARD * 2 * parameters,
+        attention=_attention_coefficient(attention_width, causal),
+        source="parameters",
+        attention_kind=("causal" if causal else "full") if attention_width else "none",
+    )

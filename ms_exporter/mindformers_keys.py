@@ -16,22 +16,45 @@ from typing import Any
 # state, stable rank, attention logits, structure printing, linearity against a baseline, the spike count that
 # makes MindSpore Transformers skip data).
 LEFT_TO_MINDFORMERS = (
-    "monitor_on", "dump_path", "target", "invert", "local_norm_format", "device_local_norm_format",
-    "local_loss_format", "device_local_loss_format", "optimizer_state_format", "weight_state_format",
-    "max_attention_logit_format", "throughput_baseline", "print_struct", "stable_rank_config",
-    "check_for_global_norm", "global_norm_spike_count_threshold",
+    "monitor_on",
+    "dump_path",
+    "target",
+    "invert",
+    "local_norm_format",
+    "device_local_norm_format",
+    "local_loss_format",
+    "device_local_loss_format",
+    "optimizer_state_format",
+    "weight_state_format",
+    "max_attention_logit_format",
+    "throughput_baseline",
+    "print_struct",
+    "stable_rank_config",
+    "check_for_global_norm",
+    "global_norm_spike_count_threshold",
 )
 # Its keys read as ours: (ours, why).
 READ_AS_OURS = {
     "step_interval": ("grad_norm.every_n_steps", "both are how many steps apart gradient norms are read"),
-    "global_norm_spike_threshold": ("grad_norm.threshold",
-                                    "both are the global norm above which a step counts as a spike"),
+    "global_norm_spike_threshold": (
+        "grad_norm.threshold",
+        "both are the global norm above which a step counts as a spike",
+    ),
 }
 MINDFORMERS_KEYS = frozenset(LEFT_TO_MINDFORMERS) | frozenset(READ_AS_OURS)
 # Top-level keys of a MindSpore Transformers run YAML that no monitor_config key resembles: a file with one of these
 # is such a run config, and its other top-level keys are not a mistake (a stray `model:` still is).
-RUN_CONFIG_KEYS = frozenset({"trainer", "runner_config", "runner_wrapper", "train_dataset", "train_dataset_task",
-                             "parallel_config", "lr_schedule"})
+RUN_CONFIG_KEYS = frozenset(
+    {
+        "trainer",
+        "runner_config",
+        "runner_wrapper",
+        "train_dataset",
+        "train_dataset_task",
+        "parallel_config",
+        "lr_schedule",
+    }
+)
 
 
 @dataclass
@@ -48,8 +71,9 @@ class Translation:
         if self.read:
             parts.append("read as ms_exporter's: " + ", ".join(f"{k} -> {v}" for k, v in self.read.items()))
         if self.shadowed:
-            parts.append("not read, ms_exporter's own key is set: "
-                         + ", ".join(f"{k} ({v})" for k, v in self.shadowed.items()))
+            parts.append(
+                "not read, ms_exporter's own key is set: " + ", ".join(f"{k} ({v})" for k, v in self.shadowed.items())
+            )
         if self.left:
             parts.append("left to MindSpore Transformers' TrainingStateMonitor: " + ", ".join(self.left))
         if not parts:

@@ -97,12 +97,13 @@ class SkippedBatches:
             raise self._corrupt(f"not valid JSON: {exc}") from exc
         batches = data.get("batches") if isinstance(data, dict) else None
         if not isinstance(batches, list):
-            raise self._corrupt("expected {\"batches\": [...]}")
+            raise self._corrupt('expected {"batches": [...]}')
         return [b for b in batches if isinstance(b, dict)]
 
     def _corrupt(self, what: str) -> CorruptList:
-        return CorruptList(f"{self.path}: not a skipped-batches list ({what}); move it away or delete it to start "
-                           "a new list")
+        return CorruptList(
+            f"{self.path}: not a skipped-batches list ({what}); move it away or delete it to start a new list"
+        )
 
     def sample_hashes(self) -> frozenset[str]:
         return frozenset(h for batch in self.read() for h in batch.get("sample_hashes") or ())
@@ -134,8 +135,12 @@ class SkippedBatches:
         except OSError as exc:  # a link or a FIFO planted at the lock's name: out of the way, then ours
             if exc.errno != errno.ELOOP and not isinstance(exc, UnsafeFile):
                 raise
-            logger.warning("ms_exporter: %s is no lock file (%s); moved aside to %s", path, exc,
-                           move_aside(path, "not-a-file").name)
+            logger.warning(
+                "ms_exporter: %s is no lock file (%s); moved aside to %s",
+                path,
+                exc,
+                move_aside(path, "not-a-file").name,
+            )
             return open_append(path)
 
     def remove_leftovers(self, started: float) -> list[Path]:
@@ -176,8 +181,9 @@ class _Listed:
                 except (CorruptList, OSError) as exc:
                     if strict:  # made in the data pipeline's setup: say what is wrong there and then
                         raise
-                    logger.warning("ms_exporter: %s; the %d samples listed before are still left out", exc,
-                                   len(self.hashes))
+                    logger.warning(
+                        "ms_exporter: %s; the %d samples listed before are still left out", exc, len(self.hashes)
+                    )
 
 
 class SkipListedSamples:
@@ -198,8 +204,11 @@ class SkipListedSamples:
         self.skipped = 0
         hashes = self._listed.hashes
         source = self._source
-        samples = (source[i] for i in range(len(source))) if hasattr(source, "__getitem__") and hasattr(
-            source, "__len__") else iter(source() if callable(source) else source)
+        samples = (
+            (source[i] for i in range(len(source)))
+            if hasattr(source, "__getitem__") and hasattr(source, "__len__")
+            else iter(source() if callable(source) else source)
+        )
         for sample in samples:
             columns = sample if isinstance(sample, tuple) else (sample,)
             if hashes and sample_hash(columns) in hashes:

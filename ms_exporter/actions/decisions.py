@@ -40,8 +40,10 @@ class EarlyStop:
             return None
         self.waited += 1
         if self.waited >= self.patience:
-            self.stopped = (f"the smoothed loss has not improved by more than {self.min_delta:g} on "
-                            f"{self.best:.6g} for {self.waited} evaluations")
+            self.stopped = (
+                f"the smoothed loss has not improved by more than {self.min_delta:g} on "
+                f"{self.best:.6g} for {self.waited} evaluations"
+            )
         return self.stopped
 
     def step(self, loss: float | None) -> str | None:
@@ -116,13 +118,23 @@ class AnomalyEpisodes:
         return anomaly
 
 
-def anomaly_of(loss: float | None, smoothed: float | None, spike_factor: float, grad_norm: float | None,
-               grad_threshold: float | None) -> str | None:
+def anomaly_of(
+    loss: float | None,
+    smoothed: float | None,
+    spike_factor: float,
+    grad_norm: float | None,
+    grad_threshold: float | None,
+) -> str | None:
     """The anomaly a step shows, if any: a non-finite loss, a loss spike, or a gradient norm over threshold."""
     if loss is not None and not math.isfinite(loss):
         return "nonfinite_loss"
-    if (loss is not None and smoothed is not None and math.isfinite(smoothed) and smoothed > 0
-            and loss > spike_factor * smoothed):
+    if (
+        loss is not None
+        and smoothed is not None
+        and math.isfinite(smoothed)
+        and smoothed > 0
+        and loss > spike_factor * smoothed
+    ):
         return "loss_spike"
     if grad_norm is not None and grad_threshold is not None and grad_norm > grad_threshold:
         return "grad_norm"

@@ -56,8 +56,9 @@ class GoodStates:
     state is at most `memory_limit` bytes). `owner` (`<run>-rank<r>`) names this rank's files among those of the
     other ranks and runs that share the directory."""
 
-    def __init__(self, storage: str, memory_limit: float, directory: Path, max_kept: int,
-                 owner: str = "run-rank0") -> None:
+    def __init__(
+        self, storage: str, memory_limit: float, directory: Path, max_kept: int, owner: str = "run-rank0"
+    ) -> None:
         self._storage = storage
         self._memory_limit = memory_limit
         self._directory = directory
@@ -138,8 +139,13 @@ class GoodStates:
                 self._kept.pop()
                 _remove(state)
                 older = f"trying the one of step {self._kept[-1].step}" if self._kept else "no older one is kept"
-                logger.warning("ms_exporter: rollback: the good state of step %d (%s) cannot be read back (%r); "
-                               "it is removed, %s", state.step, state.path, exc, older)
+                logger.warning(
+                    "ms_exporter: rollback: the good state of step %d (%s) cannot be read back (%r); it is removed, %s",
+                    state.step,
+                    state.path,
+                    exc,
+                    older,
+                )
                 continue
             self._assign(arrays)
             return state
@@ -186,8 +192,11 @@ class GoodStates:
             older = entry.stat(follow_symlinks=False).st_mtime < started
             # Another pid of this run and rank is an earlier process; this pid's files older than this process
             # are of an earlier one that had the same pid (a restarted container).
-            earlier = (match.group(1) != str(os.getpid()) or older) if match else \
-                bool(_LEGACY_PARTIAL.match(entry.name)) and older
+            earlier = (
+                (match.group(1) != str(os.getpid()) or older)
+                if match
+                else bool(_LEGACY_PARTIAL.match(entry.name)) and older
+            )
             if earlier:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)

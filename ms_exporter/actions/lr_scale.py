@@ -42,12 +42,14 @@ class LrScaler:
         self.base_lrs: list[float] = []
         learning_rate = getattr(optimizer, "learning_rate", None)
         if learning_rate is None:
-            raise ValueError("no optimizer with a learning_rate: lr_backoff needs Model(..., optimizer=...) or a "
-                             "train cell that holds one")
+            raise ValueError(
+                "no optimizer with a learning_rate: lr_backoff needs Model(..., optimizer=...) or a "
+                "train cell that holds one"
+            )
         # The optimizer's forms: one Parameter, a ParameterTuple (fixed per group), one schedule cell, or a
         # CellList of schedules (per group, when any group's LR is dynamic).
         if isinstance(learning_rate, (Parameter, ParameterTuple)):
-            for parameter in ([learning_rate] if isinstance(learning_rate, Parameter) else list(learning_rate)):
+            for parameter in [learning_rate] if isinstance(learning_rate, Parameter) else list(learning_rate):
                 base = float(np.asarray(parameter.asnumpy()).reshape(-1)[0])
                 self._fixed.append((parameter, base))
                 self.base_lrs.append(base)
@@ -55,8 +57,7 @@ class LrScaler:
         self._scale = Parameter(Tensor(np.float32(1.0)), name="ms_exporter_lr_scale", requires_grad=False)
         scaled = _scaled_schedule_class()
         if isinstance(learning_rate, CellList):
-            optimizer.learning_rate = CellList([scaled(cell, self._scale) for cell in learning_rate],
-                                               auto_prefix=False)
+            optimizer.learning_rate = CellList([scaled(cell, self._scale) for cell in learning_rate], auto_prefix=False)
         else:
             optimizer.learning_rate = scaled(learning_rate, self._scale)
 

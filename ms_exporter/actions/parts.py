@@ -15,8 +15,14 @@ from ms_exporter.monitor.errors import Breaker, ErrorSink
 from ms_exporter.monitor.store import MetricStore
 
 # What the log calls each part (the configured actions, and rollback's own parts).
-SAID = {"early_stop": "early stop", "lr_backoff": "LR back-off", "snapshot": "snapshots", "rollback": "rollback",
-        "rollback.keep": "keeping good states", "rollback.list": "listing skipped batches"}
+SAID = {
+    "early_stop": "early stop",
+    "lr_backoff": "LR back-off",
+    "snapshot": "snapshots",
+    "rollback": "rollback",
+    "rollback.keep": "keeping good states",
+    "rollback.list": "listing skipped batches",
+}
 
 
 def component(part: str) -> str:

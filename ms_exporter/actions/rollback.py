@@ -54,8 +54,14 @@ class StateFollower(Protocol):
     def on_rollback(self, good_step: int) -> None: ...
 
 
-def divergence_of(config: RollbackConfig, loss: float | None, smoothed_before: float, grad_norm: float,
-                  grad_limit: float, warm: bool = True) -> str | None:
+def divergence_of(
+    config: RollbackConfig,
+    loss: float | None,
+    smoothed_before: float,
+    grad_norm: float,
+    grad_limit: float,
+    warm: bool = True,
+) -> str | None:
     """What makes this step a divergence, if anything: the anomalies actions.snapshot knows (anomaly_of), each
     trigger as configured. Before the run is `warm` (its first warmup_steps steps) a loss spike does not count: a
     smoothed loss of a few steps says little."""
@@ -87,19 +93,36 @@ class LoopGuard:
 
 
 class Rollback:
-    def __init__(self, config: RollbackConfig, store: MetricStore, save_dir: Path, grad_high: float,
-                 grad_exploding: float, memory_growth_limit: float, rank: int, world_size: int,
-                 counts: dict[str, Series], announce: Announce, warmup_steps: int = 0,
-                 followers: Sequence[StateFollower] = (), parts: PartFailures | None = None,
-                 run_id: str = "run") -> None:
+    def __init__(
+        self,
+        config: RollbackConfig,
+        store: MetricStore,
+        save_dir: Path,
+        grad_high: float,
+        grad_exploding: float,
+        memory_growth_limit: float,
+        rank: int,
+        world_size: int,
+        counts: dict[str, Series],
+        announce: Announce,
+        warmup_steps: int = 0,
+        followers: Sequence[StateFollower] = (),
+        parts: PartFailures | None = None,
+        run_id: str = "run",
+    ) -> None:
         self._config = config
         self._followers = tuple(followers)
         self._warmup = warmup_steps
         self._steps_seen = 0
         self._grad_limit = config.grad_norm_above if config.grad_norm_above is not None else grad_exploding
         self._health = HealthScore(config.quiet_steps, grad_high, grad_exploding, memory_growth_limit)
-        self._states = GoodStates(config.storage, config.memory_limit_mb * 2**20, save_dir / STATE_DIR,
-                                  config.max_kept, owner=f"{run_id}-rank{rank}")
+        self._states = GoodStates(
+            config.storage,
+            config.memory_limit_mb * 2**20,
+            save_dir / STATE_DIR,
+            config.max_kept,
+            owner=f"{run_id}-rank{rank}",
+        )
         self._parts = parts if parts is not None else PartFailures(store, ("rollback",))
         self._keeping = True
         self._keep_calls = 0
@@ -129,8 +152,13 @@ class Rollback:
         learning_rate = getattr(optimizer, "learning_rate", None)
         from mindspore import Parameter, ParameterTuple
 
-        fixed_lr = (learning_rate,) if isinstance(learning_rate, Parameter) else \
-            tuple(learning_rate) if isinstance(learning_rate, ParameterTuple) else ()
+        fixed_lr = (
+            (learning_rate,)
+            if isinstance(learning_rate, Parameter)
+            else tuple(learning_rate)
+            if isinstance(learning_rate, ParameterTuple)
+            else ()
+        )
         if network is not self._network:  # another train call on the same network keeps its good states
             self._network = network
             self._states.bind(network, leave_out=fixed_lr)
@@ -139,9 +167,13 @@ class Rollback:
             self._remove_leftovers()
         step = step_of(cb_params)
         self._next_good = (step // self._config.good_every + 1) * self._config.good_every
-        logger.info("ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
-                    len(self._states.names), self._states.nbytes / 2**20, self._states.where,
-                    self._config.good_every)
+        logger.info(
+            "ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
+            len(self._states.names),
+            self._states.nbytes / 2**20,
+            self._states.where,
+            self._config.good_every,
+        )
 
     def on_step(self, sample: StepSample, run_context: Any, smoothed_before: float) -> bool:
         """One step; True when it rolled the training back to a good state."""
@@ -152,19 +184,33 @@ class Rollback:
         self._since_good.append(self._identity(cb_params, step, sample.epoch))
         store = self._store
         grad_norm = store.value_of(catalogue.GRAD_NORM)
-        health = self._health.observe(sample.loss, store.value_of(catalogue.LOSS_SMOOTHED), grad_norm,
-                                      store.value_of(catalogue.MEMORY_GROWTH_RATIO))
+        health = self._health.observe(
+            sample.loss,
+            store.value_of(catalogue.LOSS_SMOOTHED),
+            grad_norm,
+            store.value_of(catalogue.MEMORY_GROWTH_RATIO),
+        )
         self._health_gauge.value = health.score
         self._steps_seen += 1
-        reason = divergence_of(self._config, sample.loss, smoothed_before, grad_norm, self._grad_limit,
-                               warm=self._steps_seen > self._warmup)
+        reason = divergence_of(
+            self._config,
+            sample.loss,
+            smoothed_before,
+            grad_norm,
+            self._grad_limit,
+            warm=self._steps_seen > self._warmup,
+        )
         if reason is not None:
             self._quiet = 0
             return self._diverged(run_context, step, reason, sample.loss)
         self._quiet += 1
         gate = health.replica_score if self._replicas else health.score
-        if self._keeping and step >= self._next_good and self._quiet >= self._config.quiet_steps and \
-                gate >= self._config.min_health:
+        if (
+            self._keeping
+            and step >= self._next_good
+            and self._quiet >= self._config.quiet_steps
+            and gate >= self._config.min_health
+        ):
             self._keep_calls += 1
             try:
                 state = self._states.capture(step)
@@ -177,14 +223,22 @@ class Rollback:
             self._since_good.clear()
             self._last_good.value = step
             self._next_good = (step // self._config.good_every + 1) * self._config.good_every
-            logger.debug("ms_exporter: good state at step %d (%.1f MiB, %.1f ms)", step, state.nbytes / 2**20,
-                         state.seconds * 1e3)
+            logger.debug(
+                "ms_exporter: good state at step %d (%.1f MiB, %.1f ms)",
+                step,
+                state.nbytes / 2**20,
+                state.seconds * 1e3,
+            )
         return False
 
     def _keeping_off(self) -> str:
         kept = self._states.kept_steps
-        before = (f"a rollback restores the states kept before (step{'s' if len(kept) > 1 else ''} "
-                  f"{', '.join(map(str, kept))})" if kept else "none was kept, so a divergence is logged, not undone")
+        before = (
+            f"a rollback restores the states kept before (step{'s' if len(kept) > 1 else ''} "
+            f"{', '.join(map(str, kept))})"
+            if kept
+            else "none was kept, so a divergence is logged, not undone"
+        )
         return f"keeping good states is off: {before}"
 
     def _remove_leftovers(self) -> None:
@@ -197,8 +251,11 @@ class Rollback:
             except Exception as exc:  # a tidy-up that fails costs nothing but disk space
                 self._parts.absorb("rollback", exc)
         if removed:
-            logger.warning("ms_exporter: rollback removed %d files earlier processes of this run and rank left "
-                           "behind: %s", len(removed), ", ".join(str(p) for p in removed[:10]))
+            logger.warning(
+                "ms_exporter: rollback removed %d files earlier processes of this run and rank left behind: %s",
+                len(removed),
+                ", ".join(str(p) for p in removed[:10]),
+            )
 
     def _identity(self, cb_params: Any, step: int, epoch: int) -> dict[str, Any]:
         batch_num = steps_per_epoch_of(cb_params)
@@ -214,17 +271,26 @@ class Rollback:
         if state is None:
             if not self._warned_no_state:
                 self._warned_no_state = True
-                logger.warning("ms_exporter: rollback: %s at step %d, but no good state was kept yet (the first "
-                               "comes after step %d and %d quiet steps); training goes on", reason, step,
-                               self._config.good_every, self._config.quiet_steps)
+                logger.warning(
+                    "ms_exporter: rollback: %s at step %d, but no good state was kept yet (the first "
+                    "comes after step %d and %d quiet steps); training goes on",
+                    reason,
+                    step,
+                    self._config.good_every,
+                    self._config.quiet_steps,
+                )
             return False
         if not self._guard.allows(step):
             self._stop(run_context, step, reason)
             return False
         state = self._states.restore_newest()
         if state is None:
-            logger.warning("ms_exporter: rollback: %s at step %d, but none of the good states kept can be read back "
-                           "(the log above says why); training goes on", reason, step)
+            logger.warning(
+                "ms_exporter: rollback: %s at step %d, but none of the good states kept can be read back "
+                "(the log above says why); training goes on",
+                reason,
+                step,
+            )
             return False
         self._last_good.value = state.step  # an older one when the newest could not be read back
         self._health.restart()
@@ -232,24 +298,39 @@ class Rollback:
             follower.on_rollback(state.step)
         self._guard.record(step)
         lost = step - state.step
-        batches = [{**identity, "reason": reason, "rolled_back_at": step, "good_step": state.step}
-                   for identity in self._since_good]
+        batches = [
+            {**identity, "reason": reason, "rolled_back_at": step, "good_step": state.step}
+            for identity in self._since_good
+        ]
         self._since_good.clear()
         # The rollback happened: it is counted and announced whether or not its batches can be listed.
         self._counts["rollback"].value += 1
         self._lost.value += lost
-        details: dict[str, Any] = {"reason": reason, "good_step": state.step, "steps_lost": lost,
-                                   "batches_listed": len(batches)}
+        details: dict[str, Any] = {
+            "reason": reason,
+            "good_step": state.step,
+            "steps_lost": lost,
+            "batches_listed": len(batches),
+        }
         try:
             listed = f"{len(batches)} batches listed in {self._skipped.path} ({self._skipped.append(batches)} in all)"
         except Exception as exc:
             self._parts.absorb("rollback.list", exc)
             details.update(batches_listed=0, list_error=repr(exc))
-            listed = (f"its {len(batches)} batches (steps {batches[0]['step'] if batches else '-'} to {step}) could "
-                      f"not be listed in {self._skipped.path}: {exc!r}")
+            listed = (
+                f"its {len(batches)} batches (steps {batches[0]['step'] if batches else '-'} to {step}) could "
+                f"not be listed in {self._skipped.path}: {exc!r}"
+            )
         shown = loss if loss is None or math.isfinite(loss) else str(loss)
-        logger.warning("ms_exporter: rollback at step %d (%s, loss %s): restored the good state of step %d, %d "
-                       "steps lost; %s", step, reason, shown, state.step, lost, listed)
+        logger.warning(
+            "ms_exporter: rollback at step %d (%s, loss %s): restored the good state of step %d, %d steps lost; %s",
+            step,
+            reason,
+            shown,
+            state.step,
+            lost,
+            listed,
+        )
         self._announce(step, "rollback", details)
         return True
 
@@ -257,10 +338,15 @@ class Rollback:
         self._stopped = True
         run_context.request_stop()
         self._counts["rollback_stop"].value += 1
-        why = (f"{reason} at step {step} after {self._guard.recent} rollbacks within {self._config.window_steps} "
-               f"steps (actions.rollback.max_rollbacks {self._config.max_rollbacks})")
-        logger.error("ms_exporter: rollback_stop: %s; training stops after this step: the divergence comes back "
-                     "(docs/alerts.md#mindsporetrainingrollbackloop)", why)
+        why = (
+            f"{reason} at step {step} after {self._guard.recent} rollbacks within {self._config.window_steps} "
+            f"steps (actions.rollback.max_rollbacks {self._config.max_rollbacks})"
+        )
+        logger.error(
+            "ms_exporter: rollback_stop: %s; training stops after this step: the divergence comes back "
+            "(docs/alerts.md#mindsporetrainingrollbackloop)",
+            why,
+        )
         self._announce(step, "rollback_stop", {"reason": why})
 
     def close(self) -> None:

@@ -52,16 +52,25 @@ def _unheard(step: int, action: str, details: dict[str, Any]) -> None:
 class ActionRunner:
     """One per monitor, only when some action is enabled; runs on the training thread after the probes."""
 
-    def __init__(self, config: MonitorConfig, store: MetricStore, rank: RankInfo | None = None,
-                 announce: Announce | None = None, followers: Sequence[StateFollower] = ()) -> None:
+    def __init__(
+        self,
+        config: MonitorConfig,
+        store: MetricStore,
+        rank: RankInfo | None = None,
+        announce: Announce | None = None,
+        followers: Sequence[StateFollower] = (),
+    ) -> None:
         actions = config.actions
         self._config = actions
         self._store = store
         self._grad_threshold = config.grad_norm.threshold if config.grad_norm.enable else None
         self._snapshot_dir = Path(config.save_dir) / SNAPSHOT_DIR
         family = store.register(catalogue.ACTIONS_TAKEN)
-        self._counts = {name: family.series(action=name) for name in catalogue.ACTIONS
-                        if getattr(actions, _SECTION_OF.get(name, name)).enable}
+        self._counts = {
+            name: family.series(action=name)
+            for name in catalogue.ACTIONS
+            if getattr(actions, _SECTION_OF.get(name, name)).enable
+        }
         self._parts = PartFailures(store, [part for part in PARTS if getattr(actions, part).enable])
         self._calls = 0  # on_step calls: the index by which failures in a row are judged
         self._snapshot_calls = 0
@@ -70,10 +79,22 @@ class ActionRunner:
             limits = thresholds_of(config)
             rank = rank or RankInfo(0, 0, 1, "")
             run_id = config.run_id if config.run_id is not None else derived_run_id(config.project, config.save_dir)
-            self._rollback = Rollback(actions.rollback, store, Path(config.save_dir), limits.grad_norm_high,
-                                      limits.grad_norm_exploding, limits.memory_growth_ratio, rank.rank,
-                                      rank.world_size, self._counts, announce or _unheard, config.warmup_steps,
-                                      followers, self._parts, run_id)
+            self._rollback = Rollback(
+                actions.rollback,
+                store,
+                Path(config.save_dir),
+                limits.grad_norm_high,
+                limits.grad_norm_exploding,
+                limits.memory_growth_ratio,
+                rank.rank,
+                rank.world_size,
+                self._counts,
+                announce or _unheard,
+                config.warmup_steps,
+                followers,
+                self._parts,
+                run_id,
+            )
         self._factor = None
         if actions.lr_backoff.enable:
             self._factor = store.register(catalogue.LR_BACKOFF_FACTOR).series()
@@ -82,8 +103,9 @@ class ActionRunner:
         early = actions.early_stop
         self._early = EarlyStop(early.patience, early.min_delta, early.max_nonfinite) if early.enable else None
         backoff = actions.lr_backoff
-        self._backoff = LrBackoff(backoff.factor, backoff.rising_steps, backoff.cooldown, 0.0) \
-            if backoff.enable else None
+        self._backoff = (
+            LrBackoff(backoff.factor, backoff.rising_steps, backoff.cooldown, 0.0) if backoff.enable else None
+        )
         self._episodes = AnomalyEpisodes(actions.snapshot.quiet_steps) if actions.snapshot.enable else None
         self._scaler: LrScaler | None = None
         self._lr_probe: LearningRateProbe | None = None
@@ -150,8 +172,13 @@ class ActionRunner:
 
     def _snapshot_step(self, sample: StepSample, grad_norm: float, grad_breach: bool) -> None:
         assert self._episodes is not None
-        anomaly = anomaly_of(sample.loss, self._previous_smoothed, self._config.snapshot.spike_factor,
-                             grad_norm if grad_breach else None, self._grad_threshold)
+        anomaly = anomaly_of(
+            sample.loss,
+            self._previous_smoothed,
+            self._config.snapshot.spike_factor,
+            grad_norm if grad_breach else None,
+            self._grad_threshold,
+        )
         opened = self._episodes.observe(sample.step, anomaly)
         if opened is not None:
             self._snapshot_calls += 1  # snapshots are rare: failures in a row are judged by their own count
@@ -189,8 +216,11 @@ class ActionRunner:
         if part == "lr_backoff":
             scale = self._backoff.scale if self._backoff is not None else 1.0
             return f"LR back-off is off: the learning rate stays at {scale:.4g} times its configured value"
-        return {"early_stop": "early stop is off", "snapshot": "snapshots are off",
-                "rollback": "rollback is off: a divergence is no longer undone"}[part]
+        return {
+            "early_stop": "early stop is off",
+            "snapshot": "snapshots are off",
+            "rollback": "rollback is off: a divergence is no longer undone",
+        }[part]
 
     def _switch_off(self, part: str) -> None:
         if part == "early_stop":
@@ -234,8 +264,13 @@ class ActionRunner:
             self._factor.value = scale
         self._counts["lr_backoff"].value += 1
         floor = " (its floor: no further back-off)" if self._backoff is not None and self._backoff.at_floor else ""
-        logger.warning("ms_exporter: lr_backoff at step %d: %s; the learning rate is now %.4g times its "
-                       "configured value%s", step, reason, scale, floor)
+        logger.warning(
+            "ms_exporter: lr_backoff at step %d: %s; the learning rate is now %.4g times its configured value%s",
+            step,
+            reason,
+            scale,
+            floor,
+        )
 
     def _snapshot(self, step: int, reason: str, loss: float | None) -> None:
         import mindspore
@@ -246,15 +281,27 @@ class ActionRunner:
         # The hook runs after the step's update: what can be saved is the state after the anomaly.
         stem = f"snapshot-step{step:09d}-{reason}-post-anomaly"
         mindspore.save_checkpoint(self._network, str(self._snapshot_dir / f"{stem}.ckpt"))
-        replace_file(self._snapshot_dir / f"{stem}.json", (json.dumps({
-            "step": step, "reason": reason, "state": "post-anomaly", "time": time.time(),
-            "loss": loss if loss is not None and math.isfinite(loss) else str(loss),
-            "smoothed_loss_before": self._previous_smoothed}, indent=1) + "\n").encode())
+        replace_file(
+            self._snapshot_dir / f"{stem}.json",
+            (
+                json.dumps(
+                    {
+                        "step": step,
+                        "reason": reason,
+                        "state": "post-anomaly",
+                        "time": time.time(),
+                        "loss": loss if loss is not None and math.isfinite(loss) else str(loss),
+                        "smoothed_loss_before": self._previous_smoothed,
+                    },
+                    indent=1,
+                )
+                + "\n"
+            ).encode(),
+        )
         self._prune()
         self._last_snapshot.series().value = step
         self._counts["snapshot"].value += 1
-        logger.warning("ms_exporter: snapshot at step %d (%s): %s", step, reason,
-                       self._snapshot_dir / f"{stem}.ckpt")
+        logger.warning("ms_exporter: snapshot at step %d (%s): %s", step, reason, self._snapshot_dir / f"{stem}.ckpt")
 
     def _prune(self) -> None:
         snapshots = sorted(self._snapshot_dir.glob("snapshot-step*.ckpt"))

@@ -51,7 +51,13 @@ class ThresholdWatcher:
             if breached and not was:
                 watch.counter.value += 1
                 where = "".join(f" {k}={v}" for k, v in series.labels)
-                logger.warning("ms_exporter: %s%s = %.6g breaches its threshold (%s %s%.6g); warning once until "
-                               "it comes back", watch.key, where, series.value, watch.bound.direction,
-                               "|value| " if watch.bound.absolute else "", watch.bound.value)
+                logger.warning(
+                    "ms_exporter: %s%s = %.6g breaches its threshold (%s %s%.6g); warning once until it comes back",
+                    watch.key,
+                    where,
+                    series.value,
+                    watch.bound.direction,
+                    "|value| " if watch.bound.absolute else "",
+                    watch.bound.value,
+                )
             watch.in_breach[series.labels] = breached

@@ -81,44 +81,87 @@ class TrainingMonitor(Callback):
         probes = build_probes(self.config, self.store, self.rank, self.phases)
         self._eval = probes.eval
         self._memory = probes.memory
-        self._actions = ActionRunner(self.config, self.store, self.rank, self._announce, probes.step) \
-            if self.config.actions.any else None
-        self._errors = ErrorSink(self.store, ("callback", "sampler", *(("watchdog",) if probes.hang else ()),
-                                              *(p.name for p in probes.step),
-                                              *(("actions",) if self._actions is not None else ()),
-                                              *(("goodput",) if self.config.goodput.enable else ()),
-                                              *(("divergence",) if self.config.divergence.enable else ())))
+        self._actions = (
+            ActionRunner(self.config, self.store, self.rank, self._announce, probes.step)
+            if self.config.actions.any
+            else None
+        )
+        self._errors = ErrorSink(
+            self.store,
+            (
+                "callback",
+                "sampler",
+                *(("watchdog",) if probes.hang else ()),
+                *(p.name for p in probes.step),
+                *(("actions",) if self._actions is not None else ()),
+                *(("goodput",) if self.config.goodput.enable else ()),
+                *(("divergence",) if self.config.divergence.enable else ()),
+            ),
+        )
         self._breaker = Breaker(self._errors, self.store)
         hooks = self.store.register(catalogue.HOOK_DURATION)
         self._hook_cost = {hook: hooks.histogram(hook=hook) for hook in HOOKS}
         self._thresholds = ThresholdWatcher(self.store, self.config.all_bounds(), self.config.warmup_steps)
-        self._batch = BatchCounter(self.config.attention_mask_column, self.config.input_ids_column,
-                                   self.config.flops.seq_len_column if self.config.flops.enable else None)
+        self._batch = BatchCounter(
+            self.config.attention_mask_column,
+            self.config.input_ids_column,
+            self.config.flops.seq_len_column if self.config.flops.enable else None,
+        )
         hang = self.config.hang
-        self._watchdog = HangWatchdog(self.phases, probes.hang.current, self.store, self.config.save_dir,
-                                      self.rank.rank, lambda exc: self._errors.absorb("watchdog", exc),
-                                      hang.native_stacks, self.config.project) if probes.hang is not None else None
+        self._watchdog = (
+            HangWatchdog(
+                self.phases,
+                probes.hang.current,
+                self.store,
+                self.config.save_dir,
+                self.rank.rank,
+                lambda exc: self._errors.absorb("watchdog", exc),
+                hang.native_stacks,
+                self.config.project,
+            )
+            if probes.hang is not None
+            else None
+        )
         watchdog = self._watchdog
-        self._goodput = Goodput(self.config, self.store, self.phases, self.rank.rank,
-                                probes.hang.deadlines if probes.hang is not None else None,
-                                lambda exc: self._errors.absorb("goodput", exc)) \
-            if self.config.goodput.enable else None
+        self._goodput = (
+            Goodput(
+                self.config,
+                self.store,
+                self.phases,
+                self.rank.rank,
+                probes.hang.deadlines if probes.hang is not None else None,
+                lambda exc: self._errors.absorb("goodput", exc),
+            )
+            if self.config.goodput.enable
+            else None
+        )
         stacks = (lambda: watchdog.latest) if watchdog is not None and hang.debug_endpoint else None
         try:
-            self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker,
-                                      stacks)
+            self._sinks = build_sinks(self.config, self.store, self.rank, self._errors.absorb, self._breaker, stacks)
         except BaseException:  # the monitor is not constructed: nothing it started may outlive the error
             if self._goodput is not None:
                 self._guard("goodput", self._goodput.close)
             raise
         self._errors.expect(sink.name for sink in self._sinks)
-        self._publisher = StepPublisher(probes.step, self._thresholds, self._actions, self._sinks, self._batch,
-                                        self._errors, self._breaker)
-        self._fingerprints = Fingerprints(self.store, self.config.divergence, self.rank, self._publisher.layouts) \
-            if self.config.divergence.enable else None
-        self._sampler = MemorySampler(probes.memory, self.config.memory_interval, self._breaker,
-                                      self._thresholds.check_slow, lambda exc: self._errors.absorb("sampler", exc)) \
-            if probes.memory is not None else None
+        self._publisher = StepPublisher(
+            probes.step, self._thresholds, self._actions, self._sinks, self._batch, self._errors, self._breaker
+        )
+        self._fingerprints = (
+            Fingerprints(self.store, self.config.divergence, self.rank, self._publisher.layouts)
+            if self.config.divergence.enable
+            else None
+        )
+        self._sampler = (
+            MemorySampler(
+                probes.memory,
+                self.config.memory_interval,
+                self._breaker,
+                self._thresholds.check_slow,
+                lambda exc: self._errors.absorb("sampler", exc),
+            )
+            if probes.memory is not None
+            else None
+        )
         self._signals = SignalRelay(self._on_signal, lambda exc: self._errors.absorb("callback", exc))
         self._wants_signals = any(sink.needs_signals for sink in self._sinks)
         if self._wants_signals:  # from now until close: a SIGTERM between or after train calls counts too
@@ -268,8 +311,18 @@ class TrainingMonitor(Callback):
             # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
             began = (self._step_began if self._step_began is not None else entered) + self.phases.take_aside()
             # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
-            publisher.pending.append(StepRecord(step, cb_params[CUR_EPOCH_NUM], loss, began, ended, self._data_wait,
-                                                kept, outputs if isinstance(outputs, (tuple, list)) else None))
+            publisher.pending.append(
+                StepRecord(
+                    step,
+                    cb_params[CUR_EPOCH_NUM],
+                    loss,
+                    began,
+                    ended,
+                    self._data_wait,
+                    kept,
+                    outputs if isinstance(outputs, (tuple, list)) else None,
+                )
+            )
             if publisher.due(ended):
                 publisher.published_at = ended
                 publisher.publish(run_context)

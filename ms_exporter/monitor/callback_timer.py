@@ -24,14 +24,19 @@ from ms_exporter.monitor.phases import PhaseClock
 
 # Hooks MindSpore calls between train begin and train end on every step or epoch; each with the older name the
 # base class's hook calls (a callback may override either).
-_HOOKS = (("on_train_step_begin", "step_begin"), ("on_train_step_end", "step_end"),
-          ("on_train_epoch_begin", "epoch_begin"), ("on_train_epoch_end", "epoch_end"))
+_HOOKS = (
+    ("on_train_step_begin", "step_begin"),
+    ("on_train_step_end", "step_end"),
+    ("on_train_epoch_begin", "epoch_begin"),
+    ("on_train_epoch_end", "epoch_end"),
+)
 
 
 def phase_of(callback: Any, checkpoint_names: Collection[str] = ()) -> str:
     """`checkpoint` for a ModelCheckpoint and for a class (or subclass of one) named in `checkpoint_names`."""
-    if isinstance(callback, ModelCheckpoint) or any(kind.__name__ in checkpoint_names
-                                                    for kind in type(callback).__mro__):
+    if isinstance(callback, ModelCheckpoint) or any(
+        kind.__name__ in checkpoint_names for kind in type(callback).__mro__
+    ):
         return CHECKPOINT
     return CALLBACKS
 
@@ -40,9 +45,12 @@ def overridden_hooks(callback: Any) -> list[str]:
     """The step and epoch hooks a callback's class really implements (wrapping the base class's no-ops costs time
     for nothing)."""
     kind = type(callback)
-    return [hook for hook, older in _HOOKS
-            if getattr(kind, hook, None) is not getattr(Callback, hook)
-            or getattr(kind, older, None) is not getattr(Callback, older)]
+    return [
+        hook
+        for hook, older in _HOOKS
+        if getattr(kind, hook, None) is not getattr(Callback, hook)
+        or getattr(kind, older, None) is not getattr(Callback, older)
+    ]
 
 
 def _internal(callback: Any) -> bool:

@@ -36,6 +36,7 @@ EVAL_RESULTS, METRICS = "eval_results", "metrics"
 
 # -- readers -------------------------------------------------------------------------------------------------------
 
+
 def step_of(cb_params: Any) -> int:
     """The global step after this call (0 before the first)."""
     return int(cb_params.get(CUR_STEP_NUM, 0) or 0)

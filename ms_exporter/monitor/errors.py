@@ -46,8 +46,13 @@ class ErrorSink:
                 first = component not in self._logged
                 self._logged.add(component)
             if first:
-                logger.error("ms_exporter: %s failed and was skipped (training continues; further failures of this "
-                             "component are only counted in %s): %s", component, catalogue.ERRORS.name, described(exc))
+                logger.error(
+                    "ms_exporter: %s failed and was skipped (training continues; further failures of this "
+                    "component are only counted in %s): %s",
+                    component,
+                    catalogue.ERRORS.name,
+                    described(exc),
+                )
         except Exception:  # the error path itself must never raise into training
             pass
 
@@ -69,8 +74,9 @@ class Breaker:
         self._disabled_family = store.register(catalogue.COMPONENT_DISABLED)
         self.disabled: set[str] = set()
 
-    def failed(self, component: str, exc: BaseException, index: int,
-               then: str = "the other metrics keep working") -> bool:
+    def failed(
+        self, component: str, exc: BaseException, index: int, then: str = "the other metrics keep working"
+    ) -> bool:
         """Count the failure; True when this one switches the component off (`then`: what that means, for the log)."""
         self._errors.absorb(component, exc)
         try:
@@ -81,8 +87,14 @@ class Breaker:
                 return False
             self.disabled.add(component)
             self._disabled_family.series(component=component).value = 1
-            logger.error("ms_exporter: %s failed %d times in a row and is switched off for the rest of this "
-                         "process (last error: %s); %s", component, count, hide_url_passwords(repr(exc)), then)
+            logger.error(
+                "ms_exporter: %s failed %d times in a row and is switched off for the rest of this "
+                "process (last error: %s); %s",
+                component,
+                count,
+                hide_url_passwords(repr(exc)),
+                then,
+            )
             return True
         except Exception:
             return False

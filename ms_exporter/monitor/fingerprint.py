@@ -37,8 +37,7 @@ logger = logging.getLogger("ms_exporter")
 class Fingerprints:
     """`next_step` is the hot path's only look: a fingerprint is due when the step reaches it."""
 
-    def __init__(self, store: MetricStore, config: DivergenceConfig, rank: RankInfo,
-                 layouts: LayoutResolver) -> None:
+    def __init__(self, store: MetricStore, config: DivergenceConfig, rank: RankInfo, layouts: LayoutResolver) -> None:
         self._store = store
         self._config = config
         self._rank = rank
@@ -57,8 +56,12 @@ class Fingerprints:
             if self._group is None:
                 logger.info("ms_exporter: no replica fingerprints: %s", why)
                 return
-            logger.info("ms_exporter: replica fingerprints every %d steps in replica group %s (%s)",
-                        self._config.every_n_steps, self._group, why)
+            logger.info(
+                "ms_exporter: replica fingerprints every %d steps in replica group %s (%s)",
+                self._config.every_n_steps,
+                self._group,
+                why,
+            )
         network = network_of(cb_params)
         self._parameters = list(network.trainable_params()) if network is not None else []
         step = step_of(cb_params)

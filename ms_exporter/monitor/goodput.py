@@ -48,8 +48,15 @@ def derived_run_id(project: str, save_dir: str) -> str:
 class Goodput:
     """Built by TrainingMonitor when goodput.enable; `step_ended` is on the training thread's step path."""
 
-    def __init__(self, config: MonitorConfig, store: MetricStore, phases: PhaseClock, rank: int,
-                 deadlines: Mapping[str | None, float] | None, on_error: OnPartError) -> None:
+    def __init__(
+        self,
+        config: MonitorConfig,
+        store: MetricStore,
+        phases: PhaseClock,
+        rank: int,
+        deadlines: Mapping[str | None, float] | None,
+        on_error: OnPartError,
+    ) -> None:
         """Starts no thread (start() does), so a monitor whose construction fails later leaves nothing running;
         close() lets go of the files and the lock also when start() was never called."""
         self._on_error = on_error
@@ -61,9 +68,15 @@ class Goodput:
         # Another process on this save_dir and rank owns the run state: this one's ledger stays in its memory.
         self.claim = run_lock.claim(config.save_dir, rank)
         if not self.claim.owner:
-            logger.warning("ms_exporter: the goodput ledger of run %s rank %d in %s is kept by another process (%s): "
-                           "this process's ledger stays in memory, covers this process only and is not carried "
-                           "over to a restart", self.run_id, rank, config.save_dir, self.claim.holder)
+            logger.warning(
+                "ms_exporter: the goodput ledger of run %s rank %d in %s is kept by another process (%s): "
+                "this process's ledger stays in memory, covers this process only and is not carried "
+                "over to a restart",
+                self.run_id,
+                rank,
+                config.save_dir,
+                self.claim.holder,
+            )
         else:
             try:
                 self.state = RunState(config.save_dir, self.run_id, rank, given)
@@ -71,8 +84,11 @@ class Goodput:
                 logger.warning("ms_exporter: %s; this monitor's goodput ledger covers this process only", exc)
             except Exception as exc:  # a full disk, an unusable file that cannot be moved: only carrying over is lost
                 on_error(exc)
-                logger.warning("ms_exporter: cannot keep the run state in %s (%s): the goodput ledger covers this "
-                               "process only", config.save_dir, exc)
+                logger.warning(
+                    "ms_exporter: cannot keep the run state in %s (%s): the goodput ledger covers this process only",
+                    config.save_dir,
+                    exc,
+                )
         state = self.state
         self._redo_until = state.redo_until if state is not None else 0
         self._mark = state.mark if state is not None else _ignore_step
@@ -87,11 +103,14 @@ class Goodput:
             run_family.bind(functools.partial(self._run_seconds.__getitem__, index), bucket=bucket)
         store.register(c.RESTARTS).series().value = float(state.restarts if state is not None else 0)
         store.register(c.RUN_INFO).series(run_id=self.run_id).value = 1.0
-        self._saver = PeriodicThread("ms_exporter-goodput", config.goodput.save_seconds, self.save,
-                                     first_at_once=True)
+        self._saver = PeriodicThread("ms_exporter-goodput", config.goodput.save_seconds, self.save, first_at_once=True)
         if state is not None and state.restarts:
-            logger.info("ms_exporter: run %s restarts (%d before); steps up to %d are counted as redo", self.run_id,
-                        state.restarts, state.redo_until)
+            logger.info(
+                "ms_exporter: run %s restarts (%d before); steps up to %d are counted as redo",
+                self.run_id,
+                state.restarts,
+                state.redo_until,
+            )
 
     def start(self) -> None:
         """Start saving the run state every goodput.save_seconds (the first save at once). The monitor calls it

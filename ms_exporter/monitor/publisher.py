@@ -51,8 +51,16 @@ class StepPublisher:
     deadlock (seen: a schedule evaluated from a background thread while a graph ran).
     """
 
-    def __init__(self, probes: list[Probe], thresholds: ThresholdWatcher, actions: ActionRunner | None,
-                 sinks: list[Sink], batch: BatchCounter, errors: ErrorSink, breaker: Breaker) -> None:
+    def __init__(
+        self,
+        probes: list[Probe],
+        thresholds: ThresholdWatcher,
+        actions: ActionRunner | None,
+        sinks: list[Sink],
+        batch: BatchCounter,
+        errors: ErrorSink,
+        breaker: Breaker,
+    ) -> None:
         self.pending: deque[StepRecord] = deque()
         self.probes = probes
         self._thresholds = thresholds
@@ -74,8 +82,11 @@ class StepPublisher:
 
     def due(self, now: float) -> bool:
         """Whether the training thread should publish now."""
-        return (now - self.published_at >= PUBLISH_SECONDS or self._actions is not None
-                or len(self.pending) >= MAX_PENDING_STEPS)
+        return (
+            now - self.published_at >= PUBLISH_SECONDS
+            or self._actions is not None
+            or len(self.pending) >= MAX_PENDING_STEPS
+        )
 
     def publish(self, run_context: Any, wait: bool = False) -> None:
         """Run every pending record through the probes, thresholds, actions and sinks.
@@ -103,9 +114,21 @@ class StepPublisher:
         self.last_step = step
         self.steps_done += steps
         samples, tokens, squares = self._batch.count(record.kept, steps)
-        sample = StepSample(step, int(record.epoch), steps, record.loss, ended - record.began, record.data_wait,
-                            samples, tokens, ended + wall_offset, ended, outputs, self.layouts.resolve(outputs),
-                            squares)
+        sample = StepSample(
+            step,
+            int(record.epoch),
+            steps,
+            record.loss,
+            ended - record.began,
+            record.data_wait,
+            samples,
+            tokens,
+            ended + wall_offset,
+            ended,
+            outputs,
+            self.layouts.resolve(outputs),
+            squares,
+        )
         for probe in self.probes:
             try:
                 probe.on_step(sample)

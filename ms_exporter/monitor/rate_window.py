@@ -19,8 +19,9 @@ class RateWindow:
     def clear(self) -> None:
         self._points.clear()
 
-    def advance(self, now: float, began: float, totals: tuple[float, ...],
-                added: tuple[float, ...]) -> tuple[float, tuple[float, ...]]:
+    def advance(
+        self, now: float, began: float, totals: tuple[float, ...], added: tuple[float, ...]
+    ) -> tuple[float, tuple[float, ...]]:
         """Record the totals at a step end `now`, where this step added `added` since it `began`; return the
         window's length in seconds and how much each total grew over it."""
         points = self._points

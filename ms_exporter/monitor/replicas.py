@@ -64,8 +64,11 @@ def ranks_per_batch(layout: ParallelLayout) -> tuple[int | None, str]:
         return layout.world_size, f"{layout.mode} with full_batch: all {layout.world_size} ranks compute each batch"
     if layout.data_parallel and layout.world_size % layout.data_parallel == 0:
         share = layout.world_size // layout.data_parallel
-        return share, f"{layout.mode}, dataset_strategy splits the batch {layout.data_parallel} ways: {share} ranks " \
-                      "compute each batch"
+        return (
+            share,
+            f"{layout.mode}, dataset_strategy splits the batch {layout.data_parallel} ways: {share} ranks "
+            "compute each batch",
+        )
     return None, f"{layout.mode}: MindSpore's context does not say how many ranks share a batch"
 
 
@@ -82,21 +85,28 @@ def replica_group(rank: int, layout: ParallelLayout, model_parallel: int | None 
     stage_size = layout.world_size // layout.stages
     if model_parallel is None and layout.data_parallel:
         if stage_size % layout.data_parallel:
-            return None, f"dataset_strategy splits the batch {layout.data_parallel} ways, not a divisor of the " \
-                         f"{stage_size} ranks of a stage"
+            return (
+                None,
+                f"dataset_strategy splits the batch {layout.data_parallel} ways, not a divisor of the "
+                f"{stage_size} ranks of a stage",
+            )
         model_parallel = stage_size // layout.data_parallel
     if model_parallel is None:
-        return None, (f"{layout.mode}: MindSpore's context does not say how many ranks shard one replica; set "
-                      "divergence.model_parallel (MindSpore Transformers' parallel_config.model_parallel) or "
-                      "divergence.replica_group")
+        return None, (
+            f"{layout.mode}: MindSpore's context does not say how many ranks shard one replica; set "
+            "divergence.model_parallel (MindSpore Transformers' parallel_config.model_parallel) or "
+            "divergence.replica_group"
+        )
     if stage_size % model_parallel:
         return None, f"model_parallel {model_parallel} does not divide the {stage_size} ranks of a stage"
     if stage_size == model_parallel:
         return None, "one replica per stage (data-parallel size 1): no other rank holds the same shards"
     stage, within = divmod(rank, stage_size)
     group = stage * model_parallel + within % model_parallel
-    return str(group), (f"{layout.mode}, {layout.stages} stage(s) of {stage_size} ranks, {model_parallel}-way "
-                        f"model parallel: group {group} (stage {stage}, shard {within % model_parallel})")
+    return str(group), (
+        f"{layout.mode}, {layout.stages} stage(s) of {stage_size} ranks, {model_parallel}-way "
+        f"model parallel: group {group} (stage {stage}, shard {within % model_parallel})"
+    )
 
 
 def disagreeing(fingerprints: Mapping[K, tuple[float, float]]) -> set[K]:

@@ -83,8 +83,12 @@ def claim(save_dir: str | Path, rank: int) -> Claim:
         except OSError as exc:
             if path not in _WARNED:
                 _WARNED.add(path)
-                logger.warning("ms_exporter: cannot lock %s (%s): a second process on this save_dir and rank would "
-                               "not be told apart from this one", path, exc)
+                logger.warning(
+                    "ms_exporter: cannot lock %s (%s): a second process on this save_dir and rank would "
+                    "not be told apart from this one",
+                    path,
+                    exc,
+                )
             return Claim(owner=True, suffix="", path=path)
         if held is not None:
             held.count += 1
@@ -97,11 +101,20 @@ def claim(save_dir: str | Path, rank: int) -> Claim:
         first = key not in _WARNED
         _WARNED.add(key)
     if first:
-        logger.warning("ms_exporter: rank %d's files in %s (the goodput ledger ms_exporter-run-*-rank%d.*, "
-                       "metrics-rank%d.jsonl) belong to another process (%s; lock file %s) that uses the same "
-                       "save_dir and rank: this process (pid %d) leaves them alone and names the files it writes "
-                       "with %r; give each job a save_dir of its own", rank, save_dir, rank, rank, holder, path,
-                       os.getpid(), suffix)
+        logger.warning(
+            "ms_exporter: rank %d's files in %s (the goodput ledger ms_exporter-run-*-rank%d.*, "
+            "metrics-rank%d.jsonl) belong to another process (%s; lock file %s) that uses the same "
+            "save_dir and rank: this process (pid %d) leaves them alone and names the files it writes "
+            "with %r; give each job a save_dir of its own",
+            rank,
+            save_dir,
+            rank,
+            rank,
+            holder,
+            path,
+            os.getpid(),
+            suffix,
+        )
     return Claim(owner=False, suffix=suffix, path=path, holder=holder)
 
 

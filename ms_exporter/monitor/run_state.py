@@ -114,14 +114,18 @@ class RunState:
             # A monitor made again in the same process counts the process's time from its start again: only another
             # process's seconds are earlier ones, and only another process is a restart.
             same_process = previous.pid == os.getpid()
-            self.earlier = [earlier + (0.0 if same_process else seconds)
-                            for earlier, seconds in zip(previous.earlier, previous.seconds, strict=True)]
+            self.earlier = [
+                earlier + (0.0 if same_process else seconds)
+                for earlier, seconds in zip(previous.earlier, previous.seconds, strict=True)
+            ]
             self.restarts = previous.restarts + (0 if same_process else 1)
             self.redo_until = max(previous.highest, mark)
             self.highest = self.redo_until
         elif previous is not None:
-            logger.info("ms_exporter: run %s ended normally before; this process starts it anew (set run_id to "
-                        "continue a run)", self.run_id)
+            logger.info(
+                "ms_exporter: run %s ended normally before; this process starts it anew (set run_id to continue a run)",
+                self.run_id,
+            )
         self._mark = _map_mark(self.mark_path, self.highest)
 
     def _load(self) -> _Previous | None:
@@ -141,8 +145,11 @@ class RunState:
             return 0
         step = int(_MARK.unpack(data)[0]) if len(data) == _MARK.size else -1
         if len(data) != _MARK.size or not 0 <= step <= MAX_STEP:
-            why = (f"{len(data)} bytes, not {_MARK.size}" if len(data) != _MARK.size
-                   else f"step {step} is not between 0 and {MAX_STEP}")
+            why = (
+                f"{len(data)} bytes, not {_MARK.size}"
+                if len(data) != _MARK.size
+                else f"step {step} is not between 0 and {MAX_STEP}"
+            )
             self._move_aside(self.mark_path, "invalid", why)
             return 0
         return step
@@ -166,10 +173,15 @@ class RunState:
         try:
             aside = safe_files.move_aside(path, reason)
         except OSError as exc:
-            raise OSError(exc.errno, f"{path} is unusable ({why}) and cannot be moved aside: {exc.strerror}",
-                          str(path)) from exc
-        logger.warning("ms_exporter: the run state file %s is unusable (%s); moved to %s, and this process starts "
-                       "that file anew", path, why, aside)
+            raise OSError(
+                exc.errno, f"{path} is unusable ({why}) and cannot be moved aside: {exc.strerror}", str(path)
+            ) from exc
+        logger.warning(
+            "ms_exporter: the run state file %s is unusable (%s); moved to %s, and this process starts that file anew",
+            path,
+            why,
+            aside,
+        )
 
     def mark(self, step: int) -> None:
         """A step the run reached (the training thread, at each step end): kept when it is a new highest."""
@@ -183,8 +195,13 @@ class RunState:
         (and ValueError for a number JSON cannot hold)."""
         now = time.time()
         state = {
-            "format": FORMAT, "run_id": self.run_id, "rank": self.rank, "restarts": self.restarts,
-            "highest_step": self.highest, "saved": now, "finished": finished,
+            "format": FORMAT,
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "restarts": self.restarts,
+            "highest_step": self.highest,
+            "saved": now,
+            "finished": finished,
             "earlier_seconds": dict(zip(c.TIME_BUCKETS, self.earlier, strict=True)),
             "process": {"pid": os.getpid(), "seconds": dict(zip(c.TIME_BUCKETS, seconds, strict=True))},
         }
@@ -227,7 +244,8 @@ def _parse(data: bytes, run_id: str, rank: int) -> _Previous:
         finished=finished,
         earlier=_buckets(state, "earlier_seconds"),
         pid=_count(process, "pid", _MAX_PID) if "pid" in process else None,
-        seconds=_buckets(process, "seconds") if "seconds" in process else [0.0] * len(c.TIME_BUCKETS))
+        seconds=_buckets(process, "seconds") if "seconds" in process else [0.0] * len(c.TIME_BUCKETS),
+    )
 
 
 def _no_constant(name: str) -> Any:
@@ -243,8 +261,12 @@ def _count(fields: dict[str, Any], name: str, bound: int) -> int:
 
 def _seconds(fields: dict[str, Any], name: str, bound: float) -> float:
     value = fields.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not 0 <= value <= bound:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= bound
+    ):
         raise _Unusable(f"{name}: {_short(value)} is not a number of seconds between 0 and {bound:g}")
     return float(value)
 

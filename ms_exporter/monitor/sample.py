@@ -68,7 +68,6 @@ def read_scalar(value: Any) -> float | None:
     return float(np.mean(array, dtype=np.float64))
 
 
-
 def to_numpy(value: Any) -> np.ndarray | None:
     """A Tensor (bfloat16 included) or numpy value as a numpy array; None for anything else."""
     if isinstance(value, np.ndarray):
@@ -202,8 +201,9 @@ class BatchCounter:
         return samples * steps, tokens * steps, squares * steps
 
     @staticmethod
-    def _count_squares(shape: tuple[int, ...], samples: int, tokens: int, row_lengths: np.ndarray | None,
-                       lengths: Any) -> int:
+    def _count_squares(
+        shape: tuple[int, ...], samples: int, tokens: int, row_lengths: np.ndarray | None, lengths: Any
+    ) -> int:
         """Packed documents' lengths squared where the batch says them, else each sample's real length squared."""
         seq_len = int(shape[1]) if len(shape) >= 2 else 0
         if lengths is not None:

@@ -13,8 +13,14 @@ class MemorySampler:
     """Samples host RSS (psutil: no MindSpore call, which a second thread must not make during a step) and runs
     `check_slow` after each sample. Started at train begin, stopped at train end; start() twice is harmless."""
 
-    def __init__(self, memory: MemoryProbe, interval: float, breaker: Breaker,
-                 check_slow: Callable[[], None], on_error: OnPartError) -> None:
+    def __init__(
+        self,
+        memory: MemoryProbe,
+        interval: float,
+        breaker: Breaker,
+        check_slow: Callable[[], None],
+        on_error: OnPartError,
+    ) -> None:
         self._memory = memory
         self._breaker = breaker
         self._check_slow = check_slow

@@ -133,8 +133,9 @@ class SignalRelay:
             os.close(write_end)
             return
         self._wakeup_fd = write_end
-        threading.Thread(target=self._watch, args=(read_end, write_end), name="ms_exporter-signals",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(read_end, write_end), name="ms_exporter-signals", daemon=True
+        ).start()
 
     def _stop_watcher(self) -> None:
         write_end, self._wakeup_fd = self._wakeup_fd, None
@@ -168,8 +169,9 @@ class SignalRelay:
         with self._changed:
             self._delivered[signum] += 1
             delivered = self._delivered[signum]
-            self._changed.wait_for(lambda: self._entered[signum] + self._taken[signum] >= delivered,
-                                   HANDLER_GRACE_SECONDS)
+            self._changed.wait_for(
+                lambda: self._entered[signum] + self._taken[signum] >= delivered, HANDLER_GRACE_SECONDS
+            )
             if self._entered[signum] + self._taken[signum] >= delivered or signum not in self._previous:
                 return  # the main thread handled it (or the relay was restored meanwhile)
             self._taken[signum] += 1

@@ -75,8 +75,14 @@ class HistogramSeries:
 class Family:
     """A named metric with its series; label names may differ between the series of one family."""
 
-    def __init__(self, name: str, kind: MetricType, help_text: str, buckets: Sequence[float] = (),
-                 on_new_series: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: MetricType,
+        help_text: str,
+        buckets: Sequence[float] = (),
+        on_new_series: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
         self._on_new_series = on_new_series
         self.kind = kind

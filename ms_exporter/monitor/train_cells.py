@@ -61,8 +61,9 @@ class _NormedStep(nn.TrainOneStepCell):
     def _clipped(self, grads: Any, global_norm: Any) -> Any:
         """The gradients scaled down to a global norm of at most `clip_norm` (unchanged without one)."""
         if self._clip:
-            return self.hyper_map(ops.partial(_scale_by, self._clip_value / ops.maximum(global_norm,
-                                                                                       self._clip_value)), grads)
+            return self.hyper_map(
+                ops.partial(_scale_by, self._clip_value / ops.maximum(global_norm, self._clip_value)), grads
+            )
         return grads
 
 
@@ -90,8 +91,14 @@ class GradNormTrainOneStepCell(_NormedStep):
     computed (and clipped) on every step.
     """
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None = None,
-                 clip_norm: float | None = None, every_n_steps: int = 10) -> None:
+    def __init__(
+        self,
+        network: nn.Cell,
+        optimizer: nn.Optimizer,
+        sens: float | None = None,
+        clip_norm: float | None = None,
+        every_n_steps: int = 10,
+    ) -> None:
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be a number greater than 0 or None, got {clip_norm!r}")
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
@@ -134,12 +141,20 @@ class LossScaleTrainOneStepCell(nn.Cell):
     multiplied by it. Outputs `(loss, overflow, scale)` like `nn.TrainOneStepWithLossScaleCell`.
     """
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, init_scale: float = 2.0**16,
-                 scale_factor: float = 2.0, scale_window: int = 1000) -> None:
+    def __init__(
+        self,
+        network: nn.Cell,
+        optimizer: nn.Optimizer,
+        init_scale: float = 2.0**16,
+        scale_factor: float = 2.0,
+        scale_window: int = 1000,
+    ) -> None:
         super().__init__(auto_prefix=False)
         if not init_scale >= 1 or not scale_factor > 1 or scale_window < 1:
-            raise ValueError("init_scale must be >= 1, scale_factor > 1 and scale_window >= 1; got "
-                             f"{init_scale!r}, {scale_factor!r}, {scale_window!r}")
+            raise ValueError(
+                "init_scale must be >= 1, scale_factor > 1 and scale_window >= 1; got "
+                f"{init_scale!r}, {scale_factor!r}, {scale_window!r}"
+            )
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer
@@ -161,8 +176,11 @@ class LossScaleTrainOneStepCell(nn.Cell):
         overflow = ops.logical_not(ops.stack(self.hyper_map(_all_finite, grads)).all())
         good = ops.select(overflow, ops.zeros_like(self.good_steps), self.good_steps + 1)
         grow = good >= self.scale_window
-        new_scale = ops.select(overflow, ops.maximum(scale / self.scale_factor, self.one),
-                               ops.select(grow, scale * self.scale_factor, scale))
+        new_scale = ops.select(
+            overflow,
+            ops.maximum(scale / self.scale_factor, self.one),
+            ops.select(grow, scale * self.scale_factor, scale),
+        )
         good = ops.select(grow, ops.zeros_like(good), good)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))

@@ -44,9 +44,17 @@ class HangWatchdog:
     `ms-exporter hangs SAVE_DIR...` reads them after the process died.
     """
 
-    def __init__(self, phases: PhaseClock, deadline: Callable[[], float], store: MetricStore, save_dir: str,
-                 rank: int, on_error: OnPartError, native: bool = True,
-                 project: str = "default") -> None:
+    def __init__(
+        self,
+        phases: PhaseClock,
+        deadline: Callable[[], float],
+        store: MetricStore,
+        save_dir: str,
+        rank: int,
+        on_error: OnPartError,
+        native: bool = True,
+        project: str = "default",
+    ) -> None:
         self._project = project
         self._phases = phases
         self._deadline = deadline
@@ -103,8 +111,16 @@ class HangWatchdog:
 
     def _dump(self, phase: str, seconds: float, deadline: float) -> None:
         now = datetime.datetime.now(datetime.UTC)
-        text = render_dump(self._rank, self._project, phase, seconds, deadline, now, self.training_thread,
-                           native_stacks(os.getpid()) if self._native else None)
+        text = render_dump(
+            self._rank,
+            self._project,
+            phase,
+            seconds,
+            deadline,
+            now,
+            self.training_thread,
+            native_stacks(os.getpid()) if self._native else None,
+        )
         self.latest = text
         self._dumps.value += 1
         path = self._save_dir / f"hang-rank{self._rank}-{now:%Y%m%dT%H%M%SZ}.txt"
@@ -114,8 +130,15 @@ class HangWatchdog:
         except OSError as exc:
             self._on_error(exc)
             path = Path("(not written: " + (exc.strerror or str(exc)) + ")")
-        logger.warning("ms_exporter: rank %d has been in phase %s for %.0f s, past its hang deadline of %.0f s; "
-                       "the stacks of every thread are in %s", self._rank, phase, seconds, deadline, path)
+        logger.warning(
+            "ms_exporter: rank %d has been in phase %s for %.0f s, past its hang deadline of %.0f s; "
+            "the stacks of every thread are in %s",
+            self._rank,
+            phase,
+            seconds,
+            deadline,
+            path,
+        )
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -133,8 +156,10 @@ def python_stacks(training_thread: int | None) -> tuple[str, str | None]:
     parts, top = [], None
     for ident, frame in ordered:
         role = " (training thread: the one that runs the callback's hooks)" if ident == training_thread else ""
-        parts.append(f'Thread {ident} "{names.get(ident, "?")}"{role}, most recent call last:\n'
-                     + "".join(traceback.format_stack(frame)))
+        parts.append(
+            f'Thread {ident} "{names.get(ident, "?")}"{role}, most recent call last:\n'
+            + "".join(traceback.format_stack(frame))
+        )
         if ident == training_thread:
             top = _top_frame(frame)
     return "\n".join(parts), top
@@ -157,8 +182,13 @@ def native_stacks(pid: int) -> str | None:
     if spy is None:
         return None
     try:
-        done = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
-                              timeout=NATIVE_TIMEOUT, check=False)
+        done = subprocess.run(
+            [spy, "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=NATIVE_TIMEOUT,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"(py-spy could not run: {exc})"
     if done.returncode != 0:
@@ -166,8 +196,16 @@ def native_stacks(pid: int) -> str | None:
     return done.stdout
 
 
-def render_dump(rank: int, project: str, phase: str, seconds: float, deadline: float, now: datetime.datetime,
-                training_thread: int | None, native: str | None) -> str:
+def render_dump(
+    rank: int,
+    project: str,
+    phase: str,
+    seconds: float,
+    deadline: float,
+    now: datetime.datetime,
+    training_thread: int | None,
+    native: str | None,
+) -> str:
     stacks, top = python_stacks(training_thread)
     if native is None:
         kind = "Python frames only (py-spy is not installed, or native stacks are off)"
@@ -175,12 +213,17 @@ def render_dump(rank: int, project: str, phase: str, seconds: float, deadline: f
         kind = f"Python frames only {native}"
     else:
         kind = "Python frames, and native frames from py-spy below"
-    lines = [f"ms_exporter hang dump: rank {rank} of project {project}, pid {os.getpid()}, "
-             f"{now.isoformat(timespec='seconds')}",
-             f"phase: {phase} for {seconds:.3f} s (deadline {deadline:.3f} s)" if math.isfinite(deadline)
-             else f"phase: {phase} for {seconds:.3f} s",
-             f"training thread top frame: {top or 'unknown'}",
-             f"stacks: {kind}", "", stacks]
+    lines = [
+        f"ms_exporter hang dump: rank {rank} of project {project}, pid {os.getpid()}, "
+        f"{now.isoformat(timespec='seconds')}",
+        f"phase: {phase} for {seconds:.3f} s (deadline {deadline:.3f} s)"
+        if math.isfinite(deadline)
+        else f"phase: {phase} for {seconds:.3f} s",
+        f"training thread top frame: {top or 'unknown'}",
+        f"stacks: {kind}",
+        "",
+        stacks,
+    ]
     if native is not None and not native.startswith("(py-spy"):
         lines += ["", "py-spy dump --native:", native]
     return "\n".join(lines) + "\n"

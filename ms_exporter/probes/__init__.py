@@ -44,8 +44,7 @@ def build_probes(config: MonitorConfig, store: MetricStore, rank: RankInfo, phas
     if config.wants("global_rank"):
         import mindspore
 
-        publish_identity(store, rank, str(mindspore.get_context("device_target")), mindspore.__version__,
-                         config.tags)
+        publish_identity(store, rank, str(mindspore.get_context("device_target")), mindspore.__version__, config.tags)
     probes: list[Probe] = [ProgressProbe(store)]
     hang = HangDeadlineProbe(store, config.hang, phases) if config.hang.enable else None
     if hang is not None:

@@ -42,11 +42,17 @@ class LayerIndex:
         for position, members in enumerate(self.layers.values()):
             self._layer_of_parameter[members] = position
         compiled = [re.compile(p) for p in patterns]
-        watched = [layer for layer, members in self.layers.items()
-                   if any(c.match(layer) or any(c.match(parameter_names[i]) for i in members) for c in compiled)]
+        watched = [
+            layer
+            for layer, members in self.layers.items()
+            if any(c.match(layer) or any(c.match(parameter_names[i]) for i in members) for c in compiled)
+        ]
         if len(watched) > max_watched:
-            logger.warning("ms_exporter: grad_norm.layers matches %d layers; watching the first %d (max_series)",
-                           len(watched), max_watched)
+            logger.warning(
+                "ms_exporter: grad_norm.layers matches %d layers; watching the first %d (max_series)",
+                len(watched),
+                max_watched,
+            )
         self.watched = watched[:max_watched]
         layer_position = {layer: i for i, layer in enumerate(self.layer_names)}
         self.watched_positions = np.asarray([layer_position[layer] for layer in self.watched], dtype=np.intp)
@@ -135,8 +141,11 @@ class GradNormProbe(Probe):
         if global_norm is None:
             if not self._warned_no_source:
                 self._warned_no_source = True
-                logger.info("ms_exporter: the train cell reports no gradient norm; wrap it with "
-                            "ms_exporter.GradNormTrainOneStepCell to export %s", catalogue.GRAD_NORM.name)
+                logger.info(
+                    "ms_exporter: the train cell reports no gradient norm; wrap it with "
+                    "ms_exporter.GradNormTrainOneStepCell to export %s",
+                    catalogue.GRAD_NORM.name,
+                )
             return
         self._norm.series().value = global_norm
         self._distribution.histogram().observe(global_norm)

@@ -40,12 +40,17 @@ class HangDeadlineProbe(Probe):
         self._bound = False
         self._learned = LearnedDeadline(config)
         self._previous_end: float | None = None  # perf_counter at the last step's end
-        self._fixed = {catalogue.COMPILE: config.compile_seconds, catalogue.EVAL_PHASE: config.eval_seconds,
-                       catalogue.CHECKPOINT: config.checkpoint_seconds, catalogue.ENDED: math.nan}
+        self._fixed = {
+            catalogue.COMPILE: config.compile_seconds,
+            catalogue.EVAL_PHASE: config.eval_seconds,
+            catalogue.CHECKPOINT: config.checkpoint_seconds,
+            catalogue.ENDED: math.nan,
+        }
         # Every phase's deadline as of now, kept current here (where it changes, when steps are published) so that
         # the goodput ledger reads it with one look-up at each phase change; phases without a deadline are absent.
-        self.deadlines: dict[str | None, float] = {phase: seconds for phase, seconds in self._fixed.items()
-                                                   if not math.isnan(seconds)}
+        self.deadlines: dict[str | None, float] = {
+            phase: seconds for phase, seconds in self._fixed.items() if not math.isnan(seconds)
+        }
         self._update_learned()
 
     def on_train_begin(self, cb_params: Any) -> None:

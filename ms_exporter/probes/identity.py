@@ -10,12 +10,19 @@ from ms_exporter.monitor.ranks import RankInfo
 from ms_exporter.monitor.store import MetricStore
 
 
-def publish_identity(store: MetricStore, rank: RankInfo, device_target: str, mindspore_version: str,
-                     tags: Mapping[str, str]) -> None:
+def publish_identity(
+    store: MetricStore, rank: RankInfo, device_target: str, mindspore_version: str, tags: Mapping[str, str]
+) -> None:
     """| mindspore_train_info | gauge =1 | world_size, local_rank, node, device_target, versions, tags |
     | mindspore_train_world_size | gauge | | ranks |"""
     info = store.register(catalogue.INFO)
-    info.series(world_size=str(rank.world_size), local_rank=str(rank.local_rank), node=rank.node,
-                device_target=device_target,
-                mindspore_version=mindspore_version, exporter_version=__version__, **dict(tags)).value = 1
+    info.series(
+        world_size=str(rank.world_size),
+        local_rank=str(rank.local_rank),
+        node=rank.node,
+        device_target=device_target,
+        mindspore_version=mindspore_version,
+        exporter_version=__version__,
+        **dict(tags),
+    ).value = 1
     store.register(catalogue.WORLD_SIZE).series().value = rank.world_size

@@ -89,12 +89,22 @@ class LayerNormProbe(Probe):
         found = find_layernorm_scales(network) if network is not None else []
         watched = spread_evenly(found, self._config.max_layers)
         if len(watched) < len(found):
-            logger.info("ms_exporter: the model has %d LayerNorm scales; watching %d spread over its depth "
-                        "(layernorm.max_layers), from %s to %s", len(found), len(watched), watched[0][0],
-                        watched[-1][0])
+            logger.info(
+                "ms_exporter: the model has %d LayerNorm scales; watching %d spread over its depth "
+                "(layernorm.max_layers), from %s to %s",
+                len(found),
+                len(watched),
+                watched[0][0],
+                watched[-1][0],
+            )
         for layer, gamma in watched:
-            scale = known.get(layer) or _Scale(layer, gamma, self._mean.series(layer=layer),
-                                              self._std.series(layer=layer), self._drift.series(layer=layer))
+            scale = known.get(layer) or _Scale(
+                layer,
+                gamma,
+                self._mean.series(layer=layer),
+                self._std.series(layer=layer),
+                self._drift.series(layer=layer),
+            )
             scale.parameter = gamma
             self._scales.append(scale)
         self._next_step = step_of(cb_params)

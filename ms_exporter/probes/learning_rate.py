@@ -65,8 +65,11 @@ class LearningRateProbe(Probe):
         self._groups = 1
         self._optimizer = find_optimizer(cb_params)
         if self._optimizer is None:
-            logger.warning("ms_exporter: no optimizer in cb_params; %s is exported only if the train cell returns "
-                           "the learning rate", catalogue.LEARNING_RATE.name)
+            logger.warning(
+                "ms_exporter: no optimizer in cb_params; %s is exported only if the train cell returns "
+                "the learning rate",
+                catalogue.LEARNING_RATE.name,
+            )
             return
         # The optimizer's own step counter may differ from cur_step_num (resumed runs): read it once.
         step = step_of(cb_params)
@@ -182,8 +185,12 @@ class _ScheduleReader(_Reader):
             ok = table is not None and table.shape == (TABLE_STEPS,) and np.isclose(table[0], self._scalar(step))
             self._elementwise = bool(ok)
             if not ok:
-                logger.info("ms_exporter: the learning-rate schedule %s is not element-wise in the step; reading "
-                            "it at most every %.0f s", type(self._schedule).__name__, SCALAR_REFRESH_SECONDS)
+                logger.info(
+                    "ms_exporter: the learning-rate schedule %s is not element-wise in the step; reading "
+                    "it at most every %.0f s",
+                    type(self._schedule).__name__,
+                    SCALAR_REFRESH_SECONDS,
+                )
                 return None
         if table is None or table.shape != (TABLE_STEPS,):
             self._elementwise = False
@@ -214,9 +221,12 @@ def _reader_for(rate: Any, series: Callable[[], Series], pure_schedules: frozens
         # The exact class: a subclass of a MindSpore schedule may add state to its construct.
         if kind.__module__ in PURE_SCHEDULE_MODULES or kind.__name__ in pure_schedules:
             return _ScheduleReader(rate, series())
-        logger.info("ms_exporter: the learning-rate schedule %s is not MindSpore's own and not named in "
-                    "pure_lr_schedules: the monitor does not call it (a schedule may keep state between calls); "
-                    "%s is exported only if the train cell returns the LR it applied", kind.__name__,
-                    catalogue.LEARNING_RATE.name)
+        logger.info(
+            "ms_exporter: the learning-rate schedule %s is not MindSpore's own and not named in "
+            "pure_lr_schedules: the monitor does not call it (a schedule may keep state between calls); "
+            "%s is exported only if the train cell returns the LR it applied",
+            kind.__name__,
+            catalogue.LEARNING_RATE.name,
+        )
         return None
     return _FixedReader(rate, series())

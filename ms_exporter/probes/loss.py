@@ -27,8 +27,11 @@ class LossProbe(Probe):
     def __init__(self, store: MetricStore, window: int) -> None:
         # The gauges appear with the first loss read (the first finite one for the smoothed loss and the streak):
         # before that a 0 would be a loss nobody measured. The count of non-finite steps is 0 from the start.
-        self._families = (store.register(catalogue.LOSS), store.register(catalogue.LOSS_SMOOTHED),
-                          store.register(catalogue.LOSS_RISING))
+        self._families = (
+            store.register(catalogue.LOSS),
+            store.register(catalogue.LOSS_SMOOTHED),
+            store.register(catalogue.LOSS_RISING),
+        )
         self._loss: Series | None = None
         self._smoothed: Series | None = None
         self._rising: Series | None = None

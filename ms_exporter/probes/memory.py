@@ -31,8 +31,11 @@ def _device_readers() -> dict[str, Callable[[], int]]:
     except Exception:
         return {}
     readers = {}
-    for kind, attr in (("device_allocated", "memory_allocated"), ("device_reserved", "memory_reserved"),
-                       ("device_peak", "max_memory_allocated")):
+    for kind, attr in (
+        ("device_allocated", "memory_allocated"),
+        ("device_reserved", "memory_reserved"),
+        ("device_peak", "max_memory_allocated"),
+    ):
         func = getattr(runtime, attr, None)
         if callable(func):
             readers[kind] = func
@@ -67,8 +70,14 @@ class MemoryProbe(Probe):
 
     name = "memory"
 
-    def __init__(self, store: MetricStore, warmup_steps: int, window: int, interval: float,
-                 device_readers: dict[str, Callable[[], int]] | None = None) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        warmup_steps: int,
+        window: int,
+        interval: float,
+        device_readers: dict[str, Callable[[], int]] | None = None,
+    ) -> None:
         self._bytes = store.register(catalogue.MEMORY_BYTES)
         self._ratio = store.register(catalogue.MEMORY_GROWTH_RATIO)
         self._slope = store.register(catalogue.MEMORY_GROWTH_RATE)
@@ -92,8 +101,9 @@ class MemoryProbe(Probe):
 
     def sample_host(self) -> None:
         """One host sample; called from the sampler thread."""
-        self._record("host_rss", float(self._process.memory_info().rss), time.monotonic(),
-                     self._steps_seen >= self._warmup_steps)
+        self._record(
+            "host_rss", float(self._process.memory_info().rss), time.monotonic(), self._steps_seen >= self._warmup_steps
+        )
 
     def sample_device(self, now: float) -> None:
         """One device sample; called on the training thread (from on_step)."""

@@ -61,8 +61,11 @@ class MfuProbe(Probe):
     def _layout_share(self) -> int:
         share, why = ranks_per_batch(read_layout(self._world_size))
         if share is None:
-            logger.warning("ms_exporter: model FLOPs counted as if this rank computed its batches alone (%s; set "
-                           "flops.ranks_per_batch, docs/mfu.md)", why)
+            logger.warning(
+                "ms_exporter: model FLOPs counted as if this rank computed its batches alone (%s; set "
+                "flops.ranks_per_batch, docs/mfu.md)",
+                why,
+            )
             return 1
         if share > 1:
             logger.info("ms_exporter: a rank's model FLOPs are its batches' over %d (%s)", share, why)
@@ -75,8 +78,9 @@ class MfuProbe(Probe):
         added = model.of_batch(sample.tokens, sample.squares)
         self._tokens += sample.tokens
         self._flops += added
-        elapsed, (tokens, flops) = self._window.advance(sample.monotonic, sample.cycle_began,
-                                                        (self._tokens, self._flops), (sample.tokens, added))
+        elapsed, (tokens, flops) = self._window.advance(
+            sample.monotonic, sample.cycle_began, (self._tokens, self._flops), (sample.tokens, added)
+        )
         if elapsed <= 0 or tokens <= 0:
             return
         per_token = self._per_token or self._bind(model)
@@ -92,9 +96,11 @@ class MfuProbe(Probe):
         store = self._store
         peak = self._config.peak_flops_per_device
         store.register(catalogue.FLOPS_INFO).series(
-            source=model.source, attention=model.attention_kind,
+            source=model.source,
+            attention=model.attention_kind,
             peak=peak if isinstance(peak, str) else "number" if peak is not None else "none",
-            ranks_per_batch=str(self._share)).value = 1
+            ranks_per_batch=str(self._share),
+        ).value = 1
         self._per_token = store.register(catalogue.FLOPS_PER_TOKEN).series()
         self._per_second = store.register(catalogue.MODEL_FLOPS_PER_SECOND).series()
         if self._peak:
@@ -115,8 +121,12 @@ def _derive(cb_params: Any, causal: bool) -> FlopsModel | None:
         return None
     count = sum(int(parameter.size) for parameter in parameters)
     width = attention_width(network) if network is not None else 0
-    logger.info("ms_exporter: model FLOPs from %d trainable parameters (6N) and attention layers of total width %d "
-                "(no flops.model description; docs/mfu.md)", count, width)
+    logger.info(
+        "ms_exporter: model FLOPs from %d trainable parameters (6N) and attention layers of total width %d "
+        "(no flops.model description; docs/mfu.md)",
+        count,
+        width,
+    )
     return from_parameters(count, width, causal)
 
 

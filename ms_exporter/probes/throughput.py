@@ -48,8 +48,9 @@ class ThroughputProbe(Probe):
             self._bind_token_series()
         self._tokens += sample.tokens
         added = (sample.samples, sample.tokens)
-        elapsed, (samples, tokens) = self._window.advance(sample.monotonic, sample.cycle_began,
-                                                          (self._samples, self._tokens), added)
+        elapsed, (samples, tokens) = self._window.advance(
+            sample.monotonic, sample.cycle_began, (self._samples, self._tokens), added
+        )
         if elapsed <= 0:
             return
         if self._samples_rate is None and self._samples_rate_family is not None:

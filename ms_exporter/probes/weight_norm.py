@@ -39,8 +39,9 @@ class WeightNormProbe(Probe):
             weights = getattr(optimizer_of(cb_params), "parameters", None)
         parameters = list(weights or [])
         # The same watched layers as the gradient norms, under the same cap.
-        index = LayerIndex([p.name for p in parameters], self._config.layers,
-                           self._config.max_series - self._config.top_k)
+        index = LayerIndex(
+            [p.name for p in parameters], self._config.layers, self._config.max_series - self._config.top_k
+        )
         self._layers = [(layer, [parameters[i] for i in index.layers[layer]]) for layer in index.watched]
         self._next_step = step_of(cb_params) + self._config.every_n_steps
 

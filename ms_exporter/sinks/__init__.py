@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ms_exporter")
 
 
-
-def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
-                breaker: Breaker, stacks: Stacks | None = None) -> list[Sink]:
+def build_sinks(
+    config: MonitorConfig,
+    store: MetricStore,
+    rank: RankInfo,
+    on_error: OnError,
+    breaker: Breaker,
+    stacks: Stacks | None = None,
+) -> list[Sink]:
     """The sinks `config` asks for, in the order of `backend`, then file_sd and the Pushgateway.
 
     A sink that cannot start (no address to bind, an unreachable OTLP setting) is counted and left out: training
@@ -45,8 +50,15 @@ def build_sinks(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
     return sinks
 
 
-def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
-                breaker: Breaker, stacks: Stacks | None) -> None:
+def _build_into(
+    sinks: list[Sink],
+    config: MonitorConfig,
+    store: MetricStore,
+    rank: RankInfo,
+    on_error: OnError,
+    breaker: Breaker,
+    stacks: Stacks | None,
+) -> None:
     port: int | None = None  # the port the endpoint really got
     for backend in config.backend:
         if backend == "prometheus":
@@ -57,8 +69,19 @@ def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, ra
         elif backend == "local":
             from ms_exporter.sinks.jsonl import JsonlWriter
 
-            sinks.append(JsonlWriter(store, config.save_dir, rank.rank, config.project, config.interval,
-                                     config.max_file_mb, config.max_files, on_error, breaker))
+            sinks.append(
+                JsonlWriter(
+                    store,
+                    config.save_dir,
+                    rank.rank,
+                    config.project,
+                    config.interval,
+                    config.max_file_mb,
+                    config.max_files,
+                    on_error,
+                    breaker,
+                )
+            )
         elif backend == "otlp":
             sinks.extend(_otlp(config, store, rank, on_error))
         elif backend == "tensorboard" and (rank.rank == 0 or config.tensorboard.all_ranks):
@@ -73,8 +96,9 @@ def _build_into(sinks: list[Sink], config: MonitorConfig, store: MetricStore, ra
         sinks.append(PushgatewaySink(store, config.pushgateway, on_error))
 
 
-def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
-                stacks: Stacks | None) -> tuple[PrometheusEndpoint, StepHistory] | None:
+def _prometheus(
+    config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError, stacks: Stacks | None
+) -> tuple[PrometheusEndpoint, StepHistory] | None:
     """The endpoint and the live page's ring it serves; None when no port on the address could be bound."""
     from ms_exporter.sinks.live_history import StepHistory
     from ms_exporter.sinks.prometheus import PrometheusEndpoint
@@ -86,15 +110,20 @@ def _prometheus(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_er
     except OSError as exc:
         # Not even a free port on this address: training goes on without an endpoint.
         on_error("prometheus", exc)
-        logger.error("ms_exporter: cannot serve metrics on %s (%s); training continues without /metrics",
-                     config.bind_address, exc.strerror or exc)
+        logger.error(
+            "ms_exporter: cannot serve metrics on %s (%s); training continues without /metrics",
+            config.bind_address,
+            exc.strerror or exc,
+        )
         return None
     logger.info("ms_exporter: rank %d serves metrics at %s", rank.rank, endpoint.url)
     if not _loopback(config.bind_address) and not config.web.tls_cert_file and not config.web.basic_auth_users:
-        logger.warning("ms_exporter: %s is reachable from other hosts without TLS or a password: anyone who can "
-                       "reach it reads the metrics, the live page and the hang dumps; set web.tls_cert_file and "
-                       "web.basic_auth_users (docs/configuration.md) or keep it behind a network policy",
-                       endpoint.url)
+        logger.warning(
+            "ms_exporter: %s is reachable from other hosts without TLS or a password: anyone who can "
+            "reach it reads the metrics, the live page and the hang dumps; set web.tls_cert_file and "
+            "web.basic_auth_users (docs/configuration.md) or keep it behind a network policy",
+            endpoint.url,
+        )
     return endpoint, history
 
 
@@ -121,16 +150,24 @@ def _file_sd(directory: str, config: MonitorConfig, rank: RankInfo, port: int, o
     return [target]
 
 
-def _tensorboard(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError,
-                 breaker: Breaker) -> list[Sink]:
+def _tensorboard(
+    config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError, breaker: Breaker
+) -> list[Sink]:
     try:
         from ms_exporter.sinks.tensorboard import TensorBoardWriter
 
-        return [TensorBoardWriter(store, Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}",
-                                  config.interval, on_error, breaker)]
+        return [
+            TensorBoardWriter(
+                store, Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}", config.interval, on_error, breaker
+            )
+        ]
     except ImportError as exc:
-        raise ConfigError([f"monitor_config.backend: tensorboard needs tensorboardX ({exc.name} is missing); "
-                           "install it with: pip install 'ms-exporter[tensorboard]'"]) from exc
+        raise ConfigError(
+            [
+                f"monitor_config.backend: tensorboard needs tensorboardX ({exc.name} is missing); "
+                "install it with: pip install 'ms-exporter[tensorboard]'"
+            ]
+        ) from exc
     except OSError as exc:  # a read-only or full save_dir, a link planted at the event file: train without it
         on_error("tensorboard", exc)  # counted and logged once (the first error of a component is logged)
         return []
@@ -140,19 +177,37 @@ def _wandb(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: 
     try:
         from ms_exporter.sinks.wandb import WandbWriter
 
-        return WandbWriter(store, Path(config.save_dir), config.wandb, config.project, config.run_id or config.project,
-                           rank, config.tags, config.interval, on_error, breaker)
+        return WandbWriter(
+            store,
+            Path(config.save_dir),
+            config.wandb,
+            config.project,
+            config.run_id or config.project,
+            rank,
+            config.tags,
+            config.interval,
+            on_error,
+            breaker,
+        )
     except ImportError as exc:
-        raise ConfigError([f"monitor_config.backend: wandb needs the wandb library ({exc.name} is missing); "
-                           "install it with: pip install 'ms-exporter[wandb]'"]) from exc
+        raise ConfigError(
+            [
+                f"monitor_config.backend: wandb needs the wandb library ({exc.name} is missing); "
+                "install it with: pip install 'ms-exporter[wandb]'"
+            ]
+        ) from exc
 
 
 def _otlp(config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError) -> list[Sink]:
     try:
         from ms_exporter.sinks.otlp import OtlpExport
     except ImportError as exc:
-        raise ConfigError([f"monitor_config.backend: otlp needs the OpenTelemetry SDK ({exc.name} is missing); "
-                           "install it with: pip install 'ms-exporter[otlp]'"]) from exc
+        raise ConfigError(
+            [
+                f"monitor_config.backend: otlp needs the OpenTelemetry SDK ({exc.name} is missing); "
+                "install it with: pip install 'ms-exporter[otlp]'"
+            ]
+        ) from exc
     try:
         return [OtlpExport(store, config.otlp, rank, config.project, on_error)]
     except Exception as exc:  # a bad endpoint or TLS setting: train without OTLP, say so once

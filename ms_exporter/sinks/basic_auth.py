@@ -52,7 +52,7 @@ _PEERS = 1024  # peers whose last check, and peers whose claim, are remembered
 def password_matches(password: str, hashed: str) -> bool:
     """bcrypt ($2a$/$2b$/$2y$) as in Prometheus' web config, or sha256:<hex> for machines without bcrypt."""
     if hashed.startswith("sha256:"):
-        return hmac.compare_digest(hashlib.sha256(password.encode()).hexdigest(), hashed[len("sha256:"):])
+        return hmac.compare_digest(hashlib.sha256(password.encode()).hexdigest(), hashed[len("sha256:") :])
     import bcrypt  # only needed when a bcrypt hash is configured: the `auth` extra
 
     try:
@@ -87,8 +87,12 @@ class _Claim(NamedTuple):
 class BasicAuth:
     """Decides whether an Authorization header names a configured user with the right password."""
 
-    def __init__(self, users: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
-                 check: Callable[[str, str], bool] = password_matches) -> None:
+    def __init__(
+        self,
+        users: Mapping[str, str],
+        clock: Callable[[], float] = time.monotonic,
+        check: Callable[[str, str], bool] = password_matches,
+    ) -> None:
         self._users = dict(users)
         self._clock = clock
         self._check = check
@@ -184,8 +188,7 @@ class BasicAuth:
         self._updated = now
         if self._tokens < 1.0:
             return None
-        ready = [key for key in self._claims
-                 if now - self._peer_checked.get(key, -math.inf) >= PEER_CHECK_SECONDS]
+        ready = [key for key in self._claims if now - self._peer_checked.get(key, -math.inf) >= PEER_CHECK_SECONDS]
         if not ready:
             return None
         return min(ready, key=lambda key: (self._peer_checked.get(key, -math.inf), self._claims[key].order))

@@ -36,9 +36,11 @@ _MAX_CACHED = 16
 
 Headers = list[tuple[str, str]]
 Answer = tuple[str, Headers, bytes]  # status line's "200 OK", headers without Content-Length, body
-UNAUTHORIZED: Answer = ("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
-                                             ("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')],
-                        b"Unauthorized\n")
+UNAUTHORIZED: Answer = (
+    "401 Unauthorized",
+    [("Content-Type", "text/plain; charset=utf-8"), ("WWW-Authenticate", 'Basic realm="ms_exporter", charset="UTF-8"')],
+    b"Unauthorized\n",
+)
 
 
 class RequestHeaders(Protocol):
@@ -63,9 +65,15 @@ class MetricsPages:
     header (Prometheus text 0.0.4 or 1.0.0, OpenMetrics) and the page is gzipped when Accept-Encoding allows,
     as prometheus_client's own handlers do."""
 
-    def __init__(self, registry: CollectorRegistry, users: Mapping[str, str], cache_seconds: float,
-                 history: StepHistory | None = None, labels: Mapping[str, str] | None = None,
-                 stacks: Stacks | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        users: Mapping[str, str],
+        cache_seconds: float,
+        history: StepHistory | None = None,
+        labels: Mapping[str, str] | None = None,
+        stacks: Stacks | None = None,
+    ) -> None:
         self._registry = registry
         self._stacks = stacks
         self._history = history
@@ -82,8 +90,9 @@ class MetricsPages:
         self.metrics_requests: deque[float] = deque(maxlen=4)
         self.served_renders: deque[float] = deque(maxlen=16)  # when each served /metrics page was rendered
 
-    def answer(self, method: str, target: str, headers: RequestHeaders, peer: str = "",
-               authenticated: bool = False) -> Answer:
+    def answer(
+        self, method: str, target: str, headers: RequestHeaders, peer: str = "", authenticated: bool = False
+    ) -> Answer:
         """The answer to one parsed request; for HEAD the caller sends its status and headers only. The server
         passes authenticated=True once it has checked the request's credentials against `auth` itself."""
         if not authenticated and self.auth and not self.auth.allows(headers.get("Authorization", ""), peer):
@@ -174,8 +183,9 @@ class MetricsPages:
         return answer
 
 
-def _reply(status: str, body: bytes, headers: Headers | None = None,
-           content_type: str = "text/plain; charset=utf-8") -> Answer:
+def _reply(
+    status: str, body: bytes, headers: Headers | None = None, content_type: str = "text/plain; charset=utf-8"
+) -> Answer:
     return status, [("Content-Type", content_type), *(headers or [])], body
 
 
@@ -183,6 +193,9 @@ def live_page(title: str, capacity: int) -> str:
     """The self-contained live page: the template with the chart code inlined, nothing fetched from elsewhere."""
     assets = resources.files("ms_exporter") / "web_assets"
     template = (assets / "live.html").read_text(encoding="utf-8")
-    return (template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
-            .replace("__TITLE__", html.escape(title)).replace("__CAPACITY__", str(capacity))
-            .replace("__REFRESH_MS__", str(LIVE_REFRESH_MS)))
+    return (
+        template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
+        .replace("__TITLE__", html.escape(title))
+        .replace("__CAPACITY__", str(capacity))
+        .replace("__REFRESH_MS__", str(LIVE_REFRESH_MS))
+    )

@@ -42,16 +42,18 @@ class FileSdTarget(Sink):
     def __init__(self, directory: str, project: str, rank: RankInfo, bind_address: str, port: int) -> None:
         safe_project = "".join(c if c.isalnum() or c in "-_." else "_" for c in project)
         self.path = Path(directory) / f"ms-exporter-{safe_project}-rank{rank.rank}.json"
-        self._content = [{
-            "targets": [f"{target_host(bind_address)}:{port}"],
-            "labels": {
-                "__meta_ms_exporter_project": project,
-                "__meta_ms_exporter_rank": str(rank.rank),
-                "__meta_ms_exporter_local_rank": str(rank.local_rank),
-                "__meta_ms_exporter_world_size": str(rank.world_size),
-                "__meta_ms_exporter_node": rank.node,
-            },
-        }]
+        self._content = [
+            {
+                "targets": [f"{target_host(bind_address)}:{port}"],
+                "labels": {
+                    "__meta_ms_exporter_project": project,
+                    "__meta_ms_exporter_rank": str(rank.rank),
+                    "__meta_ms_exporter_local_rank": str(rank.local_rank),
+                    "__meta_ms_exporter_world_size": str(rank.world_size),
+                    "__meta_ms_exporter_node": rank.node,
+                },
+            }
+        ]
         self._withdrawn = False  # removed by a signal the process outlived
         self._checked = False  # the directory's mode, looked at once
 
@@ -67,8 +69,11 @@ class FileSdTarget(Sink):
             self._checked = True
             mode = self.path.parent.stat().st_mode
             if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:  # made so by a version before round two, or by hand
-                logger.warning("ms_exporter: %s is writable by every user without the sticky bit: any of them can "
-                               "remove or replace this rank's target; chmod 1777 it (as /tmp)", self.path.parent)
+                logger.warning(
+                    "ms_exporter: %s is writable by every user without the sticky bit: any of them can "
+                    "remove or replace this rank's target; chmod 1777 it (as /tmp)",
+                    self.path.parent,
+                )
         # 0644: Prometheus reads it, as a user of its own.
         safe_files.replace_file(self.path, (json.dumps(self._content, indent=2) + "\n").encode("utf-8"), mode=0o644)
 

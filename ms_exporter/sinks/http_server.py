@@ -81,10 +81,13 @@ class _AnswerThreads:
     they take work while atexit handlers run (a monitor closing at exit lingers for its last scrape then)."""
 
     def __init__(self, count: int) -> None:
-        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]] |
-                                      None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"ms_exporter-http-answer-{index}", daemon=True)
-                         for index in range(count)]
+        self._jobs: queue.SimpleQueue[
+            tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]] | None
+        ] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"ms_exporter-http-answer-{index}", daemon=True)
+            for index in range(count)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -133,8 +136,14 @@ class _Connection:
 class EndpointServer:
     """Serves `pages` on a bound listening socket until shutdown(); the interface PrometheusEndpoint uses."""
 
-    def __init__(self, listener: socket.socket, pages: MetricsPages, on_error: OnError,
-                 budget: RequestBudget | None, context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        pages: MetricsPages,
+        on_error: OnError,
+        budget: RequestBudget | None,
+        context: ssl.SSLContext | None,
+    ) -> None:
         self.pages = pages
         self.server_address = listener.getsockname()
         self._listener = listener
@@ -152,7 +161,8 @@ class EndpointServer:
         self._stopped = threading.Event()
         # Set up here, in the constructing thread: a shutdown() right after construction finds a whole server.
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve_connection, sock=listener, limit=MAX_HEAD_BYTES))
+            asyncio.start_server(self._serve_connection, sock=listener, limit=MAX_HEAD_BYTES)
+        )
         self._threads = _AnswerThreads(ANSWER_THREADS)  # last: nothing to stop when start_server failed
 
     # -- the loop's thread --------------------------------------------------------------------------------
@@ -200,8 +210,14 @@ class EndpointServer:
                 await writer.start_tls(self._context, ssl_handshake_timeout=REQUEST_SECONDS)
                 connection.transport = writer.transport
             await self._exchange(reader, writer, connection)
-        except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError, h11.ProtocolError,
-                asyncio.CancelledError):
+        except (
+            OSError,
+            TimeoutError,
+            ssl.SSLError,
+            asyncio.IncompleteReadError,
+            h11.ProtocolError,
+            asyncio.CancelledError,
+        ):
             pass  # a client that went away, stalled or failed its handshake, or the server stopping
         except Exception as exc:  # the server must outlive anything one connection does
             self._on_error("prometheus", exc)
@@ -213,8 +229,10 @@ class EndpointServer:
         """Room for `new`: past a limit, the connection of the same scope that has waited longest for its request
         makes way; when none waits (all are being answered), `new` is refused."""
         same_peer = [c for c in self._connections.values() if c.peer == new.peer]
-        for scope, limit in ((same_peer, MAX_CONNECTIONS_PER_PEER), (list(self._connections.values()),
-                                                                       MAX_CONNECTIONS)):
+        for scope, limit in (
+            (same_peer, MAX_CONNECTIONS_PER_PEER),
+            (list(self._connections.values()), MAX_CONNECTIONS),
+        ):
             if len(scope) >= limit:
                 waiting = [c for c in scope if c.waiting_since is not None]
                 if not waiting:
@@ -225,8 +243,9 @@ class EndpointServer:
         self._connections[id(new)] = new
         return True
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        connection: _Connection) -> None:
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
+    ) -> None:
         parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         idle = REQUEST_SECONDS  # the first request must start within this; later ones within the keep-alive wait
         for served in range(1, REQUESTS_PER_CONNECTION + 1):
@@ -253,13 +272,17 @@ class EndpointServer:
                 else:
                     await self._wait_for_budget()
             lane = self._budget
-            if (answer is None and self._pages_budget is not None
-                    and split_target(request.target.decode("latin-1"))[0] != METRICS_PATH):
+            if (
+                answer is None
+                and self._pages_budget is not None
+                and split_target(request.target.decode("latin-1"))[0] != METRICS_PATH
+            ):
                 lane = self._pages_budget
                 await self._wait_for_budget(lane)
             has_body = request.headers and any(
                 (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
-                for name, value in request.headers)
+                for name, value in request.headers
+            )
             # A body is never read: the connection ends after the answer so it is never taken for a request.
             closing = bool(has_body) or served == REQUESTS_PER_CONNECTION
             status, reply_headers, body = answer or await self._answer(request, headers, connection.peer, lane)
@@ -273,8 +296,9 @@ class EndpointServer:
             parser.start_next_cycle()
             idle = KEEPALIVE_IDLE_SECONDS
 
-    async def _next_request(self, reader: asyncio.StreamReader, parser: h11.Connection,
-                            idle: float) -> h11.Request | None:
+    async def _next_request(
+        self, reader: asyncio.StreamReader, parser: h11.Connection, idle: float
+    ) -> h11.Request | None:
         """The next request's head, or None when the client closed or did not start one within `idle`. From its
         first byte the head must be complete within REQUEST_SECONDS, however the bytes are spread. The request
         waits its turn in the budget once its head is complete and before it is parsed: a client that never
@@ -299,8 +323,9 @@ class EndpointServer:
             if room <= 0:
                 raise h11.RemoteProtocolError(f"the request head is over {MAX_HEAD_BYTES} bytes", error_status_hint=431)
             try:
-                data = await asyncio.wait_for(reader.read(room), idle if deadline is None
-                                              else max(deadline - loop.time(), 0.0))
+                data = await asyncio.wait_for(
+                    reader.read(room), idle if deadline is None else max(deadline - loop.time(), 0.0)
+                )
             except TimeoutError:
                 if deadline is not None:
                     raise  # a head that did not arrive in time: the connection just ends
@@ -331,8 +356,7 @@ class EndpointServer:
             verdict = await self._threads.run(lambda: auth.allows(header, peer))
         return bool(verdict)
 
-    async def _answer(self, request: h11.Request, headers: _Headers, peer: str,
-                      budget: RequestBudget | None) -> Answer:
+    async def _answer(self, request: h11.Request, headers: _Headers, peer: str, budget: RequestBudget | None) -> Answer:
         method, target = request.method.decode("ascii", "replace"), request.target.decode("latin-1")
         answer, cpu = await self._threads.run(lambda: self._timed_answer(method, target, headers, peer))
         if budget is not None:
@@ -345,16 +369,27 @@ class EndpointServer:
             answer = self.pages.answer(method, target, headers, peer, authenticated=True)
         except Exception as exc:  # a render or the live page's history failed: counted, never raised further
             self._on_error("prometheus", exc)
-            answer = _reply("500 Internal Server Error", b"The monitor failed to answer; counted in "
-                            b"mindspore_exporter_errors_total{component=\"prometheus\"}\n")
+            answer = _reply(
+                "500 Internal Server Error",
+                b'The monitor failed to answer; counted in mindspore_exporter_errors_total{component="prometheus"}\n',
+            )
         return answer, time.thread_time() - began
 
     @staticmethod
-    async def _send(writer: asyncio.StreamWriter, parser: h11.Connection, head_only: bool, status: str,
-                    headers: list[tuple[str, str]], body: bytes) -> None:
+    async def _send(
+        writer: asyncio.StreamWriter,
+        parser: h11.Connection,
+        head_only: bool,
+        status: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> None:
         code, _, reason = status.partition(" ")
-        response = h11.Response(status_code=int(code), reason=reason.encode("latin-1"),
-                                headers=[*headers, ("Content-Length", str(len(body)))])  # for HEAD too
+        response = h11.Response(
+            status_code=int(code),
+            reason=reason.encode("latin-1"),
+            headers=[*headers, ("Content-Length", str(len(body)))],
+        )  # for HEAD too
         data = parser.send(response) or b""
         if not head_only:
             data += parser.send(h11.Data(data=body)) or b""
@@ -362,18 +397,26 @@ class EndpointServer:
         writer.write(data)
         await asyncio.wait_for(writer.drain(), SEND_SECONDS)
 
-    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: h11.Connection,
-                      error: h11.RemoteProtocolError) -> None:
+    async def _refuse(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        parser: h11.Connection,
+        error: h11.RemoteProtocolError,
+    ) -> None:
         """Answer a request h11 could not parse with its status (400, 414, 431) and a status line, then close,
         draining what the client still sends for a moment so that the answer is not lost to a reset."""
         if parser.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         status = {400: "400 Bad Request", 414: "414 URI Too Long", 431: "431 Request Header Fields Too Large"}.get(
-            error.error_status_hint, f"{error.error_status_hint} Bad Request")
+            error.error_status_hint, f"{error.error_status_hint} Bad Request"
+        )
         body = f"Bad request: {error}\n".encode("utf-8", "replace")
         code, _, reason = status.partition(" ")
-        head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
-                f"{len(body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+        head = (
+            f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
+            f"{len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode("latin-1")
         writer.write(head + body)
         await asyncio.wait_for(writer.drain(), SEND_SECONDS)
         if writer.can_write_eof():
@@ -395,14 +438,23 @@ def tls_context(web: WebConfig) -> ssl.SSLContext:
     context.load_cert_chain(web.tls_cert_file or "", web.tls_key_file)
     if web.client_ca_file:
         context.load_verify_locations(cafile=web.client_ca_file)
-        context.verify_mode = (ssl.CERT_REQUIRED if web.client_auth_type == "RequireAndVerifyClientCert"
-                               else ssl.CERT_OPTIONAL)
+        context.verify_mode = (
+            ssl.CERT_REQUIRED if web.client_auth_type == "RequireAndVerifyClientCert" else ssl.CERT_OPTIONAL
+        )
     return context
 
 
-def serve(registry: CollectorRegistry, web: WebConfig, address: str, port: int, on_error: OnError,
-          context: ssl.SSLContext | None = None, history: StepHistory | None = None,
-          labels: Mapping[str, str] | None = None, stacks: Stacks | None = None) -> tuple[EndpointServer, Any]:
+def serve(
+    registry: CollectorRegistry,
+    web: WebConfig,
+    address: str,
+    port: int,
+    on_error: OnError,
+    context: ssl.SSLContext | None = None,
+    history: StepHistory | None = None,
+    labels: Mapping[str, str] | None = None,
+    stacks: Stacks | None = None,
+) -> tuple[EndpointServer, Any]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
 
     `on_error(component, exc)` counts a request that could not be answered (a render that raised, say)."""

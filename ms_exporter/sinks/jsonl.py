@@ -59,8 +59,12 @@ def _claim(path: Path) -> None:
     with _CLAIMED_LOCK:
         resolved = path.resolve()
         if resolved in _CLAIMED:
-            raise ConfigError([f"monitor_config.save_dir: {path} is already written by another TrainingMonitor of "
-                               "this process; give each monitor a save_dir of its own, or close() the other first"])
+            raise ConfigError(
+                [
+                    f"monitor_config.save_dir: {path} is already written by another TrainingMonitor of "
+                    "this process; give each monitor a save_dir of its own, or close() the other first"
+                ]
+            )
         _CLAIMED.add(resolved)
 
 
@@ -80,9 +84,18 @@ class JsonlWriter(Sink):
     name = "local"
     needs_signals = True
 
-    def __init__(self, store: MetricStore, save_dir: str, rank: int, project: str, interval: float,
-                 max_file_mb: float, max_files: int, on_error: OnError,
-                 breaker: Breaker | None = None) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        save_dir: str,
+        rank: int,
+        project: str,
+        interval: float,
+        max_file_mb: float,
+        max_files: int,
+        on_error: OnError,
+        breaker: Breaker | None = None,
+    ) -> None:
         self._store = store
         self._rank_claim = run_lock.claim(save_dir, rank)  # another process on this save_dir and rank: `-pid<pid>`
         self.path = Path(save_dir) / f"metrics-rank{rank}{self._rank_claim.suffix}.jsonl"
@@ -273,8 +286,9 @@ class JsonlWriter(Sink):
         self._close_file()
         self._rotate_step(None, self.path.with_name(f"{self.path.name}.{self._max_files}"))
         for index in range(self._max_files - 1, 0, -1):
-            self._rotate_step(self.path.with_name(f"{self.path.name}.{index}"),
-                              self.path.with_name(f"{self.path.name}.{index + 1}"))
+            self._rotate_step(
+                self.path.with_name(f"{self.path.name}.{index}"), self.path.with_name(f"{self.path.name}.{index + 1}")
+            )
         self._rotate_step(self.path, self.path.with_name(f"{self.path.name}.1"))
 
     def _rotate_step(self, source: Path | None, target: Path) -> None:

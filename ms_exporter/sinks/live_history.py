@@ -23,10 +23,15 @@ HISTORY_STEPS = 4096
 # Columns after step, time, loss, step_time and data_wait (the sample's own): the store series read each step
 # (the unlabelled one, else the first); memory is the first kind of MEMORY_IN_USE_ORDER present, and
 # `memory_kind` in the payload names it.
-SERIES_COLUMNS = (catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE, catalogue.TOKENS_PER_SECOND,
-                  catalogue.SAMPLES_PER_SECOND, catalogue.GRAD_NORM, catalogue.MEMORY_BYTES)
-COLUMNS = ("step", "time", "loss", "step_time", "data_wait", *(family.short for family in SERIES_COLUMNS),
-           "breaches")
+SERIES_COLUMNS = (
+    catalogue.LOSS_SMOOTHED,
+    catalogue.LEARNING_RATE,
+    catalogue.TOKENS_PER_SECOND,
+    catalogue.SAMPLES_PER_SECOND,
+    catalogue.GRAD_NORM,
+    catalogue.MEMORY_BYTES,
+)
+COLUMNS = ("step", "time", "loss", "step_time", "data_wait", *(family.short for family in SERIES_COLUMNS), "breaches")
 _SMOOTHED = 5  # index of loss_smoothed in a row
 
 
@@ -64,8 +69,15 @@ class StepHistory(Sink):
                 self.breach_events.append((sample.step, metric))
             counts[metric] = value
         loss = _number(sample.loss)
-        row = [sample.step, sample.wall_time, loss, sample.duration / max(sample.steps, 1),
-               _number(sample.data_wait), *[s.value if s is not None else math.nan for s in self._series], breaches]
+        row = [
+            sample.step,
+            sample.wall_time,
+            loss,
+            sample.duration / max(sample.steps, 1),
+            _number(sample.data_wait),
+            *[s.value if s is not None else math.nan for s in self._series],
+            breaches,
+        ]
         if not math.isfinite(loss):
             row[_SMOOTHED] = math.nan  # the smoothed loss of a NaN step is no loss: a gap, not a flat line
         self.rows.append(tuple(row))
@@ -82,8 +94,9 @@ class StepHistory(Sink):
             else:
                 bound.append(children[0] if children else None)
         self._series = tuple(bound)
-        self._breaches = tuple((counter, dict(counter.labels)["metric"])
-                               for counter in self._store.series_of(catalogue.BREACHES))
+        self._breaches = tuple(
+            (counter, dict(counter.labels)["metric"]) for counter in self._store.series_of(catalogue.BREACHES)
+        )
 
     def since(self, step: int, limit: int = HISTORY_STEPS) -> dict[str, Any]:
         """Rows after `step` (at most `limit`, the newest), as JSON-ready data: non-finite numbers become null."""
@@ -93,8 +106,9 @@ class StepHistory(Sink):
             "columns": list(COLUMNS),
             "rows": [[_json(v) for v in row] for row in newer],
             "nonfinite_loss_steps": [int(row[0]) for row in newer if not math.isfinite(row[2])],
-            "breach_events": [[event_step, metric] for event_step, metric in list(self.breach_events)
-                              if event_step > step],
+            "breach_events": [
+                [event_step, metric] for event_step, metric in list(self.breach_events) if event_step > step
+            ],
             "last_step": int(rows[-1][0]) if rows else None,
             "capacity": self.capacity,
             "memory_kind": self.memory_kind,
@@ -106,8 +120,11 @@ class StepHistory(Sink):
     def _phase(self) -> dict[str, Any]:
         """Where the rank is now and for how long, and how long that phase may last (docs/hangs.md)."""
         phase = next((dict(s.labels)["phase"] for s in self._store.series_of(catalogue.PHASE) if s.value == 1), None)
-        return {"phase": phase, "phase_seconds": _json(self._store.value_of(catalogue.PHASE_SECONDS)),
-                "hang_deadline": _json(self._store.value_of(catalogue.HANG_DEADLINE))}
+        return {
+            "phase": phase,
+            "phase_seconds": _json(self._store.value_of(catalogue.PHASE_SECONDS)),
+            "hang_deadline": _json(self._store.value_of(catalogue.HANG_DEADLINE)),
+        }
 
 
 # Bounds drawn on the live page's charts (memory growth has no chart of its own).

@@ -41,16 +41,18 @@ EXPORT_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",  # OTLPExporterMixin._export: "Failed to export", retries
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",  # passed as the logger of the shared HTTP client
 )
-_PREFERENCES = {"preferred_temporality": "_preferred_temporality",
-                "preferred_aggregation": "_preferred_aggregation"}
+_PREFERENCES = {"preferred_temporality": "_preferred_temporality", "preferred_aggregation": "_preferred_aggregation"}
 
 
 def preferences(exporter: MetricExporter) -> dict[str, Any]:
     """The exporter's preferred temporality and aggregation, as keyword arguments for MetricExporter.__init__."""
     found = {argument: getattr(exporter, attribute, None) for argument, attribute in _PREFERENCES.items()}
     if not all(hasattr(exporter, attribute) for attribute in _PREFERENCES.values()):
-        logger.warning("ms_exporter: this OpenTelemetry SDK keeps an exporter's preferred temporality elsewhere "
-                       "(tested: %s); OTLP exports use the SDK's defaults (cumulative)", TESTED_VERSIONS)
+        logger.warning(
+            "ms_exporter: this OpenTelemetry SDK keeps an exporter's preferred temporality elsewhere "
+            "(tested: %s); OTLP exports use the SDK's defaults (cumulative)",
+            TESTED_VERSIONS,
+        )
     return found
 
 

@@ -66,8 +66,12 @@ def _unit(name: str) -> str:
 
 def resolve_protocol(config: OtlpConfig) -> str:
     """monitor_config first, then the standard variables, then gRPC (the SDK's own default)."""
-    return (config.protocol or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    return (
+        config.protocol
+        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    )
 
 
 def build_exporter(config: OtlpConfig) -> MetricExporter:
@@ -77,11 +81,11 @@ def build_exporter(config: OtlpConfig) -> MetricExporter:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
         headers = None if config.headers is None else dict(config.headers)  # None: OTEL_EXPORTER_OTLP_HEADERS
-        return GrpcExporter(endpoint=config.endpoint, insecure=config.insecure, headers=headers,
-                            timeout=config.timeout)
+        return GrpcExporter(endpoint=config.endpoint, insecure=config.insecure, headers=headers, timeout=config.timeout)
     if protocol != "http/protobuf":
-        raise ValueError(f"OTLP protocol {protocol!r} (from OTEL_EXPORTER_OTLP_PROTOCOL) is not supported; "
-                         "use grpc or http/protobuf")
+        raise ValueError(
+            f"OTLP protocol {protocol!r} (from OTEL_EXPORTER_OTLP_PROTOCOL) is not supported; use grpc or http/protobuf"
+        )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
     endpoint = config.endpoint
@@ -101,37 +105,47 @@ def export_interval_millis(config: OtlpConfig) -> float:
     try:
         return float(raw)  # zero or less: the reader refuses it, as it would the variable itself
     except ValueError:
-        logger.warning("ms_exporter: %s=%r is not a number of milliseconds; exporting every %.0f s",
-                       OTEL_METRIC_EXPORT_INTERVAL, raw, DEFAULT_INTERVAL_MILLIS / 1000)
+        logger.warning(
+            "ms_exporter: %s=%r is not a number of milliseconds; exporting every %.0f s",
+            OTEL_METRIC_EXPORT_INTERVAL,
+            raw,
+            DEFAULT_INTERVAL_MILLIS / 1000,
+        )
         return DEFAULT_INTERVAL_MILLIS
 
 
 def describe_target(config: OtlpConfig) -> str:
     """Where exports go, for messages: never the headers, nor the endpoint's user:password@ (or token@) and query
     values, which may carry credentials."""
-    endpoint = (config.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    endpoint = (
+        config.endpoint
+        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
     shown = url_for_logs(endpoint) if endpoint else "the SDK's default endpoint"
     return f"{shown} ({resolve_protocol(config)})"
 
 
 def build_resource(rank: RankInfo, project: str) -> Resource:
     """service.name is the project; OTEL_RESOURCE_ATTRIBUTES adds to (never replaces) these."""
-    return Resource.create({
-        "service.name": project,
-        "service.instance.id": f"{rank.node}/rank-{rank.rank}",
-        "host.name": rank.node,
-        "mindspore.rank": rank.rank,
-        "mindspore.local_rank": rank.local_rank,
-        "mindspore.world_size": rank.world_size,
-    })
+    return Resource.create(
+        {
+            "service.name": project,
+            "service.instance.id": f"{rank.node}/rank-{rank.rank}",
+            "host.name": rank.node,
+            "mindspore.rank": rank.rank,
+            "mindspore.local_rank": rank.local_rank,
+            "mindspore.world_size": rank.world_size,
+        }
+    )
 
 
 class StoreHistogramExporter(MetricExporter):
     """Wraps the OTLP exporter: appends the store's histograms to each batch and counts failed exports."""
 
-    def __init__(self, inner: MetricExporter, store: MetricStore,
-                 on_error: OnError, target: str = "the OTLP endpoint") -> None:
+    def __init__(
+        self, inner: MetricExporter, store: MetricStore, on_error: OnError, target: str = "the OTLP endpoint"
+    ) -> None:
         super().__init__(**otel_sdk.preferences(inner))  # what the reader asks its exporter for
         self._inner = inner
         self._store = store
@@ -156,9 +170,13 @@ class StoreHistogramExporter(MetricExporter):
             self.exports += 1
             if result is not MetricExportResult.SUCCESS:
                 self.failures += 1
-                self._on_error("otlp", ConnectionError(
-                    f"OTLP export to {self._target} failed (collector unreachable, slower than otlp.timeout, or "
-                    "refusing the data); this batch was dropped, the next export sends current values"))
+                self._on_error(
+                    "otlp",
+                    ConnectionError(
+                        f"OTLP export to {self._target} failed (collector unreachable, slower than otlp.timeout, or "
+                        "refusing the data); this batch was dropped, the next export sends current values"
+                    ),
+                )
         finally:
             self.quiet.leave()
         if self.after_export is not None:
@@ -199,16 +217,29 @@ class StoreHistogramExporter(MetricExporter):
                 if not isinstance(child, HistogramSeries):
                     continue
                 counts = list(child.counts)
-                points.append(HistogramDataPoint(
-                    attributes={**constant, **dict(child.labels)}, start_time_unix_nano=self._started_ns,
-                    time_unix_nano=now, count=sum(counts), sum=child.sum, bucket_counts=counts,
-                    explicit_bounds=list(child.bounds),
-                    # The store keeps no min/max; None leaves the optional OTLP fields unset.
-                    min=None, max=None))  # type: ignore[arg-type]
+                points.append(
+                    HistogramDataPoint(
+                        attributes={**constant, **dict(child.labels)},
+                        start_time_unix_nano=self._started_ns,
+                        time_unix_nano=now,
+                        count=sum(counts),
+                        sum=child.sum,
+                        bucket_counts=counts,
+                        explicit_bounds=list(child.bounds),
+                        # The store keeps no min/max; None leaves the optional OTLP fields unset.
+                        min=None,  # type: ignore[arg-type]
+                        max=None,  # type: ignore[arg-type]
+                    )
+                )
             if points:
-                out.append(Metric(name=family.name, description=family.help, unit=_unit(family.name),
-                                  data=Histogram(data_points=points,
-                                                 aggregation_temporality=AggregationTemporality.CUMULATIVE)))
+                out.append(
+                    Metric(
+                        name=family.name,
+                        description=family.help,
+                        unit=_unit(family.name),
+                        data=Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE),
+                    )
+                )
         return out
 
 
@@ -217,14 +248,14 @@ class OtlpExport(Sink):
 
     name = "otlp"
 
-    def __init__(self, store: MetricStore, config: OtlpConfig, rank: RankInfo, project: str,
-                 on_error: OnError) -> None:
+    def __init__(self, store: MetricStore, config: OtlpConfig, rank: RankInfo, project: str, on_error: OnError) -> None:
         self._store = store
         self._timeout = config.timeout
         self.exporter = StoreHistogramExporter(build_exporter(config), store, on_error, describe_target(config))
         interval_ms = export_interval_millis(config)
-        self._reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval_ms,
-                                                     export_timeout_millis=config.timeout * 1000)
+        self._reader = PeriodicExportingMetricReader(
+            self.exporter, export_interval_millis=interval_ms, export_timeout_millis=config.timeout * 1000
+        )
         self._provider = MeterProvider(resource=build_resource(rank, project), metric_readers=[self._reader])
         self._meter = self._provider.get_meter(SCOPE.name, SCOPE.version)
         self._instrumented: set[str] = set()
@@ -257,11 +288,13 @@ class OtlpExport(Sink):
                 callback = _observer(live, dict(self._store.constant_labels))
                 name = otlp_name(family.name, family.kind)
                 if family.kind == "counter":
-                    self._meter.create_observable_counter(name, [callback], unit=_unit(family.name),
-                                                          description=family.help)
+                    self._meter.create_observable_counter(
+                        name, [callback], unit=_unit(family.name), description=family.help
+                    )
                 else:
-                    self._meter.create_observable_gauge(name, [callback], unit=_unit(family.name),
-                                                        description=family.help)
+                    self._meter.create_observable_gauge(
+                        name, [callback], unit=_unit(family.name), description=family.help
+                    )
                 self._instrumented.add(family.name)
 
 
@@ -271,6 +304,7 @@ def _observer(family: Family, constant: dict[str, str]) -> Callable[[CallbackOpt
     def observe(options: CallbackOptions) -> Iterable[Observation]:
         values = [(float(child.value), child.labels) for child in family.children() if isinstance(child, Series)]
         return [Observation(value, {**constant, **dict(labels)}) for value, labels in values if math.isfinite(value)]
+
     return observe
 
 

@@ -81,9 +81,16 @@ class PrometheusEndpoint(Sink):
     name = "prometheus"
     needs_signals = True  # a SIGTERM that ends the process waits for a scrape of `ended` (interrupted())
 
-    def __init__(self, store: MetricStore, bind_address: str, port: int,
-                 on_error: OnError, web: WebConfig | None = None,
-                 history: StepHistory | None = None, stacks: Stacks | None = None) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        bind_address: str,
+        port: int,
+        on_error: OnError,
+        web: WebConfig | None = None,
+        history: StepHistory | None = None,
+        stacks: Stacks | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._stacks = stacks
         self.collector = StoreCollector(store, on_error)
@@ -102,14 +109,19 @@ class PrometheusEndpoint(Sink):
             try:
                 self._tls = tls_context(self.web)
             except (OSError, ValueError) as exc:  # asked for TLS: never fall back to plain HTTP
-                raise ConfigError([f"monitor_config.web: cannot load the TLS certificate, key or client CA "
-                                   f"({self.web.tls_cert_file}, {self.web.tls_key_file}, "
-                                   f"{self.web.client_ca_file}): {exc}"]) from exc
+                raise ConfigError(
+                    [
+                        f"monitor_config.web: cannot load the TLS certificate, key or client CA "
+                        f"({self.web.tls_cert_file}, {self.web.tls_key_file}, "
+                        f"{self.web.client_ca_file}): {exc}"
+                    ]
+                ) from exc
         self.port = self._start(bind_address, port)
 
     def _serve(self, address: str, port: int) -> Any:
-        return serve(self.registry, self.web, address, port, self._on_error, self._tls, self._history, self._labels,
-                     self._stacks)
+        return serve(
+            self.registry, self.web, address, port, self._on_error, self._tls, self._history, self._labels, self._stacks
+        )
 
     def _start(self, address: str, port: int) -> int:
         try:
@@ -119,8 +131,13 @@ class PrometheusEndpoint(Sink):
                 raise
             self._server, self._thread = self._serve(address, 0)
             actual = int(self._server.server_address[1])
-            logger.warning("ms_exporter: port %d on %s is not available (%s); serving metrics on port %d instead",
-                           port, address, exc.strerror or exc, actual)
+            logger.warning(
+                "ms_exporter: port %d on %s is not available (%s); serving metrics on port %d instead",
+                port,
+                address,
+                exc.strerror or exc,
+                actual,
+            )
             return actual
         return int(self._server.server_address[1])
 
@@ -163,6 +180,8 @@ class PrometheusEndpoint(Sink):
             return
         renders = self._server.pages.served_renders
         deadline = time.perf_counter() + min((LINGER_SCRAPES + 1) * interval + 1.0, LINGER_MAX_SECONDS)
-        while (sum(1 for rendered in list(renders) if rendered >= ended) < LINGER_SCRAPES
-               and time.perf_counter() < deadline):
+        while (
+            sum(1 for rendered in list(renders) if rendered >= ended) < LINGER_SCRAPES
+            and time.perf_counter() < deadline
+        ):
             time.sleep(0.05)

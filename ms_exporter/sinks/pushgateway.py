@@ -34,8 +34,7 @@ class PushgatewaySink(Sink):
     name = COMPONENT
     needs_signals = True  # a stopped job leaves its last numbers behind
 
-    def __init__(self, store: MetricStore, config: PushgatewayConfig,
-                 on_error: OnError) -> None:
+    def __init__(self, store: MetricStore, config: PushgatewayConfig, on_error: OnError) -> None:
         if not config.url:
             raise ValueError("PushgatewaySink needs pushgateway.url")
         self._config = config
@@ -67,8 +66,9 @@ class PushgatewaySink(Sink):
                     return
                 # A fresh event per thread: a thread that outlived its join must still see its own stop.
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._loop, args=(self._stop,),
-                                                name="ms_exporter-pushgateway", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, args=(self._stop,), name="ms_exporter-pushgateway", daemon=True
+                )
                 self._thread.start()
         except Exception as exc:  # e.g. no thread can be started: train without periodic pushes
             self._on_error(COMPONENT, exc)
@@ -124,8 +124,13 @@ class PushgatewaySink(Sink):
         try:
             if stop is not None and stop.is_set():
                 return  # the run ended while this periodic push waited: the final push has the newer state
-            push_to_gateway(str(self._config.url), job=self._config.job, registry=self._registry,
-                            grouping_key=self._grouping_key, timeout=self._config.timeout)
+            push_to_gateway(
+                str(self._config.url),
+                job=self._config.job,
+                registry=self._registry,
+                grouping_key=self._grouping_key,
+                timeout=self._config.timeout,
+            )
         except Exception as exc:
             self._on_error(COMPONENT, exc)
         finally:

@@ -28,8 +28,11 @@ QUEUE_CAP = 100_000  # records held between writes; past this the oldest are dro
 WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.01  # how often a bounded wait looks again (no lock: it may run inside a signal handler)
 # The sample's own per-step scalars, under the keys JSON Lines gives them.
-_SAMPLE_SCALARS = (("loss", catalogue.LOSS.short), ("duration", catalogue.STEP_DURATION.short),
-                   ("data_wait", catalogue.DATA_WAIT.short))
+_SAMPLE_SCALARS = (
+    ("loss", catalogue.LOSS.short),
+    ("duration", catalogue.STEP_DURATION.short),
+    ("data_wait", catalogue.DATA_WAIT.short),
+)
 
 
 class QueuedStepWriter(Sink):
@@ -48,8 +51,7 @@ class QueuedStepWriter(Sink):
 
     needs_signals = True
 
-    def __init__(self, store: MetricStore, interval: float, on_error: OnError,
-                 breaker: Breaker | None) -> None:
+    def __init__(self, store: MetricStore, interval: float, on_error: OnError, breaker: Breaker | None) -> None:
         self._columns = StepColumns(store)
         self._queue: deque[tuple[str, Any]] = deque(maxlen=QUEUE_CAP)
         self._dropped = store.register(catalogue.DROPPED_RECORDS).series(sink=self.name)
@@ -175,12 +177,20 @@ class QueuedStepWriter(Sink):
         self._count_lost(lost)
         with contextlib.suppress(Exception):
             self._disabled.series(component=self.name).value = 1
-        self._on_error(self.name, TimeoutError(
-            f"the {self.name} writer did not finish a {what} within {WAIT_SECONDS:.0f} s (a disk that does not "
-            f"answer, or a library stuck on its own writer); switched off, {lost} records counted as lost"))
-        logger.error("ms_exporter: the %s writer is stuck; it is switched off for the rest of this process and "
-                     "%d records are counted in %s; training continues", self.name, lost,
-                     catalogue.DROPPED_RECORDS.name)
+        self._on_error(
+            self.name,
+            TimeoutError(
+                f"the {self.name} writer did not finish a {what} within {WAIT_SECONDS:.0f} s (a disk that does not "
+                f"answer, or a library stuck on its own writer); switched off, {lost} records counted as lost"
+            ),
+        )
+        logger.error(
+            "ms_exporter: the %s writer is stuck; it is switched off for the rest of this process and "
+            "%d records are counted in %s; training continues",
+            self.name,
+            lost,
+            catalogue.DROPPED_RECORDS.name,
+        )
 
     def _count_lost(self, records: int) -> None:
         if records:

@@ -20,8 +20,9 @@ class RequestBudget:
     before it is read, so a flood is served at `rate` with growing latency instead of taking more of the training
     process's CPU and GIL; and an expensive answer is paid for by the requests after it."""
 
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, rate: float, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.rate = rate
         self._burst = max(rate, 1.0)
         self._tokens = self._burst

@@ -23,7 +23,10 @@ class StepColumns:
 
     def _bind(self) -> None:
         self._version = self._store.version
-        columns = [(catalogue.jsonl_key(family.name, series.labels), series)
-                   for family in catalogue.JSONL_STEP_COLUMNS for series in self._store.series_of(family)]
+        columns = [
+            (catalogue.jsonl_key(family.name, series.labels), series)
+            for family in catalogue.JSONL_STEP_COLUMNS
+            for series in self._store.series_of(family)
+        ]
         self._keys = tuple(key for key, _ in columns)
         self._series = tuple(series for _, series in columns)

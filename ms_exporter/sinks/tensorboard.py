@@ -32,8 +32,9 @@ class TensorBoardWriter(QueuedStepWriter):
 
     name = "tensorboard"
 
-    def __init__(self, store: MetricStore, log_dir: Path, interval: float,
-                 on_error: OnError, breaker: Breaker | None = None) -> None:
+    def __init__(
+        self, store: MetricStore, log_dir: Path, interval: float, on_error: OnError, breaker: Breaker | None = None
+    ) -> None:
         # the extra: build_sinks turns its absence into a ConfigError
         import tensorboardX  # noqa: F401  (the package itself: its submodules may be imported already)
         from tensorboardX.proto.event_pb2 import Event
@@ -63,14 +64,14 @@ class TensorBoardWriter(QueuedStepWriter):
 
     def _write_step(self, step: int, wall_time: float, scalars: dict[str, float]) -> None:
         for key, value in scalars.items():
-            self._pending.append(self._record(self._event(summary=self._scalar(key, value), step=step,
-                                                          wall_time=wall_time)))
+            self._pending.append(
+                self._record(self._event(summary=self._scalar(key, value), step=step, wall_time=wall_time))
+            )
 
     def _write_eval(self, step: int, scalars: dict[str, float]) -> None:
         now = time.time()
         for key, value in scalars.items():
-            self._pending.append(self._record(self._event(summary=self._scalar(key, value), step=step,
-                                                          wall_time=now)))
+            self._pending.append(self._record(self._event(summary=self._scalar(key, value), step=step, wall_time=now)))
 
     def _flush_writer(self) -> None:
         data, self._pending = b"".join(self._pending), []

@@ -43,19 +43,39 @@ class WandbWriter(QueuedStepWriter):
 
     name = "wandb"
 
-    def __init__(self, store: MetricStore, save_dir: Path, settings: WandbConfig, project: str, group: str,
-                 rank: RankInfo, tags: Mapping[str, Any], interval: float,
-                 on_error: OnError, breaker: Breaker | None = None) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        save_dir: Path,
+        settings: WandbConfig,
+        project: str,
+        group: str,
+        rank: RankInfo,
+        tags: Mapping[str, Any],
+        interval: float,
+        on_error: OnError,
+        breaker: Breaker | None = None,
+    ) -> None:
         import wandb  # the extra: build_sinks turns its absence into a ConfigError
 
         self._wandb = wandb
         self.save_dir = save_dir
         self._init: dict[str, Any] = {
-            "mode": settings.mode, "dir": str(save_dir), "project": settings.project or project,
-            "entity": settings.entity, "name": f"{project}-rank{rank.rank}", "group": group,
+            "mode": settings.mode,
+            "dir": str(save_dir),
+            "project": settings.project or project,
+            "entity": settings.entity,
+            "name": f"{project}-rank{rank.rank}",
+            "group": group,
             "config": {"rank": rank.rank, "world_size": rank.world_size, "node": rank.node, **tags},
-            "settings": wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True,
-                                       save_code=False, x_save_requirements=False),
+            "settings": wandb.Settings(
+                console="off",
+                silent=True,
+                x_disable_stats=True,
+                disable_git=True,
+                save_code=False,
+                x_save_requirements=False,
+            ),
         }
         self._run: Any = None
         super().__init__(store, interval, on_error, breaker)
@@ -76,8 +96,9 @@ class WandbWriter(QueuedStepWriter):
                 self._on_error(self.name, exc)
                 logger.error("ms_exporter: the wandb run did not start (%s); training continues without it", exc)
             else:
-                logger.info("ms_exporter: wandb run %s (%s) in %s", self._init["name"], self._init["mode"],
-                            self.run_dir)
+                logger.info(
+                    "ms_exporter: wandb run %s (%s) in %s", self._init["name"], self._init["mode"], self.run_dir
+                )
         super().start(step)
 
     def _check_writable(self) -> None:
@@ -92,8 +113,12 @@ class WandbWriter(QueuedStepWriter):
         if run_dir is not None and not run_dir.resolve().is_relative_to(self.save_dir.resolve()):
             run, self._run = self._run, None
             run.finish()
-            raise OSError(errno.EROFS, f"wandb put the run in {run_dir}, outside save_dir {self.save_dir}; the "
-                                       "backend is switched off rather than write elsewhere", str(self.save_dir))
+            raise OSError(
+                errno.EROFS,
+                f"wandb put the run in {run_dir}, outside save_dir {self.save_dir}; the "
+                "backend is switched off rather than write elsewhere",
+                str(self.save_dir),
+            )
 
     def _ready(self) -> bool:
         return self._run is not None
@@ -108,8 +133,12 @@ class WandbWriter(QueuedStepWriter):
         usage = os.statvfs(run_dir)
         free = usage.f_bavail * usage.f_frsize
         if free < RESERVE_BYTES:
-            raise OSError(errno.ENOSPC, f"{free} bytes free under the wandb run (less than {RESERVE_BYTES}): "
-                                        "wandb would lose these records without a word", str(run_dir))
+            raise OSError(
+                errno.ENOSPC,
+                f"{free} bytes free under the wandb run (less than {RESERVE_BYTES}): "
+                "wandb would lose these records without a word",
+                str(run_dir),
+            )
 
     def _write_eval(self, step: int, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=step)

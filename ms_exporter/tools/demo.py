@@ -18,8 +18,14 @@ BATCH = 16
 def demo_flops_model(layers: int = 2, d_model: int = 64, heads: int = 4) -> dict[str, Any]:
     """monitor_config.flops.model of build_network's Transformer: an encoder (attention over the whole sequence,
     not causal), a plain MLP of 2 x d_model, and a classifier on the pooled sequence (no output layer per token)."""
-    return {"num_layers": layers, "hidden_size": d_model, "num_heads": heads, "ffn_hidden_size": 2 * d_model,
-            "vocab_size": 0, "causal": False}
+    return {
+        "num_layers": layers,
+        "hidden_size": d_model,
+        "num_heads": heads,
+        "ffn_hidden_size": 2 * d_model,
+        "vocab_size": 0,
+        "causal": False,
+    }
 
 
 DEMO_CONFIG: dict[str, Any] = {
@@ -43,8 +49,15 @@ class PaddedTokens:
     and keeps moving, as a real loss does.
     """
 
-    def __init__(self, size: int = 4096, seq_len: int = SEQ_LEN, vocab: int = VOCAB, min_len: int = 8,
-                 seed: int = 0, label_noise: float = 0.1) -> None:
+    def __init__(
+        self,
+        size: int = 4096,
+        seq_len: int = SEQ_LEN,
+        vocab: int = VOCAB,
+        min_len: int = 8,
+        seed: int = 0,
+        label_noise: float = 0.1,
+    ) -> None:
         rng = np.random.default_rng(seed)
         lengths = rng.integers(min_len, seq_len + 1, size=size)
         self.ids = np.zeros((size, seq_len), dtype=np.int32)
@@ -64,14 +77,21 @@ class PaddedTokens:
         return len(self.labels)
 
 
-def synthetic_dataset(size: int = 4096, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0,
-                      num_shards: int | None = None, shard_id: int | None = None) -> Any:
+def synthetic_dataset(
+    size: int = 4096,
+    batch: int = BATCH,
+    seq_len: int = SEQ_LEN,
+    seed: int = 0,
+    num_shards: int | None = None,
+    shard_id: int | None = None,
+) -> Any:
     """A MindSpore dataset with columns input_ids, attention_mask, label (one shard of it in data parallel)."""
     import mindspore.dataset as ds
 
     source = PaddedTokens(size=size, seq_len=seq_len, seed=seed)
-    dataset = ds.GeneratorDataset(source, ["input_ids", "attention_mask", "label"], shuffle=False,
-                                  num_shards=num_shards, shard_id=shard_id)
+    dataset = ds.GeneratorDataset(
+        source, ["input_ids", "attention_mask", "label"], shuffle=False, num_shards=num_shards, shard_id=shard_id
+    )
     return dataset.batch(batch, drop_remainder=True)
 
 
@@ -84,8 +104,9 @@ def build_network(layers: int = 2, d_model: int = 64, heads: int = 4, seq_len: i
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(VOCAB, d_model)
-            self.position = ms.Parameter(ms.Tensor(np.random.default_rng(1).normal(0, 0.02, (1, seq_len, d_model)),
-                                                   ms.float32), name="position")
+            self.position = ms.Parameter(
+                ms.Tensor(np.random.default_rng(1).normal(0, 0.02, (1, seq_len, d_model)), ms.float32), name="position"
+            )
             layer = nn.TransformerEncoderLayer(d_model, heads, d_model * 2, dropout=0.0, batch_first=True)
             self.encoder = nn.TransformerEncoder(layer, layers)
             self.head = nn.Dense(d_model, 2)
@@ -120,8 +141,14 @@ def _evaluation(network: Any) -> dict[str, Any]:
     return {"eval_network": LossLogitsLabel(), "eval_indexes": [0, 1, 2], "metrics": {"accuracy": nn.Accuracy()}}
 
 
-def build_model(learning_rate: Any = None, layers: int = 2, d_model: int = 64, decay_steps: int = 2000,
-                grad_norm: bool = True, evaluate: bool = False) -> Any:
+def build_model(
+    learning_rate: Any = None,
+    layers: int = 2,
+    d_model: int = 64,
+    decay_steps: int = 2000,
+    grad_norm: bool = True,
+    evaluate: bool = False,
+) -> Any:
     """A mindspore Model over the demo network with AdamW, a cosine-decaying LR and (by default) the train cell
     that reports gradient norms; with `evaluate`, `Model.fit` reports the validation set's `eval_loss` and
     `accuracy`."""
@@ -158,7 +185,6 @@ def _stopper(seconds: float) -> Any:
 def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
     from mindspore.train import Callback
 
-
     value = monitor.store.value_of
 
     class Progress(Callback):
@@ -170,10 +196,13 @@ def _progress(monitor: Any, every_seconds: float = 5.0) -> Any:
             if time.monotonic() < self.next_print:
                 return
             self.next_print = time.monotonic() + every_seconds
-            print(f"step {int(value(c.GLOBAL_STEP)):>6} | loss {value(c.LOSS):.4f} "
-                  f"(smoothed {value(c.LOSS_SMOOTHED):.4f}) | lr {value(c.LEARNING_RATE):.2e}"
-                  f" | grad norm {value(c.GRAD_NORM):.3f} | {value(c.TOKENS_PER_SECOND):,.0f} tokens/s | "
-                  f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s{_mfu(value(c.MFU))}", flush=True)
+            print(
+                f"step {int(value(c.GLOBAL_STEP)):>6} | loss {value(c.LOSS):.4f} "
+                f"(smoothed {value(c.LOSS_SMOOTHED):.4f}) | lr {value(c.LEARNING_RATE):.2e}"
+                f" | grad norm {value(c.GRAD_NORM):.3f} | {value(c.TOKENS_PER_SECOND):,.0f} tokens/s | "
+                f"{value(c.SAMPLES_PER_SECOND):,.0f} samples/s{_mfu(value(c.MFU))}",
+                flush=True,
+            )
 
     return Progress()
 
@@ -183,8 +212,14 @@ def _mfu(mfu: float) -> str:
     return "" if math.isnan(mfu) else f" | MFU {100 * mfu:.1f}%"
 
 
-def run_demo(steps: int, seconds: float | None = None, port: int | None = None, config: str | None = None,
-             mode: str = "graph", save_dir: str | None = None) -> int:
+def run_demo(
+    steps: int,
+    seconds: float | None = None,
+    port: int | None = None,
+    config: str | None = None,
+    mode: str = "graph",
+    save_dir: str | None = None,
+) -> int:
     """Train the demo model for `steps` steps: one epoch of exactly that many batches, so the monitor's planned
     steps (and the dashboard's ETA) and the LR schedule, which decays over the same steps, follow the real run.
     `seconds` stops it early."""
@@ -210,8 +245,11 @@ def run_demo(steps: int, seconds: float | None = None, port: int | None = None, 
     if url:  # first: scripts and tests read the URL from the first line
         print(f"metrics: {url}\nlive page: {url.removesuffix('metrics')}", flush=True)
     if peak is not None:
-        print(f"peak: {peak / 1e9:,.1f} GFLOP/s, the best rate of a 1024x1024 float32 matmul here (the MFU's "
-              "denominator; docs/mfu.md)", flush=True)
+        print(
+            f"peak: {peak / 1e9:,.1f} GFLOP/s, the best rate of a 1024x1024 float32 matmul here (the MFU's "
+            "denominator; docs/mfu.md)",
+            flush=True,
+        )
     if monitor.jsonl_path:
         print(f"JSON Lines: {monitor.jsonl_path}", flush=True)
     limit = f"{steps} steps" + (f" (at most {seconds:.0f} s)" if seconds else "")

@@ -30,8 +30,10 @@ DUMP_GLOB = "hang-rank*-*.txt"
 # megabytes (a 1 GB file took 2.1 GB of memory when read whole).
 DUMP_HEAD_BYTES = 64 * 1024
 # The first lines of a dump (ms_exporter/monitor/watchdog.py render_dump).
-_HEADER = re.compile(r"^ms_exporter hang dump: rank (?P<rank>\d+) of project (?P<project>.*), pid (?P<pid>\d+), "
-                     r"(?P<time>\S+)$")
+_HEADER = re.compile(
+    r"^ms_exporter hang dump: rank (?P<rank>\d+) of project (?P<project>.*), pid (?P<pid>\d+), "
+    r"(?P<time>\S+)$"
+)
 _PHASE = re.compile(r"^phase: (?P<phase>\w+) for (?P<seconds>[\d.]+) s(?: \(deadline (?P<deadline>[\d.]+) s\))?$")
 _TOP = re.compile(r"^training thread top frame: (?P<frame>.*)$")
 
@@ -53,8 +55,12 @@ class RankState:
         """Past its hang deadline (the condition of MindSporeTrainingStalled)."""
         if self.dumped:
             return True
-        return (self.phase not in (None, catalogue.ENDED) and self.seconds is not None
-                and self.deadline is not None and self.seconds > self.deadline)
+        return (
+            self.phase not in (None, catalogue.ENDED)
+            and self.seconds is not None
+            and self.deadline is not None
+            and self.seconds > self.deadline
+        )
 
 
 @dataclass(frozen=True)
@@ -71,17 +77,25 @@ class Verdict:
             stopped = ", ".join(f"rank {r.rank}" for r in self.waiting if r.stopped)
             if len({r.phase for r in self.waiting}) == 1:
                 others = ", ".join(f"rank {r.rank}" for r in self.waiting if not r.stopped)
-                return (f"project {self.project}: {stopped} past the hang deadline in {self.waiting[0].phase}, "
-                        f"{others} not yet: no verdict until every rank is past it or one is seen in another phase")
-            return (f"project {self.project}: {stopped or 'no rank'} past the hang deadline in the phase most "
-                    "ranks are in; the rank(s) in another phase are not past theirs yet")
+                return (
+                    f"project {self.project}: {stopped} past the hang deadline in {self.waiting[0].phase}, "
+                    f"{others} not yet: no verdict until every rank is past it or one is seen in another phase"
+                )
+            return (
+                f"project {self.project}: {stopped or 'no rank'} past the hang deadline in the phase most "
+                "ranks are in; the rank(s) in another phase are not past theirs yet"
+            )
         names = ", ".join(f"rank {r.rank}" for r in self.culprits)
         if self.all_same_phase:
-            return (f"project {self.project}: every stopped rank ({names}) is in {self.culprits[0].phase}: no rank "
-                    "stands out; look at what they share (a collective, the network, the storage)")
+            return (
+                f"project {self.project}: every stopped rank ({names}) is in {self.culprits[0].phase}: no rank "
+                "stands out; look at what they share (a collective, the network, the storage)"
+            )
         phases = ", ".join(sorted({r.phase or "?" for r in self.waiting}))
-        return (f"project {self.project}: {names} never arrived: in {self.culprits[0].phase} while "
-                f"{len(self.waiting)} rank(s) are in {phases}")
+        return (
+            f"project {self.project}: {names} never arrived: in {self.culprits[0].phase} while "
+            f"{len(self.waiting)} rank(s) are in {phases}"
+        )
 
 
 def verdicts(ranks: Iterable[RankState]) -> list[Verdict]:
@@ -99,8 +113,14 @@ def verdicts(ranks: Iterable[RankState]) -> list[Verdict]:
             weights[catalogue.STEP_PHASE] += 0.5
         if len(weights) <= 1:  # every rank in one phase: named when every one is past its deadline
             everyone = len(stopped) == len(present) > 0
-            found.append(Verdict(project, tuple(stopped) if everyone else (),
-                                 tuple(present) if stopped and not everyone else (), everyone))
+            found.append(
+                Verdict(
+                    project,
+                    tuple(stopped) if everyone else (),
+                    tuple(present) if stopped and not everyone else (),
+                    everyone,
+                )
+            )
             continue
         most = max(weights.values())
         culprits = tuple(s for s in stopped if weights[s.phase] < most)
@@ -110,6 +130,7 @@ def verdicts(ranks: Iterable[RankState]) -> list[Verdict]:
 
 # -- reading ranks -----------------------------------------------------------------------------------------------
 
+
 def from_page(text: str, source: str, stacks: str | None = None) -> list[RankState]:
     """The ranks a /metrics page serves, with the top frame of a /debug/stacks dump when there is one."""
     top = _dump_fields(stacks)["top_frame"] if stacks else None
@@ -118,8 +139,17 @@ def from_page(text: str, source: str, stacks: str | None = None) -> list[RankSta
         phases = samples.by_label(catalogue.PHASE.name, "phase")
         phase = next((name for name, value in phases.items() if value == 1), None)
         deadline = samples.value(catalogue.HANG_DEADLINE.name)
-        states.append(RankState(project, rank, phase, samples.value(catalogue.PHASE_SECONDS.name),
-                                deadline if deadline is not None and math.isfinite(deadline) else None, top, source))
+        states.append(
+            RankState(
+                project,
+                rank,
+                phase,
+                samples.value(catalogue.PHASE_SECONDS.name),
+                deadline if deadline is not None and math.isfinite(deadline) else None,
+                top,
+                source,
+            )
+        )
     return states
 
 
@@ -129,11 +159,20 @@ def from_dump(path: Path) -> RankState:
         text = _head(path, DUMP_HEAD_BYTES)
     except OSError as exc:  # a FIFO, device, directory or symlink (UnsafeFile, ELOOP), or gone meanwhile
         rank = path.name.split("-")[1].removeprefix("rank") if path.name.count("-") >= 2 else "?"
-        return RankState("?", rank or "?", None, None, None, source=str(path),
-                         error=f"cannot read the dump: {exc.strerror or exc}")
+        return RankState(
+            "?", rank or "?", None, None, None, source=str(path), error=f"cannot read the dump: {exc.strerror or exc}"
+        )
     fields = _dump_fields(text)
-    return RankState(fields["project"] or "?", fields["rank"] or "?", fields["phase"], fields["seconds"],
-                     fields["deadline"], fields["top_frame"], str(path), dumped=True)
+    return RankState(
+        fields["project"] or "?",
+        fields["rank"] or "?",
+        fields["phase"],
+        fields["seconds"],
+        fields["deadline"],
+        fields["top_frame"],
+        str(path),
+        dumped=True,
+    )
 
 
 def _head(path: Path, limit: int) -> str:
@@ -155,8 +194,11 @@ def _dump_fields(text: str) -> dict[str, Any]:
         if header := _HEADER.match(line):
             fields.update(project=header["project"], rank=header["rank"])
         elif phase := _PHASE.match(line):
-            fields.update(phase=phase["phase"], seconds=float(phase["seconds"]),
-                          deadline=float(phase["deadline"]) if phase["deadline"] else None)
+            fields.update(
+                phase=phase["phase"],
+                seconds=float(phase["seconds"]),
+                deadline=float(phase["deadline"]) if phase["deadline"] else None,
+            )
         elif top := _TOP.match(line):
             fields["top_frame"] = top["frame"]
     return fields
@@ -170,8 +212,9 @@ def newest_dumps(directory: Path) -> list[Path]:
     return list(newest.values())
 
 
-def collect(targets: Sequence[str], access: Access, scheme: str = "http",
-            fetcher: Callable[[str, Access], str] = fetch) -> list[RankState]:
+def collect(
+    targets: Sequence[str], access: Access, scheme: str = "http", fetcher: Callable[[str, Access], str] = fetch
+) -> list[RankState]:
     """Every rank the targets name: live endpoints (a URL, host:port or a file_sd directory or file) and save_dirs
     (a directory holding hang dumps)."""
     states: list[RankState] = []
@@ -184,14 +227,20 @@ def collect(targets: Sequence[str], access: Access, scheme: str = "http",
             specs.append(parse_target_argument(text, scheme))
     for target in expand_targets(specs, scheme):
         if target.problem is not None:
-            states.append(RankState(target.project or "?", target.rank or "?", None, None, None, source=target.url,
-                                    error=target.problem))
+            states.append(
+                RankState(
+                    target.project or "?", target.rank or "?", None, None, None, source=target.url, error=target.problem
+                )
+            )
             continue
         try:
             page = fetcher(target.url, access)
         except FetchError as exc:
-            states.append(RankState(target.project or "?", target.rank or "?", None, None, None, source=target.url,
-                                    error=str(exc)))
+            states.append(
+                RankState(
+                    target.project or "?", target.rank or "?", None, None, None, source=target.url, error=str(exc)
+                )
+            )
             continue
         try:
             stacks: str | None = fetcher(_stacks_url(target.url), access)
@@ -213,8 +262,10 @@ def line(state: RankState) -> str:
     deadline = f" (deadline {state.deadline:.0f} s)" if state.deadline is not None else ""
     mark = "  PAST DEADLINE" if state.stopped else ""
     top = f"  top: {state.top_frame}" if state.top_frame else ""
-    return (f"rank {state.rank} (project {state.project}): {state.phase or 'no phase yet'}{seconds}{deadline}{mark}"
-            f"{top}  [{state.source}]")
+    return (
+        f"rank {state.rank} (project {state.project}): {state.phase or 'no phase yet'}{seconds}{deadline}{mark}"
+        f"{top}  [{state.source}]"
+    )
 
 
 def run_hangs(args: argparse.Namespace, error: Callable[[str], Any]) -> int:

@@ -11,8 +11,9 @@ import time
 DTYPES = ("float32", "float16", "bfloat16")  # what --dtype accepts
 
 
-def measure_matmul_flops(size: int = 1024, dtype: str = "float32", rounds: int = 5,
-                         round_seconds: float = 0.3) -> float:
+def measure_matmul_flops(
+    size: int = 1024, dtype: str = "float32", rounds: int = 5, round_seconds: float = 0.3
+) -> float:
     """The best of `rounds` rounds of square `size` matmuls (2 * size**3 FLOPs each) on MindSpore's current device,
     each round at least `round_seconds` long and ended by reading the result (the device is done then). The best
     round, not the mean: on a shared machine the others ran beside someone else's work."""

@@ -22,21 +22,37 @@ from ms_exporter.learned_deadline import LearnedDeadline, nearest_rank
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
 # the snapshots.
-PLOTTED = (*(family.short for family in (catalogue.LOSS, catalogue.LOSS_SMOOTHED, catalogue.LEARNING_RATE,
-                                          catalogue.TOKENS_PER_SECOND, catalogue.SAMPLES_PER_SECOND,
-                                          catalogue.STEP_DURATION, catalogue.DATA_WAIT, catalogue.GRAD_NORM,
-                                          catalogue.MFU, catalogue.MODEL_FLOPS_PER_SECOND)),
-           "time")
+PLOTTED = (
+    *(
+        family.short
+        for family in (
+            catalogue.LOSS,
+            catalogue.LOSS_SMOOTHED,
+            catalogue.LEARNING_RATE,
+            catalogue.TOKENS_PER_SECOND,
+            catalogue.SAMPLES_PER_SECOND,
+            catalogue.STEP_DURATION,
+            catalogue.DATA_WAIT,
+            catalogue.GRAD_NORM,
+            catalogue.MFU,
+            catalogue.MODEL_FLOPS_PER_SECOND,
+        )
+    ),
+    "time",
+)
 _LOSS, _SMOOTHED = catalogue.LOSS.short, catalogue.LOSS_SMOOTHED.short
 _DROPPED = catalogue.jsonl_key(catalogue.DROPPED_RECORDS.name, (("sink", "local"),))
 # The ledger (docs/goodput.md): the run's totals over all its processes, else this process's (goodput off: none).
-_LEDGER_KEYS = [{bucket: catalogue.jsonl_key(family.name, (("bucket", bucket),)) for bucket in catalogue.TIME_BUCKETS}
-                for family in (catalogue.RUN_TIME_SECONDS, catalogue.TIME_SECONDS)]
+_LEDGER_KEYS = [
+    {bucket: catalogue.jsonl_key(family.name, (("bucket", bucket),)) for bucket in catalogue.TIME_BUCKETS}
+    for family in (catalogue.RUN_TIME_SECONDS, catalogue.TIME_SECONDS)
+]
 _RESTARTS = catalogue.jsonl_key(catalogue.RESTARTS.name)
 _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
 # Snapshot keys of the memory figure, in the order of preference (memory in use on the device, else the host's).
-_MEMORY_KEYS = {catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind
-                for kind in catalogue.MEMORY_IN_USE_ORDER}
+_MEMORY_KEYS = {
+    catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind for kind in catalogue.MEMORY_IN_USE_ORDER
+}
 _MAX_LABEL = 256  # characters of a project or rank shown
 _NONFINITE = ("NaN", "Inf", "-Inf")  # how the writer writes a loss that is no number
 
@@ -201,8 +217,7 @@ def load_run(files: list[Path]) -> Run:
                     run.events.append(record)
     if not run.steps["step"]:
         skipped = f" ({run.skipped()})" if run.skipped_lines else ""
-        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?)"
-                          f"{skipped}")
+        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?){skipped}")
     return run
 
 
@@ -223,16 +238,21 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         return found
 
     return {
-        "label": run.label, "steps": run.steps["step"][-1], "records": len(run.steps["step"]),
+        "label": run.label,
+        "steps": run.steps["step"][-1],
+        "records": len(run.steps["step"]),
         # The last step's loss as it was, NaN included: a run that ended NaN did not end at its last finite loss.
         "final_loss": run.last_loss if isinstance(run.last_loss, (int, float, str)) else None,
         "last_finite_loss": next((v for v in reversed(run.steps["loss"]) if v is not None), None),
-        "last_finite_step": next((s for s, v in zip(reversed(run.steps["step"]), reversed(run.steps["loss"]),
-                                                    strict=True) if v is not None), None),
+        "last_finite_step": next(
+            (s for s, v in zip(reversed(run.steps["step"]), reversed(run.steps["loss"]), strict=True) if v is not None),
+            None,
+        ),
         "min_loss": min(losses) if losses else None,
         "nonfinite_losses": sum(1 for v in run.steps["loss"] if v is None),
         "throughput_unit": throughput_key.replace("_per_second", "/s"),
-        "throughput_p10": _percentile(rates, 0.1), "throughput_p50": _percentile(rates, 0.5),
+        "throughput_p10": _percentile(rates, 0.1),
+        "throughput_p50": _percentile(rates, 0.5),
         "throughput_p90": _percentile(rates, 0.9),
         # Model FLOPs utilisation over the run's step records (docs/mfu.md); None without a peak.
         "mfu_p50": _percentile(sorted(v for v in run.steps[catalogue.MFU.short] if v is not None), 0.5),
@@ -288,8 +308,11 @@ def stalls(run: Run, hang: HangConfig | None = None) -> list[dict[str, float]]:
     """Where the run stood still: two records further apart in wall-clock time than the hang deadline the monitor
     would have had there (`hang.factor` x the `hang.percentile` of the cycles before, at least `hang.min_seconds`;
     docs/hangs.md), with the step it stood at and for how long."""
-    return [{"step": step, "start": start, "seconds": seconds}
-            for step, start, seconds, deadline in gaps(run, hang) if seconds > deadline]
+    return [
+        {"step": step, "start": start, "seconds": seconds}
+        for step, start, seconds, deadline in gaps(run, hang)
+        if seconds > deadline
+    ]
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -301,14 +324,25 @@ def render(runs: list[Run], hang: HangConfig | None = None) -> str:
     for index, run in enumerate(runs):
         duplicate = labels.count(labels[index]) > 1
         run.label = labels[index] + (f" ({Path(run.files[-1]).name}, run {index + 1})" if duplicate else "")
-    data = [{"label": r.label, "steps": r.steps, "memory": r.memory, "memory_kind": r.memory_kind,
-             "summary": summary(r, hang)} for r in runs]
+    data = [
+        {
+            "label": r.label,
+            "steps": r.steps,
+            "memory": r.memory,
+            "memory_kind": r.memory_kind,
+            "summary": summary(r, hang),
+        }
+        for r in runs
+    ]
     assets = resources.files("ms_exporter") / "web_assets"
     template = (assets / "report.html").read_text(encoding="utf-8")
     payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     title = "ms_exporter report: " + ", ".join(r.label for r in runs)
-    return (template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
-            .replace("__TITLE__", html.escape(title)).replace("__DATA__", payload))
+    return (
+        template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
+        .replace("__TITLE__", html.escape(title))
+        .replace("__DATA__", payload)
+    )
 
 
 def write_report(paths: list[str], output: str, hang: HangConfig | None = None) -> list[Run]:

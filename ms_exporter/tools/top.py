@@ -46,18 +46,25 @@ ALERT_HOLD_SECONDS = 60.0
 # the longest cycle, the one with the largest data-wait share is the one the others wait for.
 SYNC_TOLERANCE = 0.10
 MAX_PAGE_BYTES = 16 * 1024 * 1024
-TARGET_HELP = ("a URL (http[s]://host:port[/path], path default /metrics), host:port, a directory of file_sd "
-               "*.json files or one such file")
+TARGET_HELP = (
+    "a URL (http[s]://host:port[/path], path default /metrics), host:port, a directory of file_sd "
+    "*.json files or one such file"
+)
 
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _HOST_PORT_PATH = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/")
 # Preferred first: the device memory in use when the device reports it, else the process's resident set.
 # The memory column's kind (catalogue.MEMORY_IN_USE_ORDER: in use on the device, else the host's) and its short name.
-_MEMORY_SHORT = {catalogue.DEVICE_ALLOCATED: "dev", catalogue.DEVICE_RESERVED: "dev-res", catalogue.HOST_RSS: "rss",
-                 catalogue.DEVICE_PEAK: "dev-peak"}
+_MEMORY_SHORT = {
+    catalogue.DEVICE_ALLOCATED: "dev",
+    catalogue.DEVICE_RESERVED: "dev-res",
+    catalogue.HOST_RSS: "rss",
+    catalogue.DEVICE_PEAK: "dev-peak",
+}
 
 
 # -- targets ---------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Target:
@@ -168,6 +175,7 @@ def expand_targets(specs: Iterable[TargetSpec], scheme: str = "http") -> list[Ta
 
 # -- rows ------------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Row:
     """What the table shows for one rank (or one unreachable target, with `error` set)."""
@@ -250,8 +258,16 @@ def parse_ranks(text: str) -> dict[tuple[str, str], RankSamples]:
     return {key: RankSamples(samples) for key, samples in groups.items()}
 
 
-def build_row(target: str, project: str, rank: str, samples: RankSamples, history: History | None, now: float,
-              stale_seconds: float = STALE_SECONDS, hold_seconds: float = ALERT_HOLD_SECONDS) -> tuple[Row, History]:
+def build_row(
+    target: str,
+    project: str,
+    rank: str,
+    samples: RankSamples,
+    history: History | None,
+    now: float,
+    stale_seconds: float = STALE_SECONDS,
+    hold_seconds: float = ALERT_HOLD_SECONDS,
+) -> tuple[Row, History]:
     """One rank's row from its samples and its previous poll (None on the first), and the history for the next.
 
     Step time and data wait are means over the steps since the previous poll (from the histograms' _sum and
@@ -264,8 +280,9 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
     wait_sum = samples.value(catalogue.DATA_WAIT.sum)
     step_seconds, wait_seconds = _step_means(duration, wait_sum, history)
 
-    counters = {f"breach {metric}": value
-                for metric, value in samples.by_label(catalogue.BREACHES.name, "metric").items()}
+    counters = {
+        f"breach {metric}": value for metric, value in samples.by_label(catalogue.BREACHES.name, "metric").items()
+    }
     nonfinite = samples.value(catalogue.NONFINITE_LOSS.name)
     if nonfinite is not None:
         counters["non-finite loss"] = nonfinite
@@ -299,16 +316,25 @@ def build_row(target: str, project: str, rank: str, samples: RankSamples, histor
             break
     alerts.extend(_memory_growth(samples))
 
-    row = Row(target=target, rank=rank, project=project,
-              step=samples.value(catalogue.GLOBAL_STEP.name),
-              loss=loss,
-              loss_smoothed=samples.value(catalogue.LOSS_SMOOTHED.name),
-              tokens_per_second=samples.value(catalogue.TOKENS_PER_SECOND.name),
-              mfu=samples.value(catalogue.MFU.name),
-              step_seconds=step_seconds, wait_seconds=wait_seconds,
-              grad_norm=samples.value(catalogue.GRAD_NORM.name),
-              memory_bytes=memory_bytes, memory_kind=memory_kind,
-              age_seconds=age, alerts=tuple(alerts), phase=phase, fingerprint=_fingerprint(samples))
+    row = Row(
+        target=target,
+        rank=rank,
+        project=project,
+        step=samples.value(catalogue.GLOBAL_STEP.name),
+        loss=loss,
+        loss_smoothed=samples.value(catalogue.LOSS_SMOOTHED.name),
+        tokens_per_second=samples.value(catalogue.TOKENS_PER_SECOND.name),
+        mfu=samples.value(catalogue.MFU.name),
+        step_seconds=step_seconds,
+        wait_seconds=wait_seconds,
+        grad_norm=samples.value(catalogue.GRAD_NORM.name),
+        memory_bytes=memory_bytes,
+        memory_kind=memory_kind,
+        age_seconds=age,
+        alerts=tuple(alerts),
+        phase=phase,
+        fingerprint=_fingerprint(samples),
+    )
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
 
 
@@ -317,12 +343,16 @@ def _memory_growth(samples: RankSamples) -> list[str]:
     `memory_growth_ratio` over the post-warm-up baseline and still growing (faster than `memory_growth_rate`)."""
     ratios = samples.by_label(catalogue.MEMORY_GROWTH_RATIO.name, "kind")
     rates = samples.by_label(catalogue.MEMORY_GROWTH_RATE.name, "kind")
-    return [f"memory +{ratio:.0%} {_MEMORY_SHORT.get(kind, kind)}" for kind, ratio in sorted(ratios.items())
-            if ratio > DEFAULTS.memory_growth_ratio and rates.get(kind, 0) > DEFAULTS.memory_growth_rate]
+    return [
+        f"memory +{ratio:.0%} {_MEMORY_SHORT.get(kind, kind)}"
+        for kind, ratio in sorted(ratios.items())
+        if ratio > DEFAULTS.memory_growth_ratio and rates.get(kind, 0) > DEFAULTS.memory_growth_rate
+    ]
 
 
-def _step_means(duration: tuple[float, float] | None, wait_sum: float | None,
-                history: History | None) -> tuple[float | None, float | None]:
+def _step_means(
+    duration: tuple[float, float] | None, wait_sum: float | None, history: History | None
+) -> tuple[float | None, float | None]:
     """(step time, data wait) per step; data wait is None when the rank does not export it."""
     if duration is None:
         return None, None
@@ -369,8 +399,7 @@ def mark_diverged(rows: Sequence[Row]) -> list[Row]:
             group, step, value = row.fingerprint
             groups.setdefault((row.project, group), {})[index] = (step, value)
     named = set().union(*(disagreeing(members) for members in groups.values()))
-    return [replace(row, alerts=(*row.alerts, "diverged")) if index in named else row
-            for index, row in enumerate(rows)]
+    return [replace(row, alerts=(*row.alerts, "diverged")) if index in named else row for index, row in enumerate(rows)]
 
 
 def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list[Row]:
@@ -400,9 +429,10 @@ def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list
         chosen.add(max(candidates, key=lambda i: (_wait_share(rows[i]), cycles[i])))
         median_wait, median_cycle = statistics.median(waits.values()), statistics.median(cycles.values())
         stragglers.update(i for i in indices if is_straggler(waits[i], cycles[i], median_wait, median_cycle))
-    return [replace(row, slowest=index in chosen,
-                    alerts=(*row.alerts, "straggler") if index in stragglers else row.alerts)
-            for index, row in enumerate(rows)]
+    return [
+        replace(row, slowest=index in chosen, alerts=(*row.alerts, "straggler") if index in stragglers else row.alerts)
+        for index, row in enumerate(rows)
+    ]
 
 
 def _wait_share(row: Row) -> float:
@@ -417,6 +447,7 @@ def _sort_key(row: Row) -> tuple[bool, str, int, str, str]:
 
 
 # -- rendering -------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Line:
@@ -490,35 +521,55 @@ def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> S
             keep -= 1
 
     def line(values: Sequence[str], tail: str) -> str:
-        parts = [value.ljust(widths[i]) if COLUMNS[i].left else value.rjust(widths[i])
-                 for i, value in enumerate(values[:keep])]
+        parts = [
+            value.ljust(widths[i]) if COLUMNS[i].left else value.rjust(widths[i])
+            for i, value in enumerate(values[:keep])
+        ]
         text = _GAP.join([*parts, tail]).rstrip()
         return _fit(text, width)
 
     header = Line(line([column.header for column in COLUMNS], ALERTS_HEADER), "header")
     body = []
     for row, values, alert in zip(rows, cells, alerts, strict=True):
-        style = ("slowest" if row.slowest else "down" if row.error is not None
-                 else "alert" if row.alerts and not row.ended else "normal")
+        style = (
+            "slowest"
+            if row.slowest
+            else "down"
+            if row.error is not None
+            else "alert"
+            if row.alerts and not row.ended
+            else "normal"
+        )
         body.append(Line(line(values, alert), style))
 
     ended = sum(1 for row in rows if row.error is None and row.ended)
     up = sum(1 for row in rows if row.error is None) - ended
-    summary = (f"{up} up, " + (f"{ended} ended, " if ended else "") + f"{len(rows) - up - ended} down"
-               if rows else "no targets yet")
+    summary = (
+        f"{up} up, " + (f"{ended} ended, " if ended else "") + f"{len(rows) - up - ended} down"
+        if rows
+        else "no targets yet"
+    )
     title = Line(_fit(f"ms-exporter top - {summary}" + (f" - {status}" if status else ""), width), "title")
     footer = [Line(_fit(_slowest_text(row), width)) for row in rows if row.slowest]
     if footer:
-        footer.append(Line(_fit("> marks the rank the job waits for: the longest step cycle (step + data wait); "
-                                f"among ranks within {SYNC_TOLERANCE:.0%} of it, the largest data-wait share",
-                                width)))
+        footer.append(
+            Line(
+                _fit(
+                    "> marks the rank the job waits for: the longest step cycle (step + data wait); "
+                    f"among ranks within {SYNC_TOLERANCE:.0%} of it, the largest data-wait share",
+                    width,
+                )
+            )
+        )
     return Screen(title, header, body, footer)
 
 
 def _slowest_text(row: Row) -> str:
     project = f" of {row.project}" if row.project else ""
-    return (f"> slowest: rank {row.rank}{project}, step cycle {_duration(row.cycle_seconds)} = step "
-            f"{_duration(row.step_seconds)} + data wait {_duration(row.wait_seconds)}")
+    return (
+        f"> slowest: rank {row.rank}{project}, step cycle {_duration(row.cycle_seconds)} = step "
+        f"{_duration(row.step_seconds)} + data wait {_duration(row.wait_seconds)}"
+    )
 
 
 def plain_text(screen: Screen) -> str:
@@ -538,7 +589,7 @@ def _fit(text: str, width: int | None) -> str:
     text = printable(text)
     if width is None or len(text) <= width:
         return text
-    return text[:max(0, width - 1)] + "~" if width > 0 else ""
+    return text[: max(0, width - 1)] + "~" if width > 0 else ""
 
 
 def _integer(value: float | None) -> str:
@@ -602,6 +653,7 @@ def _bytes(value: float) -> str:
 
 # -- polling ---------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Access:
     """How to reach the endpoints: basic auth, TLS and the per-request timeout."""
@@ -618,13 +670,15 @@ class FetchError(Exception):
 
 def fetch(url: str, access: Access) -> str:
     """GET one /metrics page. Proxies from the environment are not used: ranks are dialled directly."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain; version=0.0.4",
-                                                   "User-Agent": f"ms-exporter-top/{__version__}"})
+    request = urllib.request.Request(
+        url, headers={"Accept": "text/plain; version=0.0.4", "User-Agent": f"ms-exporter-top/{__version__}"}
+    )
     if access.user is not None:
         token = base64.b64encode(f"{access.user}:{access.password or ''}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                         urllib.request.HTTPSHandler(context=access.context))
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=access.context)
+    )
     try:
         with opener.open(request, timeout=access.timeout) as response:
             body: bytes = response.read(MAX_PAGE_BYTES + 1)
@@ -637,8 +691,9 @@ def fetch(url: str, access: Access) -> str:
             raise FetchError(f"TLS: {reason.verify_message} (--cafile, or --insecure)") from None
         if isinstance(reason, TimeoutError):
             raise FetchError(f"timed out after {access.timeout:g}s") from None
-        raise FetchError(str(reason.strerror) if isinstance(reason, OSError) and reason.strerror else str(reason)) \
-            from None
+        raise FetchError(
+            str(reason.strerror) if isinstance(reason, OSError) and reason.strerror else str(reason)
+        ) from None
     except TimeoutError:
         raise FetchError(f"timed out after {access.timeout:g}s") from None
     except (OSError, ValueError) as exc:  # a connection reset mid-read, a malformed response
@@ -652,9 +707,16 @@ class Poller:
     """Polls every target at once in a thread pool: a rank that hangs costs one slot and shows DOWN, and is not
     asked again until its request ends, while the others are shown as usual."""
 
-    def __init__(self, specs: Sequence[TargetSpec], access: Access | None = None, scheme: str = "http",
-                 stale_seconds: float = STALE_SECONDS, fetcher: Callable[[str, Access], str] = fetch,
-                 clock: Callable[[], float] = time.time, max_workers: int = 32) -> None:
+    def __init__(
+        self,
+        specs: Sequence[TargetSpec],
+        access: Access | None = None,
+        scheme: str = "http",
+        stale_seconds: float = STALE_SECONDS,
+        fetcher: Callable[[str, Access], str] = fetch,
+        clock: Callable[[], float] = time.time,
+        max_workers: int = 32,
+    ) -> None:
         self._specs = list(specs)
         self._access = access or Access()
         self._scheme = scheme
@@ -700,8 +762,9 @@ class Poller:
                 continue
             for (project, rank), samples in groups.items():
                 key = (target.url, project, rank)
-                row, self._histories[key] = build_row(target.url, project, rank, samples, self._histories.get(key),
-                                                      now, self._stale_seconds)
+                row, self._histories[key] = build_row(
+                    target.url, project, rank, samples, self._histories.get(key), now, self._stale_seconds
+                )
                 rows.append(row)
         urls = {target.url for target in targets}
         for key, history in self._histories.items():
@@ -718,6 +781,7 @@ class Poller:
 
 
 # -- the command -----------------------------------------------------------------------------------------------
+
 
 def run_top(args: argparse.Namespace, error: Callable[[str], Any]) -> int:
     """`ms-exporter top`, with arguments declared in cli.py; `error` is the subcommand parser's (exits 2)."""
@@ -804,8 +868,9 @@ def _run_live(poller: Poller, interval: float) -> int:
 
     latest = _Latest()
     stop = threading.Event()
-    thread = threading.Thread(target=_poll_forever, args=(poller, interval, latest, stop),
-                              name="ms-exporter-top-poll", daemon=True)
+    thread = threading.Thread(
+        target=_poll_forever, args=(poller, interval, latest, stop), name="ms-exporter-top-poll", daemon=True
+    )
     thread.start()
     try:
         curses.wrapper(_screen_loop, latest, interval)
@@ -876,7 +941,7 @@ def _draw(stdscr: Any, latest: _Latest, interval: float, offset: int, styles: di
         footer = footer[:-1]  # rows before the legend
     room = max(0, height - len(fixed) - len(footer))
     offset = max(0, min(offset, len(screen.rows) - room))
-    visible = screen.rows[offset:offset + room]
+    visible = screen.rows[offset : offset + room]
     if offset + room < len(screen.rows) and visible:
         visible[-1] = Line(_fit(f"... {len(screen.rows) - offset - room + 1} more rows (arrows scroll)", width))
     stdscr.erase()
@@ -891,8 +956,13 @@ def _draw(stdscr: Any, latest: _Latest, interval: float, offset: int, styles: di
 def _curses_styles() -> dict[str, int]:
     import curses
 
-    styles = {"title": curses.A_BOLD, "header": curses.A_BOLD | curses.A_UNDERLINE, "slowest": curses.A_REVERSE,
-              "down": curses.A_BOLD, "alert": curses.A_BOLD}
+    styles = {
+        "title": curses.A_BOLD,
+        "header": curses.A_BOLD | curses.A_UNDERLINE,
+        "slowest": curses.A_REVERSE,
+        "down": curses.A_BOLD,
+        "alert": curses.A_BOLD,
+    }
     with contextlib.suppress(curses.error):
         if curses.has_colors():
             curses.start_color()
@@ -902,4 +972,3 @@ def _curses_styles() -> dict[str, int]:
             styles["down"] |= curses.color_pair(1)
             styles["alert"] |= curses.color_pair(2)
     return styles
-

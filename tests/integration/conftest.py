@@ -20,8 +20,9 @@ def webhook() -> Iterator[Webhook]:
 
 
 @pytest.fixture(scope="module")
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-          webhook: Webhook) -> Iterator[Stack]:
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, webhook: Webhook
+) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("stack"), webhook, getattr(request.module, "ALERT_STACK_JOB_PORTS", 1))
     stack.start()
     yield stack

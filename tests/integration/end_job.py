@@ -55,8 +55,9 @@ def main() -> None:
     monitor = TrainingMonitor(config, project=args.project)
     print("metrics at", monitor.url, flush=True)
     if args.mode == "stuck":
-        dataset = ds.GeneratorDataset(StuckTokens(), ["input_ids", "attention_mask", "label"], shuffle=False,
-                                      python_multiprocessing=False).batch(BATCH, drop_remainder=True)
+        dataset = ds.GeneratorDataset(
+            StuckTokens(), ["input_ids", "attention_mask", "label"], shuffle=False, python_multiprocessing=False
+        ).batch(BATCH, drop_remainder=True)
     else:
         dataset = synthetic_dataset(size=BATCH * (40 if args.mode == "finish" else 4096))
     model = build_model()

@@ -40,8 +40,15 @@ class SevenTuple(nn.Cell):
     def construct(self, *inputs: Any) -> Any:
         lr = self.optimizer.get_lr()  # what this step applies, read before the step advances global_step
         loss, global_norm, local_norms = self.inner(*inputs)
-        return (loss, ops.zeros((), ms.bool_), ops.ones((), ms.float32) * 1024.0, lr,
-                global_norm, local_norms, ops.ones_like(local_norms))
+        return (
+            loss,
+            ops.zeros((), ms.bool_),
+            ops.ones((), ms.float32) * 1024.0,
+            lr,
+            global_norm,
+            local_norms,
+            ops.ones_like(local_norms),
+        )
 
 
 class Fault(Callback):
@@ -79,8 +86,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--project", required=True)
-    parser.add_argument("--fault", choices=("none", "nan", "loss", "stall", "pause", "leak", "slow", "kill"),
-                        default="none")
+    parser.add_argument(
+        "--fault", choices=("none", "nan", "loss", "stall", "pause", "leak", "slow", "kill"), default="none"
+    )
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--pause", type=float, default=20.0)
     parser.add_argument("--save-dir", default=None)
@@ -93,23 +101,33 @@ def main() -> None:
     optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=nn.CosineDecayLR(1e-5, 1e-3, 100_000))
     # every_n_steps=1: in PYNATIVE the inner cell's own call decides, and the 7-tuple needs norms on every step.
     model = Model(SevenTuple(GradNormTrainOneStepCell(network, optimizer, every_n_steps=1)))
-    monitor = TrainingMonitor(port=args.port, project=args.project, interval=0.5, warmup_steps=5,
-                              grad_norm={"every_n_steps": 5, "layers": ["body.head"]},
-                              layernorm={"every_n_steps": 5},
-                              # On but never triggered, so that the dashboard's actions panel has series.
-                              actions={"early_stop": {"enable": True, "patience": 10**6, "unit": "epoch",
-                                                      "max_nonfinite": None},
-                                       "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False},
-                                       # keeps good states (the health score, the last good step), never rolls back
-                                       "rollback": {"enable": True, "good_every": 50, "on_nonfinite": False,
-                                                    "spike_factor": None, "grad_norm_above": 1e12}},
-                              # A short hang deadline only where the stall is the fault: a loaded machine's pauses
-                              # must not make the healthy run stall.
-                              hang={"min_seconds": 5 if args.fault in ("stall", "pause") else 120},
-                              # A peak, so that the dashboard's MFU panel has series (no MfuLow: no alert_below).
-                              flops={"model": demo_flops_model(), "peak_flops_per_device": 1e12},
-                              **({"backend": ["prometheus", "local"], "save_dir": args.save_dir}
-                                 if args.save_dir else {}))
+    monitor = TrainingMonitor(
+        port=args.port,
+        project=args.project,
+        interval=0.5,
+        warmup_steps=5,
+        grad_norm={"every_n_steps": 5, "layers": ["body.head"]},
+        layernorm={"every_n_steps": 5},
+        # On but never triggered, so that the dashboard's actions panel has series.
+        actions={
+            "early_stop": {"enable": True, "patience": 10**6, "unit": "epoch", "max_nonfinite": None},
+            "lr_backoff": {"enable": True, "rising_steps": 10**6, "on_grad_norm": False},
+            # keeps good states (the health score, the last good step), never rolls back
+            "rollback": {
+                "enable": True,
+                "good_every": 50,
+                "on_nonfinite": False,
+                "spike_factor": None,
+                "grad_norm_above": 1e12,
+            },
+        },
+        # A short hang deadline only where the stall is the fault: a loaded machine's pauses
+        # must not make the healthy run stall.
+        hang={"min_seconds": 5 if args.fault in ("stall", "pause") else 120},
+        # A peak, so that the dashboard's MFU panel has series (no MfuLow: no alert_below).
+        flops={"model": demo_flops_model(), "peak_flops_per_device": 1e12},
+        **({"backend": ["prometheus", "local"], "save_dir": args.save_dir} if args.save_dir else {}),
+    )
     print(f"metrics: {monitor.url}", flush=True)
     fault = Fault(args.fault, network, args.seconds, args.pause)
     model.train(10_000, synthetic_dataset(size=16 * 64), callbacks=[monitor, fault], dataset_sink_mode=False)

@@ -41,8 +41,9 @@ def write_mindrecord(path: Path) -> None:
     writer = FileWriter(str(path), shard_num=1, overwrite=True)
     writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "tokens")
     rng = np.random.default_rng(0)
-    writer.write_raw_data([{"input_ids": rng.integers(3, VOCAB, size=SEQ_LENGTH + 1).astype(np.int32)}
-                           for _ in range(SAMPLES)])
+    writer.write_raw_data(
+        [{"input_ids": rng.integers(3, VOCAB, size=SEQ_LENGTH + 1).astype(np.int32)} for _ in range(SAMPLES)]
+    )
     writer.commit()
 
 
@@ -53,8 +54,7 @@ class Scrape(Callback):
         self.out = out.open("w")
 
     def on_train_step_end(self, run_context):
-        monitor = next(cb for cb in run_context.original_args().list_callback
-                       if type(cb).__name__ == "TrainingMonitor")
+        monitor = next(cb for cb in run_context.original_args().list_callback if type(cb).__name__ == "TrainingMonitor")
         monitor.publish()
         text = urllib.request.urlopen(monitor.url, timeout=30).read().decode()
         step = run_context.original_args().cur_step_num

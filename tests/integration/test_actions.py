@@ -65,14 +65,23 @@ def setup(learning_rate: Any) -> tuple[Boosted, nn.Optimizer, Model]:
 
 def test_a_gradient_spike_backs_off_the_learning_rate_the_optimizer_uses(tmp_path: Path) -> None:
     network, optimizer, model = setup(0.05)
-    monitor = TrainingMonitor(port=0, save_dir=str(tmp_path), warmup_steps=2, web={"cache_seconds": 0},
-                              grad_norm={"every_n_steps": 1, "threshold": 5.0},
-                              actions={"lr_backoff": {"enable": True, "factor": 0.001, "cooldown": 1000}})
+    monitor = TrainingMonitor(
+        port=0,
+        save_dir=str(tmp_path),
+        warmup_steps=2,
+        web={"cache_seconds": 0},
+        grad_norm={"every_n_steps": 1, "threshold": 5.0},
+        actions={"lr_backoff": {"enable": True, "factor": 0.001, "cooldown": 1000}},
+    )
     weight = network.body.head.weight
     moved = WeightSteps(weight)
     try:
-        model.train(1, synthetic_dataset(size=16 * BATCH, batch=BATCH), dataset_sink_mode=False,
-                    callbacks=[Inject(network, {8: 100.0, 9: 1.0}), monitor, moved])
+        model.train(
+            1,
+            synthetic_dataset(size=16 * BATCH, batch=BATCH),
+            dataset_sink_mode=False,
+            callbacks=[Inject(network, {8: 100.0, 9: 1.0}), monitor, moved],
+        )
         page = scrape(monitor.url)
         assert page.value("mindspore_train_actions_total", action="lr_backoff") == 1  # the cooldown holds it at one
         assert page.value("mindspore_train_lr_backoff_factor") == pytest.approx(0.001)
@@ -89,12 +98,21 @@ def test_a_gradient_spike_backs_off_the_learning_rate_the_optimizer_uses(tmp_pat
 def test_a_schedule_is_scaled_not_replaced(tmp_path: Path) -> None:
     schedule = nn.ExponentialDecayLR(0.05, 0.9, 4)
     network, optimizer, model = setup(schedule)
-    monitor = TrainingMonitor(port=0, save_dir=str(tmp_path), warmup_steps=2, web={"cache_seconds": 0},
-                              grad_norm={"every_n_steps": 1, "threshold": 5.0},
-                              actions={"lr_backoff": {"enable": True, "factor": 0.5, "cooldown": 1000}})
+    monitor = TrainingMonitor(
+        port=0,
+        save_dir=str(tmp_path),
+        warmup_steps=2,
+        web={"cache_seconds": 0},
+        grad_norm={"every_n_steps": 1, "threshold": 5.0},
+        actions={"lr_backoff": {"enable": True, "factor": 0.5, "cooldown": 1000}},
+    )
     try:
-        model.train(1, synthetic_dataset(size=16 * BATCH, batch=BATCH), dataset_sink_mode=False,
-                    callbacks=[Inject(network, {8: 100.0, 9: 1.0}), monitor])
+        model.train(
+            1,
+            synthetic_dataset(size=16 * BATCH, batch=BATCH),
+            dataset_sink_mode=False,
+            callbacks=[Inject(network, {8: 100.0, 9: 1.0}), monitor],
+        )
         wrapper = optimizer.learning_rate
         assert type(wrapper).__name__ == "ScaledSchedule" and wrapper.schedule is schedule
         page = scrape(monitor.url)
@@ -108,14 +126,22 @@ def test_a_schedule_is_scaled_not_replaced(tmp_path: Path) -> None:
 
 def test_nans_stop_the_run_with_a_snapshot_that_loads(tmp_path: Path) -> None:
     network, _, model = setup(0.01)
-    monitor = TrainingMonitor(port=0, save_dir=str(tmp_path), warmup_steps=2, web={"cache_seconds": 0},
-                              grad_norm={"every_n_steps": 1},
-                              actions={"early_stop": {"enable": True, "max_nonfinite": 3},
-                                       "snapshot": {"enable": True, "max_snapshots": 2}})
+    monitor = TrainingMonitor(
+        port=0,
+        save_dir=str(tmp_path),
+        warmup_steps=2,
+        web={"cache_seconds": 0},
+        grad_norm={"every_n_steps": 1},
+        actions={"early_stop": {"enable": True, "max_nonfinite": 3}, "snapshot": {"enable": True, "max_snapshots": 2}},
+    )
     moved = WeightSteps(network.body.head.weight)
     try:
-        model.train(3, synthetic_dataset(size=20 * BATCH, batch=BATCH), dataset_sink_mode=False,
-                    callbacks=[Inject(network, {12: float("nan")}), monitor, moved])
+        model.train(
+            3,
+            synthetic_dataset(size=20 * BATCH, batch=BATCH),
+            dataset_sink_mode=False,
+            callbacks=[Inject(network, {12: float("nan")}), monitor, moved],
+        )
         assert moved.last_step == 14  # NaN at 12, 13, 14: stopped there, not after 60 steps
         page = scrape(monitor.url)
         assert page.value("mindspore_train_steps_total") == 14
@@ -135,12 +161,17 @@ def test_nans_stop_the_run_with_a_snapshot_that_loads(tmp_path: Path) -> None:
 
 def test_patience_counts_epochs_across_epoch_boundaries(tmp_path: Path) -> None:
     network, _, model = setup(0.0)  # nothing learns: the smoothed loss cannot improve after the first epoch
-    monitor = TrainingMonitor(port=0, save_dir=str(tmp_path), loss_window=4,
-                              actions={"early_stop": {"enable": True, "patience": 2, "unit": "epoch"}})
+    monitor = TrainingMonitor(
+        port=0,
+        save_dir=str(tmp_path),
+        loss_window=4,
+        actions={"early_stop": {"enable": True, "patience": 2, "unit": "epoch"}},
+    )
     moved = WeightSteps(network.body.head.weight)
     try:
-        model.train(10, synthetic_dataset(size=4 * BATCH, batch=BATCH), dataset_sink_mode=False,
-                    callbacks=[monitor, moved])
+        model.train(
+            10, synthetic_dataset(size=4 * BATCH, batch=BATCH), dataset_sink_mode=False, callbacks=[monitor, moved]
+        )
         assert moved.last_step == 3 * 4  # epoch 1 sets the best; epochs 2 and 3 do not beat it: stop
         page = scrape(monitor.url)
         assert page.value("mindspore_train_actions_total", action="early_stop") == 1
@@ -151,16 +182,26 @@ def test_patience_counts_epochs_across_epoch_boundaries(tmp_path: Path) -> None:
 
 def test_snapshots_keep_only_the_newest(tmp_path: Path) -> None:
     network, _, model = setup(0.01)
-    monitor = TrainingMonitor(port=0, save_dir=str(tmp_path), warmup_steps=2, grad_norm={"every_n_steps": 1},
-                              actions={"snapshot": {"enable": True, "max_snapshots": 2, "quiet_steps": 2,
-                                                    "spike_factor": 3.0}})
+    monitor = TrainingMonitor(
+        port=0,
+        save_dir=str(tmp_path),
+        warmup_steps=2,
+        grad_norm={"every_n_steps": 1},
+        actions={"snapshot": {"enable": True, "max_snapshots": 2, "quiet_steps": 2, "spike_factor": 3.0}},
+    )
     try:
         spikes = {6: 50.0, 7: 1.0, 12: 50.0, 13: 1.0, 18: 50.0, 19: 1.0}
-        model.train(1, synthetic_dataset(size=24 * BATCH, batch=BATCH), dataset_sink_mode=False,
-                    callbacks=[Inject(network, spikes), monitor])
+        model.train(
+            1,
+            synthetic_dataset(size=24 * BATCH, batch=BATCH),
+            dataset_sink_mode=False,
+            callbacks=[Inject(network, spikes), monitor],
+        )
         names = sorted(p.name for p in (tmp_path / "snapshots").glob("*.ckpt"))
-        assert names == ["snapshot-step000000012-loss_spike-post-anomaly.ckpt",
-                         "snapshot-step000000018-loss_spike-post-anomaly.ckpt"]
+        assert names == [
+            "snapshot-step000000012-loss_spike-post-anomaly.ckpt",
+            "snapshot-step000000018-loss_spike-post-anomaly.ckpt",
+        ]
         assert scrape(monitor.url).value("mindspore_train_actions_total", action="snapshot") == 3
     finally:
         monitor.close()
@@ -174,8 +215,11 @@ def test_every_learning_rate_form_is_scaled_in_the_compiled_step(form: str) -> N
     ms.set_seed(0)
     net = nn.Dense(4, 1)
     group_lr: Any = nn.ExponentialDecayLR(0.1, 0.9, 1) if form == "group-schedule" else 0.1
-    params: Any = ([{"params": [net.weight], "lr": group_lr}, {"params": [net.bias], "lr": 0.2}]
-                   if form.startswith("group") else net.trainable_params())
+    params: Any = (
+        [{"params": [net.weight], "lr": group_lr}, {"params": [net.bias], "lr": 0.2}]
+        if form.startswith("group")
+        else net.trainable_params()
+    )
     learning_rate: Any = {"schedule": nn.ExponentialDecayLR(0.1, 0.9, 1), "list": [0.1] * 10}.get(form, 0.1)
     optimizer = nn.SGD(params, learning_rate)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)

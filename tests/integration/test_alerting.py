@@ -31,16 +31,18 @@ def test_healthy_run_is_quiet_and_every_dashboard_query_has_data(stack: Stack, w
     job = stack.run_job("healthy", "none")
     try:
         # Long enough for every window of the test timing, the throughput alerts' 15 s included.
-        wait_until(lambda: stack.query('mindspore_train_global_step{project="healthy"} > 200'), 120,
-                   "200 healthy steps scraped")
+        wait_until(
+            lambda: stack.query('mindspore_train_global_step{project="healthy"} > 200'),
+            120,
+            "200 healthy steps scraped",
+        )
         time.sleep(20)
         assert job.poll() is None
         assert webhook.firing() == [], webhook.firing()
         empty = []
         # A job of one rank has no replicas: test_divergence.py reads that panel's query from a 3-rank job.
         for title, expr in (q for q in queries(render_dashboard()) if q[0] != "Replicas holding the same weights"):
-            concrete = (expr.replace("$project", "healthy").replace("$rank", ".*")
-                        .replace("$__rate_interval", "10s"))
+            concrete = expr.replace("$project", "healthy").replace("$rank", ".*").replace("$__rate_interval", "10s")
             if not stack.query(concrete):
                 empty.append(f"{title}: {concrete}")
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
@@ -60,23 +62,31 @@ def test_healthy_run_is_quiet_and_every_dashboard_query_has_data(stack: Stack, w
         ("kill", "MindSporeTrainingRankDown", "/pager"),
     ],
 )
-def test_fault_reaches_the_webhook_through_alertmanager(stack: Stack, webhook: Webhook, fault: str, alert: str,
-                                                        path: str) -> None:
+def test_fault_reaches_the_webhook_through_alertmanager(
+    stack: Stack, webhook: Webhook, fault: str, alert: str, path: str
+) -> None:
     project = f"fault-{fault}"
     job = stack.run_job(project, fault)
     if fault == "kill":  # a rank that was reporting dies mid-training (SIGKILL: no chance to say anything)
-        wait_until(lambda: stack.query(f'mindspore_train_global_step{{project="{project}"}} > 30'), 120,
-                   "the job reporting steps")
+        wait_until(
+            lambda: stack.query(f'mindspore_train_global_step{{project="{project}"}} > 30'),
+            120,
+            "the job reporting steps",
+        )
         job.kill()
     try:
-        delivered = wait_until(lambda: [f for f in webhook.firing(project) if f[0] == alert], 150,
-                               f"{alert} for {project} at the webhook")
+        delivered = wait_until(
+            lambda: [f for f in webhook.firing(project) if f[0] == alert], 150, f"{alert} for {project} at the webhook"
+        )
         assert delivered[0][2] == path  # routed by severity: critical pages, warning files a ticket
     finally:
         stop_job(job)
-    notification = next(n for n in webhook.notifications
-                        for a in n["alerts"] if a["labels"].get("project") == project and
-                        a["labels"]["alertname"] == alert)
+    notification = next(
+        n
+        for n in webhook.notifications
+        for a in n["alerts"]
+        if a["labels"].get("project") == project and a["labels"]["alertname"] == alert
+    )
     firing = next(a for a in notification["alerts"] if a["labels"]["alertname"] == alert)
     assert firing["labels"]["rank"] == "0" and firing["labels"]["severity"] in ("critical", "warning")
     assert project in firing["annotations"]["description"]

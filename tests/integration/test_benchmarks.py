@@ -14,13 +14,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
     output = tmp_path / "benchmarks.md"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--output", str(output)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--output", str(output)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     text = output.read_text()
-    for heading in ("## Targets", "## Training step time: demo model", "## The hot path alone", "## Scrape cost",
-                    "## Step-interleaved", "## Rollback: keeping and restoring",
-                    "## Memory", "Machine: ", "python -m benchmarks.run --quick"):
+    for heading in (
+        "## Targets",
+        "## Training step time: demo model",
+        "## The hot path alone",
+        "## Scrape cost",
+        "## Step-interleaved",
+        "## Rollback: keeping and restoring",
+        "## Memory",
+        "Machine: ",
+        "python -m benchmarks.run --quick",
+    ):
         assert heading in text, heading
     assert "smoke run" in text  # a quick run says that its figures mean nothing
     assert "nan" not in text.split("## Training step time")[1]  # every measured cell was filled

@@ -20,23 +20,36 @@ from ms_exporter.thresholds import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_ALERTS = {
-    "MindSporeTrainingLossNonFinite": "critical", "MindSporeTrainingLossHigh": "warning",
-    "MindSporeTrainingLossRising": "warning", "MindSporeTrainingGradNormHigh": "warning",
-    "MindSporeTrainingGradNormExploding": "critical", "MindSporeTrainingThroughputLow": "warning",
-    "MindSporeTrainingThroughputDrop": "warning", "MindSporeTrainingStalled": "critical",
+    "MindSporeTrainingLossNonFinite": "critical",
+    "MindSporeTrainingLossHigh": "warning",
+    "MindSporeTrainingLossRising": "warning",
+    "MindSporeTrainingGradNormHigh": "warning",
+    "MindSporeTrainingGradNormExploding": "critical",
+    "MindSporeTrainingThroughputLow": "warning",
+    "MindSporeTrainingThroughputDrop": "warning",
+    "MindSporeTrainingStalled": "critical",
     "MindSporeTrainingHang": "critical",
-    "MindSporeTrainingMemoryGrowth": "warning", "MindSporeTrainingLearningRateFlat": "warning",
-    "MindSporeTrainingLossScaleCollapse": "warning", "MindSporeTrainingLayerNormDrift": "warning",
-    "MindSporeTrainingRankDown": "critical", "MindSporeTrainingRankMissing": "critical",
-    "MindSporeTrainingStraggler": "warning", "MindSporeTrainingGoodputLow": "warning",
-    "MindSporeTrainingReplicaDivergence": "critical", "MindSporeTrainingRolledBack": "warning",
+    "MindSporeTrainingMemoryGrowth": "warning",
+    "MindSporeTrainingLearningRateFlat": "warning",
+    "MindSporeTrainingLossScaleCollapse": "warning",
+    "MindSporeTrainingLayerNormDrift": "warning",
+    "MindSporeTrainingRankDown": "critical",
+    "MindSporeTrainingRankMissing": "critical",
+    "MindSporeTrainingStraggler": "warning",
+    "MindSporeTrainingGoodputLow": "warning",
+    "MindSporeTrainingReplicaDivergence": "critical",
+    "MindSporeTrainingRolledBack": "warning",
     "MindSporeTrainingRollbackLoop": "critical",
     "MindSporeExporterErrors": "warning",
 }
 # Rendered only when the user sets their threshold: (severity, monitor_config that switches it on, promtool cases).
-OPTIONAL_ALERTS = {"MindSporeTrainingMfuLow": ("warning",
-                                               {"flops": {"alert_below": 0.3, "peak_flops_per_device": 1e12}},
-                                               "mfu_low.test.yml")}
+OPTIONAL_ALERTS = {
+    "MindSporeTrainingMfuLow": (
+        "warning",
+        {"flops": {"alert_below": 0.3, "peak_flops_per_device": 1e12}},
+        "mfu_low.test.yml",
+    )
+}
 
 
 def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -53,8 +66,9 @@ def test_committed_rules_are_what_the_defaults_render() -> None:
 
 
 def test_committed_dashboard_is_what_the_generator_renders() -> None:
-    assert (ROOT / DASHBOARD_FILE).read_text() == render_json(render_dashboard()), \
+    assert (ROOT / DASHBOARD_FILE).read_text() == render_json(render_dashboard()), (
         "run: ms-exporter dashboard -o " + DASHBOARD_FILE
+    )
 
 
 def test_every_pinned_alert_with_severity_annotations_and_runbook_section() -> None:
@@ -72,8 +86,7 @@ PROMTOOL_TESTS = sorted((ROOT / "deploy/prometheus/tests").glob("*.test.yml"))
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
-    assert [path.name for path in PROMTOOL_TESTS] == ["alerts.test.yml", "goodput.test.yml",
-                                                      "throughput-drop.test.yml"]
+    assert [path.name for path in PROMTOOL_TESTS] == ["alerts.test.yml", "goodput.test.yml", "throughput-drop.test.yml"]
     tests = [case for path in PROMTOOL_TESTS for case in yaml.safe_load(path.read_text())["tests"]]
     firing, quiet = set(), set()
     for case in tests:
@@ -89,8 +102,10 @@ def test_promtool_and_amtool_accept_the_files() -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # One promtool a file, side by side: the hour-long files take most of the time.
     with ThreadPoolExecutor(len(PROMTOOL_TESTS)) as pool:
-        for tested in pool.map(lambda path: run("promtool", "test", "rules", f"tests/{path.name}",
-                                                cwd=ROOT / "deploy/prometheus"), PROMTOOL_TESTS):
+        for tested in pool.map(
+            lambda path: run("promtool", "test", "rules", f"tests/{path.name}", cwd=ROOT / "deploy/prometheus"),
+            PROMTOOL_TESTS,
+        ):
             assert tested.returncode == 0, tested.stdout + tested.stderr
     config = run("promtool", "check", "config", "deploy/prometheus/prometheus.yml")
     assert config.returncode == 0, config.stdout + config.stderr
@@ -100,9 +115,11 @@ def test_promtool_and_amtool_accept_the_files() -> None:
 
 def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     config = tmp_path / "monitor.yaml"
-    config.write_text("monitor_config:\n  warn_on_value: {loss: 20, tokens_per_second: 500}\n"
-                      "  grad_norm: {threshold: 4}\n  layernorm: {drift_threshold: 0.1}\n"
-                      "  goodput: {alert_below: 0.3}\n")
+    config.write_text(
+        "monitor_config:\n  warn_on_value: {loss: 20, tokens_per_second: 500}\n"
+        "  grad_norm: {threshold: 4}\n  layernorm: {drift_threshold: 0.1}\n"
+        "  goodput: {alert_below: 0.3}\n"
+    )
     out = run(sys.executable, "-m", "ms_exporter", "rules", "--config", str(config))
     assert out.returncode == 0, out.stderr
     alerts = {r["alert"]: r for g in yaml.safe_load(out.stdout)["groups"] for r in g["rules"] if "alert" in r}
@@ -111,17 +128,26 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     assert alerts["MindSporeTrainingGradNormHigh"]["expr"] == 'mindspore_train_grad_norm{instance!=""} > 4'
     assert alerts["MindSporeTrainingGradNormExploding"]["expr"] == 'mindspore_train_grad_norm{instance!=""} > 40'
     assert alerts["MindSporeTrainingLayerNormDrift"]["expr"] == (
-        'abs(mindspore_train_layernorm_scale_drift_ratio{instance!=""}) > 0.1')
+        'abs(mindspore_train_layernorm_scale_drift_ratio{instance!=""}) > 0.1'
+    )
     assert alerts["MindSporeTrainingGoodputLow"]["expr"].startswith("(project:mindspore_train_goodput:ratio1h < 0.3)")
     dashboard = run(sys.executable, "-m", "ms_exporter", "dashboard", "--config", str(config))
     assert dashboard.returncode == 0, dashboard.stderr
-    lines = {panel["title"]: [step["value"] for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
-             for panel in json.loads(dashboard.stdout)["panels"]
-             if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})}
-    assert lines == {"Loss per rank": [None, 20], "Smoothed loss": [None, 20], "Tokens per second": [None, 500],
-                     "Global gradient norm": [None, 4], "LayerNorm scale drift": [None, 0.1],
-                     "Growth over baseline": [None, DEFAULTS.memory_growth_ratio], "Goodput": [None, 0.3],
-                     "Replicas holding the same weights": [None, 1.0]}
+    lines = {
+        panel["title"]: [step["value"] for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+        for panel in json.loads(dashboard.stdout)["panels"]
+        if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})
+    }
+    assert lines == {
+        "Loss per rank": [None, 20],
+        "Smoothed loss": [None, 20],
+        "Tokens per second": [None, 500],
+        "Global gradient norm": [None, 4],
+        "LayerNorm scale drift": [None, 0.1],
+        "Growth over baseline": [None, DEFAULTS.memory_growth_ratio],
+        "Goodput": [None, 0.3],
+        "Replicas holding the same weights": [None, 1.0],
+    }
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
     fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
     assert fast["MindSporeTrainingLossHigh"]["for"] == "2s"
@@ -134,8 +160,18 @@ def test_dashboard_has_variables_units_and_rate_intervals() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["rank"]["multi"] is True and "project" in variables
     titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
-    assert titles == {"Overview", "Loss", "Learning rate", "Actions", "Throughput", "Gradients", "Hangs", "Goodput",
-                      "Memory", "Ranks"}
+    assert titles == {
+        "Overview",
+        "Loss",
+        "Learning rate",
+        "Actions",
+        "Throughput",
+        "Gradients",
+        "Hangs",
+        "Goodput",
+        "Memory",
+        "Ranks",
+    }
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["fieldConfig"]["defaults"]["unit"], f"{panel['title']} has no unit"
@@ -150,22 +186,38 @@ def test_every_deploy_yaml_parses(path: str) -> None:
     assert yaml.safe_load((ROOT / path).read_text()) is not None
 
 
-@pytest.mark.parametrize(("severity", "receiver"), [("critical", "pager"), ("warning", "ticket-queue"),
-                                                    ("info", "silent")])
+@pytest.mark.parametrize(
+    ("severity", "receiver"), [("critical", "pager"), ("warning", "ticket-queue"), ("info", "silent")]
+)
 def test_alertmanager_routes_by_severity(severity: str, receiver: str) -> None:
-    routed = run("amtool", "config", "routes", "test", "--config.file=deploy/alertmanager/alertmanager.yml",
-                 f"severity={severity}", "project=demo", "alertname=MindSporeTrainingLossHigh")
+    routed = run(
+        "amtool",
+        "config",
+        "routes",
+        "test",
+        "--config.file=deploy/alertmanager/alertmanager.yml",
+        f"severity={severity}",
+        "project=demo",
+        "alertname=MindSporeTrainingLossHigh",
+    )
     assert routed.returncode == 0, routed.stderr
     assert routed.stdout.strip() == receiver
 
 
 def test_alertmanager_mutes_warnings_of_a_rank_with_a_critical_alert() -> None:
     routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
-    assert routing["inhibit_rules"] == [{"source_matchers": ['severity="critical"'],
-                                         "target_matchers": ['severity="warning"'], "equal": ["project", "rank"]},
-                                        {"source_matchers": ['alertname="MindSporeTrainingHang"'],
-                                         "target_matchers": ['alertname="MindSporeTrainingStalled"'],
-                                         "equal": ["project"]}]
+    assert routing["inhibit_rules"] == [
+        {
+            "source_matchers": ['severity="critical"'],
+            "target_matchers": ['severity="warning"'],
+            "equal": ["project", "rank"],
+        },
+        {
+            "source_matchers": ['alertname="MindSporeTrainingHang"'],
+            "target_matchers": ['alertname="MindSporeTrainingStalled"'],
+            "equal": ["project"],
+        },
+    ]
     assert routing["route"]["group_by"] == ["project", "alertname"]
 
 

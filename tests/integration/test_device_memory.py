@@ -43,14 +43,16 @@ def device_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     for name, value in DEVICE.items():
         patch.setattr(runtime, name, lambda value=value: value)
     try:
-        monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(save_dir), interval=1,
-                                  web={"cache_seconds": 0})
+        monitor = TrainingMonitor(
+            port=0, backend=["prometheus", "local"], save_dir=str(save_dir), interval=1, web={"cache_seconds": 0}
+        )
     finally:
         patch.undo()  # training itself runs on the real CPU context; the readers were taken at construction
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
-        build_model().train(1, synthetic_dataset(size=STEPS * 16), callbacks=[monitor, _StopAt()],
-                            dataset_sink_mode=False)
+        build_model().train(
+            1, synthetic_dataset(size=STEPS * 16), callbacks=[monitor, _StopAt()], dataset_sink_mode=False
+        )
         monitor.publish()
         metrics = scrape(monitor.url).text
         with urllib.request.urlopen(monitor.url.removesuffix("metrics") + "api/series?since=-1", timeout=5) as page:
@@ -62,8 +64,11 @@ def device_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_metrics_has_every_device_kind_with_its_reader_s_number(device_run: Any) -> None:
     metrics = Scrape(device_run[0])
-    readers = {catalogue.DEVICE_ALLOCATED: "memory_allocated", catalogue.DEVICE_RESERVED: "memory_reserved",
-               catalogue.DEVICE_PEAK: "max_memory_allocated"}
+    readers = {
+        catalogue.DEVICE_ALLOCATED: "memory_allocated",
+        catalogue.DEVICE_RESERVED: "memory_reserved",
+        catalogue.DEVICE_PEAK: "max_memory_allocated",
+    }
     for kind, reader in readers.items():
         assert metrics.value(catalogue.MEMORY_BYTES.name, kind=kind) == DEVICE[reader]
     assert metrics.value(catalogue.MEMORY_BYTES.name, kind=catalogue.HOST_RSS) > 0
@@ -84,7 +89,6 @@ def test_live_page_series_report_and_top_show_the_memory_in_use(device_run: Any,
     report.write_report([jsonl_path], str(page))
     assert f'"memory_kind":"{catalogue.DEVICE_ALLOCATED}"' in page.read_text(encoding="utf-8")
     # top: the same number, marked as the device's.
-    ((project, rank), samples), = top.parse_ranks(metrics_text).items()
+    (((project, rank), samples),) = top.parse_ranks(metrics_text).items()
     row, _ = top.build_row("target", project, rank, samples, None, now=time.time())
     assert (row.memory_bytes, row.memory_kind) == (in_use, "dev")
-

@@ -21,8 +21,15 @@ STEPS = 64  # 1024 samples / batch 16 / 2 shards = 32 steps per epoch, 2 epochs
 def test_two_ranks_discovered_aggregated_and_a_finished_rank_that_goes_pages_nothing(tmp_path: Path) -> None:
     with distributed_job(tmp_path) as job:
         targets, base_port, query = job.targets, job.base_port, job.query
-        files = wait_until(lambda: sorted(targets.glob("ms-exporter-dist-rank*.json")) if len(
-            list(targets.glob("ms-exporter-dist-rank*.json"))) == 2 else None, 180, "both ranks' target files")
+        files = wait_until(
+            lambda: (
+                sorted(targets.glob("ms-exporter-dist-rank*.json"))
+                if len(list(targets.glob("ms-exporter-dist-rank*.json"))) == 2
+                else None
+            ),
+            180,
+            "both ranks' target files",
+        )
         ports = [json.loads(f.read_text())[0]["targets"][0].rsplit(":", 1)[1] for f in files]
         assert ports == [str(base_port), str(base_port + 1)]  # port = base + local rank
         for rank, port in enumerate(ports):
@@ -32,8 +39,11 @@ def test_two_ranks_discovered_aggregated_and_a_finished_rank_that_goes_pages_not
 
         wait_until(lambda: len(query('up{job="mindspore"} == 1')) == 2, 60, "Prometheus discovering both ranks")
         # Training ends; the endpoints linger with their final values, so the rule's mean can be checked exactly.
-        wait_until(lambda: len(query(f'mindspore_train_global_step{{project="dist"}} == {STEPS}')) == 2, 240,
-                   f"both ranks at step {STEPS}")
+        wait_until(
+            lambda: len(query(f'mindspore_train_global_step{{project="dist"}} == {STEPS}')) == 2,
+            240,
+            f"both ranks at step {STEPS}",
+        )
         time.sleep(3)
         losses = {r["metric"]["rank"]: float(r["value"][1]) for r in query('mindspore_train_loss{project="dist"}')}
         assert set(losses) == {"0", "1"} and losses["0"] != losses["1"]  # each rank reports its own shard's loss
@@ -58,17 +68,26 @@ def test_a_rank_with_a_slow_data_loader_is_the_straggler(tmp_path: Path) -> None
     # waits for rank 1 in every all-reduce: rank 0 has the long steps, rank 1 the long data wait. The job is
     # stopped once the alert has fired; 6 epochs (about 50 s of slowed training) leave room for a slow machine.
     with distributed_job(tmp_path, "--slow-rank", "1", "--slow-seconds", "0.25", "--epochs", "6") as job:
-        firing = wait_until(lambda: job.query(
-            'ALERTS{alertname="MindSporeTrainingStraggler", project="dist", alertstate="firing"}'), 180,
-            "MindSporeTrainingStraggler firing")
+        firing = wait_until(
+            lambda: job.query('ALERTS{alertname="MindSporeTrainingStraggler", project="dist", alertstate="firing"}'),
+            180,
+            "MindSporeTrainingStraggler firing",
+        )
         assert [a["metric"]["rank"] for a in firing] == ["1"]
         # Never, at any time of the run, for the rank that waits.
-        assert job.query('max_over_time(ALERTS{alertname="MindSporeTrainingStraggler", alertstate="firing", '
-                         'rank="0"}[1h])') == []
+        assert (
+            job.query(
+                'max_over_time(ALERTS{alertname="MindSporeTrainingStraggler", alertstate="firing", rank="0"}[1h])'
+            )
+            == []
+        )
         step = job.by_rank('rank:mindspore_train_step_duration_seconds:mean{project="dist"}')
         wait = job.by_rank('rank:mindspore_train_data_wait_seconds:mean{project="dist"}')
         assert step["0"] > step["1"], (step, wait)  # what made a step-time rule name rank 0
         assert wait["1"] > 5 * wait["0"], (step, wait)
-        (alert,) = [a for a in job.alerts()
-                    if a["labels"]["alertname"] == "MindSporeTrainingStraggler" and a["state"] == "firing"]
+        (alert,) = [
+            a
+            for a in job.alerts()
+            if a["labels"]["alertname"] == "MindSporeTrainingStraggler" and a["state"] == "firing"
+        ]
         assert alert["annotations"]["description"].startswith("The job waits for rank 1 of project dist: ")

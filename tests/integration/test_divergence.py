@@ -29,14 +29,16 @@ STEPS_PER_EPOCH = 21
 CLEAN_EPOCHS = int(os.environ.get("DIVERGENCE_CLEAN_EPOCHS", "10"))
 
 
-def fingerprints_by_step(job: DistributedJob, project: str, window: str,
-                         family: str = c.PARAM_FINGERPRINT.name) -> dict[float, dict[str, float]]:
+def fingerprints_by_step(
+    job: DistributedJob, project: str, window: str, family: str = c.PARAM_FINGERPRINT.name
+) -> dict[float, dict[str, float]]:
     """step -> {rank: fingerprint} (or another family of the fingerprint step), from every scrape Prometheus took
     (a rank's fingerprint and its step come from one scrape: the same timestamps)."""
-    values = {r["metric"]["rank"]: dict(r["values"]) for r in
-              job.query(f'{family}{{project="{project}"}}[{window}]')}
-    steps = {r["metric"]["rank"]: dict(r["values"]) for r in
-             job.query(f'{c.PARAM_FINGERPRINT_STEP.name}{{project="{project}"}}[{window}]')}
+    values = {r["metric"]["rank"]: dict(r["values"]) for r in job.query(f'{family}{{project="{project}"}}[{window}]')}
+    steps = {
+        r["metric"]["rank"]: dict(r["values"])
+        for r in job.query(f'{c.PARAM_FINGERPRINT_STEP.name}{{project="{project}"}}[{window}]')
+    }
     found: dict[float, dict[str, float]] = defaultdict(dict)
     for rank, by_time in steps.items():
         for stamp, step in by_time.items():
@@ -44,19 +46,25 @@ def fingerprints_by_step(job: DistributedJob, project: str, window: str,
     return dict(found)
 
 
-def test_the_rank_whose_weights_moved_is_named_within_one_interval(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rank_whose_weights_moved_is_named_within_one_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Fingerprints every 20 steps (the default is 100): the same comparison, a fifth of the training.
     monkeypatch.setenv("MS_EXPORTER_DIVERGENCE", "{every_n_steps: 20}")
-    with distributed_job(tmp_path, "--epochs", "20", "--diverge-rank", "2", "--diverge-at", "60",
-                         workers=WORKERS, project="diverge") as job:
+    with distributed_job(
+        tmp_path, "--epochs", "20", "--diverge-rank", "2", "--diverge-at", "60", workers=WORKERS, project="diverge"
+    ) as job:
         began = time.time()
         at_80 = f'{c.PARAM_FINGERPRINT_STEP.name}{{project="diverge"}} >= 80'
         wait_until(lambda: len(job.query(at_80)) == WORKERS, 900, "every rank's fingerprint of step 80")
-        firing = wait_until(lambda: job.query('ALERTS{alertname="MindSporeTrainingReplicaDivergence", '
-                                              'alertstate="firing"}'), 30, "MindSporeTrainingReplicaDivergence")
+        firing = wait_until(
+            lambda: job.query('ALERTS{alertname="MindSporeTrainingReplicaDivergence", alertstate="firing"}'),
+            30,
+            "MindSporeTrainingReplicaDivergence",
+        )
         assert [(a["metric"]["rank"], a["metric"]["verdict"]) for a in firing] == [
-            ("2", "differs from the majority of its group")]
+            ("2", "differs from the majority of its group")
+        ]
         agreeing = job.by_rank(c.RANK_REPLICAS_AGREEING)
         assert agreeing == {"0": pytest.approx(2 / 3), "1": pytest.approx(2 / 3), "2": pytest.approx(1 / 3)}
         window = f"{int(time.time() - began) + 60}s"
@@ -72,16 +80,24 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(tmp_path: Pat
         assert job.query(f'{c.PARAM_FINGERPRINT_OVERFLOW.name}{{project="diverge"}}') == []  # not reported by the cell
         # `ms-exporter top` marks the same rank, by the same rule.
         endpoints = [f"127.0.0.1:{job.base_port + rank}" for rank in range(WORKERS)]
-        table = subprocess.run([sys.executable, "-m", "ms_exporter", "top", "--once", *endpoints],
-                               capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+        table = subprocess.run(
+            [sys.executable, "-m", "ms_exporter", "top", "--once", *endpoints],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
         rows = table_rows(table.stdout)
         assert sorted(rows) == ["0", "1", "2"], table.stdout + table.stderr
-        assert [rank for rank, words in sorted(rows.items())
-                if any(word.strip(",") == "diverged" for word in words)] == ["2"], table.stdout
+        assert [
+            rank for rank, words in sorted(rows.items()) if any(word.strip(",") == "diverged" for word in words)
+        ] == ["2"], table.stdout
 
 
-def test_a_clean_run_has_equal_fingerprints_at_every_comparison(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_clean_run_has_equal_fingerprints_at_every_comparison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MS_EXPORTER_DIVERGENCE", "{every_n_steps: 20}")
     steps = CLEAN_EPOCHS * STEPS_PER_EPOCH
     with distributed_job(tmp_path, "--epochs", str(CLEAN_EPOCHS), workers=WORKERS, project="clean") as job:

@@ -18,10 +18,27 @@ from tests.support.scrape import scrape
 pytestmark = pytest.mark.integration
 
 STEPS = 12
-EVERYTHING = {"grad_norm": {"every_n_steps": 1}, "layernorm": {"every_n_steps": 1}, "weight_norm": True,
-              "web": {"cache_seconds": 0}, "warmup_steps": 2}
-PROBES = ["progress", "hang_deadline", "loss", "learning_rate", "step_time", "throughput", "mfu", "loss_scale",
-          "grad_norm", "weight_norm", "layernorm", "memory"]
+EVERYTHING = {
+    "grad_norm": {"every_n_steps": 1},
+    "layernorm": {"every_n_steps": 1},
+    "weight_norm": True,
+    "web": {"cache_seconds": 0},
+    "warmup_steps": 2,
+}
+PROBES = [
+    "progress",
+    "hang_deadline",
+    "loss",
+    "learning_rate",
+    "step_time",
+    "throughput",
+    "mfu",
+    "loss_scale",
+    "grad_norm",
+    "weight_norm",
+    "layernorm",
+    "memory",
+]
 
 
 def injected(*args: Any, **kwargs: Any) -> None:
@@ -36,8 +53,11 @@ def train(monitor: TrainingMonitor, steps: int = STEPS) -> None:
 
 
 def switched_off_logs(caplog: pytest.LogCaptureFixture, component: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.getMessage().startswith(f"ms_exporter: {component} failed 3 times in a row")]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith(f"ms_exporter: {component} failed 3 times in a row")
+    ]
 
 
 def test_every_probe_is_listed() -> None:
@@ -49,8 +69,9 @@ def test_every_probe_is_listed() -> None:
 
 
 @pytest.mark.parametrize("probe_name", PROBES)
-def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(probe_name: str,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(
+    probe_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="ms_exporter")
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
@@ -109,8 +130,9 @@ def test_the_memory_sampler_is_switched_off_alone(caplog: pytest.LogCaptureFixtu
 
 
 def test_a_jsonl_file_that_cannot_be_written_is_switched_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=0.05,
-                              **EVERYTHING)
+    monitor = TrainingMonitor(
+        port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=0.05, **EVERYTHING
+    )
     try:
         writer = monitor._sink_of(JsonlWriter)
         assert writer is not None

@@ -78,8 +78,12 @@ def test_finding_5_a_transient_full_disk_loses_whole_records_and_counts_them(tmp
         assert snapshot[DROPPED] == 50  # the 50 lost step records, counted
         facts = summary(load_run([path]))
         assert facts["records"] == 20 and facts["dropped_records"] == 50
-        report = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(path), "-o",
-                                 str(tmp_path / "report.html")], capture_output=True, text=True, check=False)
+        report = subprocess.run(
+            [sys.executable, "-m", "ms_exporter", "report", str(path), "-o", str(tmp_path / "report.html")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert report.returncode == 0, report.stderr
         assert "50 records lost (not written" in report.stdout
 
@@ -126,8 +130,14 @@ def test_round2_finding_4_tensorboard_on_a_disk_that_fills_returns_at_train_end_
 
     with small_disk(tmp_path / "disk") as disk:
         try:
-            done = subprocess.run([sys.executable, "-c", _TENSORBOARD_CHILD, str(disk)], capture_output=True,
-                                  text=True, timeout=120, cwd=Path(__file__).parents[2], check=False)
+            done = subprocess.run(
+                [sys.executable, "-c", _TENSORBOARD_CHILD, str(disk)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=Path(__file__).parents[2],
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"train end, SIGTERM or close waited on the TensorBoard writer for good: {exc.stderr!r}")
         assert done.returncode == 0, done.stderr[-3000:]

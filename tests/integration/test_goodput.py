@@ -36,10 +36,32 @@ KILL_AFTER = 250  # steps
 
 def start(save_dir: Path, port: int, record: Path, *more: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
-    return subprocess.Popen([sys.executable, str(ROOT / "examples" / "resumable_train.py"), "--save-dir",
-                             str(save_dir), "--run-id", RUN_ID, "--port", str(port), "--record", str(record),
-                             "--save-seconds", "1", "--epochs", "7", "--d-model", "192", *more],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "resumable_train.py"),
+            "--save-dir",
+            str(save_dir),
+            "--run-id",
+            RUN_ID,
+            "--port",
+            str(port),
+            "--record",
+            str(record),
+            "--save-seconds",
+            "1",
+            "--epochs",
+            "7",
+            "--d-model",
+            "192",
+            *more,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def steps_recorded(record: Path) -> dict[int, float]:
@@ -66,10 +88,15 @@ def check_sums_to_wall_time(page: Scrape, read_at: float, started_at: float) -> 
 def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_path: Path) -> None:
     save_dir, port, prometheus_port = tmp_path / "save", free_port(), free_port()
     (tmp_path / "rules.yml").write_text(render_yaml(render_rules(timing=TEST_TIMING, job_regex="mindspore")))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp_path / "rules.yml")],
-        "scrape_configs": [{"job_name": "mindspore", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]}))
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(tmp_path / "rules.yml")],
+                "scrape_configs": [{"job_name": "mindspore", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+            }
+        )
+    )
     servers = Servers(tmp_path)
     servers.prometheus(prometheus_port, tmp_path / "prometheus.yml")
     processes: list[subprocess.Popen[str]] = []
@@ -88,8 +115,11 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         mark = struct.unpack("<q", (save_dir / f"ms_exporter-run-{RUN_ID}-rank0.step").read_bytes())[0]
         # The monitor's step end comes before the recording callback's: a kill between them is one step apart.
         assert reached <= mark <= reached + 1
-        wait_until(lambda: query(prometheus_port, f'up{{instance="127.0.0.1:{port}"}} == 0'), 30,
-                   "Prometheus to see the first process gone")
+        wait_until(
+            lambda: query(prometheus_port, f'up{{instance="127.0.0.1:{port}"}} == 0'),
+            30,
+            "Prometheus to see the first process gone",
+        )
 
         # The second process resumes from the step-200 checkpoint with the same run_id.
         second_record = tmp_path / "second.jsonl"
@@ -119,10 +149,13 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         # Prometheus: what it read of the run's totals, across the kill, and the recording rule over them.
         state = json.loads((save_dir / f"ms_exporter-run-{RUN_ID}-rank0.json").read_text())
         assert state["restarts"] == 1 and state["finished"] is True
-        final = {bucket: state["earlier_seconds"][bucket] + state["process"]["seconds"][bucket]
-                 for bucket in c.TIME_BUCKETS}
-        read = {r["metric"]["bucket"]: [float(value) for _, value in r["values"]]
-                for r in query(prometheus_port, f"{c.RUN_TIME_SECONDS.name}[1h]")}
+        final = {
+            bucket: state["earlier_seconds"][bucket] + state["process"]["seconds"][bucket] for bucket in c.TIME_BUCKETS
+        }
+        read = {
+            r["metric"]["bucket"]: [float(value) for _, value in r["values"]]
+            for r in query(prometheus_port, f"{c.RUN_TIME_SECONDS.name}[1h]")
+        }
         assert set(read) == set(c.TIME_BUCKETS)
         for bucket, values in read.items():
             assert values == sorted(values), f"{bucket} went back: {values}"  # across the kill too: no reset

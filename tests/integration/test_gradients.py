@@ -72,8 +72,9 @@ def test_global_and_layer_norms_match_an_independent_reference(mode: int) -> Non
     optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
     # A clip far below the real norm: clipping changes what is applied, not the norm reported (pre-clip).
     model = Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=0.01))
-    monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2,
-                                                 "threshold": 1e-3})
+    monitor = TrainingMonitor(
+        port=0, web=FRESH, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2, "threshold": 1e-3}
+    )
     recorder = RecordSteps(monitor, network)
     try:
         model.train(1, dataset(4), callbacks=[monitor, recorder], dataset_sink_mode=False)
@@ -141,8 +142,9 @@ def test_a_masked_layer_counts_zero_gradient_steps() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     network = MaskedHead()
     model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9)))
-    monitor = TrainingMonitor(port=0, web=FRESH,
-                              grad_norm={"every_n_steps": 2, "layers": ["dead", "body.head"], "top_k": 1})
+    monitor = TrainingMonitor(
+        port=0, web=FRESH, grad_norm={"every_n_steps": 2, "layers": ["dead", "body.head"], "top_k": 1}
+    )
     try:
         model.train(1, dataset(6), callbacks=[monitor], dataset_sink_mode=False)
         final = scrape(monitor.url)
@@ -178,8 +180,9 @@ class InjectAndRecord(Callback):
 def test_overflow_and_loss_scale_follow_the_cell(mode: int) -> None:
     ms.set_context(mode=mode)
     network = Boosted(small_network())  # the boost is set huge for chosen steps: the scaled gradients overflow
-    cell = LossScaleTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9),
-                                     init_scale=2.0**16, scale_window=3)
+    cell = LossScaleTrainOneStepCell(
+        network, nn.Momentum(network.trainable_params(), 0.01, 0.9), init_scale=2.0**16, scale_window=3
+    )
     recorder = InjectAndRecord(network, overflow_steps={2, 3})
     monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 1})
     try:
@@ -205,9 +208,12 @@ def test_fixed_loss_scale_manager_scale_is_exported() -> None:
 
     data = ds.NumpySlicesDataset({"x": features, "y": labels}, shuffle=False).batch(8)
     network = nn.Dense(4, 2)
-    model = Model(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                  nn.Momentum(network.trainable_params(), 0.01, 0.9, loss_scale=128.0),
-                  loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False))
+    model = Model(
+        network,
+        nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+        nn.Momentum(network.trainable_params(), 0.01, 0.9, loss_scale=128.0),
+        loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False),
+    )
     monitor = TrainingMonitor(port=0, web=FRESH)
     try:
         model.train(1, data, callbacks=[monitor], dataset_sink_mode=False)
@@ -254,8 +260,9 @@ def test_mindspore_transformers_output_shapes(seven: bool) -> None:
     recorder = RecordNorm()
     monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 1, "layers": ["head"]})
     try:
-        Model(MindFormersLike(inner, seven)).train(1, dataset(3), callbacks=[monitor, recorder],
-                                                   dataset_sink_mode=False)
+        Model(MindFormersLike(inner, seven)).train(
+            1, dataset(3), callbacks=[monitor, recorder], dataset_sink_mode=False
+        )
         final = scrape(monitor.url)
         assert final.value("mindspore_train_grad_norm") == pytest.approx(recorder.norms[-1], rel=1e-6)
         assert final.value("mindspore_train_loss_scale") == 1024.0
@@ -274,8 +281,9 @@ def test_return_grad_outputs_give_the_norm_on_the_host() -> None:
     class FromDict(Callback):
         def on_train_step_end(self, run_context: Any) -> None:
             _, grads = run_context.original_args().net_outputs
-            expected.append(math.sqrt(sum(float(np.square(g.asnumpy().astype(np.float64)).sum())
-                                          for g in grads.values())))
+            expected.append(
+                math.sqrt(sum(float(np.square(g.asnumpy().astype(np.float64)).sum()) for g in grads.values()))
+            )
 
     monitor = TrainingMonitor(port=0, web=FRESH, grad_norm={"every_n_steps": 2})
     try:
@@ -304,9 +312,11 @@ class Perturb(Callback):
                 layer = parameter.name.rsplit(".", 1)[0]
                 values = parameter.asnumpy().astype(np.float64)
                 assert metrics.value("mindspore_train_layernorm_scale_mean", layer=layer) == pytest.approx(
-                    values.mean(), rel=1e-9)
+                    values.mean(), rel=1e-9
+                )
                 assert metrics.value("mindspore_train_layernorm_scale_std", layer=layer) == pytest.approx(
-                    values.std(), rel=1e-9)
+                    values.std(), rel=1e-9
+                )
                 self.checked = True
         gamma = self.network.encoder.layers[0].norm1.gamma
         gamma.set_data(Tensor(gamma.asnumpy() * 2.0))
@@ -323,9 +333,14 @@ def test_layernorm_statistics_and_drift() -> None:
         model.train(1, dataset(6), callbacks=[monitor, perturb], dataset_sink_mode=False)
         assert perturb.checked
         final = scrape(monitor.url)
-        drift = {labels["layer"]: value for labels, value in
-                 zip(final.labels_of("mindspore_train_layernorm_scale_drift_ratio"),
-                     final.find("mindspore_train_layernorm_scale_drift_ratio"), strict=True)}
+        drift = {
+            labels["layer"]: value
+            for labels, value in zip(
+                final.labels_of("mindspore_train_layernorm_scale_drift_ratio"),
+                final.find("mindspore_train_layernorm_scale_drift_ratio"),
+                strict=True,
+            )
+        }
         assert set(drift) == {"encoder.layers.0.norm1", "encoder.layers.0.norm2"}
         assert drift["encoder.layers.0.norm1"] == pytest.approx(1.0, abs=0.05)  # doubled within the window
         assert abs(drift["encoder.layers.0.norm2"]) < 0.05
@@ -347,8 +362,12 @@ def test_weight_norm_of_watched_layers(wrapped: bool, caplog: pytest.LogCaptureF
         model.train(1, dataset(6), callbacks=[monitor], dataset_sink_mode=False)
         # With the cell, the steps between measured ones must not be mistaken for "no gradient norm".
         assert ("reports no gradient norm" in caplog.text) == (not wrapped)
-        expected = math.sqrt(float(np.square(network.head.weight.asnumpy().astype(np.float64)).sum()
-                                   + np.square(network.head.bias.asnumpy().astype(np.float64)).sum()))
+        expected = math.sqrt(
+            float(
+                np.square(network.head.weight.asnumpy().astype(np.float64)).sum()
+                + np.square(network.head.bias.asnumpy().astype(np.float64)).sum()
+            )
+        )
         assert scrape(monitor.url).value("mindspore_train_weight_norm", layer="head") == pytest.approx(expected)
     finally:
         monitor.close()

@@ -33,26 +33,42 @@ def phases(port: int) -> dict[str, tuple[str, float]]:
     found = {}
     for rank in range(WORKERS):
         page = scrape(f"http://127.0.0.1:{port + rank}/metrics")
-        (phase,) = [labels["phase"] for labels in page.labels_of("mindspore_train_phase")
-                    if page.value("mindspore_train_phase", phase=labels["phase"]) == 1]
+        (phase,) = [
+            labels["phase"]
+            for labels in page.labels_of("mindspore_train_phase")
+            if page.value("mindspore_train_phase", phase=labels["phase"]) == 1
+        ]
         found[str(rank)] = (phase, page.value("mindspore_train_phase_seconds"))
     return found
 
 
 def hangs(*targets: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ms_exporter", "hangs", *targets], capture_output=True, text=True,
-                          check=False, cwd=ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "hangs", *targets],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def py_spy_may_read_processes() -> bool:
     """Whether py-spy may attach to another process of this user here (ptrace permitted)."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-                               stdout=subprocess.PIPE, text=True)
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert sleeper.stdout is not None and sleeper.stdout.readline() == "ready\n"  # its interpreter is up
         spy = Path(sys.executable).parent / "py-spy"
-        return subprocess.run([str(spy), "dump", "--pid", str(sleeper.pid)], capture_output=True,
-                              timeout=60, check=False).returncode == 0
+        return (
+            subprocess.run(
+                [str(spy), "dump", "--pid", str(sleeper.pid)], capture_output=True, timeout=60, check=False
+            ).returncode
+            == 0
+        )
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -60,18 +76,38 @@ def py_spy_may_read_processes() -> bool:
 
 def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_path: Path) -> None:
     saves = tmp_path / "save"
-    with distributed_job(tmp_path, "--epochs", "50", "--block-rank", "1", "--block-after", "2400",
-                         "--hang-min-seconds", "3", "--save-dir", str(saves), workers=WORKERS, project="hang",
-                         scrape_interval="5s") as job:
+    with distributed_job(
+        tmp_path,
+        "--epochs",
+        "50",
+        "--block-rank",
+        "1",
+        "--block-after",
+        "2400",
+        "--hang-min-seconds",
+        "3",
+        "--save-dir",
+        str(saves),
+        workers=WORKERS,
+        project="hang",
+        scrape_interval="5s",
+    ) as job:
         base_port = job.base_port
         endpoints = [f"127.0.0.1:{base_port + rank}" for rank in range(WORKERS)]
-        blocked_at = float(wait_until(lambda: (saves / "blocked-at").exists() and (saves / "blocked-at").read_text(),
-                                      300, "rank 1's data loader to block"))
+        blocked_at = float(
+            wait_until(
+                lambda: (saves / "blocked-at").exists() and (saves / "blocked-at").read_text(),
+                300,
+                "rank 1's data loader to block",
+            )
+        )
+
         # Live: rank 1 waits in its data iterator, ranks 0 and 2 inside their step, in the all-reduce.
         def hung() -> dict[str, tuple[str, float]] | None:
             now = phases(base_port)
-            return now if now["1"][0] == "data_wait" and now["1"][1] > 3 and now["0"][0] == now["2"][0] == "step" \
-                else None
+            return (
+                now if now["1"][0] == "data_wait" and now["1"][1] > 3 and now["0"][0] == now["2"][0] == "step" else None
+            )
 
         wait_until(hung, 20, "rank 1 in data_wait past its deadline, ranks 0 and 2 in step")
         # The goodput ledger books the wait past the deadline as stalled (docs/goodput.md).
@@ -80,16 +116,21 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
         live = hangs(*endpoints)
         assert live.returncode == 1, live.stdout + live.stderr
         assert "project hang: rank 1 never arrived: in data_wait while 2 rank(s) are in step" in live.stdout
-        firing = wait_until(lambda: job.query('ALERTS{alertname="MindSporeTrainingHang", '
-                                                           'alertstate="firing"}'), 25, "MindSporeTrainingHang")
+        firing = wait_until(
+            lambda: job.query('ALERTS{alertname="MindSporeTrainingHang", alertstate="firing"}'),
+            25,
+            "MindSporeTrainingHang",
+        )
         assert [(a["metric"]["rank"], a["metric"]["phase"], a["metric"]["verdict"]) for a in firing] == [
-            ("1", "data_wait", "never arrived")]
+            ("1", "data_wait", "never arrived")
+        ]
         seconds = time.time() - blocked_at
         print(f"\nMindSporeTrainingHang firing {seconds:.1f} s after rank 1's data loader blocked")
         # The suspicion is published before the dump is written: py-spy may take seconds to read native stacks on
         # a loaded machine, so the page can come first.
-        (dump,) = wait_until(lambda: list((saves / "rank1").glob("hang-rank1-*.txt")), NATIVE_TIMEOUT + 10,
-                             "rank 1's stack dump")
+        (dump,) = wait_until(
+            lambda: list((saves / "rank1").glob("hang-rank1-*.txt")), NATIVE_TIMEOUT + 10, "rank 1's stack dump"
+        )
         text = dump.read_text()
         assert text.splitlines()[1].startswith("phase: data_wait for ")
         assert "in __getitem__" in text and "self._never.wait()" in text  # the blocked loader's frame
@@ -118,14 +159,33 @@ PAUSE_EVERY, PAUSE_SECONDS, MIN_SECONDS = 150, 40, 20
 def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp_path: Path) -> None:
     saves = tmp_path / "save"
     steps = HEALTHY_EPOCHS * 21
-    with distributed_job(tmp_path, "--epochs", str(HEALTHY_EPOCHS), "--checkpoint-every", "50", "--pause-every",
-                         str(PAUSE_EVERY), "--pause-seconds", str(PAUSE_SECONDS), "--eval-every", "5",
-                         "--hang-min-seconds", str(MIN_SECONDS), "--save-dir", str(saves), workers=WORKERS,
-                         project="healthy", scrape_interval="5s") as job:
+    with distributed_job(
+        tmp_path,
+        "--epochs",
+        str(HEALTHY_EPOCHS),
+        "--checkpoint-every",
+        "50",
+        "--pause-every",
+        str(PAUSE_EVERY),
+        "--pause-seconds",
+        str(PAUSE_SECONDS),
+        "--eval-every",
+        "5",
+        "--hang-min-seconds",
+        str(MIN_SECONDS),
+        "--save-dir",
+        str(saves),
+        workers=WORKERS,
+        project="healthy",
+        scrape_interval="5s",
+    ) as job:
         began = time.time()
         ended = 'mindspore_train_phase{project="healthy", phase="ended"} == 1'
-        wait_until(lambda: len(job.query(ended)) == WORKERS, 60 + steps * 3 + 2 * PAUSE_SECONDS * steps // PAUSE_EVERY,
-                   "every rank to end its training")
+        wait_until(
+            lambda: len(job.query(ended)) == WORKERS,
+            60 + steps * 3 + 2 * PAUSE_SECONDS * steps // PAUSE_EVERY,
+            "every rank to end its training",
+        )
         minutes = (time.time() - began) / 60
         time.sleep(10)  # one more scrape and rule evaluation after the end
         window = f"[{int(time.time() - began) + 60}s]"
@@ -140,14 +200,19 @@ def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp
         assert set(job.by_rank('mindspore_train_time_seconds_total{bucket="stalled"}').values()) == {0.0}
         assert min(job.by_rank('mindspore_train_time_seconds_total{bucket="checkpoint"}').values()) > PAUSE_SECONDS
         # ...though each rank was held longer than its step deadline, in the checkpoint phase.
-        held = job.by_rank(f'max_over_time((mindspore_train_phase_seconds and on (instance) '
-                           f'mindspore_train_phase{{phase="checkpoint"}} == 1){window[:-1]}:5s])')
+        held = job.by_rank(
+            f"max_over_time((mindspore_train_phase_seconds and on (instance) "
+            f'mindspore_train_phase{{phase="checkpoint"}} == 1){window[:-1]}:5s])'
+        )
         assert len(held) == WORKERS and min(held.values()) > MIN_SECONDS, held
         assert set(job.by_rank(f"min_over_time(mindspore_train_hang_deadline_seconds{window})").values()) == {
-            float(MIN_SECONDS)}
+            float(MIN_SECONDS)
+        }
         assert set(job.by_rank('mindspore_train_eval_metric{name="accuracy"}')) == {"0", "1", "2"}
     assert list(saves.rglob("hang-*.txt")) == []
     for rank in range(WORKERS):
         assert list((saves / f"rank{rank}" / "ckpt").glob("demo-*.ckpt")), f"rank {rank} saved no checkpoint"
-    print(f"\nhealthy 3-rank run of {minutes:.1f} minutes, {steps} steps, pauses of {PAUSE_SECONDS} s every "
-          f"{PAUSE_EVERY} steps: no hang alert, no dump")
+    print(
+        f"\nhealthy 3-rank run of {minutes:.1f} minutes, {steps} steps, pauses of {PAUSE_SECONDS} s every "
+        f"{PAUSE_EVERY} steps: no hang alert, no dump"
+    )

@@ -43,18 +43,21 @@ def load_objects(path: Path) -> list[dict[str, Any]]:
 
 
 def kustomize(overlay: str) -> list[dict[str, Any]]:
-    built = subprocess.run(["kubectl", "kustomize", str(KUBERNETES / overlay)], capture_output=True, text=True,
-                           timeout=120, check=False)
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(KUBERNETES / overlay)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert built.returncode == 0, built.stderr
     return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
 
 
 def test_generated_manifests_are_current() -> None:
     generator = "ms-exporter kubernetes"
-    assert (ROOT / PROMETHEUS_RULE_FILE).read_text() == render_manifest(render_prometheus_rule(render_rules()),
-                                                                        generator), "run: ms-exporter kubernetes"
+    assert (ROOT / PROMETHEUS_RULE_FILE).read_text() == render_manifest(
+        render_prometheus_rule(render_rules()), generator
+    ), "run: ms-exporter kubernetes"
     assert (ROOT / DASHBOARD_CONFIGMAP_FILE).read_text() == render_manifest(
-        render_dashboard_configmap(render_json(render_dashboard())), generator), "run: ms-exporter kubernetes"
+        render_dashboard_configmap(render_json(render_dashboard())), generator
+    ), "run: ms-exporter kubernetes"
 
 
 def test_prometheus_rule_and_configmap_carry_the_same_rules_and_dashboard() -> None:
@@ -97,8 +100,10 @@ def test_ports_selectors_and_bind_address_line_up() -> None:
     assert {"name": "MS_EXPORTER_BIND_ADDRESS", "value": "0.0.0.0"} in container["env"]
     assert RANK_PORTS.items() <= {p["name"]: p["containerPort"] for p in container["ports"]}.items()
     assert pod["spec"]["subdomain"] == service["metadata"]["name"]
-    for path, key in (("servicemonitor/servicemonitor.yaml", "endpoints"),
-                      ("podmonitor/podmonitor.yaml", "podMetricsEndpoints")):
+    for path, key in (
+        ("servicemonitor/servicemonitor.yaml", "endpoints"),
+        ("podmonitor/podmonitor.yaml", "podMetricsEndpoints"),
+    ):
         monitor = load_objects(KUBERNETES / path)[0]
         assert monitor["spec"]["selector"]["matchLabels"] == selector
         assert [e["port"] for e in monitor["spec"][key]] == list(RANK_PORTS)
@@ -111,9 +116,11 @@ def test_the_validators_reject_broken_objects() -> None:
     typo["spec"]["ports"][0]["prot"] = 19420
     assert schema_problems(typo)
     monitor = load_objects(KUBERNETES / "servicemonitor/servicemonitor.yaml")[0]
-    for mutate in (lambda m: m["spec"]["endpoints"][0].update(intervall="15s"),
-                   lambda m: m["spec"]["endpoints"][0].update(interval=15),
-                   lambda m: m["spec"]["endpoints"][0].update(interval="15 seconds")):
+    for mutate in (
+        lambda m: m["spec"]["endpoints"][0].update(intervall="15s"),
+        lambda m: m["spec"]["endpoints"][0].update(interval=15),
+        lambda m: m["spec"]["endpoints"][0].update(interval="15 seconds"),
+    ):
         broken = copy.deepcopy(monitor)
         mutate(broken)
         assert schema_problems(broken), broken["spec"]["endpoints"][0]

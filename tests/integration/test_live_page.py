@@ -48,10 +48,12 @@ def trained() -> Iterator[TrainingMonitor]:
     ms.set_seed(0)
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9)))
-    monitor = TrainingMonitor(port=0, project="live-page", warmup_steps=2, grad_norm={"every_n_steps": 1},
-                              warn_on_value={"loss": 0.5})
-    model.train(1, synthetic_dataset(size=STEPS * 8, batch=8), dataset_sink_mode=False,
-                callbacks=[ReportNaN(), monitor])
+    monitor = TrainingMonitor(
+        port=0, project="live-page", warmup_steps=2, grad_norm={"every_n_steps": 1}, warn_on_value={"loss": 0.5}
+    )
+    model.train(
+        1, synthetic_dataset(size=STEPS * 8, batch=8), dataset_sink_mode=False, callbacks=[ReportNaN(), monitor]
+    )
     yield monitor
     monitor.close()
 
@@ -99,8 +101,9 @@ def test_the_page_draws_every_chart_with_the_runs_points(trained: TrainingMonito
     assert "<script src=" not in page and "https://" not in page  # self-contained: nothing from elsewhere
 
 
-@pytest.mark.parametrize(("name", "width", "height"), [("live-page-phone.png", 390, 1600),
-                                                       ("live-page-desktop.png", 1280, 800)])
+@pytest.mark.parametrize(
+    ("name", "width", "height"), [("live-page-phone.png", 390, 1600), ("live-page-desktop.png", 1280, 800)]
+)
 def test_screenshots(trained: TrainingMonitor, name: str, width: int, height: int) -> None:
     path = screenshot(trained.url.removesuffix("metrics"), name, width, height)
     assert path.stat().st_size > 10_000  # a page with charts, not a blank one

@@ -30,8 +30,12 @@ def train(flops: dict[str, Any]) -> tuple[Scrape, Model]:
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
     monitor = TrainingMonitor(port=0, project="mfu", web={"cache_seconds": 0}, flops=flops)
     try:
-        model.train(EPOCHS, synthetic_dataset(size=BATCH, batch=BATCH, seq_len=SEQ_LEN), callbacks=[monitor],
-                    dataset_sink_mode=False)
+        model.train(
+            EPOCHS,
+            synthetic_dataset(size=BATCH, batch=BATCH, seq_len=SEQ_LEN),
+            callbacks=[monitor],
+            dataset_sink_mode=False,
+        )
         monitor.publish()
         return scrape(monitor.url), model
     finally:
@@ -74,7 +78,8 @@ def test_without_a_description_flops_per_token_are_6n_of_the_trained_parameters_
     # Two nn.MultiheadAttention layers of width 64; causal unless flops.model.causal says otherwise.
     expected = from_parameters(trained, 2 * 64, causal=True)
     assert page.value("mindspore_train_flops_per_token") == pytest.approx(
-        expected.of_batch(int(lengths.sum()), int(np.dot(lengths, lengths))) / lengths.sum(), rel=1e-9)
+        expected.of_batch(int(lengths.sum()), int(np.dot(lengths, lengths))) / lengths.sum(), rel=1e-9
+    )
     (info,) = page.labels_of("mindspore_train_flops_info")
     assert (info["source"], info["attention"], info["peak"]) == ("parameters", "causal", "none")
     assert page.find("mindspore_train_mfu") == []  # no peak: no MFU

@@ -25,9 +25,11 @@ HERE = Path(__file__).resolve().parent
 RUN_YAML = HERE / "data" / "mindformers_llama2_tiny.yaml"
 STEPS = 24  # 48 samples, batch 2
 # MFLossMonitor's line: step, loss (%f, then the epoch's mean), lr, overflow, loss scale and global norm as printed.
-PRINTED = re.compile(r"step:\[\s*(?P<step>\d+)/\s*\d+\], loss:\[(?P<loss>[^/]+)/[^]]*\], per_step_time: \S+, "
-                     r"lr: (?P<lr>\S+), overflow cond: (?P<overflow>\w+), loss_scale: (?P<scale>[^,]+), "
-                     r"global_norm: \[(?P<norm>[^]]+)\]")
+PRINTED = re.compile(
+    r"step:\[\s*(?P<step>\d+)/\s*\d+\], loss:\[(?P<loss>[^/]+)/[^]]*\], per_step_time: \S+, "
+    r"lr: (?P<lr>\S+), overflow cond: (?P<overflow>\w+), loss_scale: (?P<scale>[^,]+), "
+    r"global_norm: \[(?P<norm>[^]]+)\]"
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,12 @@ def unit_suite(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """The whole unit suite under MindSpore 2.7.2, started first: it runs beside the YAML trainer's job."""
     output = tmp_path_factory.mktemp("unit-suite") / "output.txt"
     with output.open("wb") as sink:
-        suite = subprocess.Popen([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"],
-                                 cwd=mindformers_venv.REPO, stdout=sink, stderr=subprocess.STDOUT)
+        suite = subprocess.Popen(
+            [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"],
+            cwd=mindformers_venv.REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     yield Background(suite, output)
     if suite.poll() is None:
         suite.kill()
@@ -60,8 +66,13 @@ def unit_suite(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def run(python: Path, unit_suite: Background, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     work = tmp_path_factory.mktemp("mindformers")
-    done = subprocess.run([str(python), str(HERE / "mindformers_job.py"), str(RUN_YAML), str(work)], cwd=work,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [str(python), str(HERE / "mindformers_job.py"), str(RUN_YAML), str(work)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "MINDFORMERS_TRAIN_DONE 2.7.2" in output, output[-5000:]
     return output, work
@@ -89,9 +100,11 @@ def test_yaml_trainer_serves_metrics_that_agree_with_mflossmonitor(run: tuple[st
     assert last.value("mindspore_train_flops_per_token") > 0
     # The run YAML's own monitor_config was read: its step_interval made the norm a per-step series (above), and
     # the user is told which of its keys were read and which were left to MindSpore Transformers.
-    assert ("MindSpore Transformers keys read as ms_exporter's: step_interval -> grad_norm.every_n_steps, "
-            "global_norm_spike_threshold -> grad_norm.threshold; left to MindSpore Transformers' "
-            "TrainingStateMonitor: monitor_on, check_for_global_norm") in output
+    assert (
+        "MindSpore Transformers keys read as ms_exporter's: step_interval -> grad_norm.every_n_steps, "
+        "global_norm_spike_threshold -> grad_norm.threshold; left to MindSpore Transformers' "
+        "TrainingStateMonitor: monitor_on, check_for_global_norm"
+    ) in output
     rows = [json.loads(line) for line in (work / "monitor" / "metrics-rank0.jsonl").open()]
     losses = {row["step"]: row["loss"] for row in rows if "loss" in row}
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -106,10 +119,17 @@ entry = {"type": "TrainingMonitor", "auto_register": "ms_exporter_callback.Train
 monitor = MindFormerRegister.get_instance_from_cfg(entry, MindFormerModuleType.CALLBACK)
 print("BUILT", type(monitor).__module__, type(monitor).__name__, "ms_exporter" in sys.modules)
 """
-    register_path = subprocess.run([str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True,
-                                   check=True).stdout.strip()
-    done = subprocess.run([str(python), "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**_environment(), "REGISTER_PATH": register_path})
+    register_path = subprocess.run(
+        [str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    done = subprocess.run(
+        [str(python), "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_environment(), "REGISTER_PATH": register_path},
+    )
     assert "BUILT ms_exporter.monitor.callback TrainingMonitor True" in done.stdout, done.stdout + done.stderr
 
 

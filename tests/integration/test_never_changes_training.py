@@ -37,8 +37,9 @@ class CountingSchedule(nn.learning_rate_schedule.LearningRateSchedule):
         return int(self.counter.asnumpy())
 
 
-def train(schedule: nn.learning_rate_schedule.LearningRateSchedule, monitored: bool = True,
-          **options: Any) -> tuple[float | None, np.ndarray]:
+def train(
+    schedule: nn.learning_rate_schedule.LearningRateSchedule, monitored: bool = True, **options: Any
+) -> tuple[float | None, np.ndarray]:
     """Six PYNATIVE steps; the LR /metrics showed at the end (None when not exported) and the trained weights."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
@@ -46,8 +47,12 @@ def train(schedule: nn.learning_rate_schedule.LearningRateSchedule, monitored: b
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), schedule, 0.9))
     monitor = TrainingMonitor(port=0, project="pure", interval=0.2, web={"cache_seconds": 0}, **options)
     try:
-        model.train(1, synthetic_dataset(size=STEPS * BATCH, batch=BATCH), callbacks=[monitor] if monitored else [],
-                    dataset_sink_mode=False)
+        model.train(
+            1,
+            synthetic_dataset(size=STEPS * BATCH, batch=BATCH),
+            callbacks=[monitor] if monitored else [],
+            dataset_sink_mode=False,
+        )
         page = scrape(monitor.url)
         found = page.find("mindspore_train_learning_rate")
         if monitored:
@@ -87,7 +92,7 @@ def test_finding_6_the_lr_a_train_cell_returns_is_exported_without_calling_the_s
 
         def construct(self, *inputs: Any) -> Any:
             loss = self.step_cell(*inputs)
-            applied = 0.01 * 0.5 ** self.schedule.calls  # what this step's optimizer call got
+            applied = 0.01 * 0.5**self.schedule.calls  # what this step's optimizer call got
             return loss, Tensor(False), Tensor(1.0), Tensor(applied, ms.float32), Tensor(1.0)
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -97,9 +102,10 @@ def test_finding_6_the_lr_a_train_cell_returns_is_exported_without_calling_the_s
     cell = ReportsItsLr(nn.TrainOneStepCell(network, nn.Momentum(network.trainable_params(), schedule, 0.9)), schedule)
     monitor = TrainingMonitor(port=0, project="pure", interval=0.2, web={"cache_seconds": 0})
     try:
-        Model(cell).train(1, synthetic_dataset(size=STEPS * BATCH, batch=BATCH), callbacks=[monitor],
-                          dataset_sink_mode=False)
+        Model(cell).train(
+            1, synthetic_dataset(size=STEPS * BATCH, batch=BATCH), callbacks=[monitor], dataset_sink_mode=False
+        )
         assert schedule.calls == STEPS
-        assert scrape(monitor.url).value("mindspore_train_learning_rate") == pytest.approx(0.01 * 0.5 ** STEPS)
+        assert scrape(monitor.url).value("mindspore_train_learning_rate") == pytest.approx(0.01 * 0.5**STEPS)
     finally:
         monitor.close()

@@ -19,13 +19,21 @@ from tests.support.scrape import Scrape, scrape
 pytestmark = pytest.mark.integration
 
 STEPS = 24
-ACTIONS = {"early_stop": {"enable": True, "unit": "step", "patience": 10_000},
-           "lr_backoff": {"enable": True}, "snapshot": {"enable": True}}
+ACTIONS = {
+    "early_stop": {"enable": True, "unit": "step", "patience": 10_000},
+    "lr_backoff": {"enable": True},
+    "snapshot": {"enable": True},
+}
 # Gauges a rank knows before its first step: who it is, and what the actions have done so far (nothing: scale 1).
 # Identity known at construction: the rank's, and the run it belongs to (docs/goodput.md).
 KNOWN_AT_START = {catalogue.INFO, catalogue.WORLD_SIZE, catalogue.LR_BACKOFF_FACTOR, catalogue.RUN_INFO}
-GRAD_NORM_FAMILIES = {catalogue.GRAD_NORM, catalogue.GRAD_NORM_DISTRIBUTION, catalogue.LAYER_GRAD_NORM,
-                      catalogue.LAYER_GRAD_ZERO, catalogue.GRAD_NORM_CLIPPED}
+GRAD_NORM_FAMILIES = {
+    catalogue.GRAD_NORM,
+    catalogue.GRAD_NORM_DISTRIBUTION,
+    catalogue.LAYER_GRAD_NORM,
+    catalogue.LAYER_GRAD_ZERO,
+    catalogue.GRAD_NORM_CLIPPED,
+}
 LOSS_SCALE_FAMILIES = {catalogue.LOSS_SCALE, catalogue.OVERFLOW_STEPS}
 
 
@@ -54,20 +62,29 @@ def _present(page: Scrape) -> set[catalogue.MetricFamily]:
 @pytest.mark.parametrize("cell", ["plain", "grad_norm", "loss_scale"])
 def test_only_measured_quantities_are_exported(cell: str, actions: bool, tmp_path: Any) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
-    monitor = TrainingMonitor(port=0, save_dir=str(tmp_path), web={"cache_seconds": 0},
-                              actions=ACTIONS if actions else {})
+    monitor = TrainingMonitor(
+        port=0, save_dir=str(tmp_path), web={"cache_seconds": 0}, actions=ACTIONS if actions else {}
+    )
     try:
         before = scrape(monitor.url)
         gauges = {family for family in _present(before) if family.type == "gauge"}
         assert gauges <= KNOWN_AT_START, f"gauges before any step: {sorted(f.name for f in gauges - KNOWN_AT_START)}"
-        _model(cell).train(1, synthetic_dataset(size=STEPS * 16), callbacks=[monitor, _StopAt()],
-                           dataset_sink_mode=False)
+        _model(cell).train(
+            1, synthetic_dataset(size=STEPS * 16), callbacks=[monitor, _StopAt()], dataset_sink_mode=False
+        )
         monitor.publish()
         after = _present(scrape(monitor.url))
     finally:
         monitor.close()
-    assert {catalogue.LOSS, catalogue.GLOBAL_STEP, catalogue.LAST_STEP_TIMESTAMP, catalogue.STEP_DURATION,
-            catalogue.SAMPLES_PER_SECOND, catalogue.TOKENS_PER_SECOND, catalogue.LEARNING_RATE} <= after
+    assert {
+        catalogue.LOSS,
+        catalogue.GLOBAL_STEP,
+        catalogue.LAST_STEP_TIMESTAMP,
+        catalogue.STEP_DURATION,
+        catalogue.SAMPLES_PER_SECOND,
+        catalogue.TOKENS_PER_SECOND,
+        catalogue.LEARNING_RATE,
+    } <= after
     measures_norms = cell == "grad_norm"
     assert (catalogue.GRAD_NORM in after) == measures_norms, "a gradient norm nobody measured"
     if not measures_norms:

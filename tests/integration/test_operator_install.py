@@ -50,8 +50,16 @@ class OperatorVenv:
         return self._run([str(self.root / "bin" / "ms-exporter"), *args])
 
     def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, cwd=self.work, env=self.env, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run(
+            argv,
+            cwd=self.work,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +78,25 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> OperatorVenv:
     env.update(PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     # sys.executable is the test venv's interpreter; venv builds on its base Python, without its packages.
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, env=env, timeout=120)
-    install = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
-                              "--disable-pip-version-check", str(source)],
-                             cwd=work, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-                             check=False)
+    install = subprocess.run(
+        [
+            str(root / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-compile",
+            "--disable-pip-version-check",
+            str(source),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert install.returncode == 0, f"pip install of the checkout failed:\n{install.stdout}\n{install.stderr}"
     return OperatorVenv(root, work, env)
 
@@ -92,16 +115,23 @@ def succeeded(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_the_base_install_is_the_built_package_without_the_training_side(venv: OperatorVenv) -> None:
-    probe = succeeded(venv.python(
-        "import importlib.metadata, importlib.util, json, ms_exporter\n"
-        "print(json.dumps({'file': ms_exporter.__file__,\n"
-        "                  'requires': importlib.metadata.requires('ms-exporter'),\n"
-        f"                  'found': [n for n in {TRAINING_SIDE!r} if importlib.util.find_spec(n)]}}))"))
+    probe = succeeded(
+        venv.python(
+            "import importlib.metadata, importlib.util, json, ms_exporter\n"
+            "print(json.dumps({'file': ms_exporter.__file__,\n"
+            "                  'requires': importlib.metadata.requires('ms-exporter'),\n"
+            f"                  'found': [n for n in {TRAINING_SIDE!r} if importlib.util.find_spec(n)]}}))"
+        )
+    )
     facts = json.loads(probe)
     assert Path(facts["file"]).is_relative_to(venv.root)  # the installed copy, not the checkout
     unconditional = sorted(r.split(";")[0].strip() for r in facts["requires"] if ";" not in r)
-    assert unconditional == ["grafana-foundation-sdk==1769699998!10.1.0", "h11>=0.14", "prometheus-client>=0.20",
-                             "pyyaml"]
+    assert unconditional == [
+        "grafana-foundation-sdk==1769699998!10.1.0",
+        "h11>=0.14",
+        "prometheus-client>=0.20",
+        "pyyaml",
+    ]
     extra = sorted(r.split(";")[0].strip() for r in facts["requires"] if 'extra == "mindspore"' in r)
     assert extra == ["mindspore", "numpy<2", "psutil"]
     assert facts["found"] == []
@@ -114,26 +144,33 @@ def test_the_monitor_says_what_to_install(venv: OperatorVenv) -> None:
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == (
         "ms_exporter.MissingDependencyError: TrainingMonitor needs MindSpore, numpy and psutil, which are not "
-        f"installed here: {INSTALL_HINT}")
-    cells = succeeded(venv.python(
-        "import ms_exporter\n"
-        "for name in ('GradNormTrainOneStepCell', 'LossScaleTrainOneStepCell'):\n"
-        "    try:\n"
-        "        getattr(ms_exporter, name)\n"
-        "    except ImportError as exc:\n"
-        "        print(type(exc).__name__, exc.name, exc)\n"
-        "from ms_exporter import ConfigError, MonitorConfig, load_config\n"
-        "print(type(load_config(None)) is MonitorConfig, issubclass(ConfigError, ValueError))"))
+        f"installed here: {INSTALL_HINT}"
+    )
+    cells = succeeded(
+        venv.python(
+            "import ms_exporter\n"
+            "for name in ('GradNormTrainOneStepCell', 'LossScaleTrainOneStepCell'):\n"
+            "    try:\n"
+            "        getattr(ms_exporter, name)\n"
+            "    except ImportError as exc:\n"
+            "        print(type(exc).__name__, exc.name, exc)\n"
+            "from ms_exporter import ConfigError, MonitorConfig, load_config\n"
+            "print(type(load_config(None)) is MonitorConfig, issubclass(ConfigError, ValueError))"
+        )
+    )
     assert cells.splitlines() == [
         f"MissingDependencyError mindspore {name} needs MindSpore, numpy and psutil, which are not installed here: "
-        f"{INSTALL_HINT}" for name in ("GradNormTrainOneStepCell", "LossScaleTrainOneStepCell")] + ["True True"]
+        f"{INSTALL_HINT}"
+        for name in ("GradNormTrainOneStepCell", "LossScaleTrainOneStepCell")
+    ] + ["True True"]
 
 
 def test_demo_says_what_to_install(venv: OperatorVenv) -> None:
     done = venv.ms_exporter("demo", "--steps", "1")
     assert done.returncode == 1
-    assert done.stderr == ("ms-exporter demo needs MindSpore, numpy and psutil, which are not installed here: "
-                           f"{INSTALL_HINT}\n")
+    assert done.stderr == (
+        f"ms-exporter demo needs MindSpore, numpy and psutil, which are not installed here: {INSTALL_HINT}\n"
+    )
 
 
 def test_rules(venv: OperatorVenv) -> None:
@@ -215,14 +252,33 @@ def test_top(venv: OperatorVenv, captured_rank: str) -> None:
 
 def test_report(venv: OperatorVenv, tmp_path: Path) -> None:
     losses = [1.5, 1.2, 0.9, 1.0]
-    records: list[dict[str, object]] = [{"type": "event", "project": "ops", "rank": 0, "event": "train_begin",
-                                         "time": 1700000000.0}]
+    records: list[dict[str, object]] = [
+        {"type": "event", "project": "ops", "rank": 0, "event": "train_begin", "time": 1700000000.0}
+    ]
     for step, loss in enumerate(losses, start=1):
-        records.append({"type": "step", "project": "ops", "rank": 0, "step": step, "epoch": 1, "loss": loss,
-                        "learning_rate": 0.01, "step_duration_seconds": 0.05, "samples_per_second": 320.0,
-                        "time": 1700000000.0 + step})
-    records.append({"type": "snapshot", "project": "ops", "rank": 0, "time": 1700000005.0,
-                    "metrics": {'memory_bytes{kind="host_rss"}': 5.0e8, 'threshold_breaches_total{metric="loss"}': 1}})
+        records.append(
+            {
+                "type": "step",
+                "project": "ops",
+                "rank": 0,
+                "step": step,
+                "epoch": 1,
+                "loss": loss,
+                "learning_rate": 0.01,
+                "step_duration_seconds": 0.05,
+                "samples_per_second": 320.0,
+                "time": 1700000000.0 + step,
+            }
+        )
+    records.append(
+        {
+            "type": "snapshot",
+            "project": "ops",
+            "rank": 0,
+            "time": 1700000005.0,
+            "metrics": {'memory_bytes{kind="host_rss"}': 5.0e8, 'threshold_breaches_total{metric="loss"}': 1},
+        }
+    )
     records.append({"type": "event", "project": "ops", "rank": 0, "event": "train_end", "time": 1700000006.0})
     run = tmp_path / "metrics-rank0.jsonl"
     run.write_text("".join(json.dumps(r) + "\n" for r in records))

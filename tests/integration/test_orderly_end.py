@@ -32,10 +32,23 @@ ALERT_STACK_JOB_PORTS = 4  # the stack fixture (tests/integration/conftest.py) s
 def start_job(port: int, project: str, mode: str, logs: Path, save_dir: Path | None = None) -> subprocess.Popen[str]:
     """The job, its stderr in a file under `logs` (not a pipe: a job that logs much never blocks on it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
-    job = subprocess.Popen([sys.executable, str(JOB), "--port", str(port), "--project", project, "--mode", mode,
-                            *(["--save-dir", str(save_dir)] if save_dir else [])],
-                           stdout=subprocess.PIPE, stderr=(logs / f"{project}.stderr").open("wb"), text=True,
-                           env=env)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            str(JOB),
+            "--port",
+            str(port),
+            "--project",
+            project,
+            "--mode",
+            mode,
+            *(["--save-dir", str(save_dir)] if save_dir else []),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=(logs / f"{project}.stderr").open("wb"),
+        text=True,
+        env=env,
+    )
     assert job.stdout is not None
     line = job.stdout.readline()
     assert line.startswith(f"metrics at http://127.0.0.1:{port}/"), (line, stderr_of(logs, project))
@@ -50,19 +63,23 @@ def steps_served(port: int) -> float:
     return max(scrape(f"http://127.0.0.1:{port}/metrics").find("mindspore_train_global_step"), default=-1.0)
 
 
-def test_round2_finding_1_a_job_that_ends_as_asked_pages_nobody(stack: Stack, webhook: Webhook,
-                                                                 tmp_path: Path) -> None:
+def test_round2_finding_1_a_job_that_ends_as_asked_pages_nobody(stack: Stack, webhook: Webhook, tmp_path: Path) -> None:
     """README's snippet as written (no close()), a Ctrl-C and a SIGTERM: each serves phase="ended" until Prometheus
     read it, so nothing pages. A SIGKILLed job beside them pages, so the pipeline would have paged the others."""
     finish, interrupt, term, kill = stack.job_ports
-    jobs = {"end-finish": start_job(finish, "end-finish", "finish", tmp_path),
-            "end-interrupt": start_job(interrupt, "end-interrupt", "long", tmp_path),
-            "end-term": start_job(term, "end-term", "long", tmp_path),
-            "end-kill": start_job(kill, "end-kill", "long", tmp_path)}
+    jobs = {
+        "end-finish": start_job(finish, "end-finish", "finish", tmp_path),
+        "end-interrupt": start_job(interrupt, "end-interrupt", "long", tmp_path),
+        "end-term": start_job(term, "end-term", "long", tmp_path),
+        "end-kill": start_job(kill, "end-kill", "long", tmp_path),
+    }
     try:
         for project in jobs:
-            wait_until(lambda p=project: stack.query(f'mindspore_train_global_step{{project="{p}"}} > 10'), 240,
-                       f"{project} scraped past step 10")
+            wait_until(
+                lambda p=project: stack.query(f'mindspore_train_global_step{{project="{p}"}} > 10'),
+                240,
+                f"{project} scraped past step 10",
+            )
         jobs["end-interrupt"].send_signal(signal.SIGINT)
         jobs["end-term"].send_signal(signal.SIGTERM)
         jobs["end-kill"].kill()
@@ -98,10 +115,14 @@ def test_round2_finding_2_sigterm_ends_a_training_stuck_in_native_code(tmp_path:
         # The source says when it blocks; the batches before it are ready, so a data wait of 3 s after that is the
         # stall (a slow source on a loaded machine is not).
         assert job.stdout is not None and job.stdout.readline().strip() == "blocked"
-        wait_until(lambda: scrape(f"http://127.0.0.1:{port}/metrics").value("mindspore_train_phase",
-                                                                             phase="data_wait") == 1
-                   and scrape(f"http://127.0.0.1:{port}/metrics").value("mindspore_train_phase_seconds") > 3,
-                   120, "the stall to begin")
+        wait_until(
+            lambda: (
+                scrape(f"http://127.0.0.1:{port}/metrics").value("mindspore_train_phase", phase="data_wait") == 1
+                and scrape(f"http://127.0.0.1:{port}/metrics").value("mindspore_train_phase_seconds") > 3
+            ),
+            120,
+            "the stall to begin",
+        )
         job.send_signal(signal.SIGTERM)
         assert job.wait(timeout=90) == -signal.SIGTERM
     finally:

@@ -63,18 +63,26 @@ def assert_same_numbers_as_the_scrape(points: list[Point], page: Scrape) -> None
         assert cumulative == page.value("mindspore_train_step_duration_seconds_bucket", le=repr(float(bound)))
     # Every family of the scrape arrived, under its OTLP name (counters without _total), with as many series.
     # Non-finite values (the hang deadline of a rank that ended is NaN) do not travel over OTLP.
-    scraped = {family.name: len([s for s in family.samples if not s.name.endswith(("_bucket", "_sum", "_created"))
-                                 and math.isfinite(s.value)])
-               for family in text_string_to_metric_families(page.text)}
+    scraped = {
+        family.name: len(
+            [
+                s
+                for s in family.samples
+                if not s.name.endswith(("_bucket", "_sum", "_created")) and math.isfinite(s.value)
+            ]
+        )
+        for family in text_string_to_metric_families(page.text)
+    }
     assert {name: len(points) for name, points in named.items()} == {k: n for k, n in scraped.items() if n}
 
 
 def test_grpc_export_carries_resource_labels_and_the_same_numbers() -> None:
     receiver = GrpcReceiver()
     try:
-        monitor = train(backend=["prometheus", "otlp"],
-                        otlp={"endpoint": receiver.endpoint, "interval": 0.5, "timeout": 5,
-                              "headers": {"x-tenant": "ml-team"}})
+        monitor = train(
+            backend=["prometheus", "otlp"],
+            otlp={"endpoint": receiver.endpoint, "interval": 0.5, "timeout": 5, "headers": {"x-tenant": "ml-team"}},
+        )
         receiver.wait_for(1, 20)  # periodic exports while it trained
         page = scrape(monitor.url)
         monitor.close()  # the last export happens on close
@@ -115,15 +123,17 @@ def test_http_protobuf_export_and_otel_environment(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("collector", ["dead", "slow"])
-def test_a_dead_or_slow_collector_costs_counted_errors_not_the_run(collector: str,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dead_or_slow_collector_costs_counted_errors_not_the_run(
+    collector: str, caplog: pytest.LogCaptureFixture
+) -> None:
     receiver = GrpcReceiver(delay=3.0) if collector == "slow" else None
     endpoint = receiver.endpoint if receiver else f"http://127.0.0.1:{free_port()}"
     timeout = 1.0
     caplog.set_level(logging.WARNING)
     try:
-        monitor = train(steps=40, backend=["prometheus", "otlp"],
-                        otlp={"endpoint": endpoint, "interval": 0.3, "timeout": timeout})
+        monitor = train(
+            steps=40, backend=["prometheus", "otlp"], otlp={"endpoint": endpoint, "interval": 0.3, "timeout": timeout}
+        )
         page = scrape(monitor.url)
         assert page.value("mindspore_train_steps_total") == 40  # training finished
         errors = monitor.store.get("mindspore_exporter_errors_total")

@@ -39,9 +39,13 @@ class Run:
 def start(tmp: Path, project: str, *arguments: str) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
-    job = subprocess.Popen([sys.executable, str(JOB), "--port", str(port), "--project", project,
-                            "--save-dir", str(tmp), *arguments],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    job = subprocess.Popen(
+        [sys.executable, str(JOB), "--port", str(port), "--project", project, "--save-dir", str(tmp), *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     assert job.stdout is not None and job.stdout.readline().startswith("metrics: ")
     return job, f"http://127.0.0.1:{port}/"
 
@@ -62,8 +66,13 @@ def canvases(page: str) -> dict[str, dict[str, str]]:
 
 
 def report(jsonl: Path, output: Path, *options: str) -> tuple[str, str]:
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(jsonl), "-o", str(output), *options],
-                          capture_output=True, text=True, check=False, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "report", str(jsonl), "-o", str(output), *options],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout, dom(output.as_uri())
 
@@ -96,21 +105,30 @@ def watch(tmp: Path, project: str, arguments: tuple[str, ...], faulted: Callable
 @pytest.fixture(scope="module")
 def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Healthy for HEALTHY_STEPS steps, then every loss NaN until the run ends normally."""
-    return watch(tmp_path_factory.mktemp("nan-run"), "nan-run", ("--fault", "nan", "--seconds", "40"),
-                 lambda base: scrape(base + "metrics").value("mindspore_train_nonfinite_loss_total") >= 15,
-                 "15 NaN steps")
+    return watch(
+        tmp_path_factory.mktemp("nan-run"),
+        "nan-run",
+        ("--fault", "nan", "--seconds", "40"),
+        lambda base: scrape(base + "metrics").value("mindspore_train_nonfinite_loss_total") >= 15,
+        "15 NaN steps",
+    )
 
 
 @pytest.fixture(scope="module")
 def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Healthy, then one step whose callback hook stands still for 20 s (hang.min_seconds 5), then healthy again."""
+
     def stalled(base: str) -> bool:
         now = series(base)
         return bool(now["hang_deadline"] and now["phase_seconds"] > now["hang_deadline"] + 2)
 
-    return watch(tmp_path_factory.mktemp("stalled-run"), "stalled-run",
-                 ("--fault", "pause", "--pause", "20", "--seconds", "45"), stalled,
-                 "the run standing still past its hang deadline")
+    return watch(
+        tmp_path_factory.mktemp("stalled-run"),
+        "stalled-run",
+        ("--fault", "pause", "--pause", "20", "--seconds", "45"),
+        stalled,
+        "the run standing still past its hang deadline",
+    )
 
 
 def test_live_page_of_a_nan_run_marks_the_nan_steps_and_says_non_finite(nan_run: Run) -> None:

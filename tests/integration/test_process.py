@@ -29,15 +29,21 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_demo_command_trains_and_leaves_jsonl(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "ms_exporter", "demo", "--steps", "200", "--port", "0",
-                          "--save-dir", str(tmp_path)], capture_output=True, text=True, env=env(), timeout=300,
-                         check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "demo", "--steps", "200", "--port", "0", "--save-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     first = run.stdout.splitlines()[0]
     assert first.startswith("metrics: http://127.0.0.1:")  # the URL comes first
     assert "done: 200 steps" in run.stdout
-    assert re.search(r"^time: \d+% of \d+ s productive \(startup [\d.]+ s, compile [\d.]+ s, productive", run.stdout,
-                     re.MULTILINE), run.stdout
+    assert re.search(
+        r"^time: \d+% of \d+ s productive \(startup [\d.]+ s, compile [\d.]+ s, productive", run.stdout, re.MULTILINE
+    ), run.stdout
     records = read_jsonl(tmp_path / "metrics-rank0.jsonl")
     steps = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 201))
@@ -74,12 +80,26 @@ def wait_for_step(url_holder: list[str], proc: subprocess.Popen, minimum: int, d
 def test_signal_flushes_jsonl_up_to_the_last_step(tmp_path: Path, signum: int) -> None:
     config = tmp_path / "monitor.yaml"
     # An hour between flushes: everything in the file after the signal was written by the signal handler.
-    config.write_text(yaml.safe_dump({"monitor_config": {"backend": ["prometheus", "local"], "port": 0,
-                                                         "interval": 3600, "save_dir": str(tmp_path),
-                                                         "file_sd_dir": str(tmp_path / "sd")}}))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_with_monitor.py"), "--config",
-                             str(config), "--epochs", "1000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=env())
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "monitor_config": {
+                    "backend": ["prometheus", "local"],
+                    "port": 0,
+                    "interval": 3600,
+                    "save_dir": str(tmp_path),
+                    "file_sd_dir": str(tmp_path / "sd"),
+                }
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "train_with_monitor.py"), "--config", str(config), "--epochs", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env(),
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -130,8 +150,13 @@ time.sleep(600)
 def start_signal_job(tmp_path: Path, mode: str, epochs: int) -> tuple[subprocess.Popen[str], str, Path]:
     config = tmp_path / "monitor.yaml"
     config.write_text(yaml.safe_dump({"monitor_config": {"port": 0, "file_sd_dir": str(tmp_path / "sd")}}))
-    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_JOB, str(config), mode, str(epochs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGNAL_JOB, str(config), mode, str(epochs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env(),
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("metrics: "), line

@@ -54,8 +54,11 @@ class Gateway:
 
     def group(self, project: str) -> dict[str, float]:
         """name -> value of the pushed series of this group (label sets beyond the grouping key are dropped)."""
-        return {s.name: s.value for s in self.scrape().samples
-                if s.labels.get("job") == JOB and s.labels.get("project") == project and s.labels.get("rank") == "0"}
+        return {
+            s.name: s.value
+            for s in self.scrape().samples
+            if s.labels.get("job") == JOB and s.labels.get("project") == project and s.labels.get("rank") == "0"
+        }
 
     def push_time(self, project: str) -> float | None:
         return self.group(project).get("push_time_seconds")
@@ -121,15 +124,19 @@ def train(monitor: TrainingMonitor, hook: Hook, epochs: int = EPOCHS) -> None:
     ms.set_seed(0)
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.01, 0.9))
-    model.train(epochs, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, hook],
-                dataset_sink_mode=False)
+    model.train(
+        epochs, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, hook], dataset_sink_mode=False
+    )
 
 
 def pushgateway_errors(monitor: TrainingMonitor) -> float:
     family = monitor.store.get("mindspore_exporter_errors_total")
     assert family is not None
-    return sum(child.value for child in family.children()  # type: ignore[union-attr]
-               if dict(child.labels).get("component") == "pushgateway")
+    return sum(
+        child.value
+        for child in family.children()  # type: ignore[union-attr]
+        if dict(child.labels).get("component") == "pushgateway"
+    )
 
 
 def test_train_end_pushes_the_final_state_grouped_by_project_and_rank(gateway: Gateway) -> None:
@@ -171,18 +178,29 @@ def test_the_shipped_rules_read_no_pushed_copy(gateway: Gateway, tmp_path: Path)
     shipped = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     job = next(job for job in shipped["scrape_configs"] if job["job_name"] == "pushgateway")
     job["static_configs"] = [{"targets": [f"127.0.0.1:{gateway.port}"]}]
-    prometheus = PrometheusServer({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                                   "rule_files": [str(ROOT / RULES_FILE)], "scrape_configs": [job]}, str(tmp_path))
+    prometheus = PrometheusServer(
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(ROOT / RULES_FILE)],
+            "scrape_configs": [job],
+        },
+        str(tmp_path),
+    )
     try:
-        wait_until(lambda: prometheus.query('mindspore_train_info{project="pg-rules"}'), 60,
-                   "the pushed series in Prometheus")
+        wait_until(
+            lambda: prometheus.query('mindspore_train_info{project="pg-rules"}'), 60, "the pushed series in Prometheus"
+        )
         pushed = prometheus.query('{project="pg-rules", __name__=~"mindspore_.*"}')
         assert pushed and all("instance" not in series["metric"] for series in pushed)
         assert {series["metric"]["job"] for series in pushed} == {JOB}
         text = (ROOT / RULES_FILE).read_text()
         names = sorted(set(re.findall(r"(mindspore_\w+)\{" + re.escape(LIVE), text)))
-        assert {"mindspore_train_info", "mindspore_train_loss", "mindspore_train_steps_total",
-                "mindspore_train_phase"} <= set(names)
+        assert {
+            "mindspore_train_info",
+            "mindspore_train_loss",
+            "mindspore_train_steps_total",
+            "mindspore_train_phase",
+        } <= set(names)
         for name in names:
             assert prometheus.query(f'{name}{{instance!="", project="pg-rules"}}') == [], name
         assert prometheus.query('mindspore_train_loss{project="pg-rules"}'), "the unfiltered selector sees the push"
@@ -212,11 +230,17 @@ def test_interval_pushes_while_training_and_stops_when_the_run_ends(gateway: Gat
         # Training is held at step 3 until a periodic push carries it: the push happened during training.
         if step == 3:
             monitor.publish()  # steps microseconds apart wait for the next publication; this hook holds it up
-            seen.append(wait_until(lambda: gateway.group("pg-interval").get("mindspore_train_global_step", 0) >= 3,
-                                   15, "a periodic push during training"))
+            seen.append(
+                wait_until(
+                    lambda: gateway.group("pg-interval").get("mindspore_train_global_step", 0) >= 3,
+                    15,
+                    "a periodic push during training",
+                )
+            )
 
-    monitor = TrainingMonitor(port=0, project="pg-interval",
-                              pushgateway={"url": gateway.url, "on": ["interval"], "interval": 0.5})
+    monitor = TrainingMonitor(
+        port=0, project="pg-interval", pushgateway={"url": gateway.url, "on": ["interval"], "interval": 0.5}
+    )
     try:
         train(monitor, Hook(wait_for_a_push_of), epochs=1)
         assert seen == [True]
@@ -233,9 +257,16 @@ def test_interval_pushes_while_training_and_stops_when_the_run_ends(gateway: Gat
 
 def test_a_dead_pushgateway_is_counted_and_never_stops_training() -> None:
     timeout = 1.0
-    monitor = TrainingMonitor(port=0, project="pg-dead",
-                              pushgateway={"url": f"http://127.0.0.1:{free_port()}", "on": ["train_end", "interval"],
-                                           "interval": 0.2, "timeout": timeout})
+    monitor = TrainingMonitor(
+        port=0,
+        project="pg-dead",
+        pushgateway={
+            "url": f"http://127.0.0.1:{free_port()}",
+            "on": ["train_end", "interval"],
+            "interval": 0.2,
+            "timeout": timeout,
+        },
+    )
     hook = Hook()
     try:
         train(monitor, hook, epochs=1)
@@ -251,9 +282,11 @@ def test_a_slow_pushgateway_times_out_is_counted_and_never_hangs() -> None:
     timeout = 1.0
     slow = SlowGateway(delay=4 * timeout)
     try:
-        monitor = TrainingMonitor(port=0, project="pg-slow",
-                                  pushgateway={"url": slow.url, "on": ["train_end", "interval"], "interval": 0.3,
-                                               "timeout": timeout})
+        monitor = TrainingMonitor(
+            port=0,
+            project="pg-slow",
+            pushgateway={"url": slow.url, "on": ["train_end", "interval"], "interval": 0.3, "timeout": timeout},
+        )
         hook = Hook()
         try:
             train(monitor, hook, epochs=1)
@@ -305,8 +338,11 @@ def test_start_run_ended_and_close_are_idempotent_and_a_second_run_pushes(gatewa
     assert errors == []
 
     # Closed without a run: the one push happens at close.
-    other = PushgatewaySink(MetricStore((("rank", "0"), ("project", "pg-unit-close"))), config,
-                            lambda component, exc: errors.append((component, exc)))
+    other = PushgatewaySink(
+        MetricStore((("rank", "0"), ("project", "pg-unit-close"))),
+        config,
+        lambda component, exc: errors.append((component, exc)),
+    )
     other.close()
     assert gateway.push_time("pg-unit-close") is not None
     assert errors == []
@@ -342,11 +378,17 @@ def test_a_bare_yaml_on_key_is_the_on_setting(tmp_path: Path, monkeypatch: pytes
 def test_sigterm_pushes_the_last_numbers_of_the_stopped_job(gateway: Gateway, tmp_path: Path) -> None:
     config = tmp_path / "monitor.yaml"
     # Written by hand as a user would: a bare `on:` key, which YAML 1.1 reads as the boolean true.
-    config.write_text(f"monitor_config:\n  port: 0\n  project: pg-sigterm\n"
-                      f"  pushgateway:\n    url: {gateway.url}\n    on: [train_end]\n")
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_JOB, str(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"})
+    config.write_text(
+        f"monitor_config:\n  port: 0\n  project: pg-sigterm\n"
+        f"  pushgateway:\n    url: {gateway.url}\n    on: [train_end]\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_JOB, str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"},
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

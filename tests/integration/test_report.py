@@ -28,11 +28,17 @@ def train_run(save_dir: Path, project: str, steps: int, learning_rate: float, pe
     ms.set_seed(0)
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), learning_rate, 0.9)))
-    monitor = TrainingMonitor(port=0, backend=["local"], save_dir=str(save_dir), project=project, interval=0.2,
-                              grad_norm={"every_n_steps": 2}, warn_on_value={"loss": 0.6},
-                              # with a peak, MFU; without, model FLOPs per second from the parameters (6N)
-                              flops={"model": demo_flops_model(1, 32, 2), "peak_flops_per_device": peak}
-                              if peak else {})
+    monitor = TrainingMonitor(
+        port=0,
+        backend=["local"],
+        save_dir=str(save_dir),
+        project=project,
+        interval=0.2,
+        grad_norm={"every_n_steps": 2},
+        warn_on_value={"loss": 0.6},
+        # with a peak, MFU; without, model FLOPs per second from the parameters (6N)
+        flops={"model": demo_flops_model(1, 32, 2), "peak_flops_per_device": peak} if peak else {},
+    )
     try:
         model.train(1, synthetic_dataset(size=steps * 8, batch=8), callbacks=[monitor], dataset_sink_mode=False)
     finally:
@@ -65,8 +71,10 @@ def test_summary_is_what_the_files_say(runs: list[Path]) -> None:
         assert {"train_begin", "train_end"} <= set(facts["events"])
         # The goodput ledger: the run's totals of the last snapshot, written at close.
         assert list(facts["time"]) == list(c.TIME_BUCKETS) and facts["restarts"] == 0
-        assert facts["time"] == {bucket: snapshots[-1]["metrics"][f'run_time_seconds_total{{bucket="{bucket}"}}']
-                                 for bucket in c.TIME_BUCKETS}
+        assert facts["time"] == {
+            bucket: snapshots[-1]["metrics"][f'run_time_seconds_total{{bucket="{bucket}"}}']
+            for bucket in c.TIME_BUCKETS
+        }
         assert facts["time"]["productive"] > 0 and facts["time"]["compile"] > 0
         mfus = sorted(r["mfu"] for r in records if "mfu" in r)
         if path.parent.name == "a":  # with a peak: MFU on every step record, its median in the summary
@@ -78,12 +86,17 @@ def test_summary_is_what_the_files_say(runs: list[Path]) -> None:
 
 def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path: Path) -> None:
     output = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", *map(str, runs), "-o", str(output)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "report", *map(str, runs), "-o", str(output)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "project report-a rank 0: 30 steps" in done.stdout
-    assert re.search(r"rank 0: 30 steps, .*, MFU p50 \d+\.\d%, \d+\.\d% of \d+ s productive \(0 restarts\)",
-                     done.stdout), done.stdout
+    assert re.search(
+        r"rank 0: 30 steps, .*, MFU p50 \d+\.\d%, \d+\.\d% of \d+ s productive \(0 restarts\)", done.stdout
+    ), done.stdout
     page = dom(output.as_uri())
     assert 'data-drawn="1"' in page
     points = {}
@@ -106,7 +119,7 @@ def test_rotated_pieces_are_one_run_and_bad_input_is_named(tmp_path: Path, runs:
     lines = runs[0].read_text().splitlines(keepends=True)
     live, older = tmp_path / "metrics-rank0.jsonl", tmp_path / "metrics-rank0.jsonl.1"
     older.write_text("".join(lines[: len(lines) // 2]))
-    live.write_text("".join(lines[len(lines) // 2:]) + '{"type": "step", "step": 9')  # cut off mid-write
+    live.write_text("".join(lines[len(lines) // 2 :]) + '{"type": "step", "step": 9')  # cut off mid-write
     (group,) = group_files([str(live), str(older)])
     assert group == [older, live]
     assert summary(load_run(group))["steps"] == 30
@@ -114,22 +127,32 @@ def test_rotated_pieces_are_one_run_and_bad_input_is_named(tmp_path: Path, runs:
     garbage.write_text("not json\n{}\n")
     with pytest.raises(ReportError, match=r"garbage.jsonl:1: not JSON"):
         load_run([garbage])
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(tmp_path / "missing.jsonl")],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "report", str(tmp_path / "missing.jsonl")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 1 and "no such file" in done.stderr
 
 
 def test_a_run_that_ended_nan_shows_nan_as_its_final_loss(tmp_path: Path) -> None:
     path = tmp_path / "metrics-rank0.jsonl"
-    lines = [{"type": "step", "rank": 0, "project": "nan-run", "step": step, "loss": loss}
-             for step, loss in ((1, 0.9), (2, 0.7), (3, 0.52), (4, "NaN"), (5, "NaN"))]
+    lines = [
+        {"type": "step", "rank": 0, "project": "nan-run", "step": step, "loss": loss}
+        for step, loss in ((1, 0.9), (2, 0.7), (3, 0.52), (4, "NaN"), (5, "NaN"))
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     facts = summary(load_run([path]))
     assert facts["final_loss"] == "NaN" and facts["nonfinite_losses"] == 2
     assert (facts["last_finite_loss"], facts["last_finite_step"]) == (0.52, 3)
     output = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(path), "-o", str(output)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "report", str(path), "-o", str(output)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     (row,) = re.findall(r"<tr><td>.*?</tr>", dom(output.as_uri()))
     assert '<span class="bad">NaN</span> (last finite: 0.52 at step 3)' in row

@@ -37,10 +37,11 @@ class Source:
     def __init__(self, steps: int, poisoned: set[int]) -> None:
         rng = np.random.default_rng(0)
         self.x = rng.normal(size=(steps * BATCH, FEATURES)).astype(np.float32)
-        self.y = (self.x @ np.linspace(-1, 1, FEATURES, dtype=np.float32))[:, None] + \
-            rng.normal(0, 0.1, size=(steps * BATCH, 1)).astype(np.float32)
+        self.y = (self.x @ np.linspace(-1, 1, FEATURES, dtype=np.float32))[:, None] + rng.normal(
+            0, 0.1, size=(steps * BATCH, 1)
+        ).astype(np.float32)
         for step in poisoned:
-            self.y[(step - 1) * BATCH: step * BATCH] = 1e6
+            self.y[(step - 1) * BATCH : step * BATCH] = 1e6
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         return self.x[index], self.y[index]
@@ -80,9 +81,15 @@ class Probe(Callback):
         self.losses[step] = float(cb.net_outputs.asnumpy())
 
 
-def train(mode: str, source: Any, save_dir: Path, before: Sequence[Callback] = (),
-          backend: Sequence[str] = ("prometheus", "local"), other_actions: dict[str, Any] | None = None,
-          **rollback: Any) -> tuple[TrainingMonitor, Probe]:
+def train(
+    mode: str,
+    source: Any,
+    save_dir: Path,
+    before: Sequence[Callback] = (),
+    backend: Sequence[str] = ("prometheus", "local"),
+    other_actions: dict[str, Any] | None = None,
+    **rollback: Any,
+) -> tuple[TrainingMonitor, Probe]:
     """One epoch of `source` with rollback on (`rollback`: its settings); `before`: callbacks that run before the
     monitor's at each step."""
     ms.set_context(mode=MODES[mode])
@@ -91,9 +98,16 @@ def train(mode: str, source: Any, save_dir: Path, before: Sequence[Callback] = (
     with_loss = nn.WithLossCell(net, nn.MSELoss())
     model = Model(with_loss, optimizer=optimizer)
     data = ds.GeneratorDataset(source, ["x", "y"], shuffle=False).batch(BATCH)
-    monitor = TrainingMonitor(port=0, backend=list(backend), save_dir=str(save_dir), interval=1,
-                              actions={"rollback": {"enable": True, "good_every": GOOD_EVERY, "quiet_steps": QUIET,
-                                                    **rollback}, **(other_actions or {})})
+    monitor = TrainingMonitor(
+        port=0,
+        backend=list(backend),
+        save_dir=str(save_dir),
+        interval=1,
+        actions={
+            "rollback": {"enable": True, "good_every": GOOD_EVERY, "quiet_steps": QUIET, **rollback},
+            **(other_actions or {}),
+        },
+    )
     probe = Probe(net, with_loss, optimizer)
     try:
         model.train(1, data, callbacks=[*before, monitor, probe], dataset_sink_mode=False)
@@ -111,13 +125,13 @@ def records(save_dir: Path) -> list[dict[str, Any]]:
 
 
 def events(save_dir: Path, action: str) -> list[dict[str, Any]]:
-    return [r for r in records(save_dir) if r["type"] == "event" and r["event"] == "action"
-            and r["action"] == action]
+    return [r for r in records(save_dir) if r["type"] == "event" and r["event"] == "action" and r["action"] == action]
 
 
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_a_poisoned_batch_is_rolled_back_listed_and_skipped_on_a_rerun(
-        mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     steps = 80 if mode == "graph" else 70  # PYNATIVE steps are slower
     source = Source(steps, {POISON_STEP})
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
@@ -147,8 +161,9 @@ def test_a_poisoned_batch_is_rolled_back_listed_and_skipped_on_a_rerun(
     assert [b["step"] for b in listed] == list(range(good + 1, POISON_STEP + 1))
     poisoned = next(b for b in listed if b["step"] == POISON_STEP)
     assert poisoned["position"] == POISON_STEP and poisoned["epoch"] == 1
-    assert poisoned["sample_hashes"] == [sample_hash(source[i]) for i in range((POISON_STEP - 1) * BATCH,
-                                                                                POISON_STEP * BATCH)]
+    assert poisoned["sample_hashes"] == [
+        sample_hash(source[i]) for i in range((POISON_STEP - 1) * BATCH, POISON_STEP * BATCH)
+    ]
     # The rerun from the same seed through the wrapper: the listed samples are left out, nothing spikes.
     wrapped = SkipListedSamples(Source(steps, {POISON_STEP}), tmp_path / "run")
     rerun, rerun_probe = train(mode, wrapped, tmp_path / "rerun")
@@ -158,13 +173,13 @@ def test_a_poisoned_batch_is_rolled_back_listed_and_skipped_on_a_rerun(
 
 
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_a_dataset_that_keeps_poisoning_stops_at_the_loop_guard(mode: str, tmp_path: Path,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dataset_that_keeps_poisoning_stops_at_the_loop_guard(
+    mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     steps = 200
     source = Source(steps, set(range(20, steps + 1, 20)))
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
-        monitor, probe = train(mode, source, tmp_path, good_every=5, quiet_steps=3, max_rollbacks=2,
-                               window_steps=1000)
+        monitor, probe = train(mode, source, tmp_path, good_every=5, quiet_steps=3, max_rollbacks=2, window_steps=1000)
     assert counted(monitor, "rollback") == 2 and counted(monitor, "rollback_stop") == 1
     assert max(probe.losses) == 60  # rolled back at 20 and 40, stopped after the step of 60
     [stop] = [r.getMessage() for r in caplog.records if "rollback_stop" in r.getMessage()]
@@ -189,16 +204,28 @@ class Scales(Callback):
 def train_with_loss_scale(tmp_path: Path, rollback: bool) -> tuple[TrainingMonitor, Scales]:
     ms.set_context(mode=ms.GRAPH_MODE)
     source = Source(60, set())
-    source.y[(POISON_STEP - 1) * BATCH: POISON_STEP * BATCH] = np.inf
+    source.y[(POISON_STEP - 1) * BATCH : POISON_STEP * BATCH] = np.inf
     net = network()
-    cell = LossScaleTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Adam(net.trainable_params(), 0.01),
-                                     init_scale=2.0**10, scale_window=10_000)
-    monitor = TrainingMonitor(port=0, backend=["prometheus"], save_dir=str(tmp_path), actions={"rollback": {
-        "enable": rollback, "good_every": GOOD_EVERY, "quiet_steps": QUIET}})
+    cell = LossScaleTrainOneStepCell(
+        nn.WithLossCell(net, nn.MSELoss()),
+        nn.Adam(net.trainable_params(), 0.01),
+        init_scale=2.0**10,
+        scale_window=10_000,
+    )
+    monitor = TrainingMonitor(
+        port=0,
+        backend=["prometheus"],
+        save_dir=str(tmp_path),
+        actions={"rollback": {"enable": rollback, "good_every": GOOD_EVERY, "quiet_steps": QUIET}},
+    )
     scales = Scales()
     try:
-        Model(cell).train(1, ds.GeneratorDataset(source, ["x", "y"], shuffle=False).batch(BATCH),
-                          callbacks=[monitor, scales], dataset_sink_mode=False)
+        Model(cell).train(
+            1,
+            ds.GeneratorDataset(source, ["x", "y"], shuffle=False).batch(BATCH),
+            callbacks=[monitor, scales],
+            dataset_sink_mode=False,
+        )
     finally:
         monitor.close()
     return monitor, scales
@@ -217,6 +244,7 @@ def test_the_loss_scale_comes_back_with_the_weights(tmp_path: Path) -> None:
 
 # -- issue #31, round two: actions that fail alone ------------------------------------------------------------------
 
+
 class AtStep(Callback):
     """Does `action` at the end of `step`, before the monitor's step end."""
 
@@ -233,21 +261,28 @@ def disabled(monitor: TrainingMonitor) -> set[str]:
 
 
 def errors(monitor: TrainingMonitor, component: str) -> float:
-    return next((s.value for s in monitor.store.series_of(c.ERRORS) if dict(s.labels)["component"] == component),
-                0.0)
+    return next((s.value for s in monitor.store.series_of(c.ERRORS) if dict(s.labels)["component"] == component), 0.0)
 
 
 def test_round2_finding_5_a_full_disk_switches_off_keeping_alone_and_the_divergence_is_still_rolled_back(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The disk fills after the good state of step 10 or so: the keeps of steps 20, 21, 22 fail and keeping is
     switched off, alone; the divergence at step 37 is rolled back to the state kept before, and early stop is still
     on."""
     poison = 37
     with small_disk(tmp_path / "disk") as disk, caplog.at_level(logging.INFO, logger="ms_exporter"):
-        monitor, probe = train("graph", Source(45, {poison}), disk, before=[AtStep(15, lambda: fill(disk, 0))],
-                               backend=["prometheus"], other_actions={"early_stop": {"enable": True,
-                                                                                     "patience": 10_000}},
-                               good_every=10, quiet_steps=5, storage="disk")
+        monitor, probe = train(
+            "graph",
+            Source(45, {poison}),
+            disk,
+            before=[AtStep(15, lambda: fill(disk, 0))],
+            backend=["prometheus"],
+            other_actions={"early_stop": {"enable": True, "patience": 10_000}},
+            good_every=10,
+            quiet_steps=5,
+            storage="disk",
+        )
         leftovers = [p.name for p in disk.rglob("*partial*")]
     assert counted(monitor, "rollback") == 1
     good = poison - int(monitor.store.value_of(c.ROLLBACK_LOST_STEPS))
@@ -261,13 +296,16 @@ def test_round2_finding_5_a_full_disk_switches_off_keeping_alone_and_the_diverge
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "actions.rollback.keep failed 3 times in a row and is switched off" in said
     assert "No space left on device" in said
-    assert f"keeping good states is off: a rollback restores the states kept before (step {good}); early stop goes " \
+    assert (
+        f"keeping good states is off: a rollback restores the states kept before (step {good}); early stop goes "
         "on" in said
+    )
     assert f"rollback at step {poison}" in said and "could not be listed" in said
 
 
 def test_round2_finding_5_a_newest_state_that_cannot_be_read_gives_way_to_the_one_before(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     poison = 27
 
     def truncate_newest() -> None:
@@ -275,21 +313,32 @@ def test_round2_finding_5_a_newest_state_that_cannot_be_read_gives_way_to_the_on
         newest.write_bytes(newest.read_bytes()[:200])
 
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
-        monitor, probe = train("graph", Source(35, {poison}), tmp_path, before=[AtStep(25, truncate_newest)],
-                               good_every=10, quiet_steps=5, storage="disk")
+        monitor, probe = train(
+            "graph",
+            Source(35, {poison}),
+            tmp_path,
+            before=[AtStep(25, truncate_newest)],
+            good_every=10,
+            quiet_steps=5,
+            storage="disk",
+        )
     assert counted(monitor, "rollback") == 1
     [event] = events(tmp_path, "rollback")
     good = int(event["good_step"])
     assert 10 <= good < 15 and monitor.store.value_of(c.ROLLBACK_LOST_STEPS) == poison - good
     np.testing.assert_array_equal(probe.outputs[poison], probe.outputs[good])
     said = "\n".join(r.getMessage() for r in caplog.records)
-    assert "the good state of step 20" in said and "cannot be read back" in said and \
-        f"trying the one of step {good}" in said
+    assert (
+        "the good state of step 20" in said
+        and "cannot be read back" in said
+        and f"trying the one of step {good}" in said
+    )
     assert disabled(monitor) == set()
 
 
 def test_round2_finding_9_a_corrupt_list_leaves_the_rollback_counted_announced_and_listed(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     poison = 27
     (tmp_path / "skipped-batches.json").write_text('{"version": 1, "batches": [')
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):

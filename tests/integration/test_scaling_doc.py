@@ -84,8 +84,11 @@ def test_measured_counts_add_up_and_prometheus_sees_the_same() -> None:
     load = prometheus_load(upper.exposition, ranks, interval=1.0, scrapes=1, relabel=relabel, baseline=False)
     assert load["failed_scrapes"] == 0
     assert load["samples_scraped"] == ranks * upper.series
-    dropped_per_rank = sum(_dropped(relabel, s.split("{")[0], {"rank": "1"})
-                           for s in upper.exposition.splitlines() if s and not s.startswith("#"))
+    dropped_per_rank = sum(
+        _dropped(relabel, s.split("{")[0], {"rank": "1"})
+        for s in upper.exposition.splitlines()
+        if s and not s.startswith("#")
+    )
     assert dropped_per_rank > upper.layer_grad_norm_series
     assert load["samples_kept"] == ranks * upper.series - (ranks - 1) * dropped_per_rank
     assert load["head_series"] == load["samples_kept"] + ranks * len(SYNTHETIC)
@@ -94,14 +97,21 @@ def test_measured_counts_add_up_and_prometheus_sees_the_same() -> None:
 def test_the_relabeling_drops_per_layer_detail_and_cost_buckets_of_other_ranks_only() -> None:
     relabel = doc_relabeling(DOC.read_text())
     assert relabel
-    for name, labels in [("mindspore_train_layer_grad_norm", {"layer": "head"}),
-                         ("mindspore_train_layernorm_scale_mean", {"layer": "encoder.layers.0.norm1"}),
-                         ("mindspore_train_weight_norm", {"layer": "head"}),
-                         ("mindspore_exporter_callback_duration_seconds_bucket", {"hook": "step_end", "le": "0.001"})]:
+    for name, labels in [
+        ("mindspore_train_layer_grad_norm", {"layer": "head"}),
+        ("mindspore_train_layernorm_scale_mean", {"layer": "encoder.layers.0.norm1"}),
+        ("mindspore_train_weight_norm", {"layer": "head"}),
+        ("mindspore_exporter_callback_duration_seconds_bucket", {"hook": "step_end", "le": "0.001"}),
+    ]:
         assert _dropped(relabel, name, {**labels, "rank": "17"}), name
         assert not _dropped(relabel, name, {**labels, "rank": "0"}), name
-    for name in ("mindspore_train_loss", "mindspore_exporter_callback_duration_seconds_count",
-                 "mindspore_train_step_duration_seconds_bucket", "mindspore_train_grad_norm", "up"):
+    for name in (
+        "mindspore_train_loss",
+        "mindspore_exporter_callback_duration_seconds_count",
+        "mindspore_train_step_duration_seconds_bucket",
+        "mindspore_train_grad_norm",
+        "up",
+    ):
         assert not _dropped(relabel, name, {"rank": "17"}), name
 
 
@@ -120,8 +130,13 @@ def test_the_page_has_its_measured_block_and_valid_snippets() -> None:
     operator = [b for b in yaml_blocks(text) if "metricRelabelings" in b]
     assert operator
     for snippet in operator:
-        podmonitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-                      "metadata": {"name": "mindspore-training"},
-                      "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "mindspore-training"}},
-                               **yaml.safe_load(snippet)}}
+        podmonitor = {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": {"name": "mindspore-training"},
+            "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "mindspore-training"}},
+                **yaml.safe_load(snippet),
+            },
+        }
         assert schema_problems(podmonitor) == []

@@ -13,6 +13,7 @@ from tests.support.writer_runs import STEPS, seed_shaped_config, train
 
 pytestmark = pytest.mark.integration
 
+
 def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
     """Every scalar series in the event files, by tag and step, as TensorBoard reads them."""
     reader = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})

@@ -54,8 +54,12 @@ def train_rank(rank: int) -> TrainingMonitor:
     # Compile first, so that the monitor's step times are steps, not the graph compile.
     model.train(1, synthetic_dataset(size=BATCH, batch=BATCH, seed=rank), dataset_sink_mode=False)
     monitor = TrainingMonitor(port=0, project="top-test", interval=0.2, web={"cache_seconds": 0})
-    model.train(1, synthetic_dataset(size=STEPS[rank] * BATCH, batch=BATCH, seed=rank),
-                callbacks=[monitor, SlowLoader(SLOW_LOADER_SECONDS[rank])], dataset_sink_mode=False)
+    model.train(
+        1,
+        synthetic_dataset(size=STEPS[rank] * BATCH, batch=BATCH, seed=rank),
+        callbacks=[monitor, SlowLoader(SLOW_LOADER_SECONDS[rank])],
+        dataset_sink_mode=False,
+    )
     return monitor
 
 
@@ -100,8 +104,13 @@ def test_once_shows_every_rank_as_scraped(ranks: dict[int, TrainingMonitor]) -> 
 
 
 def tmux(sock: Path, *args: str, check: bool = True) -> str:
-    result = subprocess.run(["tmux", "-S", str(sock), *args], capture_output=True, text=True, timeout=20,
-                            env={**os.environ, "TERM": "xterm-256color"})
+    result = subprocess.run(
+        ["tmux", "-S", str(sock), *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "TERM": "xterm-256color"},
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"tmux {' '.join(args)}: {result.stderr}")
     return result.stdout
@@ -120,12 +129,13 @@ def wait_until(condition: Callable[[], Any], seconds: float, what: str) -> Any:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (make test installs it)")
 def test_live_view_in_tmux_marks_the_slowest_rank_adapts_to_resize_and_quits_on_q(
-        ranks: dict[int, TrainingMonitor], tmp_path: Path) -> None:
+    ranks: dict[int, TrainingMonitor], tmp_path: Path
+) -> None:
     sock, status = tmp_path / "tmux.sock", tmp_path / "status"
-    command = (f"{shlex.quote(EXE)} top --interval 0.5 {' '.join(urls(ranks))}; "
-               f"echo $? > {shlex.quote(str(status))}")
+    command = f"{shlex.quote(EXE)} top --interval 0.5 {' '.join(urls(ranks))}; echo $? > {shlex.quote(str(status))}"
     tmux(sock, "new-session", "-d", "-s", "top", "-x", "120", "-y", "30", command)
     try:
+
         def screen_with_both_ranks() -> str | None:
             text = tmux(sock, "capture-pane", "-p", "-t", "top")
             return text if sorted(table_rows(text)) == ["0", "1"] else None
@@ -163,8 +173,9 @@ def test_live_view_in_tmux_marks_the_slowest_rank_adapts_to_resize_and_quits_on_
         tmux(sock, "kill-server", check=False)
 
 
-def test_dead_ranks_show_down_without_holding_up_the_others(ranks: dict[int, TrainingMonitor],
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_dead_ranks_show_down_without_holding_up_the_others(
+    ranks: dict[int, TrainingMonitor], capsys: pytest.CaptureFixture[str]
+) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         refused = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens once it is closed
@@ -191,18 +202,46 @@ def test_dead_ranks_show_down_without_holding_up_the_others(ranks: dict[int, Tra
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A self-signed certificate for 127.0.0.1: its own CA."""
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key",
-                    "-out", "server.crt", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=d, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        cwd=d,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return d
 
 
-def test_https_endpoint_with_basic_auth(certificate: Path, capsys: pytest.CaptureFixture[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_https_endpoint_with_basic_auth(
+    certificate: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     password = "top-secret"
-    monitor = TrainingMonitor(port=0, project="top-tls", web={
-        "tls_cert_file": str(certificate / "server.crt"), "tls_key_file": str(certificate / "server.key"),
-        "basic_auth_users": {"viewer": "sha256:" + hashlib.sha256(password.encode()).hexdigest()}})
+    monitor = TrainingMonitor(
+        port=0,
+        project="top-tls",
+        web={
+            "tls_cert_file": str(certificate / "server.crt"),
+            "tls_key_file": str(certificate / "server.key"),
+            "basic_auth_users": {"viewer": "sha256:" + hashlib.sha256(password.encode()).hexdigest()},
+        },
+    )
     try:
         url = str(monitor.url)
         assert url.startswith("https://")

@@ -44,7 +44,7 @@ class ScrapeEveryStep(Callback):
 
 
 def exponential_lr(index: int) -> float:
-    return 0.01 * 0.9 ** index
+    return 0.01 * 0.9**index
 
 
 def train(mode: int, sink: bool, learning_rate: Any, **monitor_options: Any) -> tuple[TrainingMonitor, ScrapeEveryStep]:
@@ -53,11 +53,13 @@ def train(mode: int, sink: bool, learning_rate: Any, **monitor_options: Any) -> 
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), learning_rate, 0.9))
     # No render cache: every step's scrape must show that step.
-    monitor = TrainingMonitor(port=0, project="it", interval=0.2, warmup_steps=2, web={"cache_seconds": 0},
-                              **monitor_options)
+    monitor = TrainingMonitor(
+        port=0, project="it", interval=0.2, warmup_steps=2, web={"cache_seconds": 0}, **monitor_options
+    )
     checker = ScrapeEveryStep(monitor)
-    model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, checker],
-                dataset_sink_mode=sink)
+    model.train(
+        EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, checker], dataset_sink_mode=sink
+    )
     return monitor, checker
 
 
@@ -129,8 +131,12 @@ def test_a_failing_probe_is_counted_and_training_finishes() -> None:
 
         loss_probe.on_step = broken  # type: ignore[method-assign]
         checker = ScrapeEveryStep(monitor)
-        model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, checker],
-                    dataset_sink_mode=False)
+        model.train(
+            EPOCHS,
+            synthetic_dataset(size=DATA_SIZE, batch=BATCH),
+            callbacks=[monitor, checker],
+            dataset_sink_mode=False,
+        )
         assert len(checker.rows) == STEPS  # training went on
         final = scrape(monitor.url)
         # Counted, then switched off after 3 in a row (tests/integration/test_fault_isolation.py has the rest).
@@ -153,8 +159,12 @@ def test_evaluation_metrics_from_model_fit() -> None:
         return ds.NumpySlicesDataset({"x": features, "y": labels}, shuffle=False).batch(16)
 
     network = nn.Dense(4, 2)
-    model = Model(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                  nn.Momentum(network.trainable_params(), 0.1, 0.9), metrics={"acc": nn.Accuracy()})
+    model = Model(
+        network,
+        nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+        nn.Momentum(network.trainable_params(), 0.1, 0.9),
+        metrics={"acc": nn.Accuracy()},
+    )
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     seen: list[float] = []
 
@@ -197,8 +207,12 @@ def test_checkpoint_and_other_callbacks_are_phases_of_their_own(tmp_path: Path) 
     pausing = Pausing()
     saving = SlowCheckpoint(directory=str(tmp_path / "ckpt"), config=CheckpointConfig(save_checkpoint_steps=2))
     try:
-        model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[pausing, monitor, saving],
-                    dataset_sink_mode=False)
+        model.train(
+            EPOCHS,
+            synthetic_dataset(size=DATA_SIZE, batch=BATCH),
+            callbacks=[pausing, monitor, saving],
+            dataset_sink_mode=False,
+        )
         records = [json.loads(line) for line in Path(monitor.jsonl_path).read_text().splitlines()]
     finally:
         monitor.close()
@@ -236,8 +250,13 @@ def test_finding_12_planned_steps_follow_the_steps_taken_when_a_sink_size_is_giv
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
         checker = ScrapeEveryStep(monitor)
-        model.train(EPOCHS, synthetic_dataset(size=DATA_SIZE, batch=BATCH), callbacks=[monitor, checker],
-                    dataset_sink_mode=True, sink_size=3)
+        model.train(
+            EPOCHS,
+            synthetic_dataset(size=DATA_SIZE, batch=BATCH),
+            callbacks=[monitor, checker],
+            dataset_sink_mode=True,
+            sink_size=3,
+        )
         assert len(checker.rows) == STEPS  # every batch of every epoch, not EPOCHS x 3
         assert all(page.value("mindspore_train_planned_steps") == STEPS for _, _, page in checker.rows)
     finally:

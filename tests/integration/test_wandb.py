@@ -22,8 +22,9 @@ WANDB = Path(sys.executable).parent / "wandb"
 def history(save_dir: Path) -> tuple[dict[str, Any], dict[int, dict[str, float]]]:
     """The one run in save_dir/wandb: its run record, and its history rows by step, as wandb reads them."""
     [log] = sorted((save_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    done = subprocess.run([str(WANDB), "leet", "inspect", "--json", str(log)], capture_output=True, text=True,
-                          check=True, timeout=120)
+    done = subprocess.run(
+        [str(WANDB), "leet", "inspect", "--json", str(log)], capture_output=True, text=True, check=True, timeout=120
+    )
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     [run] = [r["run"] for r in records if r["type"] == "run"]
     rows: dict[int, dict[str, float]] = {}
@@ -34,8 +35,16 @@ def history(save_dir: Path) -> tuple[dict[str, Any], dict[int, dict[str, float]]
 
 
 def test_wandb_holds_the_same_loss_lr_and_throughput_per_step_as_the_json_lines_file(tmp_path: Path) -> None:
-    train({"backend": ["wandb", "local"], "save_dir": str(tmp_path), "interval": 1, "port": 0, "project": "tiny",
-           "tags": {"model": "tiny"}})
+    train(
+        {
+            "backend": ["wandb", "local"],
+            "save_dir": str(tmp_path),
+            "interval": 1,
+            "port": 0,
+            "project": "tiny",
+            "tags": {"model": "tiny"},
+        }
+    )
     records = [json.loads(line) for line in (tmp_path / "metrics-rank0.jsonl").read_text().splitlines()]
     steps = {record["step"]: record for record in records if record["type"] == "step"}
     run, rows = history(tmp_path)

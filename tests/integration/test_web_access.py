@@ -41,30 +41,83 @@ def openssl(*args: str, cwd: Path) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
     d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=ms-exporter test CA", cwd=d)
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ms-exporter test CA",
+        cwd=d,
+    )
     for name, extension in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", f"/CN={name}", cwd=d)
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=d,
+        )
         (d / f"{name}.ext").write_text(extension + "\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            cwd=d,
+        )
     return d
 
 
 def users() -> dict[str, str]:
-    return {"prometheus": "sha256:" + hashlib.sha256(SHA_PASSWORD.encode()).hexdigest(),
-            "grafana": bcrypt.hashpw(BCRYPT_PASSWORD.encode(), bcrypt.gensalt(4)).decode()}
+    return {
+        "prometheus": "sha256:" + hashlib.sha256(SHA_PASSWORD.encode()).hexdigest(),
+        "grafana": bcrypt.hashpw(BCRYPT_PASSWORD.encode(), bcrypt.gensalt(4)).decode(),
+    }
 
 
-def get(url: str, auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
-        method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+def get(
+    url: str,
+    auth: tuple[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], str]:
     status, got, body = get_bytes(url, auth, context, method, headers)
     return status, got, body.decode()
 
 
-def get_bytes(url: str, auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
-              method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def get_bytes(
+    url: str,
+    auth: tuple[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, method=method, headers=headers or {})
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
@@ -126,7 +179,8 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
 def test_formats_follow_accept_and_accept_encoding_and_the_cache_keeps_them_apart(
-        monitors: list[TrainingMonitor]) -> None:
+    monitors: list[TrainingMonitor],
+) -> None:
     monitor = start(monitors, web={"cache_seconds": 60})  # every answer below within one cache window
     status, headers, plain = get_bytes(monitor.url)
     assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
@@ -143,9 +197,11 @@ def test_formats_follow_accept_and_accept_encoding_and_the_cache_keeps_them_apar
 
     assert steady(gzip.decompress(zipped)) == steady(plain)
     # What Prometheus sends: OpenMetrics first among the formats prometheus_client writes.
-    prometheus_accept = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
-                         "encoding=delimited;q=0.7,application/openmetrics-text;version=1.0.0;q=0.5,"
-                         "text/plain;version=0.0.4;q=0.4,*/*;q=0.1")
+    prometheus_accept = (
+        "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+        "encoding=delimited;q=0.7,application/openmetrics-text;version=1.0.0;q=0.5,"
+        "text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
+    )
     for accept, encoding in ((OPENMETRICS, ""), (prometheus_accept, "gzip")):
         status, headers, body = get_bytes(monitor.url, headers={"Accept": accept, "Accept-Encoding": encoding})
         assert status == 200 and headers["Content-Type"].startswith(OPENMETRICS + "; charset=utf-8")
@@ -189,8 +245,9 @@ def test_a_render_that_fails_is_a_counted_500_and_the_next_scrape_works(monitors
     assert status == 200 and Scrape(page).value("mindspore_exporter_errors_total", component="prometheus") == 1
 
 
-def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_basic_auth_with_sha256_and_bcrypt_hashes(
+    monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # One client asks right after a wrong bcrypt password here: lift the ration (tests/unit/test_basic_auth.py).
     monkeypatch.setattr(basic_auth, "PEER_CHECK_SECONDS", 0.0)
     monkeypatch.setattr(basic_auth, "CHECKS_PER_SECOND", 1000.0)
@@ -209,8 +266,14 @@ def test_basic_auth_with_sha256_and_bcrypt_hashes(monitors: list[TrainingMonitor
 
 
 def test_tls_serves_https_and_plain_http_fails(pki: Path, monitors: list[TrainingMonitor]) -> None:
-    monitor = start(monitors, web={"tls_cert_file": str(pki / "server.crt"), "tls_key_file": str(pki / "server.key"),
-                                   "basic_auth_users": users()})
+    monitor = start(
+        monitors,
+        web={
+            "tls_cert_file": str(pki / "server.crt"),
+            "tls_key_file": str(pki / "server.key"),
+            "basic_auth_users": users(),
+        },
+    )
     assert monitor.url.startswith("https://127.0.0.1:")
     status, _, body = get(monitor.url, ("prometheus", SHA_PASSWORD), client_context(pki))
     assert status == 200 and Scrape(body).has("mindspore_train_steps_total")
@@ -224,9 +287,15 @@ def test_tls_serves_https_and_plain_http_fails(pki: Path, monitors: list[Trainin
 
 
 def test_client_certificates_required(pki: Path, monitors: list[TrainingMonitor]) -> None:
-    monitor = start(monitors, web={"tls_cert_file": str(pki / "server.crt"), "tls_key_file": str(pki / "server.key"),
-                                   "client_ca_file": str(pki / "ca.crt"),
-                                   "client_auth_type": "RequireAndVerifyClientCert"})
+    monitor = start(
+        monitors,
+        web={
+            "tls_cert_file": str(pki / "server.crt"),
+            "tls_key_file": str(pki / "server.key"),
+            "client_ca_file": str(pki / "ca.crt"),
+            "client_auth_type": "RequireAndVerifyClientCert",
+        },
+    )
     assert get(monitor.url, None, client_context(pki, certificate=True))[0] == 200
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
         get(monitor.url, None, client_context(pki, certificate=False))
@@ -253,8 +322,10 @@ def test_a_silent_client_does_not_hold_up_other_scrapes(pki: Path, monitors: lis
 def test_prometheus_web_config_file(pki: Path, tmp_path: Path, monitors: list[TrainingMonitor]) -> None:
     hashed = users()["grafana"]
     web_config = tmp_path / "web.yml"
-    web_config.write_text(f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
-                          f"basic_auth_users:\n  grafana: '{hashed}'\n")
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
+        f"basic_auth_users:\n  grafana: '{hashed}'\n"
+    )
     monitor = start(monitors, web={"config_file": str(web_config)})
     assert get(monitor.url, ("grafana", BCRYPT_PASSWORD), client_context(pki))[0] == 200
     assert get(monitor.url, ("grafana", "nope"), client_context(pki))[0] == 401
@@ -278,10 +349,13 @@ def test_bad_tls_material_is_a_construction_error(pki: Path, tmp_path: Path) -> 
 def test_password_hashes_never_printed(tmp_path: Path, monitors: list[TrainingMonitor]) -> None:
     hashes = users()
     config = tmp_path / "monitor.yaml"
-    config.write_text("monitor_config:\n  web:\n    basic_auth_users:\n"
-                      + "".join(f"      {user}: '{hashed}'\n" for user, hashed in hashes.items()))
-    shown = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(config)],
-                           capture_output=True, text=True, check=True).stdout
+    config.write_text(
+        "monitor_config:\n  web:\n    basic_auth_users:\n"
+        + "".join(f"      {user}: '{hashed}'\n" for user, hashed in hashes.items())
+    )
+    shown = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "check-config", str(config)], capture_output=True, text=True, check=True
+    ).stdout
     assert "prometheus: <redacted>" in shown
     assert not any(hashed in shown for hashed in hashes.values())
     monitor = start(monitors, config=str(config))
@@ -292,9 +366,11 @@ def test_password_hashes_never_printed(tmp_path: Path, monitors: list[TrainingMo
 def test_huge_requests_are_refused_and_the_endpoint_keeps_serving(monitors: list[TrainingMonitor]) -> None:
     monitor = start(monitors)
     port = int(monitor.url.split(":")[2].split("/")[0])
-    for request in (b"GET /" + b"a" * 200_000 + b" HTTP/1.1\r\n\r\n",
-                    b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(500)) + b"\r\n",
-                    b"GET /metrics HTTP/1.1\r\nX-Big: " + b"z" * 200_000 + b"\r\n\r\n"):
+    for request in (
+        b"GET /" + b"a" * 200_000 + b" HTTP/1.1\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(500)) + b"\r\n",
+        b"GET /metrics HTTP/1.1\r\nX-Big: " + b"z" * 200_000 + b"\r\n\r\n",
+    ):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(request)
             status_line = sock.recv(200).split(b"\r\n")[0]
@@ -363,10 +439,12 @@ def raw_exchange(port: int, request: bytes, wait: float = 5.0) -> tuple[bytes, b
 
 def test_connections_close_when_asked_idle_or_carrying_a_body(monitors: list[TrainingMonitor]) -> None:
     port = port_of(start(monitors))
-    for request in (b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                    b"GET /metrics HTTP/1.0\r\n\r\n",  # 1.0 without keep-alive: one request per connection
-                    # A body the endpoint does not read: answered, then closed, never parsed as a request.
-                    b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 26\r\n\r\nGET /nothing HTTP/1.1\r\n\r\n"):
+    for request in (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.0\r\n\r\n",  # 1.0 without keep-alive: one request per connection
+        # A body the endpoint does not read: answered, then closed, never parsed as a request.
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 26\r\n\r\nGET /nothing HTTP/1.1\r\n\r\n",
+    ):
         received, closed = raw_exchange(port, request, wait=5.0)
         assert closed, request
         assert received.count(b"HTTP/1.1 ") == 1 and received.startswith(b"HTTP/1.1 200"), received[:80]
@@ -424,8 +502,9 @@ def test_finding_1_slow_and_silent_clients_do_not_take_the_endpoint_down(monitor
             sock.close()
 
 
-def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(monitors: list[TrainingMonitor],
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(
+    monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ms_exporter.sinks import http_server
 
     monkeypatch.setattr(http_server, "REQUEST_SECONDS", 2.0)  # the whole head within 2 s, however it drips
@@ -452,8 +531,10 @@ def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(monitors
 def test_finding_11_requests_are_parsed_as_http_1_1_says(monitors: list[TrainingMonitor]) -> None:
     port = port_of(start(monitors))
     # Two Content-Length headers that disagree: refused, and the "body" is never taken for a second request.
-    smuggled = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 44\r\n\r\n"
-                b"GET /debug/stacks HTTP/1.1\r\nHost: x\r\n\r\n")
+    smuggled = (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 44\r\n\r\n"
+        b"GET /debug/stacks HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
     received, closed = raw_exchange(port, smuggled)
     assert closed and received.startswith(b"HTTP/1.1 400 ") and received.count(b"HTTP/1.1 ") == 1, received[:200]
     received, closed = raw_exchange(port, b"NOT A REQUEST LINE\r\n\r\n")  # a status line, not an HTML page
@@ -507,7 +588,8 @@ def request_from(source: str, port: int, headers: dict[str, str]) -> int:
 
 
 def test_round2_finding_11_a_wrong_password_flood_neither_locks_out_nor_delays_the_honest_scraper(
-        monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch) -> None:
+    monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue #31, finding 11: eight connections from two addresses sending new wrong passwords for a bcrypt user
     took every bcrypt check (the right password got 401 for a minute), and their requests waited in the request
     budget the honest scraper waits in, ahead of it: each of its scrapes waited for the whole flood's queue. Now the
@@ -543,8 +625,10 @@ def test_round2_finding_11_a_wrong_password_flood_neither_locks_out_nor_delays_t
                 answers.append((time.monotonic(), response.status))
         connection.close()
 
-    workers = [threading.Thread(target=flood, args=(source, worker), daemon=True)
-               for worker, source in enumerate(["127.0.0.3", "127.0.0.4"] * 4)]
+    workers = [
+        threading.Thread(target=flood, args=(source, worker), daemon=True)
+        for worker, source in enumerate(["127.0.0.3", "127.0.0.4"] * 4)
+    ]
     began = time.monotonic()
     for thread in workers:
         thread.start()
@@ -579,7 +663,8 @@ def test_round2_finding_11_a_wrong_password_flood_neither_locks_out_nor_delays_t
 
 
 def test_round2_finding_13_request_heads_over_16_kib_are_refused_however_they_arrive(
-        monitors: list[TrainingMonitor]) -> None:
+    monitors: list[TrainingMonitor],
+) -> None:
     """Issue #31, finding 13: h11 measures a head only while it is incomplete, and the server read 64 KiB at a
     time, so a head of up to ~64 KB that arrived in one read was served. Now every head is held to 16 KiB."""
     from ms_exporter.sinks.http_server import MAX_HEAD_BYTES
@@ -609,8 +694,14 @@ def test_round2_finding_1_the_endpoint_answers_while_atexit_closes_the_monitor(t
     """Issue #31, finding 1: a script that never calls close() has its monitor closed from atexit, after the
     interpreter shut down concurrent.futures' pools; the scrape that should read phase="ended" failed ("cannot
     schedule new futures after shutdown") and every normal end paged. The answer threads are the server's own."""
-    process = subprocess.Popen([sys.executable, "-c", ATEXIT_SCRIPT, str(tmp_path)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-c", ATEXIT_SCRIPT, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     assert process.stdin is not None and process.stdout is not None
     try:
         url = process.stdout.readline().strip()  # the process is killed in `finally` if it hangs here

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.integration
 def read_only_disk(where: Path) -> Iterator[Path]:
     """A tmpfs remounted read-only: root's writes fail there too (EROFS), as on a read-only volume."""
     with small_disk(where) as disk:
-        remounted = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True,
-                                   check=False)
+        remounted = subprocess.run(
+            ["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True, check=False
+        )
         if remounted.returncode != 0:
             pytest.skip(f"cannot remount read-only here: {remounted.stderr.strip()}")
         yield disk
@@ -74,7 +75,8 @@ def test_round2_finding_8_tensorboard_with_a_file_in_place_of_its_directory(tmp_
 
 
 def test_round2_finding_8_wandb_on_a_read_only_save_dir_never_writes_elsewhere(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     elsewhere = tmp_path / "system-temp"  # where wandb falls back to: tempfile.gettempdir()
     elsewhere.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
@@ -137,8 +139,9 @@ def test_round2_finding_6_a_link_at_the_json_lines_name_is_not_followed(tmp_path
 
 def test_round2_finding_6_rotation_past_a_planted_directory_keeps_writing(tmp_path: Path) -> None:
     (tmp_path / "metrics-rank0.jsonl.1").mkdir()  # no rename may land there
-    monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=3600, max_file_mb=0.001,
-                              max_files=2)
+    monitor = TrainingMonitor(
+        port=0, backend="local", save_dir=str(tmp_path), interval=3600, max_file_mb=0.001, max_files=2
+    )
     try:
         monitor.on_train_begin(context(0, 0.0))
         writer = monitor._sink_of(JsonlWriter)
@@ -190,8 +193,13 @@ def test_round2_finding_6_hang_dumps_write_through_no_planted_link(tmp_path: Pat
 def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable(tmp_path: Path) -> None:
     save_dir = tmp_path / "run" / "deeper"
     shared = tmp_path / "ms-exporter-targets"  # the documented default, /tmp/ms-exporter-targets, created fresh
-    monitor = TrainingMonitor(port=0, backend=["prometheus", "local", "tensorboard"], save_dir=str(save_dir),
-                              file_sd_dir=str(shared), interval=3600)
+    monitor = TrainingMonitor(
+        port=0,
+        backend=["prometheus", "local", "tensorboard"],
+        save_dir=str(save_dir),
+        file_sd_dir=str(shared),
+        interval=3600,
+    )
     try:
         train_a_little(monitor)
         # Prometheus reads the target as a user of its own (a mkstemp temporary alone would be 0600).
@@ -199,23 +207,33 @@ def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable
     finally:
         monitor.close()
     watchdog._write_atomically(tmp_path / "dumps" / "hang-rank0-20260101T000000Z.txt", "stacks\n")
-    modes = {path: stat.S_IMODE(path.stat().st_mode) for path in
-             (tmp_path / "run", save_dir, save_dir / "tensorboard", save_dir / "tensorboard" / "rank0",
-              tmp_path / "dumps", shared)}
+    modes = {
+        path: stat.S_IMODE(path.stat().st_mode)
+        for path in (
+            tmp_path / "run",
+            save_dir,
+            save_dir / "tensorboard",
+            save_dir / "tensorboard" / "rank0",
+            tmp_path / "dumps",
+            shared,
+        )
+    }
     assert modes.pop(shared) == 0o1777  # sticky: anyone adds a target, none removes or replaces another's
     assert set(modes.values()) == {0o750}, modes
     for path in (save_dir / "metrics-rank0.jsonl", *(save_dir / "tensorboard" / "rank0").iterdir()):
         assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0, path
 
 
-def test_round2_finding_6_a_shared_directory_without_the_sticky_bit_is_named(tmp_path: Path,
-                                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_round2_finding_6_a_shared_directory_without_the_sticky_bit_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shared = tmp_path / "ms-exporter-targets"
     shared.mkdir()
     os.chmod(shared, 0o777)  # as versions before round two made /tmp/ms-exporter-targets
     monitor = TrainingMonitor(port=0, file_sd_dir=str(shared))
     try:
-        assert any(f"{shared} is writable by every user without the sticky bit" in r.getMessage()
-                   for r in caplog.records)
+        assert any(
+            f"{shared} is writable by every user without the sticky bit" in r.getMessage() for r in caplog.records
+        )
     finally:
         monitor.close()

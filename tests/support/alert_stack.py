@@ -27,8 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "integration" / "fault_job.py"
 
 # Small enough to fire within seconds on a fault, large enough to stay quiet on the healthy demo job.
-THRESHOLDS = dataclasses.replace(Thresholds(), loss_high=5.0, grad_norm_high=1e6, grad_norm_exploding=1e7,
-                                 tokens_per_second_low=3000.0, loss_rising_steps=1000)
+THRESHOLDS = dataclasses.replace(
+    Thresholds(),
+    loss_high=5.0,
+    grad_norm_high=1e6,
+    grad_norm_exploding=1e7,
+    tokens_per_second_low=3000.0,
+    loss_rising_steps=1000,
+)
 # Throughput is low while the first graph compiles: the throughput alerts wait longer than that.
 TIMING = dataclasses.replace(TEST_TIMING, slow_for="15s")
 
@@ -50,13 +56,23 @@ class Stack:
                 path = urllib.parse.urlparse(hook["url"]).path
                 hook["url"] = f"http://127.0.0.1:{webhook.port}{path}"
         (tmp / "alertmanager.yml").write_text(yaml.safe_dump(routing))
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp / "rules.yml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]},
-            "scrape_configs": [{"job_name": "mindspore",
-                                "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in self.job_ports]}]}],
-        }))
+        (tmp / "prometheus.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "rule_files": [str(tmp / "rules.yml")],
+                    "alerting": {
+                        "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]
+                    },
+                    "scrape_configs": [
+                        {
+                            "job_name": "mindspore",
+                            "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in self.job_ports]}],
+                        }
+                    ],
+                }
+            )
+        )
 
     def start(self) -> None:
         self.servers.alertmanager(self.alertmanager_port, self.tmp / "alertmanager.yml")
@@ -67,9 +83,13 @@ class Stack:
 
     def run_job(self, project: str, fault: str) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
-        job = subprocess.Popen([sys.executable, str(JOB), "--port", str(self.job_port), "--project", project,
-                                "--fault", fault], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env=env)
+        job = subprocess.Popen(
+            [sys.executable, str(JOB), "--port", str(self.job_port), "--project", project, "--fault", fault],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         assert job.stdout is not None
         assert job.stdout.readline().startswith(f"metrics: http://127.0.0.1:{self.job_port}/")
         return job

@@ -10,9 +10,18 @@ from pathlib import Path
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # What the machine's closed network needs: without the background-networking flags Chromium keeps trying to reach
 # Google's hosts; a fresh profile per call keeps runs independent.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--mute-audio"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--mute-audio",
+]
 
 
 def chromium() -> str:
@@ -24,9 +33,13 @@ def chromium() -> str:
 
 def _run(url: str, extra: list[str], budget_ms: int) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix="ms_exporter_chromium_") as profile:
-        return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}",
-                               f"--virtual-time-budget={budget_ms}", *extra, url],
-                              capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [chromium(), *FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *extra, url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
 
 def dom(url: str, budget_ms: int = 3000) -> str:

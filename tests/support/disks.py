@@ -17,8 +17,9 @@ DISK_BYTES = 64 * 1024
 def small_disk(where: Path, size: int = DISK_BYTES) -> Iterator[Path]:
     """A 64 KiB tmpfs mounted at `where` (needs root, which CI has: it installs Debian packages)."""
     where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                             capture_output=True, text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True, check=False
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

@@ -23,6 +23,7 @@ from tests.support.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 @dataclass
 class DistributedJob:
     """An msrun job of examples/distributed_train.py, and a real Prometheus discovering its ranks via file_sd."""
@@ -44,29 +45,60 @@ class DistributedJob:
 
 
 @contextlib.contextmanager
-def distributed_job(tmp_path: Path, *arguments: str, workers: int = 2, project: str = "dist",
-                    scrape_interval: str = "1s") -> Iterator[DistributedJob]:
+def distributed_job(
+    tmp_path: Path, *arguments: str, workers: int = 2, project: str = "dist", scrape_interval: str = "1s"
+) -> Iterator[DistributedJob]:
     """msrun with `workers` CPU workers of examples/distributed_train.py, and Prometheus with the test-timing rules."""
     targets = tmp_path / "sd"
     prometheus_port, base_port, master_port = free_port(), free_port(workers), free_port()
     (tmp_path / "rules.yml").write_text(render_yaml(render_rules(timing=TEST_TIMING, job_regex="mindspore")))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s"},
-        "rule_files": [str(tmp_path / "rules.yml")],
-        "scrape_configs": [{"job_name": "mindspore", "file_sd_configs": [
-            {"files": [str(targets / "ms-exporter-*.json")], "refresh_interval": "1s"}]}],
-    }))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": scrape_interval, "evaluation_interval": "1s"},
+                "rule_files": [str(tmp_path / "rules.yml")],
+                "scrape_configs": [
+                    {
+                        "job_name": "mindspore",
+                        "file_sd_configs": [{"files": [str(targets / "ms-exporter-*.json")], "refresh_interval": "1s"}],
+                    }
+                ],
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "GLOG_v": "3",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     servers = Servers(tmp_path)
     servers.prometheus(prometheus_port, tmp_path / "prometheus.yml")
-    job = subprocess.Popen([shutil.which("msrun", path=env["PATH"]) or "msrun", f"--worker_num={workers}",
-                            f"--local_worker_num={workers}", f"--master_port={master_port}",
-                            f"--log_dir={tmp_path / 'log'}", "--join=True",
-                            str(ROOT / "examples" / "distributed_train.py"), "--port", str(base_port),
-                            "--file-sd-dir", str(targets), "--project", project, "--linger", "300", *arguments],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
-                           start_new_session=True)
+    job = subprocess.Popen(
+        [
+            shutil.which("msrun", path=env["PATH"]) or "msrun",
+            f"--worker_num={workers}",
+            f"--local_worker_num={workers}",
+            f"--master_port={master_port}",
+            f"--log_dir={tmp_path / 'log'}",
+            "--join=True",
+            str(ROOT / "examples" / "distributed_train.py"),
+            "--port",
+            str(base_port),
+            "--file-sd-dir",
+            str(targets),
+            "--project",
+            project,
+            "--linger",
+            "300",
+            *arguments,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     try:
         yield DistributedJob(targets, base_port, prometheus_port)
     finally:

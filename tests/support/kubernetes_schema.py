@@ -19,8 +19,10 @@ def schema_problems(obj: dict[str, Any]) -> list[str]:
             parsed = model.model_validate(obj)
         except Exception as exc:  # pydantic's ValidationError lists every field that failed
             return [str(exc)]
-        return [f"unknown field {path}" for path in _dropped(obj, parsed.model_dump(by_alias=True, exclude_unset=True,
-                                                                                      mode="json"))]
+        return [
+            f"unknown field {path}"
+            for path in _dropped(obj, parsed.model_dump(by_alias=True, exclude_unset=True, mode="json"))
+        ]
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:
@@ -30,8 +32,11 @@ def schema_problems(obj: dict[str, Any]) -> list[str]:
 
 def _dropped(given: Any, kept: Any, path: str = "") -> list[str]:
     if isinstance(given, dict) and isinstance(kept, dict):
-        return [p for key, value in given.items()
-                for p in ([f"{path}.{key}"] if key not in kept else _dropped(value, kept[key], f"{path}.{key}"))]
+        return [
+            p
+            for key, value in given.items()
+            for p in ([f"{path}.{key}"] if key not in kept else _dropped(value, kept[key], f"{path}.{key}"))
+        ]
     if isinstance(given, list) and isinstance(kept, list):
         lost = [f"{path}[{i}]" for i in range(len(kept), len(given))]
         pairs = enumerate(zip(given, kept, strict=False))

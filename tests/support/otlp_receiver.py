@@ -92,7 +92,7 @@ class _Store:
             self.count += 1
             self.received.append(Received(request, headers))
             if self.keep is not None:
-                del self.received[:-self.keep]
+                del self.received[: -self.keep]
 
     def last(self) -> Received:
         with self.lock:

@@ -15,8 +15,9 @@ class Scrape:
         self.samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
 
     def find(self, metric: str, /, **labels: str) -> list[float]:
-        return [s.value for s in self.samples
-                if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())]
+        return [
+            s.value for s in self.samples if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
 
     def value(self, metric: str, /, **labels: str) -> float:
         found = self.find(metric, **labels)

@@ -27,8 +27,9 @@ class Servers:
         if path is None:
             raise FileNotFoundError(f"{binary} is not installed (make test installs the Debian packages)")
         log = open(self.scratch / f"{binary}.log", "wb")  # noqa: SIM115 - closed in stop()
-        process = subprocess.Popen([path, f"--web.listen-address=127.0.0.1:{port}", *options],
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [path, f"--web.listen-address=127.0.0.1:{port}", *options], stdout=log, stderr=subprocess.STDOUT
+        )
         self._running.append((process, log))
 
         def ready() -> bool:
@@ -48,8 +49,13 @@ class Servers:
 
     def alertmanager(self, port: int, config: Path) -> None:
         # No cluster: it would bind the shared port 9094 and wait for its gossip to settle before sending.
-        self.start("prometheus-alertmanager", port, f"--config.file={config}",
-                   f"--storage.path={self.scratch / 'alertmanager'}", "--cluster.listen-address=")
+        self.start(
+            "prometheus-alertmanager",
+            port,
+            f"--config.file={config}",
+            f"--storage.path={self.scratch / 'alertmanager'}",
+            "--cluster.listen-address=",
+        )
 
     def stop(self) -> None:
         for process, _ in self._running:

@@ -32,15 +32,22 @@ class Webhook:
 
     def firing(self, project: str | None = None) -> list[tuple[str, str, str]]:
         """(alertname, project, receiver path) of every firing alert delivered so far."""
-        return [(a["labels"]["alertname"], a["labels"].get("project", ""), n["path"])
-                for n in list(self.notifications) for a in n["alerts"]
-                if a["status"] == "firing" and (project is None or a["labels"].get("project") == project)]
+        return [
+            (a["labels"]["alertname"], a["labels"].get("project", ""), n["path"])
+            for n in list(self.notifications)
+            for a in n["alerts"]
+            if a["status"] == "firing" and (project is None or a["labels"].get("project") == project)
+        ]
 
     def first_firing(self, project: str, alertname: str) -> dict[str, Any] | None:
         """The first notification that delivered `alertname` firing for `project`."""
         for notification in list(self.notifications):
-            if any(a["status"] == "firing" and a["labels"]["alertname"] == alertname
-                   and a["labels"].get("project") == project for a in notification["alerts"]):
+            if any(
+                a["status"] == "firing"
+                and a["labels"]["alertname"] == alertname
+                and a["labels"].get("project") == project
+                for a in notification["alerts"]
+            ):
                 return notification
         return None
 

@@ -20,8 +20,7 @@ def train(config: Any) -> TrainingMonitor:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     network = build_network(layers=1, d_model=32, heads=2)
-    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), nn.ExponentialDecayLR(0.01, 0.9, 4),
-                                                 0.9))
+    model = Model(network, optimizer=nn.Momentum(network.trainable_params(), nn.ExponentialDecayLR(0.01, 0.9, 4), 0.9))
     monitor = TrainingMonitor(config)
     try:
         model.train(1, synthetic_dataset(size=STEPS * 8, batch=8), callbacks=[monitor], dataset_sink_mode=False)
@@ -33,12 +32,18 @@ def train(config: Any) -> TrainingMonitor:
 def seed_shaped_config(tmp_path: Path, backend: str) -> str:
     """A monitor.yaml in the shape of the seed's config (issue #23), with save_dir tmp_path/out."""
     config = tmp_path / "monitor.yaml"
-    config.write_text(yaml.safe_dump({"monitor_config": {
-        "backend": backend,
-        "metrics": ["loss", "lr", "tokens_per_second", "memory_usage", "global_rank"],
-        "warn_on_value": {"loss": 50.0},
-        "tags": {"model": "tiny"},
-        "interval": 1,
-        "save_dir": str(tmp_path / "out"),
-    }}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "monitor_config": {
+                    "backend": backend,
+                    "metrics": ["loss", "lr", "tokens_per_second", "memory_usage", "global_rank"],
+                    "warn_on_value": {"loss": 50.0},
+                    "tags": {"model": "tiny"},
+                    "interval": 1,
+                    "save_dir": str(tmp_path / "out"),
+                }
+            }
+        )
+    )
     return str(config)

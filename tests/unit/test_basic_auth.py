@@ -102,7 +102,7 @@ def test_round2_finding_11_a_flood_from_two_addresses_cannot_lock_out_the_right_
             tries.append(auth.allows(header("grafana", PASSWORD), peer="10.0.0.9"))
         clock.now += 0.1
     assert True in tries[:3], tries  # in within 3 tries (2 s for the other addresses' turns, then its own)
-    assert all(tries[tries.index(True):])  # and remembered from then on
+    assert all(tries[tries.index(True) :])  # and remembered from then on
     assert len(checked) <= 2 + 30 * basic_auth.CHECKS_PER_SECOND  # the flood still gets no more than the ration
 
 

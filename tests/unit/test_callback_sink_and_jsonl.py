@@ -22,8 +22,13 @@ from tests.support.scrape import scrape
 
 
 def test_sink_mode_counts_every_step_of_a_sink(tmp_path: Path) -> None:
-    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=60,
-                              metrics=["loss", "step_time", "samples_per_second", "tokens_per_second"])
+    monitor = TrainingMonitor(
+        port=0,
+        backend=["prometheus", "local"],
+        save_dir=str(tmp_path),
+        interval=60,
+        metrics=["loss", "step_time", "samples_per_second", "tokens_per_second"],
+    )
     try:
         monitor.on_train_begin(context(0, 0.0, sink_size=10))
         for sink in (1, 2, 3):
@@ -79,8 +84,9 @@ def test_jsonl_rotates_at_max_file_mb(tmp_path: Path) -> None:
     store = MetricStore()
     store.register(catalogue.LOSS).series().value = 1.0
     errors: list = []
-    writer = JsonlWriter(store, str(tmp_path), 0, "p", 60, max_file_mb=0.001, max_files=2,
-                         on_error=lambda c, e: errors.append(e))
+    writer = JsonlWriter(
+        store, str(tmp_path), 0, "p", 60, max_file_mb=0.001, max_files=2, on_error=lambda c, e: errors.append(e)
+    )
     for _ in range(30):
         writer.record_event("filler", text="x" * 200)
         writer.flush()
@@ -187,8 +193,10 @@ def test_file_sd_target_written_with_the_actual_port_and_removed_on_close(tmp_pa
         assert entry["targets"] == [f"127.0.0.1:{port}"]
         assert entry["labels"]["__meta_ms_exporter_rank"] == "0"
         assert entry["labels"]["__meta_ms_exporter_project"] == "bert/large"
-        assert scrape(monitor.url).labels_of("mindspore_train_info")[0]["node"] == entry["labels"][
-            "__meta_ms_exporter_node"]
+        assert (
+            scrape(monitor.url).labels_of("mindspore_train_info")[0]["node"]
+            == entry["labels"]["__meta_ms_exporter_node"]
+        )
     finally:
         monitor.close()
     assert list((tmp_path / "sd").iterdir()) == []

@@ -56,12 +56,14 @@ def test_every_key_is_one_mindspore_sets() -> None:
     network = nn.Dense(4, 1)
     model = Model(network, nn.MSELoss(), nn.SGD(network.trainable_params(), 0.01), metrics={"mae"})
     rng = np.random.default_rng(0)
-    data = [(rng.standard_normal(4).astype(np.float32), rng.standard_normal(1).astype(np.float32))
-            for _ in range(8)]
+    data = [(rng.standard_normal(4).astype(np.float32), rng.standard_normal(1).astype(np.float32)) for _ in range(8)]
     dataset = ds.GeneratorDataset(data, ["x", "y"], shuffle=False).batch(4)
     model.fit(1, dataset, dataset, callbacks=[Capture()], dataset_sink_mode=False)
-    step_keys = {value for name, value in vars(keys).items()
-                 if name.isupper() and name not in ("EVAL_RESULTS", "METRICS") and isinstance(value, str)}
+    step_keys = {
+        value
+        for name, value in vars(keys).items()
+        if name.isupper() and name not in ("EVAL_RESULTS", "METRICS") and isinstance(value, str)
+    }
     assert step_keys and step_keys <= seen["step_end"], step_keys - seen["step_end"]
     assert keys.METRICS in seen["eval_end"]
 

@@ -9,8 +9,17 @@ from ms_exporter import cli
 
 def test_the_table_is_the_command_line() -> None:
     # The module docstring names every subcommand; --help lists them in the table's order.
-    assert set(cli.COMMANDS) == {"check-config", "rules", "dashboard", "kubernetes", "top", "hangs", "report",
-                                 "peak-flops", "demo"}
+    assert set(cli.COMMANDS) == {
+        "check-config",
+        "rules",
+        "dashboard",
+        "kubernetes",
+        "top",
+        "hangs",
+        "report",
+        "peak-flops",
+        "demo",
+    }
     assert all(name in (cli.__doc__ or "") for name in cli.COMMANDS)
     # Only these need MindSpore: the others run in an operator-only install.
     assert {name for name, command in cli.COMMANDS.items() if command.training_side} == {"demo", "peak-flops"}

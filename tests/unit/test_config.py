@@ -115,9 +115,21 @@ def test_env_strings_stay_strings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
-        load_config({"prot": 1, "port": -1, "interval": "soon", "backend": ["prometheus", "grafana"],
-                     "metrics": ["loss", "los"], "loss_window": 0, "log_level": "LOUD", "enable": "yes",
-                     "bind_address": "my host", "warn_on_value": {"accuracy": 1}, "tags": {"rank": "0"}})
+        load_config(
+            {
+                "prot": 1,
+                "port": -1,
+                "interval": "soon",
+                "backend": ["prometheus", "grafana"],
+                "metrics": ["loss", "los"],
+                "loss_window": 0,
+                "log_level": "LOUD",
+                "enable": "yes",
+                "bind_address": "my host",
+                "warn_on_value": {"accuracy": 1},
+                "tags": {"rank": "0"},
+            }
+        )
     problems = info.value.problems
     text = str(info.value)
     assert len(problems) == 11, problems
@@ -197,10 +209,18 @@ def test_env_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_otlp_and_pushgateway_sections() -> None:
-    config = load_config({"backend": ["prometheus", "otlp"],
-                          "otlp": {"endpoint": "http://collector:4317", "protocol": "grpc", "interval": 5,
-                                   "headers": "authorization=Bearer abc, x-tenant=ml"},
-                          "pushgateway": {"url": "http://pushgateway:9091", "on": ["train_end", "interval"]}})
+    config = load_config(
+        {
+            "backend": ["prometheus", "otlp"],
+            "otlp": {
+                "endpoint": "http://collector:4317",
+                "protocol": "grpc",
+                "interval": 5,
+                "headers": "authorization=Bearer abc, x-tenant=ml",
+            },
+            "pushgateway": {"url": "http://pushgateway:9091", "on": ["train_end", "interval"]},
+        }
+    )
     assert config.backend == ("prometheus", "otlp")
     assert config.otlp.headers == {"authorization": "Bearer abc", "x-tenant": "ml"}
     assert config.otlp.interval == 5.0 and config.otlp.insecure is None
@@ -215,8 +235,9 @@ def test_secrets_never_printed(tmp_path: Path) -> None:
         load_config({"otlp": {"headers": {"authorization": ["s3cret"]}}})
     assert "s3cret" not in str(info.value) and "otlp.headers" in str(info.value)
     path = write(tmp_path, "monitor_config:\n  otlp:\n    headers: {authorization: Bearer s3cret}\n")
-    run = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(path)],
-                         capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "check-config", str(path)], capture_output=True, text=True, check=False
+    )
     assert run.returncode == 0, run.stderr
     assert "s3cret" not in run.stdout and "authorization: <redacted>" in run.stdout
 
@@ -235,16 +256,18 @@ def test_config_round_trips_through_its_dict() -> None:
 
 def test_check_config_cli(tmp_path: Path) -> None:
     good = write(tmp_path, PINNED_EXAMPLE)
-    run = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(good)],
-                         capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "check-config", str(good)], capture_output=True, text=True, check=False
+    )
     assert run.returncode == 0, run.stderr
     printed = yaml.safe_load(run.stdout)["monitor_config"]
     assert printed["project"] == "bert-large-wwm-pretrain"
     assert printed["warn_on_value"] == {"loss": {"max": 50.0}, "tokens_per_second": {"min": 1000.0}}
     bad = tmp_path / "bad.yaml"
     bad.write_text("monitor_config: {port: -5, colour: red}")
-    run = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(bad)],
-                         capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "check-config", str(bad)], capture_output=True, text=True, check=False
+    )
     assert run.returncode == 1
     assert "port: must be an integer" in run.stderr and "colour: unknown key" in run.stderr
 
@@ -254,8 +277,11 @@ def test_gradient_sections_defaults_merge_and_errors(tmp_path: Path, monkeypatch
 
     assert load_config(None).grad_norm == GradNormConfig()
     assert load_config(None).layernorm == LayerNormConfig(window=100, drift_threshold=0.3)
-    path = write(tmp_path, "monitor_config:\n  grad_norm: {layers: ['encoder.layers.11.*'], clip: 1.0}\n"
-                           "  layernorm: {window: 20}\n  weight_norm: true\n")
+    path = write(
+        tmp_path,
+        "monitor_config:\n  grad_norm: {layers: ['encoder.layers.11.*'], clip: 1.0}\n"
+        "  layernorm: {window: 20}\n  weight_norm: true\n",
+    )
     monkeypatch.setenv("MS_EXPORTER_GRAD_NORM", "{every_n_steps: 5}")
     config = load_config(path, layernorm={"drift_threshold": None})
     assert config.grad_norm.layers == ("encoder.layers.11.*",)  # the file's sub-key survives the env's
@@ -265,8 +291,13 @@ def test_gradient_sections_defaults_merge_and_errors(tmp_path: Path, monkeypatch
     assert set(config.all_bounds()) == {"grad_norm"}  # drift threshold switched off
     monkeypatch.delenv("MS_EXPORTER_GRAD_NORM")
     with pytest.raises(ConfigError) as info:
-        load_config({"grad_norm": {"evry_n_steps": 2, "layers": ["("], "top_k": -1, "threshold": 0},
-                     "layernorm": "on", "weight_norm": 1})
+        load_config(
+            {
+                "grad_norm": {"evry_n_steps": 2, "layers": ["("], "top_k": -1, "threshold": 0},
+                "layernorm": "on",
+                "weight_norm": 1,
+            }
+        )
     text = str(info.value)
     assert "grad_norm.evry_n_steps: unknown key" in text and "did you mean 'every_n_steps'" in text
     assert "grad_norm.layers: '(' is not a valid regular expression" in text
@@ -347,26 +378,38 @@ def test_the_constraint_vocabulary_says_what_is_allowed() -> None:
 
 def test_every_problem_in_every_section_at_once() -> None:
     with pytest.raises(ConfigError) as info:
-        load_config({"grad_norm": {"every_n_steps": 0}, "otlp": {"protocol": "udp", "timout": 1},
-                     "actions": {"early_stop": {"unit": "batch", "patience": 0}, "lr_backoff": {"factor": 1},
-                                 "snapshot": {"spike_factor": 1, "max_snapshots": 0}},
-                     "web": {"cache_seconds": -1}, "layernorm": {"window": 0}, "port": 65535},
-                    pushgateway={"on": "never"})
+        load_config(
+            {
+                "grad_norm": {"every_n_steps": 0},
+                "otlp": {"protocol": "udp", "timout": 1},
+                "actions": {
+                    "early_stop": {"unit": "batch", "patience": 0},
+                    "lr_backoff": {"factor": 1},
+                    "snapshot": {"spike_factor": 1, "max_snapshots": 0},
+                },
+                "web": {"cache_seconds": -1},
+                "layernorm": {"window": 0},
+                "port": 65535,
+            },
+            pushgateway={"on": "never"},
+        )
     text = str(info.value)
     assert len(info.value.problems) == 12, info.value.problems
-    for fragment in ("grad_norm.every_n_steps: must be an integer from 1 to 1000000, got 0",
-                     "otlp.protocol: must be one of ['grpc', 'http/protobuf'], got 'udp'",
-                     "otlp.timout: unknown key (monitor_config); did you mean 'timeout'?",
-                     "actions.early_stop.unit: must be one of ['epoch', 'step'], got 'batch'",
-                     "actions.early_stop.patience: must be an integer from 1 to 10000000, got 0",
-                     "actions.lr_backoff.factor: must be a number between 0 and 1 (exclusive), got 1",
-                     "actions.snapshot.spike_factor: must be a number greater than 1 and at most 1e+12, got 1",
-                     "actions.snapshot.max_snapshots: must be an integer from 1 to 1000, got 0",
-                     "web.cache_seconds: must be a number of at least 0 and at most 3600, got -1",
-                     "layernorm.window: must be an integer from 1 to 10000000, got 0",
-                     "port: must be 0 (any free port) or a base port from 1 to 65528",
-                     "pushgateway.on: unknown name(s) 'never'; allowed: ['train_end', 'interval'], got 'never' "
-                     "(from keyword argument pushgateway=)"):
+    for fragment in (
+        "grad_norm.every_n_steps: must be an integer from 1 to 1000000, got 0",
+        "otlp.protocol: must be one of ['grpc', 'http/protobuf'], got 'udp'",
+        "otlp.timout: unknown key (monitor_config); did you mean 'timeout'?",
+        "actions.early_stop.unit: must be one of ['epoch', 'step'], got 'batch'",
+        "actions.early_stop.patience: must be an integer from 1 to 10000000, got 0",
+        "actions.lr_backoff.factor: must be a number between 0 and 1 (exclusive), got 1",
+        "actions.snapshot.spike_factor: must be a number greater than 1 and at most 1e+12, got 1",
+        "actions.snapshot.max_snapshots: must be an integer from 1 to 1000, got 0",
+        "web.cache_seconds: must be a number of at least 0 and at most 3600, got -1",
+        "layernorm.window: must be an integer from 1 to 10000000, got 0",
+        "port: must be 0 (any free port) or a base port from 1 to 65528",
+        "pushgateway.on: unknown name(s) 'never'; allowed: ['train_end', 'interval'], got 'never' "
+        "(from keyword argument pushgateway=)",
+    ):
         assert fragment in text, fragment
 
 
@@ -380,7 +423,8 @@ def test_cross_field_rules(tmp_path: Path) -> None:
         load_config({"web": {"tls_cert_file": str(cert)}})
     assert info.value.problems == [
         f"monitor_config.web: tls_cert_file and tls_key_file go together: give both for TLS, or neither, got "
-        f"{{'tls_cert_file': '{cert}', 'tls_key_file': None}} (from monitor_config)"]
+        f"{{'tls_cert_file': '{cert}', 'tls_key_file': None}} (from monitor_config)"
+    ]
     with pytest.raises(ConfigError) as info:
         load_config(web={"client_auth_type": "VerifyClientCertIfGiven"})
     keys = [problem.split(":")[0] for problem in info.value.problems]
@@ -394,15 +438,19 @@ def test_cross_field_rules(tmp_path: Path) -> None:
 
 
 def test_nested_sections_merge_per_sub_key_across_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, "monitor_config:\n  actions:\n    snapshot: {max_snapshots: 2}\n"
-                           "    early_stop: {patience: 9}\n")
+    path = write(
+        tmp_path, "monitor_config:\n  actions:\n    snapshot: {max_snapshots: 2}\n    early_stop: {patience: 9}\n"
+    )
     monkeypatch.setenv("MS_EXPORTER_ACTIONS", "{snapshot: {enable: true}}")
     config = load_config(path, actions={"early_stop": {"enable": True}})
     assert (config.actions.snapshot.enable, config.actions.snapshot.max_snapshots) == (True, 2)
     assert (config.actions.early_stop.enable, config.actions.early_stop.patience) == (True, 9)
     monkeypatch.setenv("MS_EXPORTER_ACTIONS", "{snapshot: {spike_factor: 0.5}}")
-    with pytest.raises(ConfigError, match=r"actions.snapshot.spike_factor: must be a number greater than 1 and at "
-                                          r"most 1e\+12, got 0.5 \(from environment variable MS_EXPORTER_ACTIONS\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actions.snapshot.spike_factor: must be a number greater than 1 and at "
+        r"most 1e\+12, got 0.5 \(from environment variable MS_EXPORTER_ACTIONS\)",
+    ):
         load_config(path)
 
 
@@ -422,8 +470,11 @@ def test_password_hashes_every_bad_user_and_never_the_hash() -> None:
 def test_web_config_file_problems(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config: /etc/server.pem\n")  # dropped silently, it would serve plain HTTP
-    with pytest.raises(ConfigError, match=r"web.config_file: .*web.yml: tls_server_config must be a mapping of cert_"
-                                          r"file, key_file, client_ca_file, client_auth_type, got '/etc/server.pem'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"web.config_file: .*web.yml: tls_server_config must be a mapping of cert_"
+        r"file, key_file, client_ca_file, client_auth_type, got '/etc/server.pem'",
+    ):
         load_config({"web": {"config_file": str(web)}})
     web.write_text("- a list\n")
     with pytest.raises(ConfigError, match=r"web.config_file: .*web.yml must hold a mapping"):
@@ -445,46 +496,62 @@ def test_finding_9_numbers_past_any_bound_are_config_errors(value: Any) -> None:
         for key in path.split("."):  # accepted: only where such a number means something (a loss threshold)
             config = getattr(config, key)
         # FLOPs per token or per second: up to MAX_FLOPS (a zettaFLOP/s is 1e21)
-        assert isinstance(config, float) and config <= (MAX_FLOPS if path.startswith("flops.") else 1e12), \
-            (path, config)
+        assert isinstance(config, float) and config <= (MAX_FLOPS if path.startswith("flops.") else 1e12), (
+            path,
+            config,
+        )
 
 
 def test_finding_9_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_are_refused() -> None:
-    for raw in ({"interval": 1e10}, {"max_file_mb": 1e308}, {"hang": {"min_seconds": 1e10}},
-                {"pushgateway": {"url": "http://h:1", "interval": 1e10}}):
+    for raw in (
+        {"interval": 1e10},
+        {"max_file_mb": 1e308},
+        {"hang": {"min_seconds": 1e10}},
+        {"pushgateway": {"url": "http://h:1", "interval": 1e10}},
+    ):
         with pytest.raises(ConfigError, match="at most"):
             load_config(raw)
 
 
 def test_finding_9_a_400_digit_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MS_EXPORTER_INTERVAL", "9" * 400)
-    with pytest.raises(ConfigError, match=r"interval: must be a number of at least 0.05 and at most 604800, got an "
-                                          r"integer of 400 digits \(from environment variable MS_EXPORTER_INTERVAL\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"interval: must be a number of at least 0.05 and at most 604800, got an "
+        r"integer of 400 digits \(from environment variable MS_EXPORTER_INTERVAL\)",
+    ):
         load_config()
 
 
 def test_finding_9_a_misspelt_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MS_EXPORTER_INTERVL", "5")
-    with pytest.raises(ConfigError, match="MS_EXPORTER_INTERVL: not a monitor_config key; did you mean "
-                                          "MS_EXPORTER_INTERVAL"):
+    with pytest.raises(
+        ConfigError, match="MS_EXPORTER_INTERVL: not a monitor_config key; did you mean MS_EXPORTER_INTERVAL"
+    ):
         load_config()
     monkeypatch.delenv("MS_EXPORTER_INTERVL")
     monkeypatch.setenv("MS_EXPORTER_TOP_PASSWORD", "x")  # ms-exporter top's: not a config key, and no error
     assert load_config().interval == 30
 
 
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)) + \
-    "monitor_config:\n  tags: *i\n"
+BOMB = (
+    "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8))
+    + "monitor_config:\n  tags: *i\n"
+)
 
 
-@pytest.mark.parametrize(("text", "said"), [
-    (BOMB, "more than 100,000 values"),  # a billion values in 10 lines
-    ("monitor_config: &m\n  tags: *m\n", "recursive"),
-    ("monitor_config:\n  tags: " + "[" * 500 + "]" * 500 + "\n", "nested deeper than 64"),
-])
-def test_finding_9_yaml_alias_bombs_recursion_and_nesting_are_config_errors(tmp_path: Path, text: str,
-                                                                            said: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (BOMB, "more than 100,000 values"),  # a billion values in 10 lines
+        ("monitor_config: &m\n  tags: *m\n", "recursive"),
+        ("monitor_config:\n  tags: " + "[" * 500 + "]" * 500 + "\n", "nested deeper than 64"),
+    ],
+)
+def test_finding_9_yaml_alias_bombs_recursion_and_nesting_are_config_errors(
+    tmp_path: Path, text: str, said: str
+) -> None:
     path = tmp_path / "monitor.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=said) as raised:
@@ -498,12 +565,25 @@ def test_finding_9_a_fifo_a_device_and_a_huge_file_are_refused_without_reading_t
     huge = tmp_path / "huge.yaml"
     with huge.open("wb") as out:
         out.truncate(50 * 1024 * 1024)  # 50 MB (sparse)
-    for path, said in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
-                       (huge, "a config file is at most 1,048,576")):
+    for path, said in (
+        (fifo, "not a regular file"),
+        ("/dev/zero", "not a regular file"),
+        (huge, "a config file is at most 1,048,576"),
+    ):
         # In a child with a timeout: a loader that waits for a FIFO's writer would hang this test, not pass it.
-        done = subprocess.run([sys.executable, "-c", "import sys; from ms_exporter import load_config\n"
-                               "try:\n load_config(sys.argv[1])\nexcept Exception as e:\n print(type(e).__name__, e)",
-                               str(path)], capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from ms_exporter import load_config\n"
+                "try:\n load_config(sys.argv[1])\nexcept Exception as e:\n print(type(e).__name__, e)",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.stdout.startswith("ConfigError") and said in done.stdout, (path, done.stdout, done.stderr)
 
 
@@ -546,8 +626,13 @@ def test_round2_finding_13_a_nul_in_save_dir_fails_check_config_not_the_monitor(
     from ms_exporter import TrainingMonitor
 
     path = write(tmp_path, 'monitor_config: {backend: [local], save_dir: "runs\\0x"}\n')
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(path)], capture_output=True,
-                          text=True, check=False, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert done.returncode != 0 and "save_dir: must be a path without control characters" in done.stderr + done.stdout
     with pytest.raises(ConfigError, match="save_dir"):  # a plain ValueError (embedded null byte) before
         TrainingMonitor(port=0, backend=["local"], save_dir=f"{tmp_path}/runs\x00x")
@@ -576,9 +661,11 @@ def lower_bound(key: str) -> float:
 def test_round2_finding_13_every_interval_has_a_documented_lower_bound() -> None:
     named = {path for path, _ in leaves(MonitorConfig) if path.rsplit(".", 1)[-1] in ("interval", "save_seconds")}
     assert named == set(INTERVAL_KEYS)
-    rows = {line.split("|")[1].strip().strip("`"): line for line in
-            (Path(__file__).parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines()
-            if line.startswith("| `")}
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in (Path(__file__).parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `")
+    }
     for key in INTERVAL_KEYS:
         low = lower_bound(key)
         assert 0 < low <= 1, key
@@ -592,8 +679,12 @@ def test_round2_finding_13_every_interval_has_a_documented_lower_bound() -> None
 
 
 def test_round2_credential_check_config_hides_a_token_and_query_values_of_a_target() -> None:
-    config = load_config({"pushgateway": {"url": "https://tok3n@gateway:9091/?api_key=k3y&debug"},
-                          "otlp": {"endpoint": "http://ops:pw0rd@collector:4318/v1/metrics?token=t0k#x"}})
+    config = load_config(
+        {
+            "pushgateway": {"url": "https://tok3n@gateway:9091/?api_key=k3y&debug"},
+            "otlp": {"endpoint": "http://ops:pw0rd@collector:4318/v1/metrics?token=t0k#x"},
+        }
+    )
     shown = config.redacted()
     assert shown["pushgateway"]["url"] == "https://<redacted>@gateway:9091/?api_key=<redacted>&debug"
     assert shown["otlp"]["endpoint"] == "http://ops:<redacted>@collector:4318/v1/metrics?token=<redacted>"

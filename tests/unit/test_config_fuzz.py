@@ -15,18 +15,28 @@ from ms_exporter.config import KEYS, SECTIONS, ConfigError, MonitorConfig, _Bad,
 from tests.support.config_fields import leaves
 
 SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    # sizes: numbers far past any bound (a 400-digit integer, 1e308) and long strings
-                    st.integers(-10**400, 10**400), st.sampled_from([1e308, -1e308, 1e10, 2**63, 2**64 + 1]),
-                    st.text(max_size=20), st.text(min_size=1000, max_size=5000),
-                    st.sampled_from(["prometheus", "otlp", "loss", "grpc", "train_end",
-                                     "$2b$", "sha256:", "0.0.0.0", "1e3", "on", "http://u:p@h:1"]),
-                    # round two: control characters in paths, intervals at and past their lower bounds
-                    st.sampled_from(["runs\x00x", "runs\n", "\x1b[2J", "a\x7f", "x" * 4097]),
-                    st.sampled_from([1e-9, 0.0499, 0.05, 0.0999, 0.1, 5e-324]))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=8)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    # sizes: numbers far past any bound (a 400-digit integer, 1e308) and long strings
+    st.integers(-(10**400), 10**400),
+    st.sampled_from([1e308, -1e308, 1e10, 2**63, 2**64 + 1]),
+    st.text(max_size=20),
+    st.text(min_size=1000, max_size=5000),
+    st.sampled_from(
+        ["prometheus", "otlp", "loss", "grpc", "train_end", "$2b$", "sha256:", "0.0.0.0", "1e3", "on", "http://u:p@h:1"]
+    ),
+    # round two: control characters in paths, intervals at and past their lower bounds
+    st.sampled_from(["runs\x00x", "runs\n", "\x1b[2J", "a\x7f", "x" * 4097]),
+    st.sampled_from([1e-9, 0.0499, 0.05, 0.0999, 0.1, 5e-324]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -84,25 +94,65 @@ def test_random_dicts_give_a_config_or_a_config_error(raw: dict[str, Any]) -> No
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.one_of(configs().map(lambda raw: yaml.safe_dump({"monitor_config": raw}, allow_unicode=True)),
-                 st.text(max_size=200)))
+@given(
+    st.one_of(
+        configs().map(lambda raw: yaml.safe_dump({"monitor_config": raw}, allow_unicode=True)), st.text(max_size=200)
+    )
+)
 def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path: Path, text: str) -> None:
     path = tmp_path / "monitor.yaml"
     path.write_text(text, encoding="utf-8")
     check(path)
 
 
-
-
 # Keys that a rule tying fields together (or the file web.config_file names) may still object to.
-CROSS_FIELD = {"grad_norm.top_k", "grad_norm.max_series", "web.config_file", "web.client_ca_file",
-               "web.client_auth_type", "web.tls_cert_file", "web.tls_key_file", "flops.alert_below",
-               # one key of a model description needs the others
-               *(f"flops.model.{key}" for key in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
-                                                  "vocab_size", "num_kv_heads", "head_dim"))}
-near_valid = st.one_of(values, st.integers(-3, 70000), st.floats(-2, 5), st.floats(0, 0.2), st.sampled_from(
-    ["http://h:1", "grpc", "interval", "DEBUG", "epoch", "127.0.0.1", "::", "x", ["loss"], {"loss": 3}, {"a": "b"},
-     "runs/x\x00", "run\ts", "./runs"]))
+CROSS_FIELD = {
+    "grad_norm.top_k",
+    "grad_norm.max_series",
+    "web.config_file",
+    "web.client_ca_file",
+    "web.client_auth_type",
+    "web.tls_cert_file",
+    "web.tls_key_file",
+    "flops.alert_below",
+    # one key of a model description needs the others
+    *(
+        f"flops.model.{key}"
+        for key in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "ffn_hidden_size",
+            "vocab_size",
+            "num_kv_heads",
+            "head_dim",
+        )
+    ),
+}
+near_valid = st.one_of(
+    values,
+    st.integers(-3, 70000),
+    st.floats(-2, 5),
+    st.floats(0, 0.2),
+    st.sampled_from(
+        [
+            "http://h:1",
+            "grpc",
+            "interval",
+            "DEBUG",
+            "epoch",
+            "127.0.0.1",
+            "::",
+            "x",
+            ["loss"],
+            {"loss": 3},
+            {"a": "b"},
+            "runs/x\x00",
+            "run\ts",
+            "./runs",
+        ]
+    ),
+)
 
 
 @settings(max_examples=600, deadline=None)
@@ -158,8 +208,14 @@ def test_any_project_and_tag_value_renders_as_valid_exposition(project: str, tag
     assert not math.isnan(sample.value)
 
 
-PATH_KEYS = ("save_dir", "file_sd_dir", "web.config_file", "web.tls_cert_file", "web.tls_key_file",
-             "web.client_ca_file")
+PATH_KEYS = (
+    "save_dir",
+    "file_sd_dir",
+    "web.config_file",
+    "web.tls_cert_file",
+    "web.tls_key_file",
+    "web.client_ca_file",
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -174,8 +230,11 @@ def test_round2_finding_13_any_text_as_a_path_is_a_config_or_a_config_error(key:
         if any(ord(c) < 32 or ord(c) == 127 for c in text):
             assert any(p.startswith(f"monitor_config.{key}") for p in exc.problems), exc.problems
         else:  # a usable path may still break a rule between keys (a certificate without its key): named there
-            assert any(p.startswith(f"monitor_config.{key}") or (section and p.startswith(
-                f"monitor_config.{section}:") and sub in p) for p in exc.problems), exc.problems
+            assert any(
+                p.startswith(f"monitor_config.{key}")
+                or (section and p.startswith(f"monitor_config.{section}:") and sub in p)
+                for p in exc.problems
+            ), exc.problems
         return
     for part in key.split("."):
         config = getattr(config, part)
@@ -183,10 +242,10 @@ def test_round2_finding_13_any_text_as_a_path_is_a_config_or_a_config_error(key:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=60).filter(lambda p: "\n  - " not in p), min_size=1, max_size=5),
-       st.text(max_size=30))
-def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_problems(problems: list[str],
-                                                                                  prefix: str) -> None:
+@given(st.lists(st.text(max_size=60).filter(lambda p: "\n  - " not in p), min_size=1, max_size=5), st.text(max_size=30))
+def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_problems(
+    problems: list[str], prefix: str
+) -> None:
     """MindSpore Transformers' registry re-raises `type(e)(f"{cls}: {e}")`; the problems survive it."""
     error = ConfigError(problems)
     again = type(error)(f"{prefix}: {error}")

@@ -12,16 +12,33 @@ from ms_exporter.generate import dashboard
 
 ROOT = Path(__file__).resolve().parents[2]
 # Keys of Grafana's dashboard JSON: a generator that spells them writes JSON by hand instead of through the SDK.
-JSON_KEYS = {"gridPos", "fieldConfig", "panels", "targets", "templating", "schemaVersion", "legendFormat", "refId",
-             "reduceOptions", "thresholdsStyle", "mappings", "type", "uid"}
+JSON_KEYS = {
+    "gridPos",
+    "fieldConfig",
+    "panels",
+    "targets",
+    "templating",
+    "schemaVersion",
+    "legendFormat",
+    "refId",
+    "reduceOptions",
+    "thresholdsStyle",
+    "mappings",
+    "type",
+    "uid",
+}
 
 
 def test_the_generator_spells_no_dashboard_json_key() -> None:
     tree = ast.parse(Path(dashboard.__file__).read_text())
     # queries() reads the rendered JSON (the tests run every query): the one place that may name its keys.
     writers = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "queries")]
-    literals = {node.value for top in writers for node in ast.walk(top)
-                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    literals = {
+        node.value
+        for top in writers
+        for node in ast.walk(top)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
     assert literals & JSON_KEYS == set()
 
 

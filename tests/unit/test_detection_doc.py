@@ -33,12 +33,33 @@ def test_every_failure_is_an_alert_the_rules_have() -> None:
 
 
 def test_render_says_when_a_target_was_missed_and_names_false_pages() -> None:
-    result = {"fault": "nan", "alert": "MindSporeTrainingLossNonFinite", "target": 45, "what": "x", "latency": 80.0,
-              "receiver": "/pager", "fault_injected": True, "others": ["MindSporeTrainingRankDown"], "met": False}
-    text = render({"results": [result], "healthy": {"minutes": 10, "exit": 0, "pages": ["MindSporeTrainingStalled"],
-                                                    "watched_after_end": 120, "ended": 0},
-                   "intervals": {"scrape_interval": "5s"}, "group_wait": {'severity="critical"': "10s"},
-                   "seconds": 900, "versions": {"prometheus": "p", "alertmanager": "a"}})
+    result = {
+        "fault": "nan",
+        "alert": "MindSporeTrainingLossNonFinite",
+        "target": 45,
+        "what": "x",
+        "latency": 80.0,
+        "receiver": "/pager",
+        "fault_injected": True,
+        "others": ["MindSporeTrainingRankDown"],
+        "met": False,
+    }
+    text = render(
+        {
+            "results": [result],
+            "healthy": {
+                "minutes": 10,
+                "exit": 0,
+                "pages": ["MindSporeTrainingStalled"],
+                "watched_after_end": 120,
+                "ended": 0,
+            },
+            "intervals": {"scrape_interval": "5s"},
+            "group_wait": {'severity="critical"': "10s"},
+            "seconds": 900,
+            "versions": {"prometheus": "p", "alertmanager": "a"},
+        }
+    )
     row = "| nan | x | MindSporeTrainingLossNonFinite | 45 s | 80 s | no | /pager | MindSporeTrainingRankDown |"
     assert row in text
     assert "0 of 1 within their target" in text and "**1 alerts delivered** (MindSporeTrainingStalled)" in text

@@ -28,25 +28,36 @@ def test_groups_follow_the_layouts_mindspore_documents() -> None:
     assert groups(ParallelLayout("data_parallel", 8)) == {"0": list(range(8))}
     # dp 2 x mp 4: ranks 0-3 hold the 4 shards of replica 0, ranks 4-7 those of replica 1.
     assert groups(ParallelLayout("semi_auto_parallel", 8), model_parallel=4) == {
-        "0": [0, 4], "1": [1, 5], "2": [2, 6], "3": [3, 7]}
+        "0": [0, 4],
+        "1": [1, 5],
+        "2": [2, 6],
+        "3": [3, 7],
+    }
     # 2 pipeline stages of 4 ranks, each dp 2 x mp 2.
     assert groups(ParallelLayout("semi_auto_parallel", 8, stages=2), model_parallel=2) == {
-        "0": [0, 2], "1": [1, 3], "2": [4, 6], "3": [5, 7]}
+        "0": [0, 2],
+        "1": [1, 3],
+        "2": [4, 6],
+        "3": [5, 7],
+    }
     # dataset_strategy ((4, 1), (4, 1)) splits the batch 4 ways: mp = 8 / 4.
     assert groups(ParallelLayout("auto_parallel", 8, data_parallel=4)) == {"0": [0, 2, 4, 6], "1": [1, 3, 5, 7]}
 
 
-@pytest.mark.parametrize(("layout", "model_parallel", "reason"), [
-    (ParallelLayout("data_parallel", 1), None, "one rank"),
-    (ParallelLayout("stand_alone", 8), None, "train apart"),
-    (ParallelLayout("semi_auto_parallel", 8), None, "set divergence.model_parallel"),
-    (ParallelLayout("semi_auto_parallel", 8, stages=3), 2, "do not split into 3 pipeline stages"),
-    (ParallelLayout("semi_auto_parallel", 8), 3, "does not divide"),
-    (ParallelLayout("semi_auto_parallel", 8, stages=2), 4, "no other rank holds the same shards"),
-])
-def test_no_group_where_there_are_no_replicas_or_the_layout_does_not_say(layout: ParallelLayout,
-                                                                       model_parallel: int | None,
-                                                                       reason: str) -> None:
+@pytest.mark.parametrize(
+    ("layout", "model_parallel", "reason"),
+    [
+        (ParallelLayout("data_parallel", 1), None, "one rank"),
+        (ParallelLayout("stand_alone", 8), None, "train apart"),
+        (ParallelLayout("semi_auto_parallel", 8), None, "set divergence.model_parallel"),
+        (ParallelLayout("semi_auto_parallel", 8, stages=3), 2, "do not split into 3 pipeline stages"),
+        (ParallelLayout("semi_auto_parallel", 8), 3, "does not divide"),
+        (ParallelLayout("semi_auto_parallel", 8, stages=2), 4, "no other rank holds the same shards"),
+    ],
+)
+def test_no_group_where_there_are_no_replicas_or_the_layout_does_not_say(
+    layout: ParallelLayout, model_parallel: int | None, reason: str
+) -> None:
     group, why = replica_group(0, layout, model_parallel)
     assert group is None and reason in why
 
@@ -55,8 +66,9 @@ def test_the_layout_is_read_from_mindspores_context() -> None:
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL)
     try:
         assert read_layout(4) == ParallelLayout("data_parallel", 4, 1, None)
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, pipeline_stages=2,
-                                     dataset_strategy=((2, 1), (2, 1)))
+        ms.set_auto_parallel_context(
+            parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, pipeline_stages=2, dataset_strategy=((2, 1), (2, 1))
+        )
         assert read_layout(8) == ParallelLayout("semi_auto_parallel", 8, 2, 2)
     finally:
         ms.reset_auto_parallel_context()

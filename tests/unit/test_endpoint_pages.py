@@ -33,21 +33,36 @@ def wsgi_answer(fresh: CollectorRegistry, accept: str, encoding: str) -> tuple[s
     def start_response(status: str, response_headers: list[tuple[str, str]]) -> None:
         got.update(status=status, headers=response_headers)
 
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "",
-               "HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": encoding}
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/metrics",
+        "QUERY_STRING": "",
+        "HTTP_ACCEPT": accept,
+        "HTTP_ACCEPT_ENCODING": encoding,
+    }
     body = b"".join(make_wsgi_app(fresh)(environ, start_response))
     return got["status"], got["headers"], body
 
 
-@pytest.mark.parametrize("accept", ["", "*/*", "text/plain; version=0.0.4", "text/plain; version=1.0.0",
-                                    "text/plain; version=1.0.0; escaping=allow-utf-8", "application/openmetrics-text",
-                                    "application/openmetrics-text; version=1.0.0",
-                                    "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4"])
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "",
+        "*/*",
+        "text/plain; version=0.0.4",
+        "text/plain; version=1.0.0",
+        "text/plain; version=1.0.0; escaping=allow-utf-8",
+        "application/openmetrics-text",
+        "application/openmetrics-text; version=1.0.0",
+        "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4",
+    ],
+)
 @pytest.mark.parametrize("encoding", ["", "gzip", "deflate, gzip;q=0.9", "identity"])
 def test_metrics_answers_as_prometheus_clients_own_app(accept: str, encoding: str) -> None:
     fresh = registry()
     status, answer_headers, body = MetricsPages(fresh, {}, 0).answer(
-        "GET", "/metrics", headers(Accept=accept, Accept_Encoding=encoding))
+        "GET", "/metrics", headers(Accept=accept, Accept_Encoding=encoding)
+    )
     expected_status, expected_headers, expected_body = wsgi_answer(fresh, accept, encoding)
     assert (status, answer_headers) == (expected_status, expected_headers)
     if dict(answer_headers).get("Content-Encoding") == "gzip":  # gzip headers carry the time: compare the content
@@ -68,5 +83,6 @@ def test_the_query_is_ignored_and_the_cache_stays_small_whatever_versions_client
 
 def test_an_accept_version_that_is_not_a_number_is_a_400() -> None:
     status, _, body = MetricsPages(registry(), {}, 0).answer(
-        "GET", "/metrics", headers(Accept="application/openmetrics-text; version=one"))
+        "GET", "/metrics", headers(Accept="application/openmetrics-text; version=one")
+    )
     assert status == "400 Bad Request" and b"version" in body

@@ -69,9 +69,16 @@ def test_a_new_sink_gets_every_hook_in_order(monkeypatch: pytest.MonkeyPatch) ->
         monitor.on_train_end(context(3, 0.0))
     finally:
         monitor.close()
-    assert sink.calls == [("start", 0), ("on_step", 1, 1.0), ("on_step", 2, 2.0), ("on_step", 3, 3.0),
-                          ("on_eval", 3, {"accuracy": 0.5}), ("interrupted", "SIGTERM", 3), ("run_ended", 3),
-                          ("close",)]
+    assert sink.calls == [
+        ("start", 0),
+        ("on_step", 1, 1.0),
+        ("on_step", 2, 2.0),
+        ("on_step", 3, 3.0),
+        ("on_eval", 3, {"accuracy": 0.5}),
+        ("interrupted", "SIGTERM", 3),
+        ("run_ended", 3),
+        ("close",),
+    ]
 
 
 def test_a_failing_sink_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,8 +99,9 @@ def test_a_failing_sink_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> No
     assert page.value("mindspore_train_global_step") == 2
 
 
-NEW_FAMILY = MetricFamily("mindspore_train_example_ratio", "gauge", "An example family for this test.", "ratio",
-                          ("part",))
+NEW_FAMILY = MetricFamily(
+    "mindspore_train_example_ratio", "gauge", "An example family for this test.", "ratio", ("part",)
+)
 
 
 class ExampleProbe(Probe):

@@ -16,12 +16,29 @@ from ms_exporter.probes.mfu import MfuProbe, attention_width
 
 WITHIN = 1e-3  # the issue's 0.1%
 
-LLAMA2_7B = ModelShape(num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=11008, vocab_size=32000,
-                       gated_mlp=True)
-LLAMA2_70B = ModelShape(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, ffn_hidden_size=28672,
-                        vocab_size=32000, gated_mlp=True)
-MIXTRAL_8X7B = ModelShape(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
-                          vocab_size=32000, gated_mlp=True, num_experts=8, moe_top_k=2)
+LLAMA2_7B = ModelShape(
+    num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=11008, vocab_size=32000, gated_mlp=True
+)
+LLAMA2_70B = ModelShape(
+    num_layers=80,
+    hidden_size=8192,
+    num_heads=64,
+    num_kv_heads=8,
+    ffn_hidden_size=28672,
+    vocab_size=32000,
+    gated_mlp=True,
+)
+MIXTRAL_8X7B = ModelShape(
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=32000,
+    gated_mlp=True,
+    num_experts=8,
+    moe_top_k=2,
+)
 
 
 def test_a_7b_dense_gpt_follows_megatron_lms_formula() -> None:
@@ -29,8 +46,7 @@ def test_a_7b_dense_gpt_follows_megatron_lms_formula() -> None:
     recomputation, which adds a fourth forward pass; model FLOPs have three: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
     GPT-3 6.7B: l 32, h 4096, s 2048, V 50257, a plain MLP of 4h, full (non-causal) attention as the paper counts."""
     layers, h, s, v = 32, 4096, 2048, 50257
-    gpt3 = ModelShape(num_layers=layers, hidden_size=h, num_heads=32, ffn_hidden_size=4 * h, vocab_size=v,
-                      causal=False)
+    gpt3 = ModelShape(num_layers=layers, hidden_size=h, num_heads=32, ffn_hidden_size=4 * h, vocab_size=v, causal=False)
     published_per_token = 72 * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
     assert from_shape(gpt3).per_token_at(s) == pytest.approx(published_per_token, rel=WITHIN)
     # Causal attention computes half of the attention square: 12 l h s -> 6 l h s.
@@ -44,8 +60,9 @@ def test_a_gated_mlp_model_follows_palms_6n_plus_attention_with_llama2_7bs_publi
     n = 6_738_415_616 - 32000 * 4096 - (32 * 2 * 4096 + 4096)
     layers, heads, head_dim, seq = 32, 32, 128, 4096
     assert LLAMA2_7B.parameters() == 6_738_415_616
-    assert from_shape(LLAMA2_7B).per_token_at(seq) == pytest.approx(6 * n + 6 * layers * heads * head_dim * seq,
-                                                                    rel=WITHIN)
+    assert from_shape(LLAMA2_7B).per_token_at(seq) == pytest.approx(
+        6 * n + 6 * layers * heads * head_dim * seq, rel=WITHIN
+    )
 
 
 def test_grouped_query_attention_counts_only_its_key_value_heads_llama2_70b() -> None:
@@ -94,14 +111,34 @@ def test_every_peak_preset_cites_its_source_in_the_docs() -> None:
 
 
 def test_config_takes_one_source_of_flops_per_token_and_names_what_is_missing() -> None:
-    config = load_config({"flops": {"model": {"num_layers": 32, "hidden_size": 4096, "num_heads": 32,
-                                              "ffn_hidden_size": 11008, "vocab_size": 32000, "gated_mlp": True},
-                                    "peak_flops_per_device": "nvidia_a100_bf16"}})
+    config = load_config(
+        {
+            "flops": {
+                "model": {
+                    "num_layers": 32,
+                    "hidden_size": 4096,
+                    "num_heads": 32,
+                    "ffn_hidden_size": 11008,
+                    "vocab_size": 32000,
+                    "gated_mlp": True,
+                },
+                "peak_flops_per_device": "nvidia_a100_bf16",
+            }
+        }
+    )
     assert config.flops.model_flops() == from_shape(LLAMA2_7B)
     assert config.flops.peak == 312e12
     with pytest.raises(ConfigError, match="one way"):
-        load_config({"flops": {"per_token": 1e9, "model": {**{k: 1 for k in ("num_layers", "hidden_size", "num_heads",
-                                                                               "ffn_hidden_size", "vocab_size")}}}})
+        load_config(
+            {
+                "flops": {
+                    "per_token": 1e9,
+                    "model": {
+                        **{k: 1 for k in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size")}
+                    },
+                }
+            }
+        )
     with pytest.raises(ConfigError, match="needs hidden_size, num_heads, ffn_hidden_size, vocab_size"):
         load_config({"flops": {"model": {"num_layers": 2}}})
     with pytest.raises(ConfigError, match="unknown preset.*nvidia_a100_bf16"):
@@ -113,6 +150,7 @@ def test_config_takes_one_source_of_flops_per_token_and_names_what_is_missing() 
 
 
 # -- the probe -------------------------------------------------------------------------------------------------
+
 
 def _sample(t: float, tokens: int, squares: int, duration: float = 0.1) -> StepSample:
     return StepSample(1, 1, 1, 0.5, duration, 0.0, 4, tokens, 1e9 + t, t, squares=squares)
@@ -136,13 +174,23 @@ def test_probe_flops_per_second_is_tokens_per_second_times_flops_per_token_and_m
     assert store.value_of(c.MFU) == pytest.approx(2.5)  # a peak set too low says so: MFU is not clipped
     assert store.value_of(c.PEAK_FLOPS) == 4e9
     info = store.series_of(c.FLOPS_INFO)[0]
-    assert dict(info.labels) == {"source": "per_token", "attention": "in_per_token", "peak": "number",
-                                 "ranks_per_batch": "1"}
+    assert dict(info.labels) == {
+        "source": "per_token",
+        "attention": "in_per_token",
+        "peak": "number",
+        "ranks_per_batch": "1",
+    }
 
 
 def test_probe_attention_follows_the_batches_real_lengths() -> None:
-    model = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 128, "vocab_size": 0,
-             "causal": False}
+    model = {
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_heads": 4,
+        "ffn_hidden_size": 128,
+        "vocab_size": 0,
+        "causal": False,
+    }
     probe, store = _probe({"model": model, "peak_flops_per_device": "ascend_910_fp16"})
     expected = from_shape(ModelShape(**model))
     probe.on_step(_sample(0.1, tokens=12, squares=3 * 3 + 9 * 9))
@@ -204,10 +252,14 @@ def test_check_config_prints_what_a_description_amounts_to(tmp_path: Any, capsys
     from ms_exporter import cli
 
     path = tmp_path / "llama.yaml"
-    path.write_text("monitor_config:\n  flops:\n    model: {num_layers: 32, hidden_size: 4096, num_heads: 32, "
-                    "ffn_hidden_size: 11008, vocab_size: 32000, gated_mlp: true, seq_length: 4096}\n")
+    path.write_text(
+        "monitor_config:\n  flops:\n    model: {num_layers: 32, hidden_size: 4096, num_heads: 32, "
+        "ffn_hidden_size: 11008, vocab_size: 32000, gated_mlp: true, seq_length: 4096}\n"
+    )
     assert cli.main(["check-config", str(path)]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     per_token = from_shape(LLAMA2_7B).per_token_at(4096)
-    assert last == (f"# flops.model: 6,738,415,616 parameters, 6,607,077,376 of them multiplied per token; "
-                    f"{per_token:.4g} training FLOPs per token of a full 4096-token sequence")
+    assert last == (
+        f"# flops.model: 6,738,415,616 parameters, 6,607,077,376 of them multiplied per token; "
+        f"{per_token:.4g} training FLOPs per token of a full 4096-token sequence"
+    )

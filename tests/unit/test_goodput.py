@@ -21,8 +21,9 @@ from ms_exporter.monitor.store import MetricStore
 
 
 def booked(ledger: TimeLedger) -> dict[str, float]:
-    return {bucket: round(seconds, 9) for bucket, seconds in zip(c.TIME_BUCKETS, ledger.seconds(), strict=True)
-            if seconds}
+    return {
+        bucket: round(seconds, 9) for bucket, seconds in zip(c.TIME_BUCKETS, ledger.seconds(), strict=True) if seconds
+    }
 
 
 # A 3 s deadline in step and data_wait, none elsewhere (as the hang deadline is NaN before training).
@@ -47,8 +48,17 @@ def test_each_second_goes_to_one_bucket_stalled_first_then_compile_then_redo() -
     clock.move(c.EVAL_PHASE, base + 28)  # checkpoint 2
     clock.move(c.ENDED, base + 29)  # eval 1
     ledger.stop(base + 30)  # other 1
-    assert booked(ledger) == {"startup": 10, "compile": 5, "redo": 2.5, "other": 1.5, "data_wait": 1,
-                              "productive": 3, "stalled": 4, "checkpoint": 2, "eval": 1}
+    assert booked(ledger) == {
+        "startup": 10,
+        "compile": 5,
+        "redo": 2.5,
+        "other": 1.5,
+        "data_wait": 1,
+        "productive": 3,
+        "stalled": 4,
+        "checkpoint": 2,
+        "eval": 1,
+    }
     assert sum(ledger.seconds()) == pytest.approx(30)
     clock.move(c.STEP_PHASE, base + 40)  # after stop() nothing is booked
     assert sum(ledger.seconds()) == pytest.approx(30)
@@ -89,6 +99,7 @@ def test_the_process_start_is_read_from_the_kernel() -> None:
     age = time.perf_counter() - process_started()
     assert 0 < age < time.time() - 0  # a real age, not the monitor's construction (0) ...
     import psutil
+
     # ... and the same as psutil's, which adds the boot time in whole seconds.
     assert age == pytest.approx(time.time() - psutil.Process().create_time(), abs=1.5)
 
@@ -138,9 +149,13 @@ def test_two_monitors_of_one_process_do_not_share_a_run_state(tmp_path: Path) ->
 
 
 def test_after_a_normal_end_a_derived_run_starts_anew_and_a_named_one_goes_on(
-        tmp_path: Path, process: Callable[[int], None]) -> None:
-    for pid, given, expected in ((201, False, (0, 0, 0.0)), (202, False, (0, 0, 0.0)),
-                                 (203, True, (1, 100, float(len(c.TIME_BUCKETS))))):
+    tmp_path: Path, process: Callable[[int], None]
+) -> None:
+    for pid, given, expected in (
+        (201, False, (0, 0, 0.0)),
+        (202, False, (0, 0, 0.0)),
+        (203, True, (1, 100, float(len(c.TIME_BUCKETS)))),
+    ):
         process(pid)
         state = RunState(str(tmp_path), "run-b", 3, given=given)
         assert (state.restarts, state.redo_until, sum(state.earlier)) == expected
@@ -157,8 +172,11 @@ def test_ranks_sharing_a_save_dir_keep_files_of_their_own(tmp_path: Path, proces
         rank.save([0.0] * len(c.TIME_BUCKETS), finished=False)
         rank.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ms_exporter-run-run-c-rank0.json", "ms_exporter-run-run-c-rank0.step",
-        "ms_exporter-run-run-c-rank1.json", "ms_exporter-run-run-c-rank1.step"]
+        "ms_exporter-run-run-c-rank0.json",
+        "ms_exporter-run-run-c-rank0.step",
+        "ms_exporter-run-run-c-rank1.json",
+        "ms_exporter-run-run-c-rank1.step",
+    ]
     process(302)
     again = [RunState(str(tmp_path), "run-c", rank, given=False) for rank in range(2)]
     assert [state.redo_until for state in again] == [7, 0] and [state.restarts for state in again] == [1, 1]
@@ -166,8 +184,9 @@ def test_ranks_sharing_a_save_dir_keep_files_of_their_own(tmp_path: Path, proces
         state.close()
 
 
-def test_an_unreadable_state_is_moved_aside_and_the_run_starts_anew(tmp_path: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreadable_state_is_moved_aside_and_the_run_starts_anew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "ms_exporter-run-run-d-rank0.json"
     path.write_text('{"format": 1, "run_id": "run-d", "restarts": "many"')
     state = RunState(str(tmp_path), "run-d", 0, given=False)

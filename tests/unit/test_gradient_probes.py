@@ -16,8 +16,7 @@ from ms_exporter.probes.grad_norm import GradNormProbe, LayerIndex, layer_of
 from ms_exporter.probes.layernorm import LayerNormProbe, spread_evenly
 from ms_exporter.probes.loss_scale import LossScaleProbe
 
-NAMES = ["embed.table", "block.0.attn.weight", "block.0.attn.bias", "block.1.attn.weight", "head.weight",
-         "head.bias"]
+NAMES = ["embed.table", "block.0.attn.weight", "block.0.attn.bias", "block.1.attn.weight", "head.weight", "head.bias"]
 
 
 class Param:
@@ -66,8 +65,9 @@ def test_layer_grouping_and_watch_patterns() -> None:
 
 def test_sampling_every_n_steps_top_k_and_zero_layers() -> None:
     store = MetricStore()
-    probe = GradNormProbe(store, GradNormConfig(every_n_steps=2, layers=("block\\.1",), top_k=2, max_series=4,
-                                                clip=4.0))
+    probe = GradNormProbe(
+        store, GradNormConfig(every_n_steps=2, layers=("block\\.1",), top_k=2, max_series=4, clip=4.0)
+    )
     resolver = LayoutResolver()
     probe.on_train_begin(params(0))
     # (loss, overflow, scale, lr, global_norm, local_norms, sizes): the 7-tuple of MindSpore Transformers.
@@ -77,8 +77,7 @@ def test_sampling_every_n_steps_top_k_and_zero_layers() -> None:
     assert store.get("mindspore_train_grad_norm").series().value == 12.0  # reported, not recomputed
     assert store.get("mindspore_train_grad_norm_distribution").histogram().cumulative()[1] == 1  # step 2 only
     assert store.get("mindspore_train_grad_norm_clipped_total").series().value == 1
-    assert series(store, "mindspore_train_layer_grad_norm") == {"block.1.attn": 0.0, "head": 10.0,
-                                                                "block.0.attn": 5.0}
+    assert series(store, "mindspore_train_layer_grad_norm") == {"block.1.attn": 0.0, "head": 10.0, "block.0.attn": 5.0}
     assert series(store, "mindspore_train_layer_grad_zero_total") == {"block.1.attn": 1}
     # The top two change: block.0.attn drops out and its series is removed.
     later = np.array([9.0, 0.0, 0.0, 2.0, 6.0, 8.0])

@@ -64,10 +64,12 @@ def test_fmt_and_test_integration_are_documented_make_targets() -> None:
         assert target in phony.group(1).split()
         # a comment says what the target does, right above it
         assert re.search(rf"^# .*\n{re.escape(target)}:", makefile, re.MULTILINE), target
-    fmt = makefile[makefile.index("\nfmt:"):].split("\n\n")[0]
+    fmt = makefile[makefile.index("\nfmt:") :].split("\n\n")[0]
     assert "ruff format ms_exporter tests examples benchmarks" in fmt
     assert "ruff check --fix ms_exporter tests examples benchmarks" in fmt
-    integration = makefile[makefile.index("\ntest-integration:"):].split("\n\n")[0]
+    lint = makefile[makefile.index("\nlint:") :].split("\n\n")[0]
+    assert "ruff format --check ms_exporter tests examples benchmarks" in lint  # the tree stays formatted
+    integration = makefile[makefile.index("\ntest-integration:") :].split("\n\n")[0]
     assert "pytest" in integration and integration.rstrip().endswith("tests/integration")
 
 

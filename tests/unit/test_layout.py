@@ -17,13 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README_MAX_LINES = 120
 # The pages whose relative links must land: the front door, the contributor's guide and every page under docs/.
-LINKED_PAGES = ("README.md", "CONTRIBUTING.md", "deploy/README.md",
-                *sorted(str(page.relative_to(ROOT)) for page in DOCS.glob("*.md")))
+LINKED_PAGES = (
+    "README.md",
+    "CONTRIBUTING.md",
+    "deploy/README.md",
+    *sorted(str(page.relative_to(ROOT)) for page in DOCS.glob("*.md")),
+)
 
 
 def _section(text: str, heading: str) -> str:
     """The text under `heading` up to the next heading of its level."""
-    section = text[text.index(heading + "\n"):]
+    section = text[text.index(heading + "\n") :]
     level = "\n" + heading.split(" ", 1)[0] + " "
     return section[: section.index(level, 1)] if level in section[1:] else section
 
@@ -85,8 +89,11 @@ def test_the_readme_is_a_short_front_door() -> None:
 
 
 def test_the_readmes_yaml_block_is_a_valid_monitor_config(tmp_path: Path) -> None:
-    blocks = [block for block in _blocks((ROOT / "README.md").read_text(encoding="utf-8"), "yaml")
-              if block.startswith("monitor_config:")]
+    blocks = [
+        block
+        for block in _blocks((ROOT / "README.md").read_text(encoding="utf-8"), "yaml")
+        if block.startswith("monitor_config:")
+    ]
     assert len(blocks) == 1
     path = tmp_path / "monitor.yaml"
     path.write_text(blocks[0], encoding="utf-8")
@@ -103,7 +110,10 @@ def test_the_readmes_integration_is_python_that_hands_the_monitor_to_model_train
 def test_test_modules_import_helpers_from_tests_support_never_from_each_other() -> None:
     """A helper another module needs lives in tests/support/, so a test module can change without breaking others."""
     crossing = re.compile(r"^\s*(?:from|import)\s+tests\.(?:unit|integration)\.test_\w*", re.MULTILINE)
-    offenders = sorted(f"{path.relative_to(ROOT)}: {match.group().strip()}"
-                       for folder in ("tests", "benchmarks") for path in (ROOT / folder).rglob("*.py")
-                       for match in crossing.finditer(path.read_text(encoding="utf-8")))
+    offenders = sorted(
+        f"{path.relative_to(ROOT)}: {match.group().strip()}"
+        for folder in ("tests", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        for match in crossing.finditer(path.read_text(encoding="utf-8"))
+    )
     assert offenders == [], f"import these from tests/support/ instead: {offenders}"

@@ -17,8 +17,10 @@ SECRET = "s3cr3t-pw"
 
 def test_finding_10_url_passwords_stay_out_of_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "monitor.yaml"
-    path.write_text(f"monitor_config:\n  pushgateway:\n    url: http://ops:{SECRET}@gateway:9091\n"
-                    f"  otlp:\n    endpoint: https://ops:{SECRET}@collector:4318\n")
+    path.write_text(
+        f"monitor_config:\n  pushgateway:\n    url: http://ops:{SECRET}@gateway:9091\n"
+        f"  otlp:\n    endpoint: https://ops:{SECRET}@collector:4318\n"
+    )
     assert cli.main(["check-config", str(path)]) == 0
     printed = capsys.readouterr().out
     assert SECRET not in printed
@@ -39,7 +41,8 @@ def test_finding_10_url_passwords_stay_out_of_config_errors_and_error_logs(caplo
 
 @pytest.mark.parametrize(("address", "warned"), [("0.0.0.0", True), ("127.0.0.1", False), ("::1", False)])
 def test_finding_10_an_endpoint_open_to_other_hosts_without_tls_or_auth_is_warned_about(
-        address: str, warned: bool, caplog: pytest.LogCaptureFixture) -> None:
+    address: str, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
         monitor = TrainingMonitor(port=0, bind_address=address)
         monitor.close()

@@ -18,23 +18,33 @@ RUN_YAML = Path(__file__).resolve().parents[1] / "integration" / "data" / "mindf
 
 
 def test_overlapping_keys_are_read_as_ours_and_the_rest_named() -> None:
-    raw = {"step_interval": 5, "global_norm_spike_threshold": 30.0, "dump_path": "./dump", "monitor_on": True,
-           "project": "x"}
+    raw = {
+        "step_interval": 5,
+        "global_norm_spike_threshold": 30.0,
+        "dump_path": "./dump",
+        "monitor_on": True,
+        "project": "x",
+    }
     done = translate(raw)
     assert raw == {"project": "x", "grad_norm": {"every_n_steps": 5, "threshold": 30.0}}
-    assert done.read == {"step_interval": "grad_norm.every_n_steps",
-                         "global_norm_spike_threshold": "grad_norm.threshold"}
+    assert done.read == {
+        "step_interval": "grad_norm.every_n_steps",
+        "global_norm_spike_threshold": "grad_norm.threshold",
+    }
     assert done.left == ["dump_path", "monitor_on"]
     summary = done.summary()
-    assert summary is not None and "left to MindSpore Transformers' TrainingStateMonitor: dump_path, monitor_on" \
-        in summary
+    assert (
+        summary is not None and "left to MindSpore Transformers' TrainingStateMonitor: dump_path, monitor_on" in summary
+    )
 
 
 def test_our_own_key_wins_over_its_counterpart() -> None:
     config, notes = read_config({"monitor_config": {"step_interval": 5, "grad_norm": {"every_n_steps": 7}}})
     assert config.grad_norm.every_n_steps == 7
-    assert notes == ["monitor_config: MindSpore Transformers keys not read, ms_exporter's own key is set: "
-                     "step_interval (grad_norm.every_n_steps) (docs/mindformers.md)"]
+    assert notes == [
+        "monitor_config: MindSpore Transformers keys not read, ms_exporter's own key is set: "
+        "step_interval (grad_norm.every_n_steps) (docs/mindformers.md)"
+    ]
 
 
 def test_a_block_without_its_keys_says_nothing() -> None:
@@ -45,15 +55,23 @@ def test_a_block_without_its_keys_says_nothing() -> None:
 def test_a_read_key_is_checked_under_our_name() -> None:
     with pytest.raises(ConfigError) as error:
         load_config({"step_interval": 0})
-    assert any(p.startswith("monitor_config.grad_norm.every_n_steps:") and
-               p.endswith("(from monitor_config.step_interval, MindSpore Transformers' key read as ours)")
-               for p in error.value.problems), error.value.problems
+    assert any(
+        p.startswith("monitor_config.grad_norm.every_n_steps:")
+        and p.endswith("(from monitor_config.step_interval, MindSpore Transformers' key read as ours)")
+        for p in error.value.problems
+    ), error.value.problems
 
 
 def test_keywords_still_win_over_the_block(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"trainer": {"type": "CausalLanguageModelingTrainer"},
-                                    "monitor_config": {"monitor_on": True, "step_interval": 4}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {"type": "CausalLanguageModelingTrainer"},
+                "monitor_config": {"monitor_on": True, "step_interval": 4},
+            }
+        )
+    )
     assert load_config(path).grad_norm.every_n_steps == 4
     assert load_config(path, grad_norm={"every_n_steps": 9}).grad_norm.every_n_steps == 9
 
@@ -84,8 +102,9 @@ def test_the_table_keys_are_not_ours() -> None:
 
 
 def test_check_config_prints_what_was_read(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "check-config", str(RUN_YAML)], capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "check-config", str(RUN_YAML)], capture_output=True, text=True, check=True
+    )
     assert "# monitor_config: MindSpore Transformers keys read as ms_exporter's: step_interval" in done.stdout
 
 
@@ -103,8 +122,7 @@ def test_registration_matches_what_is_installed() -> None:
 
 
 def test_the_register_path_holds_the_file_run_mindformer_loads() -> None:
-    done = subprocess.run([sys.executable, "-m", "ms_exporter.mindformers"], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run([sys.executable, "-m", "ms_exporter.mindformers"], capture_output=True, text=True, check=True)
     assert (Path(done.stdout.strip()) / "ms_exporter_callback.py").is_file()
 
 
@@ -126,15 +144,19 @@ def build_like_mindformers(entry: dict[str, Any]) -> Any:
 
 
 def test_round2_finding_12_a_config_error_through_the_registry_names_each_problem_and_the_key_written() -> None:
-    entry = {"type": "TrainingMonitor", "port": -1,
-             "config": {"step_interval": 5, "global_norm_spike_threshold": -1, "dump_path": "./dump"}}
+    entry = {
+        "type": "TrainingMonitor",
+        "port": -1,
+        "config": {"step_interval": 5, "global_norm_spike_threshold": -1, "dump_path": "./dump"},
+    }
     with pytest.raises(ConfigError) as raised:
         build_like_mindformers(entry)
     error = raised.value
     assert str(error).startswith("TrainingMonitor: invalid monitor_config (2 problem(s)):\n  - "), str(error)
     (threshold,) = [p for p in error.problems if p.startswith("monitor_config.grad_norm.threshold:")]
-    assert threshold.endswith("(from monitor_config.global_norm_spike_threshold, MindSpore Transformers' key read "
-                              "as ours)"), threshold
+    assert threshold.endswith(
+        "(from monitor_config.global_norm_spike_threshold, MindSpore Transformers' key read as ours)"
+    ), threshold
     (port,) = [p for p in error.problems if p.startswith("monitor_config.port:")]
     assert port.endswith("(from keyword argument port=)")
 
@@ -146,7 +168,8 @@ def test_round2_finding_12_each_read_key_is_named_for_its_own_value() -> None:
         "monitor_config.grad_norm.every_n_steps: must be an integer from 1 to 1000000, got 0 (from "
         "monitor_config.step_interval, MindSpore Transformers' key read as ours)",
         "monitor_config.grad_norm.threshold: must be a number greater than 0 and at most 1e+12, got 0 (from "
-        "monitor_config.global_norm_spike_threshold, MindSpore Transformers' key read as ours)"]
+        "monitor_config.global_norm_spike_threshold, MindSpore Transformers' key read as ours)",
+    ]
     # A later source that sets the key itself is named instead.
     with pytest.raises(ConfigError) as raised:
         load_config({"global_norm_spike_threshold": 2}, grad_norm={"threshold": -1})

@@ -109,13 +109,16 @@ def test_finding_8_a_loss_that_cannot_be_read_still_counts_the_step() -> None:
 @pytest.mark.parametrize("kind", ["parameter", "tensor", "schedule", "list", "group"])
 def test_learning_rate_in_every_form(kind: str) -> None:
     weights = [Parameter(Tensor(np.ones((2, 2), np.float32)), name=f"w{i}") for i in range(2)]
-    learning_rate: Any = {"parameter": Parameter(Tensor(np.float32(0.01)), name="lr"),
-                          "tensor": Tensor(np.float32(0.01)),
-                          "schedule": nn.ExponentialDecayLR(0.01, 0.5, 1),
-                          "list": [0.01, 0.005, 0.0025, 0.001],
-                          "group": 0.01}[kind]
-    params: Any = ([{"params": weights[:1], "lr": 0.01}, {"params": weights[1:], "lr": 0.02}] if kind == "group"
-                   else weights)
+    learning_rate: Any = {
+        "parameter": Parameter(Tensor(np.float32(0.01)), name="lr"),
+        "tensor": Tensor(np.float32(0.01)),
+        "schedule": nn.ExponentialDecayLR(0.01, 0.5, 1),
+        "list": [0.01, 0.005, 0.0025, 0.001],
+        "group": 0.01,
+    }[kind]
+    params: Any = (
+        [{"params": weights[:1], "lr": 0.01}, {"params": weights[1:], "lr": 0.02}] if kind == "group" else weights
+    )
     optimizer = nn.Momentum(params, learning_rate, 0.9)
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
@@ -135,8 +138,17 @@ def test_learning_rate_in_every_form(kind: str) -> None:
 def test_odd_dataset_elements_do_not_count_tokens_or_raise() -> None:
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
-        for step, element in enumerate([None, [], ["text"], [Tensor(np.ones((0, 8), np.int32))],
-                                        [np.ones((4, 8), np.int64), None], {"input_ids": 3}], start=1):
+        for step, element in enumerate(
+            [
+                None,
+                [],
+                ["text"],
+                [Tensor(np.ones((0, 8), np.int32))],
+                [np.ones((4, 8), np.int64), None],
+                {"input_ids": 3},
+            ],
+            start=1,
+        ):
             monitor.on_train_step_begin(run_context(step, 0.5, element=element))
             monitor.on_train_step_end(run_context(step, 0.5, element=element))
         monitor.publish()
@@ -146,4 +158,3 @@ def test_odd_dataset_elements_do_not_count_tokens_or_raise() -> None:
         assert page.value("mindspore_exporter_errors_total", component="throughput") == 0
     finally:
         monitor.close()
-

@@ -37,7 +37,8 @@ def test_every_sdk_name_the_adapter_needs_is_where_it_expects() -> None:
     problems = otel_sdk.missing()
     assert not problems, (
         f"opentelemetry-sdk {version('opentelemetry-sdk')} moved what ms_exporter/sinks/otel_sdk.py relies on "
-        f"(tested: {otel_sdk.TESTED_VERSIONS}):\n  " + "\n  ".join(problems))
+        f"(tested: {otel_sdk.TESTED_VERSIONS}):\n  " + "\n  ".join(problems)
+    )
 
 
 def test_the_otlp_extra_pins_the_tested_range_and_the_installed_sdk_is_in_it() -> None:
@@ -56,18 +57,27 @@ def free_port() -> int:
 
 
 def one_batch() -> MetricsData:
-    return MetricsData(resource_metrics=[ResourceMetrics(
-        resource=Resource.create({}), scope_metrics=[ScopeMetrics(scope=SCOPE, metrics=[], schema_url="")],
-        schema_url="")])
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(
+                resource=Resource.create({}),
+                scope_metrics=[ScopeMetrics(scope=SCOPE, metrics=[], schema_url="")],
+                schema_url="",
+            )
+        ]
+    )
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_a_failed_export_logs_only_to_the_loggers_the_sink_quiets(protocol: str,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_export_logs_only_to_the_loggers_the_sink_quiets(
+    protocol: str, caplog: pytest.LogCaptureFixture
+) -> None:
     port = free_port()  # nothing listens there
-    exporter: MetricExporter = (GrpcExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True, timeout=1)
-                                if protocol == "grpc" else HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/metrics",
-                                                                        timeout=1))
+    exporter: MetricExporter = (
+        GrpcExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True, timeout=1)
+        if protocol == "grpc"
+        else HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/metrics", timeout=1)
+    )
     with caplog.at_level(logging.DEBUG, logger="opentelemetry"):
         result = exporter.export(one_batch(), timeout_millis=1000)
     exporter.shutdown()
@@ -88,8 +98,9 @@ def exported_counter_temporality() -> AggregationTemporality:
         return MetricExportResult.SUCCESS
 
     inner.export = capture  # type: ignore[method-assign]
-    reader = PeriodicExportingMetricReader(StoreHistogramExporter(inner, MetricStore(), lambda *_: None),
-                                           export_interval_millis=math.inf)
+    reader = PeriodicExportingMetricReader(
+        StoreHistogramExporter(inner, MetricStore(), lambda *_: None), export_interval_millis=math.inf
+    )
     provider = MeterProvider(metric_readers=[reader])
     provider.get_meter("test").create_observable_counter("c", [lambda options: [Observation(1.0)]])
     provider.force_flush()
@@ -99,7 +110,8 @@ def exported_counter_temporality() -> AggregationTemporality:
 
 
 def test_the_wrapper_keeps_the_temporality_the_otlp_exporter_was_configured_with(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", raising=False)
     assert exported_counter_temporality() is AggregationTemporality.CUMULATIVE
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
@@ -119,14 +131,24 @@ def test_preferences_fall_back_to_the_sdk_defaults_with_a_warning(caplog: pytest
 SECRET = "s3cr3t-pw"
 
 
-@pytest.mark.parametrize(("configured", "variable", "shown"), [
-    (f"http://ops:{SECRET}@127.0.0.1:{{port}}", None, "http://ops:<redacted>@127.0.0.1:{port}"),
-    (None, f"http://{SECRET}@127.0.0.1:{{port}}/?api_key={SECRET}", "http://<redacted>@127.0.0.1:{port}/?api_key="
-                                                                  "<redacted>"),
-])
+@pytest.mark.parametrize(
+    ("configured", "variable", "shown"),
+    [
+        (f"http://ops:{SECRET}@127.0.0.1:{{port}}", None, "http://ops:<redacted>@127.0.0.1:{port}"),
+        (
+            None,
+            f"http://{SECRET}@127.0.0.1:{{port}}/?api_key={SECRET}",
+            "http://<redacted>@127.0.0.1:{port}/?api_key=<redacted>",
+        ),
+    ],
+)
 def test_round2_credential_the_otlp_target_is_logged_without_its_credentials(
-        configured: str | None, variable: str | None, shown: str, caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    configured: str | None,
+    variable: str | None,
+    shown: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The INFO line that names the collector (and the error of a failed export) shows the host, never the endpoint's
     user:password@, token@ or query values, whether monitor_config or OTEL_EXPORTER_OTLP_ENDPOINT names it."""
     from ms_exporter.config import OtlpConfig
@@ -139,8 +161,12 @@ def test_round2_credential_the_otlp_target_is_logged_without_its_credentials(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", variable.format(port=port))
     else:
         monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    config = OtlpConfig(endpoint=configured.format(port=port) if configured else None, protocol="http/protobuf",
-                        interval=3600, timeout=1)
+    config = OtlpConfig(
+        endpoint=configured.format(port=port) if configured else None,
+        protocol="http/protobuf",
+        interval=3600,
+        timeout=1,
+    )
     errors: list[BaseException] = []
     with caplog.at_level(logging.INFO, logger="ms_exporter"):
         sink = OtlpExport(MetricStore(), config, RankInfo(0, 0, 1, "host"), "p", lambda _, exc: errors.append(exc))

@@ -92,8 +92,9 @@ def test_a_regularly_slow_callback_raises_the_deadline_of_step_data_wait_and_cal
     for _ in range(5):
         run.steps(19, duration=0.1)
         run.steps(1, duration=0.1, aside=5.0)  # a 5 s upload every 20 steps
-    deadlines = [run.deadline_in(phase) for phase in (catalogue.STEP_PHASE, catalogue.DATA_WAIT_PHASE,
-                                                      catalogue.CALLBACKS)]
+    deadlines = [
+        run.deadline_in(phase) for phase in (catalogue.STEP_PHASE, catalogue.DATA_WAIT_PHASE, catalogue.CALLBACKS)
+    ]
     assert deadlines == pytest.approx([3 * 5.1] * 3)
 
 
@@ -116,12 +117,15 @@ def test_a_new_training_call_compiles_again_and_its_first_step_is_not_a_cycle() 
     assert run.deadline_in(catalogue.STEP_PHASE) == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("percentile", 20, "from 50 to 100"),
-    ("factor", 0.5, "at least 1"),
-    ("min_seconds", 0, "greater than 0"),
-    ("window", 3, "from 10"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("percentile", 20, "from 50 to 100"),
+        ("factor", 0.5, "at least 1"),
+        ("min_seconds", 0, "greater than 0"),
+        ("window", 3, "from 10"),
+    ],
+)
 def test_bad_hang_settings_say_what_is_allowed(key: str, value: float, message: str) -> None:
     with pytest.raises(ValueError, match=rf"monitor_config\.hang\.{key}: .*{message}"):
         load_config({"hang": {key: value}})
@@ -147,7 +151,9 @@ def test_other_callbacks_are_timed_as_checkpoint_or_callbacks_and_left_as_found(
     monitor = Logger()
     timer.wrap([saver, logger, plain, monitor], monitor)  # the monitor itself is not timed
     assert {(type(c).__name__, hook) for c, hook in timer.wrapped} == {
-        ("Saver", "on_train_step_end"), ("Logger", "on_train_epoch_end")}
+        ("Saver", "on_train_step_end"),
+        ("Logger", "on_train_epoch_end"),
+    }
     clock.enter(catalogue.DATA_WAIT_PHASE)
     clock.aside = 0.0
     logger.on_train_epoch_end(None)

@@ -88,8 +88,13 @@ def test_memory_kinds_growth_and_zero_device_omitted() -> None:
     store = MetricStore()
     device = {"value": 0}
     # interval 0: every step reads the device (the monitor passes its `interval`)
-    probe = MemoryProbe(store, warmup_steps=2, window=5, interval=0.0,
-                        device_readers={"device_allocated": lambda: device["value"], "device_peak": lambda: 0})
+    probe = MemoryProbe(
+        store,
+        warmup_steps=2,
+        window=5,
+        interval=0.0,
+        device_readers={"device_allocated": lambda: device["value"], "device_peak": lambda: 0},
+    )
     probe.sample_host()
     family = store.get("mindspore_train_memory_bytes")
     assert family is not None
@@ -116,8 +121,13 @@ def test_memory_kinds_growth_and_zero_device_omitted() -> None:
 
 def test_device_memory_is_read_at_most_every_interval() -> None:
     reads: list[int] = []
-    probe = MemoryProbe(MetricStore(), warmup_steps=0, window=5, interval=3600.0,
-                        device_readers={"device_allocated": lambda: reads.append(1) or 5 * MIB})
+    probe = MemoryProbe(
+        MetricStore(),
+        warmup_steps=0,
+        window=5,
+        interval=3600.0,
+        device_readers={"device_allocated": lambda: reads.append(1) or 5 * MIB},
+    )
     for step in range(1, 50):
         probe.on_step(sample(step))
     assert len(reads) == 1  # the first step, then not again within the hour
@@ -127,8 +137,9 @@ def test_threshold_breach_warns_once_per_episode(caplog: pytest.LogCaptureFixtur
     store = MetricStore()
     loss = store.register(catalogue.LOSS).series()
     tokens = store.register(catalogue.TOKENS_PER_SECOND).series()
-    watcher = ThresholdWatcher(store, {"loss": Bound("max", 5.0), "tokens_per_second": Bound("min", 100.0)},
-                               warmup_steps=3)
+    watcher = ThresholdWatcher(
+        store, {"loss": Bound("max", 5.0), "tokens_per_second": Bound("min", 100.0)}, warmup_steps=3
+    )
     caplog.set_level(logging.WARNING, logger="ms_exporter")
     tokens.value = 1.0  # low during warm-up: not a breach yet
     for steps_done, loss_value in enumerate([1.0, 6.0, 7.0, 8.0, 2.0, 9.0], start=1):
@@ -164,8 +175,15 @@ def test_layernorm_std_of_scales_near_one_keeps_its_digits() -> None:
     values = 1.0 + np.random.default_rng(3).normal(0.0, 4e-5, 512)
     store = MetricStore((("rank", "0"), ("project", "p")))
     probe = LayerNormProbe(store, LayerNormConfig())
-    probe._scales = [_Scale("norm", values.astype(np.float32), probe._mean.series(layer="norm"),
-                            probe._std.series(layer="norm"), probe._drift.series(layer="norm"))]
+    probe._scales = [
+        _Scale(
+            "norm",
+            values.astype(np.float32),
+            probe._mean.series(layer="norm"),
+            probe._std.series(layer="norm"),
+            probe._drift.series(layer="norm"),
+        )
+    ]
     probe.sample(0)
     exact = values.astype(np.float32).astype(np.float64)
     (scale,) = probe._scales

@@ -24,8 +24,9 @@ def steps(monitor: TrainingMonitor, first: int, last: int) -> None:
 
 
 def test_fast_steps_wait_for_the_next_publication_and_lose_nothing(tmp_path: Path) -> None:
-    monitor = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=60,
-                              web={"cache_seconds": 0})
+    monitor = TrainingMonitor(
+        port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=60, web={"cache_seconds": 0}
+    )
     try:
         monitor.on_train_begin(context(0, 0.0))
         steps(monitor, 1, 5)  # microseconds apart: the first is published at once, the rest wait

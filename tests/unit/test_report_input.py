@@ -13,8 +13,12 @@ from ms_exporter.tools.report import MAX_LINE_BYTES, ReportError, load_run, rend
 
 
 def step(number: int, loss: object = 0.5) -> bytes:
-    return json.dumps({"type": "step", "rank": 0, "project": "odd", "step": number, "loss": loss,
-                       "time": 1000.0 + number}).encode() + b"\n"
+    return (
+        json.dumps(
+            {"type": "step", "rank": 0, "project": "odd", "step": number, "loss": loss, "time": 1000.0 + number}
+        ).encode()
+        + b"\n"
+    )
 
 
 # Lines that are no record, each with the words the report gives for it.
@@ -49,8 +53,9 @@ def test_round2_finding_13_a_line_that_is_no_record_is_skipped_and_said(tmp_path
     facts = summary(run)
     assert (facts["steps"], facts["records"], facts["final_loss"], facts["nonfinite_losses"]) == (4, 4, 0.25, 1)
     assert facts["skipped_lines"] == 1
-    assert facts["skipped"].startswith("skipped 1 lines that are not records: first at line 3 of "
-                                       "metrics-rank0.jsonl: "), facts["skipped"]
+    assert facts["skipped"].startswith(
+        "skipped 1 lines that are not records: first at line 3 of metrics-rank0.jsonl: "
+    ), facts["skipped"]
     assert why in facts["skipped"], facts["skipped"]
     assert "odd" in render([run])  # and the page renders
 
@@ -58,11 +63,18 @@ def test_round2_finding_13_a_line_that_is_no_record_is_skipped_and_said(tmp_path
 def test_round2_finding_13_the_report_command_says_what_it_skipped_and_prints_no_traceback(tmp_path: Path) -> None:
     path = write(tmp_path / "metrics-rank0.jsonl", step(1), *(line for line, _ in BAD_LINES.values()), step(2))
     output = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "ms_exporter", "report", str(path), "-o", str(output)],
-                          capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "ms_exporter", "report", str(path), "-o", str(output)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert (f"skipped {len(BAD_LINES)} lines that are not records: first at line 2 of metrics-rank0.jsonl: not UTF-8"
-            in done.stdout), done.stdout
+    assert (
+        f"skipped {len(BAD_LINES)} lines that are not records: first at line 2 of metrics-rank0.jsonl: not UTF-8"
+        in done.stdout
+    ), done.stdout
     assert output.is_file()
 
 
@@ -74,8 +86,10 @@ def test_round2_finding_13_a_50_mb_line_is_skipped_without_stopping_the_report(t
     run = load_run([path])
     facts = summary(run)
     assert (facts["steps"], facts["events"], facts["skipped_lines"]) == (2, [], 2)
-    assert facts["skipped"] == ("skipped 2 lines that are not records: first at line 2 of metrics-rank0.jsonl: "
-                                f"longer than {MAX_LINE_BYTES:,} bytes")
+    assert facts["skipped"] == (
+        "skipped 2 lines that are not records: first at line 2 of metrics-rank0.jsonl: "
+        f"longer than {MAX_LINE_BYTES:,} bytes"
+    )
     # A line of exactly the bound is still read.
     pad = MAX_LINE_BYTES - len(step(3)) + 1
     fits = step(3)[:-2] + b"," + b'"pad": "' + b"y" * (pad - len(b',"pad": ""')) + b'"}\n'
@@ -88,5 +102,6 @@ def test_round2_finding_13_the_wrong_file_is_still_named(tmp_path: Path) -> None
         with pytest.raises(ReportError, match=r"wrong.jsonl:1: not"):
             load_run([write(tmp_path / "wrong.jsonl", first, step(1))])
     with pytest.raises(ReportError, match=r"no step records .*skipped 1 lines that are not records"):
-        load_run([write(tmp_path / "none.jsonl", b'{"type": "snapshot", "metrics": {}}\n',
-                        BAD_LINES["NaN literal"][0])])
+        load_run(
+            [write(tmp_path / "none.jsonl", b'{"type": "snapshot", "metrics": {}}\n', BAD_LINES["NaN literal"][0])]
+        )

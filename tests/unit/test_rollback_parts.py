@@ -93,7 +93,9 @@ def test_a_kept_state_comes_back_exactly_and_old_ones_go(storage: str, tmp_path:
     pid = os.getpid()
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == (
         [f"good-run-rank0-pid{pid}-step000000000002-2.npz", f"good-run-rank0-pid{pid}-step000000000003-3.npz"]
-        if storage == "disk" else [])
+        if storage == "disk"
+        else []
+    )
     states.restore(kept)
     after = {name: p.asnumpy() for name, p in train.parameters_and_names()}
     for name, value in before.items():
@@ -158,14 +160,16 @@ def test_keep_unlisted_filters_a_real_pipeline_before_batch(tmp_path: Path) -> N
 
     ids = np.arange(12, dtype=np.int32).reshape(6, 2)
     labels = np.arange(6, dtype=np.int32)
-    SkippedBatches(tmp_path).append([{"sample_hashes": [sample_hash((ids[2], labels[2])),
-                                                        sample_hash((ids[3], labels[3]))]}])
+    SkippedBatches(tmp_path).append(
+        [{"sample_hashes": [sample_hash((ids[2], labels[2])), sample_hash((ids[3], labels[3]))]}]
+    )
     dataset = ds.NumpySlicesDataset((ids, labels), ["ids", "label"], shuffle=False)
     dataset = dataset.filter(KeepUnlisted(tmp_path), input_columns=["ids", "label"]).batch(2)
     assert [row[1].tolist() for row in dataset.create_tuple_iterator(output_numpy=True)] == [[0, 1], [4, 5]]
 
 
 # -- issue #31, round two: actions that fail alone ------------------------------------------------------------------
+
 
 def _dense_states(directory: Path, max_kept: int = 2) -> tuple[nn.Cell, GoodStates]:
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -176,7 +180,8 @@ def _dense_states(directory: Path, max_kept: int = 2) -> tuple[nn.Cell, GoodStat
 
 
 def test_round2_finding_5_a_good_state_that_cannot_be_read_is_removed_and_the_one_before_restored(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     net, states = _dense_states(tmp_path)
     x = Tensor(np.ones((1, 3), np.float32))
     states.capture(10)
@@ -226,7 +231,8 @@ def test_round2_finding_6_good_states_and_the_list_replace_planted_links_never_f
 
 
 def test_round2_finding_9_a_corrupt_list_is_moved_aside_and_a_new_one_started(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "skipped-batches.json"
     path.write_text('{"version": 1, "batches": [{"step": 3}')  # torn
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
@@ -240,13 +246,15 @@ def test_round2_finding_9_a_corrupt_list_is_moved_aside_and_a_new_one_started(
 
 @pytest.mark.parametrize("helper", ["SkipListedSamples", "KeepUnlisted"])
 def test_round2_finding_9_the_dataset_helpers_name_a_corrupt_list_and_what_is_wrong(
-        helper: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    helper: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "skipped-batches.json"
     path.write_text("{not json")
 
     def make() -> object:
-        return SkipListedSamples([(np.zeros(2),)], tmp_path) if helper == "SkipListedSamples" \
-            else KeepUnlisted(tmp_path)
+        return (
+            SkipListedSamples([(np.zeros(2),)], tmp_path) if helper == "SkipListedSamples" else KeepUnlisted(tmp_path)
+        )
 
     with pytest.raises(ValueError, match=f"{path}: not a skipped-batches list \\(not valid JSON"):
         make()
@@ -266,27 +274,33 @@ def test_round2_finding_9_the_dataset_helpers_name_a_corrupt_list_and_what_is_wr
 
 
 def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_are_removed_at_the_start(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from ms_exporter.actions.runner import ActionRunner
     from ms_exporter.monitor.store import MetricStore
 
-    config = load_config({"save_dir": str(tmp_path), "run_id": "job7",
-                          "actions": {"rollback": {"enable": True, "storage": "disk"}}})
+    config = load_config(
+        {"save_dir": str(tmp_path), "run_id": "job7", "actions": {"rollback": {"enable": True, "storage": "disk"}}}
+    )
     states = tmp_path / "good-states"
     states.mkdir()
     old = 1_000_000_000  # long before this process started
     pid = os.getpid()
-    gone = [states / "good-job7-rank0-pid99999-step000000000100-1.npz",  # a killed process of this run and rank
-            states / ".good-job7-rank0-pid99999-step000000000200-2.npz.k3j_x9.partial",
-            states / f"good-job7-rank0-pid{pid}-step000000000300-1.npz",  # this pid, but older than this process
-            states / "good-step000000000100-1.npz.partial",  # a temporary of the names before round two
-            tmp_path / "skipped-batches.json.4242.partial",
-            tmp_path / ".skipped-batches.json.ab_12x.partial"]
-    stay = [states / "good-job7-rank1-pid99999-step000000000100-1.npz",  # another rank
-            states / "good-job8-rank0-pid99999-step000000000100-1.npz",  # another run
-            states / "good-step000000000100-1.npz",  # no rank in its name: whose it is cannot be told
-            tmp_path / ".skipped-batches.json.live_1.partial",  # a live rank's append, younger than this process
-            tmp_path / "skipped-batches.json"]
+    gone = [
+        states / "good-job7-rank0-pid99999-step000000000100-1.npz",  # a killed process of this run and rank
+        states / ".good-job7-rank0-pid99999-step000000000200-2.npz.k3j_x9.partial",
+        states / f"good-job7-rank0-pid{pid}-step000000000300-1.npz",  # this pid, but older than this process
+        states / "good-step000000000100-1.npz.partial",  # a temporary of the names before round two
+        tmp_path / "skipped-batches.json.4242.partial",
+        tmp_path / ".skipped-batches.json.ab_12x.partial",
+    ]
+    stay = [
+        states / "good-job7-rank1-pid99999-step000000000100-1.npz",  # another rank
+        states / "good-job8-rank0-pid99999-step000000000100-1.npz",  # another run
+        states / "good-step000000000100-1.npz",  # no rank in its name: whose it is cannot be told
+        tmp_path / ".skipped-batches.json.live_1.partial",  # a live rank's append, younger than this process
+        tmp_path / "skipped-batches.json",
+    ]
     for path in (*gone, *stay):
         path.write_bytes(b"x")
         if path.name != ".skipped-batches.json.live_1.partial":

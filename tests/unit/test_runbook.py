@@ -30,8 +30,11 @@ def test_heading_anchors_follow_the_repository_hosts_slugs() -> None:
 
 
 def test_with_a_base_every_runbook_url_is_absolute_and_names_a_section_of_the_runbook() -> None:
-    headings = {heading_anchor(line[3:]) for line in (ROOT / "docs/alerts.md").read_text().splitlines()
-                if line.startswith("## ")}
+    headings = {
+        heading_anchor(line[3:])
+        for line in (ROOT / "docs/alerts.md").read_text().splitlines()
+        if line.startswith("## ")
+    }
     found = alerts(render_rules(runbook_base=BASE))
     assert len(found) >= 19
     for name, rule in found.items():

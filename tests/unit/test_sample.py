@@ -108,6 +108,7 @@ def test_a_batch_that_is_not_tensors_counts_nothing() -> None:
 
 # -- the attention term's sum of sequence lengths squared (flops on) -------------------------------------------------
 
+
 def test_squares_of_a_padded_batch_are_each_samples_real_length_squared() -> None:
     counter = BatchCounter("attention_mask", "input_ids", "actual_seq_len")
     counter.bind(FakeDataset(["input_ids", "attention_mask"], 2, [[2, 4], [2, 4]]))

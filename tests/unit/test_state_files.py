@@ -45,9 +45,16 @@ RANDOM_STEP = bytes.fromhex("9e5b7d0e84f3a17c")
 def a_state(**changes: Any) -> dict[str, Any]:
     """A well-formed state of run `odd`, rank 0: 2 restarts, step 10 reached, 1 s per bucket so far."""
     state: dict[str, Any] = {
-        "format": 1, "run_id": RUN_ID, "rank": 0, "restarts": 2, "highest_step": 10, "saved": 1.7e9,
-        "finished": False, "earlier_seconds": dict.fromkeys(c.TIME_BUCKETS, 1.0),
-        "process": {"pid": OTHER_PID, "seconds": dict.fromkeys(c.TIME_BUCKETS, 1.0)}}
+        "format": 1,
+        "run_id": RUN_ID,
+        "rank": 0,
+        "restarts": 2,
+        "highest_step": 10,
+        "saved": 1.7e9,
+        "finished": False,
+        "earlier_seconds": dict.fromkeys(c.TIME_BUCKETS, 1.0),
+        "process": {"pid": OTHER_PID, "seconds": dict.fromkeys(c.TIME_BUCKETS, 1.0)},
+    }
     state.update(changes)
     return state
 
@@ -73,10 +80,12 @@ def monitor_in(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[Path], Tr
 
 def exported(monitor: TrainingMonitor) -> dict[str, Any]:
     store = monitor.store
-    return {"restarts": store.value_of(c.RESTARTS),
-            "run_time": {dict(s.labels)["bucket"]: s.value for s in store.series_of(c.RUN_TIME_SECONDS)},
-            "errors": {dict(s.labels)["component"]: s.value for s in store.series_of(c.ERRORS)},
-            "redo_until": monitor._goodput._redo_until if monitor._goodput is not None else None}
+    return {
+        "restarts": store.value_of(c.RESTARTS),
+        "run_time": {dict(s.labels)["bucket"]: s.value for s in store.series_of(c.RUN_TIME_SECONDS)},
+        "errors": {dict(s.labels)["component"]: s.value for s in store.series_of(c.ERRORS)},
+        "redo_until": monitor._goodput._redo_until if monitor._goodput is not None else None,
+    }
 
 
 def assert_sane(values: dict[str, Any]) -> None:
@@ -108,8 +117,8 @@ ODD_STATES = {
 
 @pytest.mark.parametrize("content", ODD_STATES.values(), ids=ODD_STATES.keys())
 def test_round2_finding_7_an_odd_run_state_is_moved_aside_and_the_run_starts_anew(
-        tmp_path: Path, content: bytes, monitor_in: Callable[..., TrainingMonitor],
-        caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, content: bytes, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / STATE).write_bytes(content)
     monitor = monitor_in(tmp_path)  # constructs: no UnicodeDecodeError, ValueError, struct.error, OverflowError ...
     values = exported(monitor)
@@ -126,7 +135,8 @@ def test_round2_finding_7_an_odd_run_state_is_moved_aside_and_the_run_starts_ane
 
 
 def test_round2_finding_7_a_fifo_as_run_state_does_not_hang_construction(
-        tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
+) -> None:
     fifo = tmp_path / STATE
     os.mkfifo(fifo)
     made: list[TrainingMonitor] = []
@@ -145,7 +155,8 @@ def test_round2_finding_7_a_fifo_as_run_state_does_not_hang_construction(
 
 
 def test_round2_finding_7_a_symlink_to_dev_zero_as_run_state_is_not_read(
-        tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / STATE).symlink_to("/dev/zero")
     monitor = monitor_in(tmp_path)  # the code before read /dev/zero until memory ran out
     assert exported(monitor)["restarts"] == 0
@@ -163,8 +174,8 @@ ODD_MARKS = {
 
 @pytest.mark.parametrize("content", ODD_MARKS.values(), ids=ODD_MARKS.keys())
 def test_round2_finding_7_an_odd_step_mark_is_moved_aside_and_the_saved_highest_step_counts(
-        tmp_path: Path, content: bytes, monitor_in: Callable[..., TrainingMonitor],
-        caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, content: bytes, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / STATE).write_bytes(encoded(a_state()))
     (tmp_path / MARK).write_bytes(content)
     monitor = monitor_in(tmp_path)
@@ -179,7 +190,8 @@ def test_round2_finding_7_an_odd_step_mark_is_moved_aside_and_the_saved_highest_
 
 
 def test_a_good_step_mark_past_the_last_save_is_the_redo_limit(
-        tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / STATE).write_bytes(encoded(a_state()))
     (tmp_path / MARK).write_bytes(struct.pack("<q", 250))
     values = exported(monitor_in(tmp_path))
@@ -189,7 +201,8 @@ def test_a_good_step_mark_past_the_last_save_is_the_redo_limit(
 
 # -- finding 6: no write follows a link ---------------------------------------------------------------------------
 def test_round2_finding_6_a_symlink_at_the_step_mark_is_not_written_through(
-        tmp_path: Path, monitor_in: Callable[..., TrainingMonitor]) -> None:
+    tmp_path: Path, monitor_in: Callable[..., TrainingMonitor]
+) -> None:
     precious = tmp_path / "elsewhere" / "precious.bin"
     precious.parent.mkdir()
     precious.write_bytes(RANDOM_STEP + b"the training user's data")
@@ -207,7 +220,8 @@ def test_round2_finding_6_a_symlink_at_the_step_mark_is_not_written_through(
 
 
 def test_round2_finding_6_the_run_state_is_saved_through_a_fresh_temporary(
-        tmp_path: Path, monitor_in: Callable[..., TrainingMonitor]) -> None:
+    tmp_path: Path, monitor_in: Callable[..., TrainingMonitor]
+) -> None:
     precious = tmp_path / "precious.txt"
     precious.write_text("the training user's data")
     save_dir = tmp_path / "save"
@@ -229,23 +243,32 @@ def test_round2_finding_6_the_run_state_is_saved_through_a_fresh_temporary(
 # -- finding 3: a full disk ---------------------------------------------------------------------------------------
 @pytest.mark.integration
 def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_off_without_sigbus(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from tests.support.disks import fill, small_disk
 
-    script = ("import json; from ms_exporter import TrainingMonitor, catalogue as c\n"
-              "m = TrainingMonitor(port=0)\n"
-              "m._goodput.step_ended(5)\n"
-              "m._goodput.save()\n"
-              "errors = {dict(s.labels)['component']: s.value for s in m.store.series_of(c.ERRORS)}\n"
-              "run = sum(s.value for s in m.store.series_of(c.RUN_TIME_SECONDS))\n"
-              "print(json.dumps({'errors': errors.get('goodput'), 'kept': m._goodput.state is not None, "
-              "'run': run}))\n"
-              "m.close()\n")
+    script = (
+        "import json; from ms_exporter import TrainingMonitor, catalogue as c\n"
+        "m = TrainingMonitor(port=0)\n"
+        "m._goodput.step_ended(5)\n"
+        "m._goodput.save()\n"
+        "errors = {dict(s.labels)['component']: s.value for s in m.store.series_of(c.ERRORS)}\n"
+        "run = sum(s.value for s in m.store.series_of(c.RUN_TIME_SECONDS))\n"
+        "print(json.dumps({'errors': errors.get('goodput'), 'kept': m._goodput.state is not None, "
+        "'run': run}))\n"
+        "m.close()\n"
+    )
     with small_disk(tmp_path / "disk") as disk:
         fill(disk, leave=0)
-        done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], cwd=disk, capture_output=True,
-                              text=True, timeout=300, check=False,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"})
+        done = subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", script],
+            cwd=disk,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"},
+        )
         # The code before: -7, SIGBUS on the first store into the mapped hole of the new .step file.
         assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -256,7 +279,8 @@ def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_
 
 
 def test_round2_finding_3_the_step_mark_is_allocated_before_it_is_mapped(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Without a tmpfs to fill: a file system that has no block for the mark is the same ENOSPC."""
     from ms_exporter.monitor import run_state
 
@@ -281,7 +305,8 @@ def test_round2_finding_3_the_step_mark_is_allocated_before_it_is_mapped(
 
 # -- finding 10: two processes on one save_dir and rank ---------------------------------------------------------
 def test_round2_finding_10_a_second_process_leaves_the_owners_files_alone(
-        tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
+) -> None:
     """The other process is a lock taken here on a descriptor of its own (flock is per open file description)."""
     lock = tmp_path / "ms_exporter-rank0.lock"
     other = os.open(lock, os.O_RDWR | os.O_CREAT, 0o640)
@@ -364,9 +389,15 @@ class Child:
 
     def __init__(self, save_dir: Path, log: Path) -> None:
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(save_dir)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(save_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"},
+        )
 
     def answer(self, seconds: float = 180) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -416,8 +447,10 @@ def test_round2_finding_10_two_processes_on_one_save_dir_keep_their_files_apart(
     assert state.read_bytes() == owners and json.loads(owners)["process"]["pid"] == first.proc.pid
     assert sorted(p.name for p in save_dir.glob("ms_exporter-run-*")) == [state.name, state.with_suffix(".step").name]
     # Each JSON Lines file holds its own process's steps: the report of the first reads the first only.
-    steps = {path: [r["step"] for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "step"]
-             for path in (first_jsonl, second_jsonl)}
+    steps = {
+        path: [r["step"] for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "step"]
+        for path in (first_jsonl, second_jsonl)
+    }
     assert steps == {first_jsonl: [1, 2, 3, 4, 5], second_jsonl: [101, 102, 103]}
     assert summary(load_run([first_jsonl]))["records"] == 5
     assert not (save_dir / "ms_exporter-rank0.lock").exists()  # let go by the owner's close

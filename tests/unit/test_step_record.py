@@ -29,12 +29,23 @@ def test_a_record_reaches_the_probes_field_by_field() -> None:
     store = MetricStore()
     errors = ErrorSink(store)
     probe = _Recording()
-    publisher = StepPublisher([probe], ThresholdWatcher(store, {}, 0), None, [], BatchCounter("mask", "ids"),
-                              errors, Breaker(errors, store))
+    publisher = StepPublisher(
+        [probe], ThresholdWatcher(store, {}, 0), None, [], BatchCounter("mask", "ids"), errors, Breaker(errors, store)
+    )
     publisher.reset(4)
     outputs = (0.5, "overflow", "scale")
-    publisher.pending.append(StepRecord(step=6, epoch=2, loss=0.5, began=10.0, ended=10.25, data_wait=0.125,
-                                        kept=((3, 8), None, None), outputs=outputs))
+    publisher.pending.append(
+        StepRecord(
+            step=6,
+            epoch=2,
+            loss=0.5,
+            began=10.0,
+            ended=10.25,
+            data_wait=0.125,
+            kept=((3, 8), None, None),
+            outputs=outputs,
+        )
+    )
     publisher.publish(None)
     [sample] = probe.samples
     assert (sample.step, sample.epoch, sample.steps, sample.loss) == (6, 2, 2, 0.5)  # a sink of 2 steps

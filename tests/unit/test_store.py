@@ -23,8 +23,9 @@ def test_gauges_counters_histograms_render_with_constant_labels() -> None:
     store.register(MetricFamily("mindspore_train_steps_total", "counter", "steps", "1")).series().value = 7
     memory = store.register(MetricFamily("mindspore_train_memory_bytes", "gauge", "mem", "bytes"))
     memory.series(kind="host_rss").value = 100
-    hist = store.register(MetricFamily("mindspore_train_step_duration_seconds", "histogram", "d", "seconds",
-                                     buckets=(0.01, 0.1, 1.0))).histogram()
+    hist = store.register(
+        MetricFamily("mindspore_train_step_duration_seconds", "histogram", "d", "seconds", buckets=(0.01, 0.1, 1.0))
+    ).histogram()
     hist.observe(0.05)
     hist.observe(0.5, count=3)  # a sink of 3 steps
     hist.observe(5.0)

@@ -10,8 +10,12 @@ from ms_exporter.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_st
 
 
 def _alerts(thresholds: Thresholds) -> dict[str, str]:
-    return {rule["alert"]: rule["expr"] for group in render_rules(thresholds)["groups"] for rule in group["rules"]
-            if "alert" in rule}
+    return {
+        rule["alert"]: rule["expr"]
+        for group in render_rules(thresholds)["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
 
 
 def test_the_config_defaults_are_the_alert_defaults() -> None:
@@ -26,9 +30,11 @@ def test_a_changed_default_moves_rules_and_dashboard_together() -> None:
     moved = Thresholds(loss_high=7.5, grad_norm_high=2.5)
     assert _alerts(moved)["MindSporeTrainingLossHigh"].endswith("> 7.5")
     assert _alerts(moved)["MindSporeTrainingGradNormHigh"].endswith("> 2.5")
-    drawn = {panel["title"]: panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]
-             for panel in render_dashboard(moved)["panels"]
-             if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})}
+    drawn = {
+        panel["title"]: panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]
+        for panel in render_dashboard(moved)["panels"]
+        if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})
+    }
     assert drawn["Loss per rank"] == 7.5 and drawn["Global gradient norm"] == 2.5
 
 

@@ -80,14 +80,22 @@ def test_second_poll_takes_step_time_from_the_deltas_and_reports_what_changed() 
     _, history = first_row(STEP4)
     row, history = first_row(STEP8, history)
     assert row.step == 8
-    steps = (after.value("mindspore_train_step_duration_seconds_count")
-             - before.value("mindspore_train_step_duration_seconds_count"))
+    steps = after.value("mindspore_train_step_duration_seconds_count") - before.value(
+        "mindspore_train_step_duration_seconds_count"
+    )
     assert steps == 4
-    assert row.step_seconds == pytest.approx((after.value("mindspore_train_step_duration_seconds_sum")
-                                              - before.value("mindspore_train_step_duration_seconds_sum")) / steps)
+    assert row.step_seconds == pytest.approx(
+        (
+            after.value("mindspore_train_step_duration_seconds_sum")
+            - before.value("mindspore_train_step_duration_seconds_sum")
+        )
+        / steps
+    )
     assert row.step_seconds < 0.5  # compile is no longer in it
-    assert row.wait_seconds == pytest.approx((after.value("mindspore_train_data_wait_seconds_sum")
-                                              - before.value("mindspore_train_data_wait_seconds_sum")) / steps)
+    assert row.wait_seconds == pytest.approx(
+        (after.value("mindspore_train_data_wait_seconds_sum") - before.value("mindspore_train_data_wait_seconds_sum"))
+        / steps
+    )
     # grad_norm crossed its threshold between the polls; the loss breach count did not move.
     assert row.alerts == ("breach grad_norm", "throughput disabled")
 
@@ -134,8 +142,16 @@ def test_a_page_with_several_ranks_gives_a_row_each() -> None:
 
 
 def row(rank: str, step: float, wait: float, project: str = "p", **extra: object) -> Row:
-    return Row(target=f"http://h:{9000 + int(rank)}/metrics", rank=rank, project=project, step=100,
-               loss=1.0, step_seconds=step, wait_seconds=wait, **extra)  # type: ignore[arg-type]
+    return Row(
+        target=f"http://h:{9000 + int(rank)}/metrics",
+        rank=rank,
+        project=project,
+        step=100,
+        loss=1.0,
+        step_seconds=step,
+        wait_seconds=wait,
+        **extra,
+    )  # type: ignore[arg-type]
 
 
 def slowest(rows: list[Row]) -> list[str | None]:
@@ -161,8 +177,10 @@ def test_a_rank_far_behind_is_flagged_straggler_as_the_alert_would() -> None:
     # A data wait over 1.5 times the median is a straggler only where it is at least 20% of the rank's cycle.
     waiting = mark_slowest([row("0", 0.100, 0.001), row("1", 0.100, 0.030), row("2", 0.100, 0.001)])
     assert [r.rank for r in waiting if "straggler" in r.alerts] == ["1"]
-    assert all("straggler" not in r.alerts for r in mark_slowest(
-        [row("0", 0.100, 0.001), row("1", 0.100, 0.020), row("2", 0.100, 0.001)]))
+    assert all(
+        "straggler" not in r.alerts
+        for r in mark_slowest([row("0", 0.100, 0.001), row("1", 0.100, 0.020), row("2", 0.100, 0.001)])
+    )
     # Near-equal ranks: one is still marked slowest, none is a straggler.
     close = mark_slowest([row("0", 0.100, 0.010), row("1", 0.105, 0.012), row("2", 0.100, 0.011)])
     assert [r.rank for r in close if r.slowest] == ["1"] and all("straggler" not in r.alerts for r in close)
@@ -172,11 +190,14 @@ def test_the_rank_whose_fingerprint_left_its_group_is_marked_diverged() -> None:
     def at(rank: str, step: float, value: float, group: str = "0", project: str = "p") -> Row:
         return row(rank, 0.1, 0.0, project, fingerprint=(group, step, value))
 
-    marked = mark_diverged([at("0", 300, 11), at("1", 300, 11), at("2", 300, 22), at("3", 300, 33, "1"),
-                            at("4", 300, 33, "1")])
+    marked = mark_diverged(
+        [at("0", 300, 11), at("1", 300, 11), at("2", 300, 22), at("3", 300, 33, "1"), at("4", 300, 33, "1")]
+    )
     assert [r.rank for r in marked if "diverged" in r.alerts] == ["2"]
     assert [r.rank for r in mark_diverged([at("0", 300, 11), at("1", 300, 22)]) if "diverged" in r.alerts] == [
-        "0", "1"]  # two that differ: both, as the alert names them
+        "0",
+        "1",
+    ]  # two that differ: both, as the alert names them
     assert all("diverged" not in r.alerts for r in mark_diverged([at("0", 400, 44), at("1", 300, 11)]))
     assert all("diverged" not in r.alerts for r in mark_diverged([at("0", 300, 11), at("1", 300, 22, project="q")]))
 
@@ -185,15 +206,24 @@ def test_slowest_needs_two_ranks_ignores_down_ones_and_is_per_project() -> None:
     assert slowest([row("0", 0.1, 0.0)]) == []
     down = down_row(Target("http://h:1/metrics", rank="3", project="p"), "Connection refused")
     assert slowest([row("0", 0.1, 0.0), down]) == []
-    rows = [row("0", 0.1, 0.0, "a"), row("1", 0.2, 0.0, "a"), row("0", 0.5, 0.0, "b"), row("1", 0.1, 0.0, "b"),
-            row("2", None, None, "b")]  # type: ignore[arg-type]
+    rows = [
+        row("0", 0.1, 0.0, "a"),
+        row("1", 0.2, 0.0, "a"),
+        row("0", 0.5, 0.0, "b"),
+        row("1", 0.1, 0.0, "b"),
+        row("2", None, None, "b"),
+    ]  # type: ignore[arg-type]
     assert [(r.project, r.rank) for r in mark_slowest(rows) if r.slowest] == [("a", "1"), ("b", "0")]
 
 
 def test_render_lines_up_columns_and_marks_the_slowest_without_colours() -> None:
-    rows = mark_slowest([row("0", 0.1, 0.0005, memory_bytes=585777152.0, memory_kind="rss", age_seconds=3.2),
-                         row("1", 0.1, 0.04, alerts=("breach loss",)),
-                         down_row(Target("http://h:9/metrics", rank="2", project="p"), "Connection refused")])
+    rows = mark_slowest(
+        [
+            row("0", 0.1, 0.0005, memory_bytes=585777152.0, memory_kind="rss", age_seconds=3.2),
+            row("1", 0.1, 0.04, alerts=("breach loss",)),
+            down_row(Target("http://h:9/metrics", rank="2", project="p"), "Connection refused"),
+        ]
+    )
     screen = render(rows)
     text = plain_text(screen)
     assert screen.title.text == "ms-exporter top - 2 up, 1 down"
@@ -212,7 +242,7 @@ def test_render_lines_up_columns_and_marks_the_slowest_without_colours() -> None
     assert screen.rows[2].text.split()[:3] == ["2", "-", "-"]  # the rank from file_sd labels, no numbers
     # Every column starts at the same offset on every line.
     offset = header.index("STEP TIME") + len("STEP TIME")
-    assert screen.rows[0].text[offset - len("100.0ms"):offset] == "100.0ms"
+    assert screen.rows[0].text[offset - len("100.0ms") : offset] == "100.0ms"
     assert "> slowest: rank 1 of p, step cycle 140.0ms = step 100.0ms + data wait 40.0ms" in text
 
 
@@ -224,7 +254,7 @@ def test_narrow_terminals_drop_columns_from_the_right_but_keep_alerts(width: int
     for line in [screen.title, screen.header, *screen.rows, *screen.footer]:
         assert len(line.text) <= width
     kept = [c.header for c in COLUMNS[1:] if c.header in screen.header.text]
-    assert kept == [c.header for c in COLUMNS[1:1 + len(kept)]]  # a prefix: dropped from the right
+    assert kept == [c.header for c in COLUMNS[1 : 1 + len(kept)]]  # a prefix: dropped from the right
     if width >= len(wide.header.text):
         assert screen.header.text == wide.header.text
     elif width >= 40:
@@ -244,8 +274,14 @@ def test_targets_urls_host_port_and_bad_arguments(tmp_path: Path) -> None:
     assert normalise_url("https://node:9100") == "https://node:9100/metrics"
     assert normalise_url("http://node:9100/custom?x=1") == "http://node:9100/custom?x=1"
     assert parse_target_argument(str(tmp_path)) == TargetSpec("dir", str(tmp_path))
-    for bad in ("node", "ftp://node:21/metrics", "http://:9100/metrics", "http://node:99999/metrics",
-                str(tmp_path / "missing"), "targets.json"):
+    for bad in (
+        "node",
+        "ftp://node:21/metrics",
+        "http://:9100/metrics",
+        "http://node:99999/metrics",
+        str(tmp_path / "missing"),
+        "targets.json",
+    ):
         with pytest.raises(ValueError, match="host:port"):
             parse_target_argument(bad)
     not_json = tmp_path / "targets.yml"
@@ -257,8 +293,9 @@ def test_targets_urls_host_port_and_bad_arguments(tmp_path: Path) -> None:
 def test_file_sd_directories_are_read_as_the_monitor_writes_them(tmp_path: Path) -> None:
     for rank in (0, 1):
         FileSdTarget(str(tmp_path), "bert", RankInfo(rank, rank, 2, "node-a"), "127.0.0.1", 19420 + rank).write()
-    (tmp_path / "tls.json").write_text(json.dumps([{"targets": ["10.0.0.5:9443"],
-                                                    "labels": {"__scheme__": "https", "rank": "7"}}]))
+    (tmp_path / "tls.json").write_text(
+        json.dumps([{"targets": ["10.0.0.5:9443"], "labels": {"__scheme__": "https", "rank": "7"}}])
+    )
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "notes.txt").write_text("ignored")
     specs = [TargetSpec("dir", str(tmp_path)), TargetSpec("url", "http://127.0.0.1:19420/metrics")]
@@ -291,8 +328,13 @@ def test_poller_a_hanging_rank_does_not_hold_up_the_others() -> None:
             return "# not ours\nprocess_cpu_seconds_total 1.0\n"
         return STEP4 if url.endswith("1/metrics") else STEP8.replace('rank="1"', 'rank="0"')
 
-    urls = ["http://a:1/metrics", "http://b:2/metrics", "http://hang:3/metrics", "http://refused:4/metrics",
-            "http://other:5/metrics"]
+    urls = [
+        "http://a:1/metrics",
+        "http://b:2/metrics",
+        "http://hang:3/metrics",
+        "http://refused:4/metrics",
+        "http://other:5/metrics",
+    ]
     poller = Poller([TargetSpec("url", u) for u in urls], Access(timeout=0.3), fetcher=fetcher)
     try:
         started = time.monotonic()
@@ -315,8 +357,10 @@ def test_cli_errors_say_what_is_allowed(capsys: pytest.CaptureFixture[str], monk
     cases = [
         (["top", "--once", "node"], "is not a URL (http[s]://host:port[/path]"),
         (["top", "--once", "--interval", "0", "h:1"], "--interval must be a number of seconds > 0"),
-        (["top", "--once", "--user", "u", "h:1"], "--user needs a password: --password, or the "
-                                                  "MS_EXPORTER_TOP_PASSWORD environment variable"),
+        (
+            ["top", "--once", "--user", "u", "h:1"],
+            "--user needs a password: --password, or the MS_EXPORTER_TOP_PASSWORD environment variable",
+        ),
         (["top", "--once", "--password", "p", "h:1"], "needs --user"),
         (["top", "--once", "--cafile", "ca.pem", "--insecure", "h:1"], "exclude each other"),
         (["top", "--once", "--cafile", "/nonexistent/ca.pem", "h:1"], "TLS files:"),
@@ -337,8 +381,10 @@ def test_cli_errors_say_what_is_allowed(capsys: pytest.CaptureFixture[str], monk
 def test_memory_growth_is_flagged_as_the_alert_would() -> None:
     def grown(ratio: float, bytes_per_second: float) -> tuple[str, ...]:
         labels = '{kind="host_rss",project="capture",rank="1"}'
-        page = (STEP8 + f"mindspore_train_memory_growth_ratio{labels} {ratio}\n"
-                f"mindspore_train_memory_growth_bytes_per_second{labels} {bytes_per_second}\n")
+        page = (
+            STEP8 + f"mindspore_train_memory_growth_ratio{labels} {ratio}\n"
+            f"mindspore_train_memory_growth_bytes_per_second{labels} {bytes_per_second}\n"
+        )
         return first_row(page)[0].alerts
 
     assert "memory +45% rss" in grown(0.45, 2e6)  # above the default 30% and still growing (2 MB/s)
@@ -349,8 +395,10 @@ def test_memory_growth_is_flagged_as_the_alert_would() -> None:
 def with_phase(page: str, phase: str, rank: str = "1") -> str:
     """The captured page (taken before phases existed) with the phase series a rank now serves."""
     page = page.replace('rank="1"', f'rank="{rank}"')
-    lines = [f'mindspore_train_phase{{phase="{name}",project="capture",rank="{rank}"}} {float(name == phase)}'
-             for name in catalogue.PHASES]
+    lines = [
+        f'mindspore_train_phase{{phase="{name}",project="capture",rank="{rank}"}} {float(name == phase)}'
+        for name in catalogue.PHASES
+    ]
     return page + "\n".join(lines) + "\n"
 
 
@@ -427,5 +475,5 @@ def test_mfu_column_shows_the_ranks_model_flops_utilisation_and_a_dash_without_a
     header = render([row]).header.text
     cells = render([row]).rows[0].text
     column = header.index("MFU")
-    assert cells[column - 3:column + 3].strip() == "43.2%"
-    assert "-" in render([without]).rows[0].text[column - 3:column + 3]
+    assert cells[column - 3 : column + 3].strip() == "43.2%"
+    assert "-" in render([without]).rows[0].text[column - 3 : column + 3]

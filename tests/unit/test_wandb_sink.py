@@ -54,23 +54,26 @@ class FakeRun:
         pass
 
 
-def writer(tmp_path: Path, store: MetricStore, errors: ErrorSink, monkeypatch: pytest.MonkeyPatch,
-           init: object) -> WandbWriter:
+def writer(
+    tmp_path: Path, store: MetricStore, errors: ErrorSink, monkeypatch: pytest.MonkeyPatch, init: object
+) -> WandbWriter:
     """A writer whose wandb.init is `init` (wandb itself is tested in tests/integration/test_wandb.py)."""
     import wandb
 
     monkeypatch.setattr(wandb, "init", init)
     config = load_config({"backend": "wandb"})
-    return WandbWriter(store, tmp_path, config.wandb, "p", "p", RankInfo(0, 0, 1, "n"), {}, 30.0, errors.absorb,
-                       Breaker(errors, store))
+    return WandbWriter(
+        store, tmp_path, config.wandb, "p", "p", RankInfo(0, 0, 1, "n"), {}, 30.0, errors.absorb, Breaker(errors, store)
+    )
 
 
 def sample(step: int) -> StepSample:
     return StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step))
 
 
-def test_a_run_that_cannot_start_is_counted_and_training_goes_on(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_that_cannot_start_is_counted_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = MetricStore()
     errors = ErrorSink(store, ("callback", "wandb"))
 
@@ -86,8 +89,9 @@ def test_a_run_that_cannot_start_is_counted_and_training_goes_on(tmp_path: Path,
     assert counted["wandb"] == 1
 
 
-def test_a_run_that_fails_to_log_costs_its_records_never_the_training(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_that_fails_to_log_costs_its_records_never_the_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = MetricStore()
     errors = ErrorSink(store, ("callback", "wandb"))
     run = FakeRun(fail=True, save_dir=tmp_path)
@@ -112,5 +116,7 @@ def test_each_step_is_one_log_call_at_its_global_step(tmp_path: Path, monkeypatc
     made.on_step(sample(7))
     made.on_eval(7, {"accuracy": 0.5, "confusion": [[1, 0], [0, 1]]})
     made.close()
-    assert run.logged == [(7, {"loss": 0.5, "step_duration_seconds": 0.01, "data_wait_seconds": 0.0}),
-                          (7, {"eval/accuracy": 0.5})]
+    assert run.logged == [
+        (7, {"loss": 0.5, "step_duration_seconds": 0.01, "data_wait_seconds": 0.0}),
+        (7, {"eval/accuracy": 0.5}),
+    ]

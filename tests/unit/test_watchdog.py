@@ -43,7 +43,8 @@ def watched(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_a_blocked_training_thread_gets_one_dump_naming_the_phase_and_the_frame(
-        watched, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    watched, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store, clock, watchdog, release, deadline, errors = watched
     ready = threading.Event()
 
@@ -132,7 +133,8 @@ def test_a_dump_says_which_stacks_it_has() -> None:
     now = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
     native = render_dump(0, "p", "step", 200.0, 120.0, now, threading.get_ident(), "Thread 1 (idle): native frames\n")
     assert "stacks: Python frames, and native frames from py-spy below" in native and "py-spy dump --native:" in native
-    refused = render_dump(0, "p", "step", 200.0, 120.0, now, None,
-                          "(py-spy could not read this process, exit 1: denied)")
+    refused = render_dump(
+        0, "p", "step", 200.0, 120.0, now, None, "(py-spy could not read this process, exit 1: denied)"
+    )
     assert "stacks: Python frames only (py-spy could not read this process" in refused
     assert "training thread top frame: unknown" in refused

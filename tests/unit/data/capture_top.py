@@ -57,11 +57,22 @@ def main() -> None:
     optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
     model = Model(GradNormTrainOneStepCell(network, optimizer))
     # The loss starts near 0.7, above its bound from the first step; the gradient norm passes 3 after step 4.
-    monitor = TrainingMonitor(port=0, project="capture", interval=0.2, warmup_steps=2, web={"cache_seconds": 0},
-                              warn_on_value={"loss": 0.6}, grad_norm={"every_n_steps": 2, "threshold": 3.0})
+    monitor = TrainingMonitor(
+        port=0,
+        project="capture",
+        interval=0.2,
+        warmup_steps=2,
+        web={"cache_seconds": 0},
+        warn_on_value={"loss": 0.6},
+        grad_norm={"every_n_steps": 2, "threshold": 3.0},
+    )
     try:
-        model.train(1, synthetic_dataset(size=8 * BATCH, batch=BATCH), callbacks=[monitor, Capture(monitor)],
-                    dataset_sink_mode=False)
+        model.train(
+            1,
+            synthetic_dataset(size=8 * BATCH, batch=BATCH),
+            callbacks=[monitor, Capture(monitor)],
+            dataset_sink_mode=False,
+        )
     finally:
         monitor.close()
 
