@@ -24,7 +24,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import VOCAB, synthetic_dataset
+from ms_exporter.demo import VOCAB, synthetic_dataset
 
 CYCLE = 0.5  # seconds per step, data wait included
 BATCH = 64  # about 1,300 real tokens a step: ~2,600 tokens/s, well above ThroughputLow's default 1,000

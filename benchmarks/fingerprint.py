@@ -16,8 +16,8 @@ def measure(fingerprints: int, steps: int, every_n_steps: int = 100) -> dict[str
     import mindspore as ms
     from mindspore.train import Callback
 
-    from ms_exporter.monitor.fingerprint import fingerprint
-    from ms_exporter.tools.demo import BATCH, build_model, synthetic_dataset
+    from ms_exporter.demo import BATCH, build_model, synthetic_dataset
+    from ms_exporter.features.fingerprint import fingerprint
 
     ms.set_context(mode=ms.GRAPH_MODE)
     model = build_model(grad_norm=False)

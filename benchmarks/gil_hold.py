@@ -42,7 +42,7 @@ def _job(kind: str, hold: float, mark: Path, port_file: Path, save_dir: Path) ->
 
     from benchmarks.detection_job import TinyClassifier
     from ms_exporter import TrainingMonitor
-    from ms_exporter.tools.demo import PaddedTokens
+    from ms_exporter.demo import PaddedTokens
 
     class Source:
         def __init__(self) -> None:

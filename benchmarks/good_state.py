@@ -33,8 +33,8 @@ def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps
 
     from ms_exporter.actions.good_state import GoodStates
     from ms_exporter.actions.health import HealthScore
-    from ms_exporter.skipped_batches import batch_identity
-    from ms_exporter.tools.demo import BATCH, build_model, synthetic_dataset
+    from ms_exporter.actions.skipped_batches import batch_identity
+    from ms_exporter.demo import BATCH, build_model, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     model = build_model(grad_norm=False)

@@ -90,7 +90,7 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
     from mindspore.train import Model
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.tools.demo import build_network, synthetic_dataset
+    from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)

@@ -29,7 +29,7 @@ def _time_hook(monitor: Any, run: SyntheticRun, steps: int) -> list[float]:
 
 def measure(steps: int) -> list[dict[str, Any]]:
     from ms_exporter import TrainingMonitor
-    from ms_exporter.monitor.sample import read_loss
+    from ms_exporter.core.sample import read_loss
 
     rows = []
     cases = [

@@ -172,8 +172,8 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
     from mindspore.train import LossMonitor, Model, TimeMonitor
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell
-    from ms_exporter.tools.demo import build_network, synthetic_dataset
+    from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
+    from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     scratch = tempfile.mkdtemp(prefix="ms_exporter_paired_")

@@ -148,7 +148,7 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
     from mindspore.train import Model
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.tools.demo import build_network, synthetic_dataset
+    from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
@@ -239,7 +239,7 @@ import mindspore as ms, psutil
 from mindspore import nn
 from mindspore.train import Callback, Model
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.otlp_receiver import GrpcReceiver
 
 steps, save_dir, every = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])

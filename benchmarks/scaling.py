@@ -185,7 +185,7 @@ def trained_monitor(case: Case, steps: int) -> Iterator[tuple[Any, Any]]:
     import mindspore as ms
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.tools.demo import build_model, synthetic_dataset
+    from ms_exporter.demo import build_model, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
@@ -653,7 +653,7 @@ def render(
         "",
         "### One rank, measured",
         "",
-        f"Real GRAPH-mode training of the demo Transformer (`ms_exporter.tools.demo.build_model`, "
+        f"Real GRAPH-mode training of the demo Transformer (`ms_exporter.demo.build_model`, "
         f"{default.steps} steps, "
         "batch 16, `dataset_sink_mode=False`), `TrainingMonitor(port=0)` with `interval: 1` (memory is sampled "
         "every `interval` seconds and its growth series appear at the first sample after warm-up; the setting "

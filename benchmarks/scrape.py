@@ -74,7 +74,7 @@ def during_training(rates: list[float], rounds: int, steps: int) -> list[dict[st
 
     from benchmarks.training import StepTimer
     from ms_exporter import TrainingMonitor
-    from ms_exporter.tools.demo import build_network, synthetic_dataset
+    from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)

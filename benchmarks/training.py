@@ -149,8 +149,8 @@ def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, selec
     from mindspore import nn
     from mindspore.train import Model
 
-    from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell
-    from ms_exporter.tools.demo import build_network, synthetic_dataset
+    from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
+    from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     scratch = tempfile.mkdtemp(prefix="ms_exporter_bench_")

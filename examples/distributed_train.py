@@ -35,7 +35,7 @@ from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Callback, CheckpointConfig, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
+from ms_exporter.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
 
 
 class SlowSamples:

@@ -26,7 +26,7 @@ import mindspore as ms
 from mindspore.train import Callback, CheckpointConfig, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import BATCH, build_model, synthetic_dataset
+from ms_exporter.demo import BATCH, build_model, synthetic_dataset
 
 PREFIX = "resumable"
 _CHECKPOINT = re.compile(rf"^{PREFIX}(?:_\d+)?-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")

@@ -10,7 +10,7 @@ import argparse
 import mindspore as ms
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_model, synthetic_dataset
+from ms_exporter.demo import build_model, synthetic_dataset
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ from ms_exporter._version import __version__
 from ms_exporter.config import ConfigError, MonitorConfig, load_config
 
 if TYPE_CHECKING:
+    from ms_exporter.cells.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
     from ms_exporter.monitor.callback import TrainingMonitor
-    from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
 
 __all__ = [
     "ConfigError",
@@ -54,7 +54,7 @@ def __getattr__(name: str) -> Any:
         return TrainingMonitor
     if name in ("GradNormTrainOneStepCell", "LossScaleTrainOneStepCell"):
         _require_training_side(name)
-        from ms_exporter.monitor import train_cells
+        from ms_exporter.cells import train_cells
 
         return getattr(train_cells, name)
     raise AttributeError(f"module 'ms_exporter' has no attribute {name!r}")

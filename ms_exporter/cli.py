@@ -11,11 +11,11 @@ import yaml
 
 from ms_exporter._version import __version__
 from ms_exporter.config import ConfigError, MonitorConfig, load_config, read_config
-from ms_exporter.flops import from_shape
+from ms_exporter.core.flops import from_shape
 from ms_exporter.tools.peak_flops import DTYPES
 
 # `make demo`'s run: about 2 minutes at ~14 ms a step on 2 idle cores. A planned length (not a time limit) lets the
-# LR schedule decay over the run and the dashboard's ETA be right; here, not in tools/demo.py, so that the command
+# LR schedule decay over the run and the dashboard's ETA be right; here, not in demo.py, so that the command
 # line parses without numpy (an operator-only install).
 DEMO_STEPS = 8000
 
@@ -105,7 +105,7 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ms_exporter.tools.demo import run_demo
+    from ms_exporter.demo import run_demo
 
     return run_demo(
         steps=args.steps,
@@ -166,7 +166,7 @@ def _kubernetes_arguments(kubernetes: argparse.ArgumentParser) -> None:
 
 
 def _rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ms_exporter.config_thresholds import thresholds_of
+    from ms_exporter.config.thresholds_of import thresholds_of
     from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml
 
     config = _config_or_none(args.config)
@@ -192,7 +192,7 @@ def _runbook(args: argparse.Namespace, config: MonitorConfig) -> str:
 
 
 def _dashboard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ms_exporter.config_thresholds import thresholds_of
+    from ms_exporter.config.thresholds_of import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
 
     config = _config_or_none(args.config)
@@ -205,7 +205,7 @@ def _dashboard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _kubernetes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import os
 
-    from ms_exporter.config_thresholds import thresholds_of
+    from ms_exporter.config.thresholds_of import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
     from ms_exporter.generate.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
     from ms_exporter.generate.rules import Timing, render_rules

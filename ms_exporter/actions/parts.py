@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ms_exporter.monitor.errors import Breaker, ErrorSink
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.store import MetricStore
 
 # What the log calls each part (the configured actions, and rollback's own parts).
 SAID = {

@@ -27,17 +27,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ms_exporter import catalogue
 from ms_exporter.actions.decisions import anomaly_of
 from ms_exporter.actions.good_state import STATE_DIR, GoodStates
 from ms_exporter.actions.health import HealthScore
 from ms_exporter.actions.parts import PartFailures
+from ms_exporter.actions.skipped_batches import SkippedBatches, batch_identity
 from ms_exporter.config import RollbackConfig
-from ms_exporter.monitor.cb_params import batch_of, network_of, optimizer_of, step_of, steps_per_epoch_of
-from ms_exporter.monitor.ledger import process_started
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.skipped_batches import SkippedBatches, batch_identity
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import batch_of, network_of, optimizer_of, step_of, steps_per_epoch_of
+from ms_exporter.core.ledger import process_started
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 
@@ -46,7 +46,7 @@ Announce = Callable[[int, str, dict[str, Any]], None]
 
 
 class StateFollower(Protocol):
-    """What keeps figures of the steps it saw (the probes: ms_exporter.probes.base.Probe) and follows the
+    """What keeps figures of the steps it saw (the probes: ms_exporter.core.probe.Probe) and follows the
     training back to a good state."""
 
     def on_good_state(self, step: int) -> None: ...

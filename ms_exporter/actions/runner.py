@@ -21,18 +21,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ms_exporter import catalogue
 from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff, anomaly_of
 from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.rollback import Announce, Rollback, StateFollower
 from ms_exporter.config import MonitorConfig
-from ms_exporter.config_thresholds import thresholds_of
-from ms_exporter.monitor.cb_params import network_of, optimizer_of
-from ms_exporter.monitor.goodput import derived_run_id
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.safe_files import make_dir, replace_file
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import network_of, optimizer_of
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.safe_files import make_dir, replace_file
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.goodput import derived_run_id
 
 if TYPE_CHECKING:
     from ms_exporter.actions.lr_scale import LrScaler

@@ -17,8 +17,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
-from ms_exporter import catalogue as c
-from ms_exporter.thresholds import DEFAULTS, Thresholds
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.thresholds import DEFAULTS, Thresholds
 
 DASHBOARD_FILE = "deploy/grafana/dashboards/mindspore-training.json"
 UID = "ms-exporter-training"
@@ -63,7 +63,7 @@ def timeseries(
     stacked: bool = False,
 ) -> Any:
     """A time series panel; `above`/`below` draw the alert threshold a value should stay under/over as a dashed
-    line (Grafana's thresholds, the numbers from ms_exporter/thresholds.py); `stacked` fills the series one on
+    line (Grafana's thresholds, the numbers from ms_exporter/core/thresholds.py); `stacked` fills the series one on
     top of the other."""
     panel = (
         timeseries_panel.Panel()

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from ms_exporter import catalogue as c
-from ms_exporter.thresholds import Thresholds
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.thresholds import Thresholds
 
 RULES_FILE = "deploy/prometheus/rules/mindspore-training.rules.yml"
 # Where runbook_url points when no --runbook-url or monitor_config.runbook_url is given: the repository's own copy.

@@ -10,13 +10,11 @@ from typing import Any, TypeVar
 
 from mindspore.train import Callback
 
-from ms_exporter import catalogue
 from ms_exporter.actions.runner import ActionRunner
-from ms_exporter.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, HOOKS, STEP_PHASE
 from ms_exporter.config import MonitorConfig, read_config
-from ms_exporter.monitor.breach_watch import ThresholdWatcher
-from ms_exporter.monitor.callback_timer import CallbackTimer
-from ms_exporter.monitor.cb_params import (
+from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, HOOKS, STEP_PHASE
+from ms_exporter.core.cb_params import (
     CUR_EPOCH_NUM,
     CUR_STEP_NUM,
     NET_OUTPUTS,
@@ -27,21 +25,23 @@ from ms_exporter.monitor.cb_params import (
     step_of,
     train_network_of,
 )
-from ms_exporter.monitor.errors import Breaker, ErrorSink
-from ms_exporter.monitor.fingerprint import Fingerprints
-from ms_exporter.monitor.goodput import Goodput
-from ms_exporter.monitor.phases import PhaseClock
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.ranks import RankInfo, detect_rank
+from ms_exporter.core.sample import BatchCounter, read_loss
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import HistogramSeries, MetricStore
+from ms_exporter.features.breach_watch import ThresholdWatcher
+from ms_exporter.features.callback_timer import CallbackTimer
+from ms_exporter.features.fingerprint import Fingerprints
+from ms_exporter.features.goodput import Goodput
+from ms_exporter.features.sampler import MemorySampler
+from ms_exporter.features.signals import SignalRelay
+from ms_exporter.features.watchdog import HangWatchdog
 from ms_exporter.monitor.publisher import StepPublisher, StepRecord
-from ms_exporter.monitor.ranks import RankInfo, detect_rank
-from ms_exporter.monitor.sample import BatchCounter, read_loss
-from ms_exporter.monitor.sampler import MemorySampler
-from ms_exporter.monitor.signals import SignalRelay
-from ms_exporter.monitor.store import HistogramSeries, MetricStore
-from ms_exporter.monitor.watchdog import HangWatchdog
 from ms_exporter.probes import build_probes
 from ms_exporter.probes.learning_rate import LearningRateProbe
 from ms_exporter.sinks import build_sinks
-from ms_exporter.sinks.base import Sink
 from ms_exporter.sinks.jsonl import JsonlWriter
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ms_exporter.actions.runner import ActionRunner
-from ms_exporter.monitor.breach_watch import ThresholdWatcher
-from ms_exporter.monitor.errors import Breaker, ErrorSink
-from ms_exporter.monitor.output_layout import LayoutResolver
-from ms_exporter.monitor.sample import BatchCounter, StepSample
-from ms_exporter.probes.base import Probe
-from ms_exporter.sinks.base import Sink
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.output_layout import LayoutResolver
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import BatchCounter, StepSample
+from ms_exporter.core.sink import Sink
+from ms_exporter.features.breach_watch import ThresholdWatcher
 
 # Steps are published to the probes in batches at most this often (every step when steps take longer): one
 # loop over many recorded steps costs a fraction of as many hook calls, whose code is cold after each training

@@ -1,7 +1,7 @@
 """One measured quantity per module; each writes to the MetricStore only.
 
 `build_probes` is the one place that decides which probes a configuration gets: adding a metric means its
-family in ms_exporter/catalogue.py, a probe here (or a new series in an existing one), and a row in
+family in ms_exporter/core/catalogue.py, a probe here (or a new series in an existing one), and a row in
 docs/metrics.md.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ms_exporter.config import MonitorConfig
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.base import Probe
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.evaluation import EvalProbe
 from ms_exporter.probes.grad_norm import GradNormProbe
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe

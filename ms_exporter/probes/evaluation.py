@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.store import MetricStore
 
 
 class EvalProbe(Probe):

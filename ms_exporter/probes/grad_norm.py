@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter import catalogue
 from ms_exporter.config import GradNormConfig
-from ms_exporter.monitor.cb_params import optimizer_of, step_of, train_network_of
-from ms_exporter.monitor.sample import StepSample, read_scalar, to_numpy
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample, read_scalar, to_numpy
+from ms_exporter.core.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 
@@ -69,7 +69,7 @@ class LayerIndex:
 class GradNormProbe(Probe):
     """Reads norms that the train cell computed in-graph; device-to-host only every `every_n_steps` steps.
 
-    Sources, by what the train cell returns (see ms_exporter.monitor.output_layout): a global norm item
+    Sources, by what the train cell returns (see ms_exporter.core.output_layout): a global norm item
     (GradNormTrainOneStepCell, MindSpore Transformers' cells), per-parameter norms (GradNormTrainOneStepCell, the
     7-tuple), or the gradients themselves (`return_grad=True`: norms computed on the host at sampled steps only).
 
@@ -109,7 +109,7 @@ class GradNormProbe(Probe):
         for layer in self._index.watched:
             self._layer_zero.series(layer=layer)
         self._clip = self._config.clip if self._config.clip is not None else getattr(train_network, "clip_norm", None)
-        from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell
+        from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
 
         if isinstance(train_network, GradNormTrainOneStepCell):
             # The cell measures exactly the steps the monitor wants.

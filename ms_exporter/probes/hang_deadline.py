@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ms_exporter import catalogue
 from ms_exporter.config import HangConfig
-from ms_exporter.learned_deadline import MIN_CYCLES, LearnedDeadline
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.learned_deadline import MIN_CYCLES, LearnedDeadline
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
 
 __all__ = ["MIN_CYCLES", "HangDeadlineProbe"]
 
@@ -25,7 +25,7 @@ class HangDeadlineProbe(Probe):
     one step's end to the next (one hook call: a whole sink in sink mode), everything between included: a callback
     or a data wait that is regularly slow raises the deadline once it is more than the percentile leaves out. Until
     MIN_CYCLES cycles are in, the first step (compilation included) stands in for them. The formula is
-    ms_exporter/learned_deadline.py, which `ms-exporter report` shares.
+    ms_exporter/core/learned_deadline.py, which `ms-exporter report` shares.
 
     | name | type | labels | unit |
     |---|---|---|---|

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ms_exporter import catalogue
 from ms_exporter._version import __version__
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.store import MetricStore
 
 
 def publish_identity(

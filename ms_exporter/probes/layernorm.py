@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter import catalogue
 from ms_exporter.config import LayerNormConfig
-from ms_exporter.monitor.cb_params import network_of, step_of
-from ms_exporter.monitor.sample import StepSample, to_numpy
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import network_of, step_of
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample, to_numpy
+from ms_exporter.core.store import MetricStore, Series
 from ms_exporter.probes.grad_norm import layer_of
 
 logger = logging.getLogger("ms_exporter")

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.cb_params import step_of
-from ms_exporter.monitor.optimizer_step import find_optimizer, step_offset
-from ms_exporter.monitor.sample import StepSample, read_scalar
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import step_of
+from ms_exporter.core.optimizer_step import find_optimizer, step_offset
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample, read_scalar
+from ms_exporter.core.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore, Series
 
 
 class LossProbe(Probe):

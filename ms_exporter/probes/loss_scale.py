@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.cb_params import loss_scale_manager_of, step_of
-from ms_exporter.monitor.sample import StepSample, read_scalar
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import loss_scale_manager_of, step_of
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample, read_scalar
+from ms_exporter.core.store import MetricStore, Series
 
 
 class LossScaleProbe(Probe):

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import psutil
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore, Series
 
 MIB = 1024 * 1024
 

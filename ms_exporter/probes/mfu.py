@@ -5,22 +5,22 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ms_exporter import catalogue
 from ms_exporter.config import FlopsConfig
-from ms_exporter.flops import FlopsModel, from_parameters
-from ms_exporter.monitor.cb_params import network_of
-from ms_exporter.monitor.optimizer_step import find_optimizer
-from ms_exporter.monitor.rate_window import RateWindow
-from ms_exporter.monitor.replicas import ranks_per_batch, read_layout
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import network_of
+from ms_exporter.core.flops import FlopsModel, from_parameters
+from ms_exporter.core.optimizer_step import find_optimizer
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.rate_window import RateWindow
+from ms_exporter.core.replicas import ranks_per_batch, read_layout
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore, Series
 
 logger = logging.getLogger("ms_exporter")
 
 
 class MfuProbe(Probe):
-    """FLOPs of each published step from ms_exporter/flops.py (its tokens, and the batch's sequence lengths for
+    """FLOPs of each published step from ms_exporter/core/flops.py (its tokens, and the batch's sequence lengths for
     attention), as rates over the same window as ThroughputProbe's, so that FLOPs/s = tokens/s x FLOPs/token (over
     the ranks that compute each batch together, where tensor or pipeline parallelism shares it).
 

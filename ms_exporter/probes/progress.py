@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.cb_params import dataset_of, epoch_of, epochs_of, sink_mode_of, step_of, steps_per_epoch_of
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import dataset_of, epoch_of, epochs_of, sink_mode_of, step_of, steps_per_epoch_of
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore, Series
 
 
 class ProgressProbe(Probe):

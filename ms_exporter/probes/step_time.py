@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
 
 # 1 ms to 10 min for a step; the wait starts lower because a healthy loader hides in microseconds.
 STEP_BUCKETS = (

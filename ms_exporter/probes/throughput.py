@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.rate_window import RateWindow
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore, Series
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.rate_window import RateWindow
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore, Series
 
 
 class ThroughputProbe(Probe):

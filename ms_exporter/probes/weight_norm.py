@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter import catalogue
 from ms_exporter.config import GradNormConfig
-from ms_exporter.monitor.cb_params import optimizer_of, step_of, train_network_of
-from ms_exporter.monitor.sample import StepSample, to_numpy
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.base import Probe
+from ms_exporter.core import catalogue
+from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample, to_numpy
+from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import LayerIndex
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ms_exporter.config import ConfigError, MonitorConfig
-from ms_exporter.monitor.errors import Breaker, OnError
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.sinks.base import Sink
+from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import MetricStore
 
 if TYPE_CHECKING:
-    from ms_exporter.sinks.endpoint_pages import Stacks
-    from ms_exporter.sinks.live_history import StepHistory
+    from ms_exporter.endpoint.live_history import StepHistory
+    from ms_exporter.endpoint.pages import Stacks
     from ms_exporter.sinks.prometheus import PrometheusEndpoint
 
 logger = logging.getLogger("ms_exporter")
@@ -100,7 +100,7 @@ def _prometheus(
     config: MonitorConfig, store: MetricStore, rank: RankInfo, on_error: OnError, stacks: Stacks | None
 ) -> tuple[PrometheusEndpoint, StepHistory] | None:
     """The endpoint and the live page's ring it serves; None when no port on the address could be bound."""
-    from ms_exporter.sinks.live_history import StepHistory
+    from ms_exporter.endpoint.live_history import StepHistory
     from ms_exporter.sinks.prometheus import PrometheusEndpoint
 
     history = StepHistory(store, config.all_bounds())

@@ -9,10 +9,10 @@ import socket
 import stat
 from pathlib import Path
 
-from ms_exporter.monitor import safe_files
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.sinks.base import Sink
+from ms_exporter.core import safe_files
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.sink import Sink
 
 logger = logging.getLogger("ms_exporter")
 

@@ -16,14 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ms_exporter import catalogue
 from ms_exporter.config import ConfigError
-from ms_exporter.monitor import run_lock
-from ms_exporter.monitor.errors import Breaker, OnError
-from ms_exporter.monitor.safe_files import UnsafeFile, make_dir, open_append
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import HistogramSeries, MetricStore, Series
-from ms_exporter.sinks.base import Sink
+from ms_exporter.core import catalogue, run_lock
+from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.safe_files import UnsafeFile, make_dir, open_append
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import HistogramSeries, MetricStore, Series
 from ms_exporter.sinks.step_columns import StepColumns
 
 logger = logging.getLogger("ms_exporter")

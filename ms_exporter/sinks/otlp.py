@@ -38,12 +38,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ms_exporter._version import __version__
-from ms_exporter.config import OtlpConfig, url_for_logs
-from ms_exporter.monitor.errors import OnError
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.store import Family, HistogramSeries, MetricStore, Series
+from ms_exporter.config import OtlpConfig
+from ms_exporter.core.errors import OnError
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.redaction import url_for_logs
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import Family, HistogramSeries, MetricStore, Series
 from ms_exporter.sinks import otel_sdk
-from ms_exporter.sinks.base import Sink
 
 logger = logging.getLogger("ms_exporter")
 

@@ -13,16 +13,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ms_exporter import catalogue
 from ms_exporter.config import ConfigError, WebConfig
-from ms_exporter.monitor.errors import OnError
-from ms_exporter.monitor.store import FamilySnapshot, HistogramSeries, MetricStore
-from ms_exporter.sinks.base import Sink
-from ms_exporter.sinks.endpoint_pages import Stacks
-from ms_exporter.sinks.http_server import serve, tls_context
+from ms_exporter.core import catalogue
+from ms_exporter.core.errors import OnError
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
+from ms_exporter.endpoint.pages import Stacks
+from ms_exporter.endpoint.server import serve, tls_context
 
 if TYPE_CHECKING:
-    from ms_exporter.sinks.live_history import StepHistory
+    from ms_exporter.endpoint.live_history import StepHistory
 
 logger = logging.getLogger("ms_exporter")
 

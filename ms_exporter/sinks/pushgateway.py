@@ -7,9 +7,9 @@ import threading
 from prometheus_client import CollectorRegistry, push_to_gateway
 
 from ms_exporter.config import PushgatewayConfig
-from ms_exporter.monitor.errors import OnError
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.sinks.base import Sink
+from ms_exporter.core.errors import OnError
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
 
 COMPONENT = "pushgateway"

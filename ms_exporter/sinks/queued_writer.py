@@ -12,11 +12,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.errors import Breaker, OnError
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.sinks.base import Sink
+from ms_exporter.core import catalogue
+from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.step_columns import StepColumns
 
 logger = logging.getLogger("ms_exporter")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.store import MetricStore, Series
+from ms_exporter.core import catalogue
+from ms_exporter.core.store import MetricStore, Series
 
 
 class StepColumns:

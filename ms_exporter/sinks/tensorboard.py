@@ -10,9 +10,9 @@ import struct
 import time
 from pathlib import Path
 
-from ms_exporter.monitor import safe_files
-from ms_exporter.monitor.errors import Breaker, OnError
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import safe_files
+from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter.config import WandbConfig
-from ms_exporter.monitor import safe_files
-from ms_exporter.monitor.errors import Breaker, OnError
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import safe_files
+from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
 logger = logging.getLogger("ms_exporter")

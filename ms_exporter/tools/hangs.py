@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ms_exporter import catalogue
-from ms_exporter.monitor import safe_files
+from ms_exporter.core import catalogue, safe_files
 from ms_exporter.tools.top import Access, FetchError, expand_targets, fetch, parse_ranks, parse_target_argument
 
 DUMP_GLOB = "hang-rank*-*.txt"
 # What of a dump is read: its first lines say where the rank was (render_dump); the stacks after them can be
 # megabytes (a 1 GB file took 2.1 GB of memory when read whole).
 DUMP_HEAD_BYTES = 64 * 1024
-# The first lines of a dump (ms_exporter/monitor/watchdog.py render_dump).
+# The first lines of a dump (ms_exporter/features/watchdog.py render_dump).
 _HEADER = re.compile(
     r"^ms_exporter hang dump: rank (?P<rank>\d+) of project (?P<project>.*), pid (?P<pid>\d+), "
     r"(?P<time>\S+)$"

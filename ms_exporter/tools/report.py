@@ -16,9 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ms_exporter import catalogue
 from ms_exporter.config import MAX_STEPS, HangConfig
-from ms_exporter.learned_deadline import LearnedDeadline, nearest_rank
+from ms_exporter.core import catalogue
+from ms_exporter.core.learned_deadline import LearnedDeadline, nearest_rank
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
 # the snapshots.
@@ -286,7 +286,7 @@ def _wall_seconds(run: Run) -> float | None:
 
 def gaps(run: Run, hang: HangConfig | None = None) -> list[tuple[int, float, float, float]]:
     """(step, start, seconds, deadline) of each gap between two records: its step and wall-clock start, its length,
-    and the hang deadline the monitor had while it lasted (ms_exporter/learned_deadline.py, the probe's own
+    and the hang deadline the monitor had while it lasted (ms_exporter/core/learned_deadline.py, the probe's own
     formula, fed the same cycles: the first record's step and data wait until a few cycles are in)."""
     hang = hang or HangConfig()
     times, steps = run.steps["time"], run.steps["step"]
@@ -334,7 +334,7 @@ def render(runs: list[Run], hang: HangConfig | None = None) -> str:
         }
         for r in runs
     ]
-    assets = resources.files("ms_exporter") / "web_assets"
+    assets = resources.files("ms_exporter.endpoint") / "web_assets"
     template = (assets / "report.html").read_text(encoding="utf-8")
     payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     title = "ms_exporter report: " + ", ".join(r.label for r in runs)

@@ -32,10 +32,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ms_exporter import catalogue
 from ms_exporter._version import __version__
-from ms_exporter.monitor.replicas import disagreeing
-from ms_exporter.thresholds import DEFAULTS, is_straggler
+from ms_exporter.core import catalogue
+from ms_exporter.core.replicas import disagreeing
+from ms_exporter.core.thresholds import DEFAULTS, is_straggler
 
 PASSWORD_ENV = "MS_EXPORTER_TOP_PASSWORD"
 STALE_SECONDS = 60.0

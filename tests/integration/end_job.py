@@ -18,7 +18,7 @@ import mindspore as ms
 import mindspore.dataset as ds
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
+from ms_exporter.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
 
 STUCK_AFTER_BATCHES = 12
 

@@ -22,7 +22,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import build_network, demo_flops_model, synthetic_dataset
+from ms_exporter.demo import build_network, demo_flops_model, synthetic_dataset
 from tests.integration.boosted import Boosted
 
 HEALTHY_STEPS = 30  # the fault starts after this many steps

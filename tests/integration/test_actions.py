@@ -14,7 +14,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.integration.boosted import Boosted
 from tests.support.scrape import scrape
 

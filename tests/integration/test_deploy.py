@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from ms_exporter.config import load_config
-from ms_exporter.config_thresholds import thresholds_of
+from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.core.thresholds import DEFAULTS
 from ms_exporter.generate.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
 from ms_exporter.generate.rules import RULES_FILE, render_rules, render_yaml
-from ms_exporter.thresholds import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_ALERTS = {

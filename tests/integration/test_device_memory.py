@@ -14,9 +14,10 @@ import pytest
 from mindspore import runtime
 from mindspore.train import Callback
 
-from ms_exporter import TrainingMonitor, catalogue
+from ms_exporter import TrainingMonitor
+from ms_exporter.core import catalogue
+from ms_exporter.demo import build_model, synthetic_dataset
 from ms_exporter.tools import report, top
-from ms_exporter.tools.demo import build_model, synthetic_dataset
 from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration

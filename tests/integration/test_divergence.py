@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import catalogue as c
+from ms_exporter.core import catalogue as c
 from tests.support.distributed import DistributedJob, distributed_job
 from tests.support.top_table import table_rows
 from tests.support.waiting import wait_until

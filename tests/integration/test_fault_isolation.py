@@ -11,8 +11,8 @@ import mindspore as ms
 import pytest
 
 from ms_exporter import TrainingMonitor
+from ms_exporter.demo import build_model, synthetic_dataset
 from ms_exporter.sinks.jsonl import JsonlWriter
-from ms_exporter.tools.demo import build_model, synthetic_dataset
 from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration

@@ -93,7 +93,8 @@ def test_finding_5_a_transient_full_disk_loses_whole_records_and_counts_them(tmp
 _TENSORBOARD_CHILD = r"""
 import json, os, signal, sys, time
 from pathlib import Path
-from ms_exporter import TrainingMonitor, catalogue as c
+from ms_exporter import TrainingMonitor
+from ms_exporter.core import catalogue as c
 from tests.support.cb_params import context
 from tests.support.disks import fill
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ms_exporter import catalogue as c
+from ms_exporter.core import catalogue as c
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.tools.report import load_run, summary
 from tests.support.scrape import Scrape, scrape

@@ -14,7 +14,7 @@ from mindspore.train import Callback, Model
 from mindspore.train.loss_scale_manager import FixedLossScaleManager
 
 from ms_exporter import GradNormTrainOneStepCell, LossScaleTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.integration.boosted import Boosted
 from tests.support.scrape import Scrape, scrape
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter.monitor.watchdog import NATIVE_TIMEOUT
+from ms_exporter.features.watchdog import NATIVE_TIMEOUT
 from tests.support.distributed import distributed_job
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_until

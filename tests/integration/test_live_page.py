@@ -15,7 +15,7 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.browser import dom, screenshot
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from mindspore import nn
 from mindspore.train import Model
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.flops import ModelShape, from_parameters, from_shape
-from ms_exporter.tools.demo import PaddedTokens, build_network, demo_flops_model, synthetic_dataset
+from ms_exporter.core.flops import ModelShape, from_parameters, from_shape
+from ms_exporter.demo import PaddedTokens, build_network, demo_flops_model, synthetic_dataset
 from ms_exporter.tools.peak_flops import measure_matmul_flops
 from tests.support.scrape import Scrape, scrape
 

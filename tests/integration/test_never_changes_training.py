@@ -12,7 +12,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.train import Model
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration

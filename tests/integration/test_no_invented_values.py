@@ -11,9 +11,10 @@ import pytest
 from mindspore import nn
 from mindspore.train import Callback, Model
 
-from ms_exporter import TrainingMonitor, catalogue
-from ms_exporter.monitor.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter import TrainingMonitor
+from ms_exporter.cells.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
+from ms_exporter.core import catalogue
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration

@@ -132,7 +132,7 @@ import mindspore as ms
 from mindspore import nn
 from mindspore.train import Model
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 
 ms.set_context(mode=ms.GRAPH_MODE)
 monitor = TrainingMonitor(sys.argv[1])

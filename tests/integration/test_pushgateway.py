@@ -22,13 +22,14 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 from benchmarks.scaling import PrometheusServer
-from ms_exporter import TrainingMonitor, catalogue
-from ms_exporter.catalogue import MetricFamily
+from ms_exporter import TrainingMonitor
 from ms_exporter.config import PushgatewayConfig, load_config
+from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.store import MetricStore
+from ms_exporter.demo import build_network, synthetic_dataset
 from ms_exporter.generate.rules import LIVE, RULES_FILE
-from ms_exporter.monitor.store import MetricStore
 from ms_exporter.sinks.pushgateway import PushgatewaySink
-from ms_exporter.tools.demo import build_network, synthetic_dataset
 from tests.support.scrape import Scrape, scrape
 from tests.support.servers import Servers
 from tests.support.waiting import free_port, wait_until
@@ -356,7 +357,7 @@ from mindspore import nn
 from mindspore.train import Model
 from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 
 ms.set_context(mode=ms.GRAPH_MODE)
 monitor = TrainingMonitor(sys.argv[1])

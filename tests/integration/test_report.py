@@ -15,8 +15,8 @@ from mindspore import nn
 from mindspore.train import Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter import catalogue as c
-from ms_exporter.tools.demo import build_network, demo_flops_model, synthetic_dataset
+from ms_exporter.core import catalogue as c
+from ms_exporter.demo import build_network, demo_flops_model, synthetic_dataset
 from ms_exporter.tools.report import ReportError, group_files, load_run, summary
 from tests.support.browser import dom, screenshot
 

@@ -19,8 +19,8 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
 from ms_exporter import LossScaleTrainOneStepCell, TrainingMonitor
-from ms_exporter import catalogue as c
-from ms_exporter.skipped_batches import SkipListedSamples, SkippedBatches, sample_hash
+from ms_exporter.actions.skipped_batches import SkipListedSamples, SkippedBatches, sample_hash
+from ms_exporter.core import catalogue as c
 from tests.support.disks import fill, small_disk
 
 pytestmark = pytest.mark.integration

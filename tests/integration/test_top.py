@@ -20,7 +20,7 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 from ms_exporter import TrainingMonitor, cli
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.scrape import scrape
 from tests.support.top_table import table_rows
 
@@ -34,7 +34,7 @@ EXE = str(Path(sys.executable).with_name("ms-exporter"))
 
 class SlowLoader(Callback):
     """After the monitor's step end: time spent here is the next step's data wait, as with a slow data loader.
-    The hook is an instance attribute, which the monitor leaves untimed (monitor/callback_timer.py): a class
+    The hook is an instance attribute, which the monitor leaves untimed (features/callback_timer.py): a class
     method would be counted as the `callbacks` phase and taken out of the data wait."""
 
     def __init__(self, seconds: float) -> None:

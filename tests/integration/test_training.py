@@ -17,7 +17,7 @@ from mindspore import nn
 from mindspore.train import Callback, CheckpointConfig, Model, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import PaddedTokens, build_network, synthetic_dataset
+from ms_exporter.demo import PaddedTokens, build_network, synthetic_dataset
 from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration

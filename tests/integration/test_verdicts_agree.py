@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ms_exporter import catalogue as c
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.thresholds import DEFAULTS
 from ms_exporter.generate.rules import render_rules, render_yaml
-from ms_exporter.thresholds import DEFAULTS
 from ms_exporter.tools.top import build_row, mark_slowest, parse_ranks
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")

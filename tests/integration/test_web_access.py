@@ -21,9 +21,10 @@ from typing import Any
 import bcrypt
 import pytest
 
-from ms_exporter import TrainingMonitor, catalogue
+from ms_exporter import TrainingMonitor
 from ms_exporter.config import ConfigError
-from ms_exporter.sinks import basic_auth
+from ms_exporter.core import catalogue
+from ms_exporter.endpoint import basic_auth
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from tests.support.scrape import Scrape
 
@@ -407,7 +408,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(monitors: list[Traini
 
 
 def test_a_kept_connection_ends_after_its_quota_and_says_so(monitors: list[TrainingMonitor]) -> None:
-    from ms_exporter.sinks.http_server import REQUESTS_PER_CONNECTION
+    from ms_exporter.endpoint.server import REQUESTS_PER_CONNECTION
 
     monitor = start(monitors)
     connection = http.client.HTTPConnection("127.0.0.1", port_of(monitor), timeout=10)
@@ -505,7 +506,7 @@ def test_finding_1_slow_and_silent_clients_do_not_take_the_endpoint_down(monitor
 def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(
     monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ms_exporter.sinks import http_server
+    from ms_exporter.endpoint import server as http_server
 
     monkeypatch.setattr(http_server, "REQUEST_SECONDS", 2.0)  # the whole head within 2 s, however it drips
     monitor = start(monitors)
@@ -667,7 +668,7 @@ def test_round2_finding_13_request_heads_over_16_kib_are_refused_however_they_ar
 ) -> None:
     """Issue #31, finding 13: h11 measures a head only while it is incomplete, and the server read 64 KiB at a
     time, so a head of up to ~64 KB that arrived in one read was served. Now every head is held to 16 KiB."""
-    from ms_exporter.sinks.http_server import MAX_HEAD_BYTES
+    from ms_exporter.endpoint.server import MAX_HEAD_BYTES
 
     port = port_of(start(monitors))
     for size, expected in ((MAX_HEAD_BYTES - 200, b"200"), (MAX_HEAD_BYTES + 100, b"431"), (60_000, b"431")):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter import catalogue as c
-from ms_exporter.monitor import watchdog
+from ms_exporter.core import catalogue as c
+from ms_exporter.features import watchdog
 from ms_exporter.sinks.jsonl import JsonlWriter
 from ms_exporter.sinks.tensorboard import TensorBoardWriter
 from ms_exporter.sinks.wandb import WandbWriter

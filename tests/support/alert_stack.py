@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from ms_exporter.core.thresholds import Thresholds
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
-from ms_exporter.thresholds import Thresholds
 from tests.support.servers import Servers, query
 from tests.support.waiting import free_port
 from tests.support.webhook import Webhook

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ms_exporter.monitor.sample import StepSample
+from ms_exporter.core.sample import StepSample
 
 
 def sample(

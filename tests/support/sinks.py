@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ms_exporter.config import load_config
-from ms_exporter.monitor.errors import Breaker, ErrorSink
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks import build_sinks
 
 

@@ -11,7 +11,7 @@ from mindspore import nn
 from mindspore.train import Model
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 
 STEPS = 24
 

@@ -1,4 +1,4 @@
-"""Issue #19, finding 2: basic auth at a cost no client can choose (ms_exporter/sinks/basic_auth.py)."""
+"""Issue #19, finding 2: basic auth at a cost no client can choose (ms_exporter/endpoint/basic_auth.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import base64
 import bcrypt
 import pytest
 
-from ms_exporter.sinks import basic_auth
-from ms_exporter.sinks.basic_auth import BasicAuth, password_matches
+from ms_exporter.endpoint import basic_auth
+from ms_exporter.endpoint.basic_auth import BasicAuth, password_matches
 
 PASSWORD = "correct horse"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()

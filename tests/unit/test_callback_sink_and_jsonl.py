@@ -77,8 +77,8 @@ def test_jsonl_records_nonfinite_as_strings_and_flushes_on_train_end(tmp_path: P
 
 
 def test_jsonl_rotates_at_max_file_mb(tmp_path: Path) -> None:
-    from ms_exporter import catalogue
-    from ms_exporter.monitor.store import MetricStore
+    from ms_exporter.core import catalogue
+    from ms_exporter.core.store import MetricStore
     from ms_exporter.sinks.jsonl import JsonlWriter
 
     store = MetricStore()

@@ -6,8 +6,8 @@ import ast
 import re
 from pathlib import Path
 
-from ms_exporter import catalogue
-from ms_exporter.catalogue import FAMILIES, MetricFamily
+from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import FAMILIES, MetricFamily
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ms_exporter"
@@ -39,7 +39,7 @@ def test_no_module_but_the_catalogue_writes_a_metric_name() -> None:
             continue
         for line, text in _code_strings(path):
             found += [f"{path.relative_to(ROOT)}:{line}: {name}" for name in NAME.findall(text)]
-    assert found == [], "metric names belong in ms_exporter/catalogue.py:\n" + "\n".join(found)
+    assert found == [], "metric names belong in ms_exporter/core/catalogue.py:\n" + "\n".join(found)
 
 
 def test_names_follow_prometheus_conventions() -> None:

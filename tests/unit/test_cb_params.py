@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import ms_exporter
-from ms_exporter.monitor import cb_params as keys
-from ms_exporter.monitor.cb_params import (
+from ms_exporter.core import cb_params as keys
+from ms_exporter.core.cb_params import (
     epoch_of,
     eval_results_of,
     loss_scale_manager_of,
@@ -72,4 +72,4 @@ def test_every_key_is_one_mindspore_sets() -> None:
 def test_the_step_hooks_keys_are_named_once(key: str) -> None:
     package = Path(ms_exporter.__file__).parent
     spelled = [str(path.relative_to(package)) for path in package.rglob("*.py") if f'"{key}"' in path.read_text()]
-    assert spelled == ["monitor/cb_params.py"]
+    assert spelled == ["core/cb_params.py"]

@@ -193,8 +193,8 @@ def test_any_project_and_tag_value_renders_as_valid_exposition(project: str, tag
     """Quotes, backslashes, newlines and any Unicode in label values are escaped, never break a scrape."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from ms_exporter.monitor.ranks import RankInfo
-    from ms_exporter.monitor.store import MetricStore
+    from ms_exporter.core.ranks import RankInfo
+    from ms_exporter.core.store import MetricStore
     from ms_exporter.probes.identity import publish_identity
     from ms_exporter.sinks.prometheus import StoreCollector
 

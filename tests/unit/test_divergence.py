@@ -6,13 +6,13 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter import catalogue as c
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.monitor.fingerprint import Fingerprints, fingerprint
-from ms_exporter.monitor.output_layout import LayoutResolver
-from ms_exporter.monitor.ranks import RankInfo
-from ms_exporter.monitor.replicas import ParallelLayout, disagreeing, read_layout, replica_group
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.output_layout import LayoutResolver
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.replicas import ParallelLayout, disagreeing, read_layout, replica_group
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.fingerprint import Fingerprints, fingerprint
 
 
 def groups(layout: ParallelLayout, model_parallel: int | None = None) -> dict[str, list[int]]:

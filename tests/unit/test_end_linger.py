@@ -8,9 +8,9 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.prometheus import LINGER_MAX_SECONDS, PrometheusEndpoint
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
-from ms_exporter.sinks import endpoint_pages
-from ms_exporter.sinks.endpoint_pages import MetricsPages
+from ms_exporter.endpoint import pages as endpoint_pages
+from ms_exporter.endpoint.pages import MetricsPages
 
 
 def registry() -> CollectorRegistry:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.catalogue import MetricFamily
+from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.sink import Sink
 from ms_exporter.monitor import callback as callback_module
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.probes.base import Probe
-from ms_exporter.sinks.base import Sink
 from tests.support.cb_params import context
 from tests.support.scrape import scrape
 

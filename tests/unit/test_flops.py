@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from ms_exporter import catalogue as c
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.flops import PEAK_PRESETS, ModelShape, from_parameters, from_shape
-from ms_exporter.monitor.replicas import ParallelLayout, ranks_per_batch
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.flops import PEAK_PRESETS, ModelShape, from_parameters, from_shape
+from ms_exporter.core.replicas import ParallelLayout, ranks_per_batch
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.mfu import MfuProbe, attention_width
 
 WITHIN = 1e-3  # the 0.1%
@@ -212,7 +212,7 @@ def test_probe_without_a_peak_has_no_mfu_and_data_without_tokens_has_no_flops() 
 
 
 def test_probe_derives_6n_and_the_attention_layers_from_a_real_network() -> None:
-    from ms_exporter.tools.demo import build_model
+    from ms_exporter.demo import build_model
 
     model = build_model()
     network = model.train_network

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import catalogue as c
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.monitor import run_state
-from ms_exporter.monitor.goodput import Goodput, derived_run_id
-from ms_exporter.monitor.ledger import INDEX, TimeLedger, process_started
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.run_state import RunState, RunStateTaken
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.ledger import INDEX, TimeLedger, process_started
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features import run_state
+from ms_exporter.features.goodput import Goodput, derived_run_id
+from ms_exporter.features.run_state import RunState, RunStateTaken
 
 
 def booked(ledger: TimeLedger) -> dict[str, float]:

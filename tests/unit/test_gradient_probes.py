@@ -9,9 +9,9 @@ import pytest
 from mindspore.train.callback import _InternalCallbackParam
 
 from ms_exporter.config import GradNormConfig, LayerNormConfig
-from ms_exporter.monitor.output_layout import LayoutResolver
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core.output_layout import LayoutResolver
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import GradNormProbe, LayerIndex, layer_of
 from ms_exporter.probes.layernorm import LayerNormProbe, spread_evenly
 from ms_exporter.probes.loss_scale import LossScaleProbe
@@ -178,3 +178,16 @@ def test_spread_evenly_keeps_order_ends_and_small_lists() -> None:
     assert spread_evenly(list(range(65)), 3) == [0, 32, 64]
     assert spread_evenly(list(range(65)), 1) == [64]
     assert len(set(spread_evenly(list(range(25)), 24))) == 24
+
+
+def test_the_grad_norm_cell_marks_its_outputs_for_the_layout_resolver() -> None:
+    from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
+    from ms_exporter.core.output_layout import NORMS_WHEN_MEASURED
+
+    assert getattr(GradNormTrainOneStepCell, NORMS_WHEN_MEASURED) is True
+    resolver = LayoutResolver()
+    resolver.bind(object())  # any other cell: a 3-tuple is (loss, overflow, scale)
+    assert resolver.resolve((0.5, False, 1.0)).scale == 2
+    resolver.bind(GradNormTrainOneStepCell.__new__(GradNormTrainOneStepCell))
+    layout = resolver.resolve((0.5, 1.0, [1.0]))
+    assert (layout.global_norm, layout.parameter_norms, layout.measured_by_cell) == (1, 2, True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.watchdog import render_dump
+from ms_exporter.core import catalogue
+from ms_exporter.features.watchdog import render_dump
 from ms_exporter.tools.hangs import RankState, collect, from_dump, newest_dumps, verdicts
 from ms_exporter.tools.top import Access, FetchError
 
@@ -155,7 +155,7 @@ def test_live_endpoints_are_read_with_their_stacks(tmp_path: Path) -> None:
     states = collect(["h:1", "h:2", "h:3"], Access(), fetcher=fetcher)
     by_rank = {s.rank: s for s in states}
     # The dump named this thread as the training thread: its top frame was the dump's own stack walk.
-    assert re.search(r"monitor/watchdog\.py:\d+ in python_stacks$", by_rank["1"].top_frame or "")
+    assert re.search(r"features/watchdog\.py:\d+ in python_stacks$", by_rank["1"].top_frame or "")
     assert by_rank["0"].phase == "step" and by_rank["0"].stopped and by_rank["0"].top_frame is None
     assert by_rank["?"].error == "Connection refused"
     (verdict,) = [v for v in verdicts(states) if v.project == "demo"]

@@ -9,8 +9,8 @@ import pytest
 
 from ms_exporter import TrainingMonitor, cli
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.monitor.errors import ErrorSink
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core.errors import ErrorSink
+from ms_exporter.core.store import MetricStore
 
 SECRET = "s3cr3t-pw"
 

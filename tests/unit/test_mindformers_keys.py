@@ -12,7 +12,7 @@ import yaml
 
 from ms_exporter import mindformers
 from ms_exporter.config import ConfigError, load_config, read_config
-from ms_exporter.mindformers_keys import MINDFORMERS_KEYS, translate
+from ms_exporter.config.mindformers_keys import MINDFORMERS_KEYS, translate
 
 RUN_YAML = Path(__file__).resolve().parents[1] / "integration" / "data" / "mindformers_llama2_tiny.yaml"
 

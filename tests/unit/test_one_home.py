@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
-from ms_exporter import catalogue
 from ms_exporter.config import HangConfig, MonitorConfig, load_config
-from ms_exporter.config_thresholds import thresholds_of
+from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.core import catalogue
+from ms_exporter.core.learned_deadline import MIN_CYCLES, nearest_rank
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
+from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, LOSS_SPIKE_FACTOR, Thresholds
 from ms_exporter.generate.rules import render_rules
-from ms_exporter.learned_deadline import MIN_CYCLES, nearest_rank
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
-from ms_exporter.thresholds import DEFAULTS, EXPLODING_FACTOR, LOSS_SPIKE_FACTOR, Thresholds
 from ms_exporter.tools import report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,8 +65,8 @@ def test_the_config_reads_its_alert_and_spike_defaults_from_the_thresholds() -> 
     # Read, not copied: thresholds moved before the config is imported (the package imports it) move its defaults.
     moved = _python(
         "import dataclasses, importlib.util, sys\n"
-        "spec = importlib.util.spec_from_file_location('ms_exporter.thresholds',"
-        " 'ms_exporter/thresholds.py')\n"
+        "spec = importlib.util.spec_from_file_location('ms_exporter.core.thresholds',"
+        " 'ms_exporter/core/thresholds.py')\n"
         "t = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(t)\n"
         "t.DEFAULTS = dataclasses.replace(t.DEFAULTS, goodput_low=0.7, grad_norm_high=3.0)\n"
@@ -92,26 +92,27 @@ def _package_imports(path: Path) -> set[str]:
 
 
 def test_the_thresholds_import_nothing_of_the_package_so_config_and_thresholds_make_no_circle() -> None:
-    assert _package_imports(ROOT / "ms_exporter" / "thresholds.py") == set()
-    assert _package_imports(ROOT / "ms_exporter" / "learned_deadline.py") == set()  # the report imports it too
-    assert "ms_exporter.thresholds" in _package_imports(ROOT / "ms_exporter" / "config.py")
+    assert _package_imports(ROOT / "ms_exporter" / "core" / "thresholds.py") == set()
+    # the report imports it too
+    assert _package_imports(ROOT / "ms_exporter" / "core" / "learned_deadline.py") == set()
+    assert "ms_exporter.core.thresholds" in _package_imports(ROOT / "ms_exporter" / "config" / "__init__.py")
 
 
 @pytest.mark.parametrize(
     "order",
     [
-        ("config", "thresholds", "config_thresholds"),
-        ("thresholds", "config", "config_thresholds"),
-        ("config_thresholds", "thresholds", "config"),
-        ("learned_deadline", "tools.report", "config"),
+        ("config", "core.thresholds", "config.thresholds_of"),
+        ("core.thresholds", "config", "config.thresholds_of"),
+        ("config.thresholds_of", "core.thresholds", "config"),
+        ("core.learned_deadline", "tools.report", "config"),
     ],
 )
 def test_each_module_imports_first_in_a_fresh_interpreter(order: tuple[str, ...]) -> None:
     imported = _python(
         "".join(f"import ms_exporter.{name}\n" for name in order)
-        + "from ms_exporter.config_thresholds import thresholds_of\n"
+        + "from ms_exporter.config.thresholds_of import thresholds_of\n"
         "from ms_exporter.config import load_config\n"
-        "from ms_exporter.thresholds import DEFAULTS\n"
+        "from ms_exporter.core.thresholds import DEFAULTS\n"
         "assert thresholds_of(load_config({})) == DEFAULTS\n"
     )
     assert imported.returncode == 0, imported.stderr

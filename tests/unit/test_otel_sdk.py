@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from packaging.specifiers import SpecifierSet
 
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks import otel_sdk
 from ms_exporter.sinks.otlp import SCOPE, StoreHistogramExporter
 
@@ -152,7 +152,7 @@ def test_round2_credential_the_otlp_target_is_logged_without_its_credentials(
     """The INFO line that names the collector (and the error of a failed export) shows the host, never the endpoint's
     user:password@, token@ or query values, whether monitor_config or OTEL_EXPORTER_OTLP_ENDPOINT names it."""
     from ms_exporter.config import OtlpConfig
-    from ms_exporter.monitor.ranks import RankInfo
+    from ms_exporter.core.ranks import RankInfo
     from ms_exporter.sinks.otlp import OtlpExport
 
     port = free_port()  # nothing listens there

@@ -9,11 +9,11 @@ import time
 import pytest
 from mindspore.train import Callback, ModelCheckpoint
 
-from ms_exporter import catalogue
 from ms_exporter.config import HangConfig, load_config
-from ms_exporter.monitor.callback_timer import CallbackTimer, overridden_hooks, phase_of
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.callback_timer import CallbackTimer, overridden_hooks, phase_of
 from ms_exporter.probes.hang_deadline import MIN_CYCLES, HangDeadlineProbe
 from tests.support.samples import sample
 

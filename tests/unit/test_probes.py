@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from ms_exporter import catalogue
 from ms_exporter.config import Bound
-from ms_exporter.monitor.breach_watch import ThresholdWatcher
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.breach_watch import ThresholdWatcher
 from ms_exporter.probes.loss import LossProbe
 from ms_exporter.probes.memory import MIB, MemoryProbe
 from ms_exporter.probes.throughput import ThroughputProbe
@@ -169,7 +169,7 @@ def test_layernorm_std_of_scales_near_one_keeps_its_digits() -> None:
     import numpy as np
 
     from ms_exporter.config import LayerNormConfig
-    from ms_exporter.monitor.store import MetricStore
+    from ms_exporter.core.store import MetricStore
     from ms_exporter.probes.layernorm import LayerNormProbe, _Scale
 
     values = 1.0 + np.random.default_rng(3).normal(0.0, 4e-5, 512)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.sinks.request_budget import MAX_CHARGE, REQUEST_SECONDS, RequestBudget
+from ms_exporter.endpoint.request_budget import MAX_CHARGE, REQUEST_SECONDS, RequestBudget
 
 
 class FakeClock:

@@ -16,14 +16,14 @@ from mindspore import Tensor, nn, ops
 from ms_exporter.actions.good_state import GoodStates
 from ms_exporter.actions.health import HealthScore
 from ms_exporter.actions.rollback import LoopGuard, divergence_of
-from ms_exporter.config import load_config
-from ms_exporter.skipped_batches import (
+from ms_exporter.actions.skipped_batches import (
     KeepUnlisted,
     SkipListedSamples,
     SkippedBatches,
     batch_identity,
     sample_hash,
 )
+from ms_exporter.config import load_config
 
 NAN = math.nan
 
@@ -277,7 +277,7 @@ def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_a
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from ms_exporter.actions.runner import ActionRunner
-    from ms_exporter.monitor.store import MetricStore
+    from ms_exporter.core.store import MetricStore
 
     config = load_config(
         {"save_dir": str(tmp_path), "run_id": "job7", "actions": {"rollback": {"enable": True, "storage": "disk"}}}

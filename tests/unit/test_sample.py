@@ -8,7 +8,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.monitor.sample import BatchCounter, document_squares, read_loss
+from ms_exporter.core.sample import BatchCounter, document_squares, read_loss
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from ms_exporter.monitor.signals import SignalRelay
+from ms_exporter.features.signals import SignalRelay
 
 
 def test_a_forked_child_gets_the_replaced_handlers_back_even_under_two_relays() -> None:

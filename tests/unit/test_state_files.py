@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter import catalogue as c
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.monitor import run_lock
-from ms_exporter.monitor.goodput import Goodput
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue as c
+from ms_exporter.core import run_lock
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.goodput import Goodput
 from ms_exporter.tools.report import load_run, summary
 from tests.support.cb_params import context
 
@@ -248,7 +248,7 @@ def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_
     from tests.support.disks import fill, small_disk
 
     script = (
-        "import json; from ms_exporter import TrainingMonitor, catalogue as c\n"
+        "import json; from ms_exporter import TrainingMonitor; from ms_exporter.core import catalogue as c\n"
         "m = TrainingMonitor(port=0)\n"
         "m._goodput.step_ended(5)\n"
         "m._goodput.save()\n"
@@ -282,7 +282,7 @@ def test_round2_finding_3_the_step_mark_is_allocated_before_it_is_mapped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without a tmpfs to fill: a file system that has no block for the mark is the same ENOSPC."""
-    from ms_exporter.monitor import run_state
+    from ms_exporter.features import run_state
 
     def no_space(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.breach_watch import ThresholdWatcher
-from ms_exporter.monitor.errors import Breaker, ErrorSink
+from ms_exporter.core import catalogue
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import BatchCounter, StepSample
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.publisher import StepPublisher, StepRecord
-from ms_exporter.monitor.sample import BatchCounter, StepSample
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.probes.base import Probe
 
 
 class _Recording(Probe):

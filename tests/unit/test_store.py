@@ -6,8 +6,8 @@ import math
 
 from prometheus_client import CollectorRegistry
 
-from ms_exporter.catalogue import MetricFamily
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
 
 

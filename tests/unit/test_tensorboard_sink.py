@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import catalogue as c
 from ms_exporter.config import ConfigError
-from ms_exporter.monitor.errors import Breaker, ErrorSink
-from ms_exporter.monitor.sample import StepSample
-from ms_exporter.monitor.store import MetricStore
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.tensorboard import TensorBoardWriter
 from tests.support.sinks import sinks_of
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ms_exporter import load_config
-from ms_exporter.config_thresholds import thresholds_of
+from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_straggler
 from ms_exporter.generate.dashboard import render_dashboard
 from ms_exporter.generate.rules import render_rules
-from ms_exporter.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_straggler
 
 
 def _alerts(thresholds: Thresholds) -> dict[str, str]:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import catalogue, cli
-from ms_exporter.monitor.ranks import RankInfo
+from ms_exporter import cli
+from ms_exporter.core import catalogue
+from ms_exporter.core.ranks import RankInfo
 from ms_exporter.sinks.file_sd import FileSdTarget
 from ms_exporter.tools.top import (
     COLUMNS,

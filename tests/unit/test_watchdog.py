@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter import catalogue
-from ms_exporter.monitor.phases import PhaseClock
-from ms_exporter.monitor.store import MetricStore
-from ms_exporter.monitor.watchdog import HangWatchdog, render_dump
+from ms_exporter.core import catalogue
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.watchdog import HangWatchdog, render_dump
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from tests.support.waiting import wait_until
 

@@ -20,7 +20,7 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-from ms_exporter.tools.demo import build_network, synthetic_dataset
+from ms_exporter.demo import build_network, synthetic_dataset
 
 HERE = Path(__file__).parent
 BATCH = 8

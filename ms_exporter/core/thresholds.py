@@ -1,0 +1,66 @@
+"""Every default threshold, in one place: the config's defaults, the alerting rules and the dashboard read them.
+
+docs/alerts.md explains each number. A user's monitor_config moves some of them
+(`ms_exporter.config.thresholds_of.thresholds_of`): warn_on_value bounds, grad_norm.threshold,
+layernorm.drift_threshold, goodput.alert_below and flops.alert_below; the rest are changed by editing the rendered
+rules. This module imports nothing of the package, so that the config can read its defaults here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# An exploding gradient norm is this many times the "high" one.
+EXPLODING_FACTOR = 10.0
+# The snapshot and rollback actions: a loss above this many times the smoothed loss is a spike (no alert reads it).
+LOSS_SPIKE_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the alerts compare with."""
+
+    loss_high: float = 50.0
+    grad_norm_high: float = 10.0
+    # None: EXPLODING_FACTOR x grad_norm_high, resolved at construction (a number given here stands as given).
+    grad_norm_exploding: float = None  # type: ignore[assignment]
+    tokens_per_second_low: float = 1000.0
+    # ThroughputDrop: the recent level below this share of the run's own recent best (0.6: a 2x drop pages).
+    throughput_drop_ratio: float = 0.6
+    memory_growth_ratio: float = 0.3
+    # MemoryGrowth: still growing at least this fast (bytes/s, the least-squares slope of the recent samples).
+    memory_growth_rate: float = 2**20 / 60  # 1 MiB a minute: 1.4 GiB a day
+    loss_rising_steps: int = 5
+    overflow_fraction: float = 0.5
+    layernorm_drift: float = 0.3
+    # A rank the job waits for: its data wait (or step cycle) over this many times the job's median ...
+    straggler_factor: float = 1.5
+    # ... and, for the data wait, at least this share of its step cycle.
+    straggler_wait_fraction: float = 0.2
+    # GoodputLow: productive time under this share of all the project's time in the last hour (goodput.alert_below).
+    goodput_low: float = 0.5
+    # MfuLow: the project's model FLOPs utilisation under this (flops.alert_below); None: no such alert.
+    mfu_low: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.grad_norm_exploding is None:
+            object.__setattr__(self, "grad_norm_exploding", self.grad_norm_high * EXPLODING_FACTOR)
+
+
+DEFAULTS = Thresholds()
+
+
+def is_straggler(
+    wait: float, cycle: float, median_wait: float, median_cycle: float, thresholds: Thresholds = DEFAULTS
+) -> bool:
+    """MindSporeTrainingStraggler's rule (ms_exporter/generate/rules.py writes it in PromQL) for a tool that holds
+    the per-step means itself: the rank's data wait is over `straggler_factor` times the job's median and at
+    least `straggler_wait_fraction` of its step cycle, or its whole cycle is over the factor times the median.
+
+    Synchronous ranks all take the same time per step: the one the others wait for has a short step and a long
+    data wait, while theirs grows by the wait. Ranks that do not synchronise run at their own pace: there the
+    slow rank's whole cycle is longer.
+    """
+    factor = thresholds.straggler_factor
+    waits_long = wait > factor * median_wait and wait > thresholds.straggler_wait_fraction * cycle
+    return waits_long or cycle > factor * median_cycle

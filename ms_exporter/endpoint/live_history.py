@@ -1,0 +1,139 @@
+"""The last steps of this rank, kept in a bounded ring for the live page (`GET /`, `GET /api/series`).
+
+The hot path appends one tuple per step to a deque with a fixed maxlen: no lock (appends and a reader's
+copy are each atomic under the GIL), no formatting. Readers turn it into JSON at their own pace.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ms_exporter.config import Bound
+from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import MEMORY_IN_USE_ORDER
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import MetricStore, Series
+
+HISTORY_STEPS = 4096
+# Columns after step, time, loss, step_time and data_wait (the sample's own): the store series read each step
+# (the unlabelled one, else the first); memory is the first kind of MEMORY_IN_USE_ORDER present, and
+# `memory_kind` in the payload names it.
+SERIES_COLUMNS = (
+    catalogue.LOSS_SMOOTHED,
+    catalogue.LEARNING_RATE,
+    catalogue.TOKENS_PER_SECOND,
+    catalogue.SAMPLES_PER_SECOND,
+    catalogue.GRAD_NORM,
+    catalogue.MEMORY_BYTES,
+)
+COLUMNS = ("step", "time", "loss", "step_time", "data_wait", *(family.short for family in SERIES_COLUMNS), "breaches")
+_SMOOTHED = 5  # index of loss_smoothed in a row
+
+
+class StepHistory(Sink):
+    """A ring of the last HISTORY_STEPS steps: (step, time, loss, step time, the SERIES_COLUMNS, breaches).
+
+    A sink of the `prometheus` backend: its endpoint serves the ring.
+    """
+
+    name = "prometheus"
+
+    def __init__(self, store: MetricStore, bounds: Mapping[str, Bound], size: int = HISTORY_STEPS) -> None:
+        self._store = store
+        self.bounds = {key: {bound.direction: bound.value} for key, bound in bounds.items()}
+        self.rows: deque[tuple[float, ...]] = deque(maxlen=size)
+        self.capacity = size
+        self._series: tuple[Series | None, ...] = ()
+        self._breaches: tuple[tuple[Series, str], ...] = ()  # each breach counter with its `metric` label
+        self._version = -1
+        self.memory_kind: str | None = None
+        # (step, metric) where a breach episode began: the page marks it on that metric's chart only.
+        self.breach_events: deque[tuple[int, str]] = deque(maxlen=size)
+        self._breach_counts: dict[str, float] = {}
+
+    def on_step(self, sample: StepSample) -> None:
+        """Hot path: one tuple into the ring."""
+        if self._version != self._store.version:
+            self._bind()
+        breaches = 0.0
+        counts = self._breach_counts
+        for counter, metric in self._breaches:
+            value = counter.value
+            breaches += value
+            if value > counts.get(metric, 0.0):  # a new episode of this metric
+                self.breach_events.append((sample.step, metric))
+            counts[metric] = value
+        loss = _number(sample.loss)
+        row = [
+            sample.step,
+            sample.wall_time,
+            loss,
+            sample.duration / max(sample.steps, 1),
+            _number(sample.data_wait),
+            *[s.value if s is not None else math.nan for s in self._series],
+            breaches,
+        ]
+        if not math.isfinite(loss):
+            row[_SMOOTHED] = math.nan  # the smoothed loss of a NaN step is no loss: a gap, not a flat line
+        self.rows.append(tuple(row))
+
+    def _bind(self) -> None:
+        self._version = self._store.version
+        bound: list[Series | None] = []
+        for family in SERIES_COLUMNS:
+            children = self._store.series_of(family)
+            if family is catalogue.MEMORY_BYTES:
+                by_kind = {dict(c.labels).get("kind"): c for c in children}
+                self.memory_kind = next((kind for kind in MEMORY_IN_USE_ORDER if kind in by_kind), None)
+                bound.append(by_kind.get(self.memory_kind))
+            else:
+                bound.append(children[0] if children else None)
+        self._series = tuple(bound)
+        self._breaches = tuple(
+            (counter, dict(counter.labels)["metric"]) for counter in self._store.series_of(catalogue.BREACHES)
+        )
+
+    def since(self, step: int, limit: int = HISTORY_STEPS) -> dict[str, Any]:
+        """Rows after `step` (at most `limit`, the newest), as JSON-ready data: non-finite numbers become null."""
+        rows = list(self.rows)  # one atomic copy; the training thread keeps appending to the deque
+        newer = [row for row in rows if row[0] > step][-limit:]
+        return {
+            "columns": list(COLUMNS),
+            "rows": [[_json(v) for v in row] for row in newer],
+            "nonfinite_loss_steps": [int(row[0]) for row in newer if not math.isfinite(row[2])],
+            "breach_events": [
+                [event_step, metric] for event_step, metric in list(self.breach_events) if event_step > step
+            ],
+            "last_step": int(rows[-1][0]) if rows else None,
+            "capacity": self.capacity,
+            "memory_kind": self.memory_kind,
+            "bounds": {key: bound for key, bound in self.bounds.items() if key in _PLOTTED},
+            "now": time.time(),
+            **self._phase(),
+        }
+
+    def _phase(self) -> dict[str, Any]:
+        """Where the rank is now and for how long, and how long that phase may last (docs/hangs.md)."""
+        phase = next((dict(s.labels)["phase"] for s in self._store.series_of(catalogue.PHASE) if s.value == 1), None)
+        return {
+            "phase": phase,
+            "phase_seconds": _json(self._store.value_of(catalogue.PHASE_SECONDS)),
+            "hang_deadline": _json(self._store.value_of(catalogue.HANG_DEADLINE)),
+        }
+
+
+# Bounds drawn on the live page's charts (memory growth has no chart of its own).
+_PLOTTED = frozenset({"loss", "loss_smoothed", "tokens_per_second", "samples_per_second", "grad_norm"})
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _json(value: float) -> float | None:
+    return value if math.isfinite(value) else None
