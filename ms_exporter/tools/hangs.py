@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter.core import catalogue, safe_files
-from ms_exporter.tools.top import Access, FetchError, expand_targets, fetch, parse_ranks, parse_target_argument
+from ms_exporter.tools.rank_samples import parse_ranks
+from ms_exporter.tools.scrape import Access, FetchError, fetch
+from ms_exporter.tools.targets import expand_targets, parse_target_argument
 
 DUMP_GLOB = "hang-rank*-*.txt"
 # What of a dump is read: its first lines say where the rank was (render_dump); the stacks after them can be

@@ -1,6 +1,6 @@
 """`ms-exporter top`'s Python verdicts and the shipped rules' PromQL give the same answer on the same series.
 
-The straggler and memory-growth rules are written twice, as Python in ms_exporter/tools/top.py (with
+The straggler and memory-growth rules are written twice, as Python in ms_exporter/tools/top/rows.py (with
 thresholds.is_straggler) and as PromQL in ms_exporter/generate/rules.py. Each case here feeds both the same per-rank
 rates: top through two scrapes of a /metrics page a minute apart, the rules through `promtool test rules` with
 the alerts top's verdicts expect.
@@ -19,7 +19,8 @@ import yaml
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.thresholds import DEFAULTS
 from ms_exporter.generate.rules import render_rules, render_yaml
-from ms_exporter.tools.top import build_row, mark_slowest, parse_ranks
+from ms_exporter.tools.rank_samples import parse_ranks
+from ms_exporter.tools.top.rows import build_row, mark_slowest
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 

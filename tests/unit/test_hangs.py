@@ -16,7 +16,7 @@ import pytest
 from ms_exporter.core import catalogue
 from ms_exporter.features.watchdog import render_dump
 from ms_exporter.tools.hangs import RankState, collect, from_dump, newest_dumps, verdicts
-from ms_exporter.tools.top import Access, FetchError
+from ms_exporter.tools.scrape import Access, FetchError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,26 +18,19 @@ from ms_exporter import cli
 from ms_exporter.core import catalogue
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.sinks.file_sd import FileSdTarget
-from ms_exporter.tools.top import (
-    COLUMNS,
-    Access,
-    FetchError,
-    Poller,
-    Row,
+from ms_exporter.tools.rank_samples import parse_ranks
+from ms_exporter.tools.scrape import Access, FetchError
+from ms_exporter.tools.targets import (
     Target,
     TargetSpec,
-    build_row,
-    down_row,
     expand_targets,
-    mark_diverged,
-    mark_slowest,
     normalise_url,
-    parse_ranks,
     parse_target_argument,
-    plain_text,
     read_file_sd,
-    render,
 )
+from ms_exporter.tools.top.poller import Poller
+from ms_exporter.tools.top.render import COLUMNS, plain_text, render
+from ms_exporter.tools.top.rows import Row, build_row, down_row, mark_diverged, mark_slowest
 from tests.support.scrape import Scrape
 
 DATA = Path(__file__).parent / "data"

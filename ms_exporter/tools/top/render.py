@@ -1,0 +1,137 @@
+"""`top`'s table as text: rows to lines, the columns in the order a narrow terminal drops them (docs/top.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ms_exporter.tools.top.formats import age, duration, fit, integer, number, percent, printable, rate, size
+from ms_exporter.tools.top.rows import SYNC_TOLERANCE, Row
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    style: str = "normal"  # "title", "header", "slowest", "down", "alert", "normal"
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The rendered table: the title and header stay put, the rows scroll, the footer explains the marker."""
+
+    title: Line
+    header: Line
+    rows: list[Line]
+    footer: list[Line]
+
+
+@dataclass(frozen=True)
+class _Column:
+    header: str
+    cell: Callable[[Row], str]
+    left: bool = False
+
+
+def _up(cell: Callable[[Row], str]) -> Callable[[Row], str]:
+    return lambda row: "-" if row.error is not None else cell(row)
+
+
+def _memory(row: Row) -> str:
+    return "-" if row.memory_bytes is None else f"{size(row.memory_bytes)} {row.memory_kind}"
+
+
+def _alerts(row: Row) -> str:
+    return f"DOWN: {row.error}" if row.error is not None else ", ".join(row.alerts)
+
+
+# Left to right in the order they are given up when the terminal is narrow (from the right); ALERTS, the reason
+# to look, is never dropped: it is the last column and gets whatever width is left.
+COLUMNS = (
+    _Column("", lambda row: ">" if row.slowest else "", left=True),
+    _Column("RANK", lambda row: row.rank if row.rank is not None else "?"),
+    _Column("STEP", _up(lambda row: integer(row.step))),
+    _Column("LOSS", _up(lambda row: number(row.loss))),
+    _Column("SMOOTHED", _up(lambda row: number(row.loss_smoothed))),
+    _Column("TOKENS/S", _up(lambda row: rate(row.tokens_per_second))),
+    _Column("MFU", _up(lambda row: percent(row.mfu))),
+    _Column("STEP TIME", _up(lambda row: duration(row.step_seconds))),
+    _Column("DATA WAIT", _up(lambda row: duration(row.wait_seconds))),
+    _Column("GRAD NORM", _up(lambda row: number(row.grad_norm, 4))),
+    _Column("MEMORY", _up(_memory)),
+    _Column("LAST STEP", _up(lambda row: "-" if row.age_seconds is None else age(row.age_seconds) + " ago")),
+    _Column("PHASE", _up(lambda row: row.phase or "-"), left=True),
+    _Column("PROJECT", lambda row: row.project or "-", left=True),
+    _Column("TARGET", lambda row: row.target, left=True),
+)
+ALERTS_HEADER = "ALERTS"
+_ALERTS_MIN_WIDTH = 12
+_GAP = "  "
+
+
+def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> Screen:
+    """The table for `rows` in `width` columns (None: as wide as it takes), `status` at the end of the title
+    line. Pure: no terminal, no clock."""
+    cells = [[printable(column.cell(row)) for column in COLUMNS] for row in rows]
+    alerts = [printable(_alerts(row)) for row in rows]
+    widths = [max([len(column.header), *(len(line[i]) for line in cells)]) for i, column in enumerate(COLUMNS)]
+    keep = len(COLUMNS)
+    if width is not None:
+        alerts_need = min(max([len(ALERTS_HEADER), *map(len, alerts)]), _ALERTS_MIN_WIDTH)
+        while keep > 2 and sum(widths[:keep]) + len(_GAP) * keep + alerts_need > width:
+            keep -= 1
+
+    def line(values: Sequence[str], tail: str) -> str:
+        parts = [
+            value.ljust(widths[i]) if COLUMNS[i].left else value.rjust(widths[i])
+            for i, value in enumerate(values[:keep])
+        ]
+        text = _GAP.join([*parts, tail]).rstrip()
+        return fit(text, width)
+
+    header = Line(line([column.header for column in COLUMNS], ALERTS_HEADER), "header")
+    body = []
+    for row, values, alert in zip(rows, cells, alerts, strict=True):
+        style = (
+            "slowest"
+            if row.slowest
+            else "down"
+            if row.error is not None
+            else "alert"
+            if row.alerts and not row.ended
+            else "normal"
+        )
+        body.append(Line(line(values, alert), style))
+
+    ended = sum(1 for row in rows if row.error is None and row.ended)
+    up = sum(1 for row in rows if row.error is None) - ended
+    summary = (
+        f"{up} up, " + (f"{ended} ended, " if ended else "") + f"{len(rows) - up - ended} down"
+        if rows
+        else "no targets yet"
+    )
+    title = Line(fit(f"ms-exporter top - {summary}" + (f" - {status}" if status else ""), width), "title")
+    footer = [Line(fit(_slowest_text(row), width)) for row in rows if row.slowest]
+    if footer:
+        footer.append(
+            Line(
+                fit(
+                    "> marks the rank the job waits for: the longest step cycle (step + data wait); "
+                    f"among ranks within {SYNC_TOLERANCE:.0%} of it, the largest data-wait share",
+                    width,
+                )
+            )
+        )
+    return Screen(title, header, body, footer)
+
+
+def _slowest_text(row: Row) -> str:
+    project = f" of {row.project}" if row.project else ""
+    return (
+        f"> slowest: rank {row.rank}{project}, step cycle {duration(row.cycle_seconds)} = step "
+        f"{duration(row.step_seconds)} + data wait {duration(row.wait_seconds)}"
+    )
+
+
+def plain_text(screen: Screen) -> str:
+    lines = [screen.title, screen.header, *screen.rows, *screen.footer]
+    return "\n".join(line.text for line in lines) + "\n"

@@ -1,0 +1,269 @@
+"""`top`'s rows: what the table shows for each rank, pure functions of its parsed samples and the previous poll."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from ms_exporter.core import catalogue
+from ms_exporter.core.replicas import disagreeing
+from ms_exporter.core.thresholds import DEFAULTS, is_straggler
+from ms_exporter.tools.rank_samples import RankSamples
+from ms_exporter.tools.targets import Target
+from ms_exporter.tools.top import formats
+
+STALE_SECONDS = 60.0
+# A counter that went up (a threshold breach, a non-finite loss) stays in the alerts column this long, so that
+# an episode is not a flash of one refresh.
+ALERT_HOLD_SECONDS = 60.0
+# Ranks of a synchronous job have step cycles within a few percent of each other; among the ranks this close to
+# the longest cycle, the one with the largest data-wait share is the one the others wait for.
+SYNC_TOLERANCE = 0.10
+# The memory column's kind (catalogue.MEMORY_IN_USE_ORDER: in use on the device, else the host's) and its short name.
+_MEMORY_SHORT = {
+    catalogue.DEVICE_ALLOCATED: "dev",
+    catalogue.DEVICE_RESERVED: "dev-res",
+    catalogue.HOST_RSS: "rss",
+    catalogue.DEVICE_PEAK: "dev-peak",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the table shows for one rank (or one unreachable target, with `error` set)."""
+
+    target: str
+    rank: str | None
+    project: str | None
+    step: float | None = None
+    loss: float | None = None
+    loss_smoothed: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None  # model FLOPs utilisation, where the rank knows its device's peak
+    step_seconds: float | None = None
+    wait_seconds: float | None = None  # data wait per step, as the straggler rule counts it
+    grad_norm: float | None = None
+    memory_bytes: float | None = None
+    memory_kind: str | None = None
+    age_seconds: float | None = None
+    alerts: tuple[str, ...] = ()
+    error: str | None = None
+    slowest: bool = False
+    phase: str | None = None  # mindspore_train_phase: compile, step, data_wait, eval, ..., ended
+    fingerprint: tuple[str, float, float] | None = None  # (replica group, step, value) of the last fingerprint
+
+    @property
+    def ended(self) -> bool:
+        """The rank said its training ended normally (its endpoint may be gone since)."""
+        return self.phase == catalogue.ENDED
+
+    @property
+    def cycle_seconds(self) -> float | None:
+        """Step time plus data wait: the rank's whole time per step."""
+        if self.step_seconds is None:
+            return None
+        return self.step_seconds + (self.wait_seconds or 0.0)
+
+
+@dataclass(frozen=True)
+class History:
+    """What one rank's previous poll left behind for the next: counters for deltas, and held alerts."""
+
+    duration: tuple[float, float] | None = None  # step duration (_sum, _count)
+    wait_sum: float | None = None
+    step_seconds: float | None = None
+    wait_seconds: float | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+    held: dict[str, float] = field(default_factory=dict)  # alert -> shown until (unix seconds)
+    row: Row | None = None  # what this poll showed: an ended rank keeps its last row once its endpoint goes
+
+
+def build_row(
+    target: str,
+    project: str,
+    rank: str,
+    samples: RankSamples,
+    history: History | None,
+    now: float,
+    stale_seconds: float = STALE_SECONDS,
+    hold_seconds: float = ALERT_HOLD_SECONDS,
+) -> tuple[Row, History]:
+    """One rank's row from its samples and its previous poll (None on the first), and the history for the next.
+
+    Step time and data wait are means over the steps since the previous poll (from the histograms' _sum and
+    _count), the last such mean when no step ended in between, and the mean over the whole run on the first poll
+    or after the counters went back (a restarted rank).
+    """
+    duration_sum = samples.value(catalogue.STEP_DURATION.sum)
+    duration_count = samples.value(catalogue.STEP_DURATION.count)
+    duration = None if duration_sum is None or duration_count is None else (duration_sum, duration_count)
+    wait_sum = samples.value(catalogue.DATA_WAIT.sum)
+    step_seconds, wait_seconds = _step_means(duration, wait_sum, history)
+
+    counters = {
+        f"breach {metric}": value for metric, value in samples.by_label(catalogue.BREACHES.name, "metric").items()
+    }
+    nonfinite = samples.value(catalogue.NONFINITE_LOSS.name)
+    if nonfinite is not None:
+        counters["non-finite loss"] = nonfinite
+    held = {alert: until for alert, until in (history.held.items() if history else ()) if until > now}
+    if history is not None:  # on the first poll a counter above 0 is history, not news
+        for alert, value in counters.items():
+            if value > history.counters.get(alert, 0.0):
+                held[alert] = now + hold_seconds
+
+    loss = samples.value(catalogue.LOSS.name)
+    timestamp = samples.value(catalogue.LAST_STEP_TIMESTAMP.name)
+    age = max(0.0, now - timestamp) if timestamp is not None else None
+    alerts: list[str] = []
+    if loss is not None and not math.isfinite(loss):
+        alerts.append(f"loss {formats.number(loss)}")
+    elif "non-finite loss" in held:
+        alerts.append("non-finite loss")
+    alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
+    phases = samples.by_label(catalogue.PHASE.name, "phase")
+    phase = next((name for name, value in phases.items() if value == 1), None)
+    if phase != catalogue.ENDED and age is not None and age > stale_seconds:  # an ended rank is not stalled
+        alerts.append(f"no step for {formats.age(age)}")
+    disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
+    alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
+
+    memory = samples.by_label(catalogue.MEMORY_BYTES.name, "kind")
+    memory_bytes = memory_kind = None
+    for kind in catalogue.MEMORY_IN_USE_ORDER:
+        if kind in memory:
+            memory_bytes, memory_kind = memory[kind], _MEMORY_SHORT[kind]
+            break
+    alerts.extend(_memory_growth(samples))
+
+    row = Row(
+        target=target,
+        rank=rank,
+        project=project,
+        step=samples.value(catalogue.GLOBAL_STEP.name),
+        loss=loss,
+        loss_smoothed=samples.value(catalogue.LOSS_SMOOTHED.name),
+        tokens_per_second=samples.value(catalogue.TOKENS_PER_SECOND.name),
+        mfu=samples.value(catalogue.MFU.name),
+        step_seconds=step_seconds,
+        wait_seconds=wait_seconds,
+        grad_norm=samples.value(catalogue.GRAD_NORM.name),
+        memory_bytes=memory_bytes,
+        memory_kind=memory_kind,
+        age_seconds=age,
+        alerts=tuple(alerts),
+        phase=phase,
+        fingerprint=_fingerprint(samples),
+    )
+    return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
+
+
+def _memory_growth(samples: RankSamples) -> list[str]:
+    """MindSporeTrainingMemoryGrowth's condition, per memory kind, with its default thresholds: grown more than
+    `memory_growth_ratio` over the post-warm-up baseline and still growing (faster than `memory_growth_rate`)."""
+    ratios = samples.by_label(catalogue.MEMORY_GROWTH_RATIO.name, "kind")
+    rates = samples.by_label(catalogue.MEMORY_GROWTH_RATE.name, "kind")
+    return [
+        f"memory +{ratio:.0%} {_MEMORY_SHORT.get(kind, kind)}"
+        for kind, ratio in sorted(ratios.items())
+        if ratio > DEFAULTS.memory_growth_ratio and rates.get(kind, 0) > DEFAULTS.memory_growth_rate
+    ]
+
+
+def _step_means(
+    duration: tuple[float, float] | None, wait_sum: float | None, history: History | None
+) -> tuple[float | None, float | None]:
+    """(step time, data wait) per step; data wait is None when the rank does not export it."""
+    if duration is None:
+        return None, None
+    total, count = duration
+    if history is not None and history.duration is not None:
+        before_total, before_count = history.duration
+        if count > before_count:
+            steps = count - before_count
+            wait = None if wait_sum is None else max(0.0, wait_sum - (history.wait_sum or 0.0)) / steps
+            return (total - before_total) / steps, wait
+        if count == before_count and history.step_seconds is not None:
+            return history.step_seconds, history.wait_seconds
+    if count > 0:
+        return total / count, None if wait_sum is None else wait_sum / count
+    return None, None
+
+
+def down_row(target: Target, error: str) -> Row:
+    return Row(target=target.url, rank=target.rank, project=target.project, error=error)
+
+
+def gone_rows(url: str, histories: Mapping[tuple[str, str, str], History], error: str) -> list[Row] | None:
+    """The rows of a target that no longer answers, when every rank it served had ended normally: their last
+    rows, marked as ended with the endpoint gone. None when it did not end (the target is down)."""
+    last = [history.row for key, history in histories.items() if key[0] == url and history.row is not None]
+    if not last or not all(row.ended for row in last):
+        return None
+    return [replace(row, alerts=(f"ended; endpoint gone ({error})",), age_seconds=None) for row in last]
+
+
+def _fingerprint(samples: RankSamples) -> tuple[str, float, float] | None:
+    values = samples.by_label(catalogue.PARAM_FINGERPRINT.name, "replica_group")
+    steps = samples.by_label(catalogue.PARAM_FINGERPRINT_STEP.name, "replica_group")
+    group = next(iter(values), None)
+    return None if group is None or group not in steps else (group, steps[group], values[group])
+
+
+def mark_diverged(rows: Sequence[Row]) -> list[Row]:
+    """Adds "diverged" to the alerts of the ranks MindSporeTrainingReplicaDivergence names: per project and replica
+    group, at a step every rank of the group reports (`replicas.disagreeing`, the alert's rule)."""
+    groups: dict[tuple[str | None, str], dict[int, tuple[float, float]]] = {}
+    for index, row in enumerate(rows):
+        if row.error is None and row.fingerprint is not None:
+            group, step, value = row.fingerprint
+            groups.setdefault((row.project, group), {})[index] = (step, value)
+    named = set().union(*(disagreeing(members) for members in groups.values()))
+    return [replace(row, alerts=(*row.alerts, "diverged")) if index in named else row for index, row in enumerate(rows)]
+
+
+def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list[Row]:
+    """Marks, per project, the rank the job waits for (with at least two ranks that report a step time).
+
+    That is the rank with the longest step cycle (step time + data wait); among ranks whose cycle is within
+    `tolerance` of the longest, the one with the largest data-wait share. Ranks that do not synchronise run at
+    their own pace, and the slow one has the longest cycle. Ranks that meet in a collective every step all have
+    the same cycle: the slow one arrives late because of work between steps, so its step is short and its data
+    wait long, while the others' steps grow by the time they wait for it. This picks one rank even when none is
+    far off; a rank that MindSporeTrainingStraggler would page for (`thresholds.is_straggler`, the same rule and
+    thresholds as the alert) also gets "straggler" in its alerts.
+    """
+    by_project: dict[str | None, list[int]] = {}
+    for index, row in enumerate(rows):
+        if row.error is None and row.cycle_seconds is not None:
+            by_project.setdefault(row.project, []).append(index)
+    chosen: set[int] = set()
+    stragglers: set[int] = set()
+    for indices in by_project.values():
+        if len(indices) < 2:
+            continue
+        cycles = {i: rows[i].cycle_seconds or 0.0 for i in indices}
+        waits = {i: rows[i].wait_seconds or 0.0 for i in indices}
+        longest = max(cycles.values())
+        candidates = [i for i in indices if cycles[i] >= (1.0 - tolerance) * longest]
+        chosen.add(max(candidates, key=lambda i: (_wait_share(rows[i]), cycles[i])))
+        median_wait, median_cycle = statistics.median(waits.values()), statistics.median(cycles.values())
+        stragglers.update(i for i in indices if is_straggler(waits[i], cycles[i], median_wait, median_cycle))
+    return [
+        replace(row, slowest=index in chosen, alerts=(*row.alerts, "straggler") if index in stragglers else row.alerts)
+        for index, row in enumerate(rows)
+    ]
+
+
+def _wait_share(row: Row) -> float:
+    cycle = row.cycle_seconds
+    return (row.wait_seconds or 0.0) / cycle if cycle else 0.0
+
+
+def sort_key(row: Row) -> tuple[bool, str, int, str, str]:
+    """By project and rank; targets that never said which rank they are (down URLs) last."""
+    rank = row.rank if row.rank is not None else ""
+    return (row.rank is None, row.project or "", int(rank) if rank.isdigit() else sys.maxsize, rank, row.target)
