@@ -1,0 +1,273 @@
+"""MonitorConfig: the top-level keys of a monitor_config, each with its check, and its sections."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ms_exporter.config.checks import (
+    _MAX_LABEL_VALUE,
+    MAX_SECONDS,
+    MAX_STEPS,
+    Say,
+    _Bad,
+    _close,
+    _is_number,
+    at_least,
+    boolean,
+    choice,
+    class_names,
+    file_path,
+    greater_than,
+    int_in,
+    mapping,
+    names,
+    optional,
+    section,
+    setting,
+    text,
+)
+from ms_exporter.config.sections import (
+    ActionsConfig,
+    DivergenceConfig,
+    FlopsConfig,
+    GoodputConfig,
+    GradNormConfig,
+    HangConfig,
+    LayerNormConfig,
+    OtlpConfig,
+    PushgatewayConfig,
+    TensorBoardConfig,
+    WandbConfig,
+    WebConfig,
+)
+from ms_exporter.config.vocabulary import (
+    BACKENDS,
+    LOG_LEVELS,
+    METRIC_GROUPS,
+    RESERVED_LABELS,
+    RUN_ID_CHARACTERS,
+    WATCH_GROUP,
+    WATCHABLE,
+)
+from ms_exporter.core.redaction import REDACTED, url_for_logs
+
+# Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
+# 9464 OpenTelemetry ...), below Linux's ephemeral range (32768+), so that base + 7 local ranks stay clear.
+DEFAULT_PORT = 19420
+
+# Host memory is read at least this often (psutil, ~20 µs on the sampler thread): the growth slope then spans
+# `memory_window` x 5 s, and a leak is seen growing within seconds.
+MEMORY_SAMPLE_SECONDS = 5.0
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_RUN_ID = re.compile(rf"^[A-Za-z0-9][{RUN_ID_CHARACTERS}]{{0,127}}$")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One warn_on_value entry: the value must stay at or below `max`, or at or above `min`."""
+
+    direction: Literal["max", "min"]
+    value: float
+    absolute: bool = False  # compare |value|: a drift ratio breaches in either direction
+
+    def breached(self, observed: float) -> bool:
+        if self.absolute:
+            observed = abs(observed)
+        if self.direction == "max":
+            return observed > self.value or math.isnan(observed)
+        return observed < self.value
+
+
+# -- checks for one top-level key each ----------------------------------------------------------------------
+def _base_port(value: Any) -> int:
+    port: int = int_in(0, 65535)(value)
+    if port > 65535 - 7:  # base + local rank must stay a valid port on an 8-rank node
+        raise _Bad(
+            f"must be 0 (any free port) or a base port from 1 to {65535 - 7}: a higher one leaves no room "
+            "for base + local rank (up to +7)",
+            value,
+        )
+    return port
+
+
+def _bind_address(value: Any) -> str:
+    address: str = text()(value)
+    if address != "localhost":
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise _Bad("must be an IP address such as 127.0.0.1, 0.0.0.0 or ::, or localhost", value) from None
+    return address
+
+
+def _watch(metric: Any, spec: Any) -> tuple[str, Bound]:
+    """One warn_on_value entry: a watchable metric and its bound."""
+    if metric not in WATCHABLE:
+        hint = f" (did you mean '{close}'?)" if (close := _close(metric, list(WATCHABLE))) else ""
+        raise _Bad(f"unknown metric '{metric}'{hint}; allowed: {list(WATCHABLE)}", {metric: spec})
+    bound = _bound(spec, WATCHABLE[metric])
+    if bound is None:
+        raise _Bad(
+            f"bound for '{metric}' must be a number (a {WATCHABLE[metric]} bound), {{max: x}} or {{min: y}}", spec
+        )
+    return metric, bound
+
+
+def _bound(spec: Any, default_direction: Literal["max", "min"]) -> Bound | None:
+    if isinstance(spec, Mapping) and len(spec) == 1:
+        ((direction, number),) = spec.items()
+        if direction in ("max", "min") and _is_number(number):
+            return Bound(direction, float(number))
+        return None
+    if _is_number(spec):
+        return Bound(default_direction, float(spec))
+    return None
+
+
+def _tag(name: Any, tag: Any) -> tuple[str, str]:
+    if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
+        raise _Bad(f"tag name {name!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)", {name: tag})
+    if name in RESERVED_LABELS:
+        raise _Bad(f"tag name '{name}' is set by the exporter itself; reserved: {sorted(RESERVED_LABELS)}", {name: tag})
+    if isinstance(tag, bool) or not isinstance(tag, (str, int, float)):
+        raise _Bad(f"tag '{name}' must be a string or number", {name: tag})
+    if len(str(tag)) > _MAX_LABEL_VALUE:
+        raise _Bad(f"tag '{name}' must be at most {_MAX_LABEL_VALUE} characters", {name: tag})
+    return name, str(tag)
+
+
+def _runbook_url(value: Any) -> str:
+    if not (isinstance(value, str) and re.match(r"^https?://[^/\s]+\S*$", value) and "#" not in value):
+        raise _Bad(
+            "must be the http(s) URL of the runbook page, without a #fragment (each alert adds its own), "
+            "such as https://github.com/ORG/REPO/blob/main/docs/alerts.md",
+            value,
+        )
+    return value
+
+
+def _run_id(value: Any) -> str:
+    if not isinstance(value, str) or not _RUN_ID.match(value):
+        raise _Bad(
+            "must be 1 to 128 letters, digits and '_.:-', starting with a letter or digit (it names the "
+            "run's state file in save_dir)",
+            value,
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """The effective configuration. Field names are the YAML keys and the MS_EXPORTER_<KEY> suffixes."""
+
+    enable: bool = setting(True, check=boolean())
+    backend: tuple[str, ...] = setting(("prometheus",), check=names(BACKENDS, at_least_one=True))
+    project: str = setting("default", check=text(label_value=True))
+    # The JSON Lines (TensorBoard, W&B) flush period and, up to MEMORY_SAMPLE_SECONDS, the memory sampling period:
+    # twenty snapshots and samples a second at most (1e-9 s wrote 8 MB/s of JSON Lines and spun the sampler thread).
+    interval: float = setting(30.0, check=at_least(0.05, MAX_SECONDS))
+    save_dir: str = setting("./monitor_output", check=file_path())
+    port: int = setting(DEFAULT_PORT, check=_base_port)
+    bind_address: str = setting("127.0.0.1", check=_bind_address)
+    metrics: tuple[str, ...] = setting(METRIC_GROUPS, check=names(METRIC_GROUPS))
+    loss_window: int = setting(50, check=int_in(1, 1_000_000))
+    warn_on_value: Mapping[str, Bound] = setting(
+        factory=dict, check=mapping(f"metric to bound, metrics from {list(WATCHABLE)}", _watch)
+    )
+    tags: Mapping[str, str] = setting(factory=dict, check=mapping("label name to value", _tag))
+    log_level: str = setting("INFO", check=choice(*LOG_LEVELS, any_case=True))
+    # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
+    warmup_steps: int = setting(10, check=int_in(0, MAX_STEPS))
+    max_file_mb: float = setting(100.0, check=greater_than(0, 1024 * 1024))  # a TiB
+    max_files: int = setting(5, check=int_in(1, 1000))
+    attention_mask_column: str = setting("attention_mask", check=text())
+    input_ids_column: str = setting("input_ids", check=text())
+    memory_window: int = setting(10, check=int_in(2, 10_000))
+    # LearningRateSchedule classes (beyond MindSpore's own) whose construct keeps no state: the monitor may call them.
+    pure_lr_schedules: tuple[str, ...] = setting((), check=class_names())
+    grad_norm: GradNormConfig = section(GradNormConfig)
+    layernorm: LayerNormConfig = section(LayerNormConfig)
+    weight_norm: bool = setting(False, check=boolean())
+    file_sd_dir: str | None = setting(None, check=optional(file_path()))
+    # Where the alerts' runbook_url links point (ms-exporter rules/kubernetes --config): the page that serves
+    # docs/alerts.md with a heading anchor per alert; unset: the repository-relative docs/alerts.md.
+    runbook_url: str | None = setting(None, check=optional(_runbook_url))
+    otlp: OtlpConfig = section(OtlpConfig)
+    pushgateway: PushgatewayConfig = section(PushgatewayConfig)
+    web: WebConfig = section(WebConfig)
+    actions: ActionsConfig = section(ActionsConfig)
+    hang: HangConfig = section(HangConfig)
+    # Which run this process belongs to: its restarts share the goodput ledger (derived when unset, docs/goodput.md).
+    run_id: str | None = setting(None, check=optional(_run_id))
+    goodput: GoodputConfig = section(GoodputConfig)
+    divergence: DivergenceConfig = section(DivergenceConfig)
+    flops: FlopsConfig = section(FlopsConfig)
+    tensorboard: TensorBoardConfig = section(TensorBoardConfig)
+    wandb: WandbConfig = section(WandbConfig)
+
+    def _cross_check(self, say: Say) -> None:
+        for metric in self.warn_on_value:
+            group = WATCH_GROUP[metric]
+            if group not in self.metrics:
+                say(
+                    f"warn_on_value.{metric}",
+                    f"watches a metric that is switched off; add '{group}' to monitor_config.metrics or drop the bound",
+                )
+
+    @property
+    def memory_interval(self) -> float:
+        """Seconds between memory samples: `interval`, but at most MEMORY_SAMPLE_SECONDS, so that a leak pages in
+        minutes (docs/alerts.md#how-fast-an-alert-arrives) whatever the JSON Lines flush period."""
+        return min(self.interval, MEMORY_SAMPLE_SECONDS)
+
+    def wants(self, group: str) -> bool:
+        return group in self.metrics
+
+    def all_bounds(self) -> dict[str, Bound]:
+        """warn_on_value plus the thresholds of the grad_norm and layernorm sections, keyed by watched metric."""
+        bounds = dict(self.warn_on_value)
+        if self.grad_norm.enable and self.grad_norm.threshold is not None:
+            bounds["grad_norm"] = Bound("max", self.grad_norm.threshold)
+        if self.layernorm.enable and self.layernorm.drift_threshold is not None:
+            bounds["layernorm_scale_drift_ratio"] = Bound("max", self.layernorm.drift_threshold, absolute=True)
+        return bounds
+
+    def redacted(self) -> dict[str, Any]:
+        """to_dict() with secrets (OTLP header values, password hashes, URL passwords) replaced, for printing and
+        logging."""
+        out = self.to_dict()
+        for section_name, key in (("otlp", "headers"), ("web", "basic_auth_users")):
+            if out[section_name][key]:
+                out[section_name][key] = {name: REDACTED for name in out[section_name][key]}
+        for section_name, key in (("otlp", "endpoint"), ("pushgateway", "url")):
+            if out[section_name][key]:
+                out[section_name][key] = url_for_logs(out[section_name][key])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`)."""
+        plain: dict[str, Any] = _plain(self)
+        return plain
+
+
+def _plain(value: Any) -> Any:
+    """Sections as mappings, tuples as lists, a Bound as {max: x} or {min: y}."""
+    if isinstance(value, Bound):
+        return {value.direction: value.value}
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig))
