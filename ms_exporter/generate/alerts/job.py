@@ -1,0 +1,63 @@
+"""Alerts on the job as a whole, read from recorded series: too little of its time training, a rank whose weights
+left its replica group, too little of the accelerators' peak used."""
+
+from __future__ import annotations
+
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.thresholds import Thresholds
+from ms_exporter.generate.alerts.alert import WHO, Alert, number
+from ms_exporter.generate.timing import Timing
+
+
+def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
+    agreeing = c.RANK_REPLICAS_AGREEING
+    return (
+        # Only for a project that already reported an hour ago: a job's first minutes, all startup and compilation,
+        # are not an hour of low goodput. A crash loop that keeps restarting still pages.
+        Alert(
+            "MindSporeTrainingGoodputLow",
+            expr=f"({c.PROJECT_GOODPUT_1H} < {number(t.goodput_low)}) and on (project) "
+            f"(count by (project) (present_over_time({c.RUN_TIME_SECONDS.name}"
+            f'{{bucket="{c.PRODUCTIVE}"}}[10m] offset 55m)))',
+            for_=w.goodput_for,
+            severity="warning",
+            summary="The job spends too little of its time training",
+            description=f"Only {{{{ $value | humanizePercentage }}}} of the last hour of project "
+            f"{{{{ $labels.project }}}} (all ranks) advanced training, below {number(t.goodput_low)}; "
+            f"{c.TIME_SECONDS.name} says where the rest went.",
+        ),
+        # A rank held by fewer of its group than the most common fingerprint, or, where no fingerprint has a
+        # majority (two ranks that differ), every rank of the group (core/replicas.py's disagreeing, in Python).
+        Alert(
+            "MindSporeTrainingReplicaDivergence",
+            expr=f"label_replace({agreeing} < on (project, replica_group) group_left () "
+            f'max by (project, replica_group) ({agreeing}), "verdict", '
+            f'"differs from the majority of its group", "", "")'
+            f" or label_replace({agreeing} <= 0.5 and on (project, replica_group) "
+            f'(max by (project, replica_group) ({agreeing}) <= 0.5), "verdict", '
+            f'"has no majority in its group: its ranks disagree, so each of them is named", "", "")',
+            for_=w.spike_for,
+            severity="critical",
+            summary="A rank's weights left its replica group",
+            description=f"The parameters of {WHO} (replica group {{{{ $labels.replica_group }}}}) are no longer "
+            f"those of its replicas: its fingerprint {{{{ $labels.verdict }}}} (it is shared by "
+            f"{{{{ $value | humanizePercentage }}}} of the group).",
+        ),
+        # Only where flops.alert_below is set.
+        *(
+            ()
+            if t.mfu_low is None
+            else (
+                Alert(
+                    "MindSporeTrainingMfuLow",
+                    expr=f"{c.PROJECT_MFU} < {number(t.mfu_low)}",
+                    for_=w.slow_for,
+                    severity="warning",
+                    summary="The job uses too little of its accelerators' peak",
+                    description=f"Project {{{{ $labels.project }}}} runs at {{{{ $value | humanizePercentage }}}} "
+                    f"model FLOPs utilisation (its ranks' model FLOPs per second over their devices' peak), below "
+                    f"{number(t.mfu_low)} for {w.slow_for}.",
+                ),
+            )
+        ),
+    )

@@ -1,0 +1,63 @@
+"""Alerts on a rank gone (its endpoint down, or its target gone) or much slower than the rest of its job."""
+
+from __future__ import annotations
+
+from ms_exporter.core import catalogue as c
+from ms_exporter.core.thresholds import Thresholds
+from ms_exporter.generate.alerts.alert import WHO, Alert, number
+from ms_exporter.generate.timing import Timing
+
+
+def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
+    # A rank that reported: any process of it served its always-present step counter within the window.
+    reported = f"max by (job, instance, project, rank) (last_over_time({c.STEPS.name}[{w.reported_window}]))"
+    # ...and one that ended normally: it served phase="ended" (it keeps serving until two scrapes read it).
+    ended = (
+        f"on (job, instance, project, rank) "
+        f'(last_over_time({c.PHASE.name}{{phase="{c.ENDED}"}}[{w.reported_window}]) == 1)'
+    )
+    wait_mean, cycle_mean = c.RANK_WAIT_MEAN, c.RANK_CYCLE_MEAN
+    factor = number(t.straggler_factor)
+    return (
+        # Only ranks that reported (any series in the last hour) and did not end normally: an unused port of a
+        # static scrape config, a rank still importing MindSpore and a finished job page nothing.
+        Alert(
+            "MindSporeTrainingRankDown",
+            expr=f'{reported} and on (job, instance) (up{{job=~"{job_regex}"}} == 0) unless {ended}',
+            for_=w.gone_for,
+            severity="critical",
+            summary="A training rank's metrics endpoint is down",
+            description=f"Endpoint {{{{ $labels.instance }}}} of {WHO} cannot be scraped; it reported until "
+            f"recently and did not end normally.",
+        ),
+        # The same where the target itself went (file_sd, Kubernetes): the rank's series stopped and its endpoint
+        # is no longer scraped at all.
+        Alert(
+            "MindSporeTrainingRankMissing",
+            expr=f"{reported} unless on (project, rank) {c.STEPS.name} unless {ended}"
+            f" unless on (project, rank) ({reported} and on (job, instance) up)",
+            for_=w.gone_for,
+            severity="critical",
+            summary="A training rank stopped reporting",
+            description=f"{WHO} reported within the last {w.reported_window} and no longer does, without ending "
+            f"normally (its target left service discovery).",
+        ),
+        # Synchronous ranks (a collective in every step) all take the same time per step: the one the others
+        # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
+        # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.
+        # Ranks that do not synchronise run at their own pace: there the slow rank's whole cycle is longer.
+        # core/thresholds.py's is_straggler says the same in Python.
+        Alert(
+            "MindSporeTrainingStraggler",
+            expr=f"(({wait_mean} > on (project) group_left ()"
+            f" ({factor} * {c.PROJECT_WAIT_MEDIAN}))"
+            f" and ({wait_mean} > {number(t.straggler_wait_fraction)} * {cycle_mean}))"
+            f" or ({cycle_mean} > on (project) group_left ()"
+            f" ({factor} * {c.PROJECT_CYCLE_MEDIAN}))",
+            for_=w.slow_for,
+            severity="warning",
+            summary="A rank is much slower than the rest of its job",
+            description=f"The job waits for {WHO}: {{{{ $value | humanizeDuration }}}} per step of data wait (or "
+            f"of whole step cycle, where ranks do not synchronise), over {factor} times the median of the job.",
+        ),
+    )
