@@ -28,6 +28,7 @@ from ms_exporter.config import MonitorConfig
 from ms_exporter.config.thresholds_of import thresholds_of
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import network_of, optimizer_of
+from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.safe_files import make_dir, replace_file
 from ms_exporter.core.sample import StepSample
@@ -49,8 +50,10 @@ def _unheard(step: int, action: str, details: dict[str, Any]) -> None:
     """Where events go when nobody listens (an ActionRunner built without a monitor, in tests)."""
 
 
-class ActionRunner:
+class ActionRunner(Part):
     """One per monitor, only when some action is enabled; runs on the training thread after the probes."""
+
+    name = "actions"
 
     def __init__(
         self,
@@ -72,7 +75,7 @@ class ActionRunner:
             if getattr(actions, _SECTION_OF.get(name, name)).enable
         }
         self._parts = PartFailures(store, [part for part in PARTS if getattr(actions, part).enable])
-        self._calls = 0  # on_step calls: the index by which failures in a row are judged
+        self._calls = 0  # act() calls: the index by which failures in a row are judged
         self._snapshot_calls = 0
         self._rollback: Rollback | None = None
         if actions.rollback.enable:
@@ -108,15 +111,15 @@ class ActionRunner:
         )
         self._episodes = AnomalyEpisodes(actions.snapshot.quiet_steps) if actions.snapshot.enable else None
         self._scaler: LrScaler | None = None
-        self._lr_probe: LearningRateProbe | None = None
+        # lr_backoff reports the LR it set through the learning-rate probe, when that probe is on.
+        self._lr_probe = next((f for f in followers if isinstance(f, LearningRateProbe)), None)
         self._network: Any = None
         self._previous_smoothed: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
-    def on_train_begin(self, cb_params: Any, lr_probe: LearningRateProbe | None) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
         self._network = network_of(cb_params)
-        self._lr_probe = lr_probe
         if self._backoff is not None and self._scaler is None:
             try:
                 from ms_exporter.actions.lr_scale import LrScaler
@@ -134,7 +137,8 @@ class ActionRunner:
                 self._set_up_failed("rollback", exc)
 
     # -- every step ---------------------------------------------------------------------------------------------
-    def on_step(self, sample: StepSample, run_context: Any) -> None:
+    def act(self, sample: StepSample, run_context: Any) -> None:
+        """One published step: the actions' triggers, and what they do to the run (run_context.request_stop)."""
         # What the probes measured (NaN while not measured, or with their group off: then that trigger never fires).
         store = self._store
         self._calls += 1

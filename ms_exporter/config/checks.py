@@ -191,10 +191,12 @@ def _close(word: Any, allowed: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
-def names(allowed: Sequence[str], *, at_least_one: bool = False) -> Check:
-    """A name or a list of names from `allowed` (repeats dropped); a misspelt name gets a did-you-mean hint."""
+def names(allowed_names: Sequence[str] | Callable[[], Sequence[str]], *, at_least_one: bool = False) -> Check:
+    """A name or a list of names from `allowed_names` (repeats dropped); a misspelt name gets a did-you-mean hint.
+    A callable is asked at each check (a registry that a user's plug-in may have added to)."""
 
     def check(value: Any) -> tuple[str, ...]:
+        allowed = allowed_names() if callable(allowed_names) else allowed_names
         items = _strings(value)
         if items is None:
             raise _Bad(f"must be a name or a list of names from {list(allowed)}", value)

@@ -47,14 +47,13 @@ from ms_exporter.config.sections import (
     WebConfig,
 )
 from ms_exporter.config.vocabulary import (
-    BACKENDS,
     LOG_LEVELS,
-    METRIC_GROUPS,
     RESERVED_LABELS,
     RUN_ID_CHARACTERS,
     WATCH_GROUP,
     WATCHABLE,
 )
+from ms_exporter.core import registry
 from ms_exporter.core.redaction import REDACTED, url_for_logs
 
 # Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
@@ -168,7 +167,7 @@ class MonitorConfig:
     """The effective configuration. Field names are the YAML keys and the MS_EXPORTER_<KEY> suffixes."""
 
     enable: bool = setting(True, check=boolean())
-    backend: tuple[str, ...] = setting(("prometheus",), check=names(BACKENDS, at_least_one=True))
+    backend: tuple[str, ...] = setting(("prometheus",), check=names(registry.selectable_backends, at_least_one=True))
     project: str = setting("default", check=text(label_value=True))
     # The JSON Lines (TensorBoard, W&B) flush period and, up to MEMORY_SAMPLE_SECONDS, the memory sampling period:
     # twenty snapshots and samples a second at most (1e-9 s wrote 8 MB/s of JSON Lines and spun the sampler thread).
@@ -176,7 +175,7 @@ class MonitorConfig:
     save_dir: str = setting("./monitor_output", check=file_path())
     port: int = setting(DEFAULT_PORT, check=_base_port)
     bind_address: str = setting("127.0.0.1", check=_bind_address)
-    metrics: tuple[str, ...] = setting(METRIC_GROUPS, check=names(METRIC_GROUPS))
+    metrics: tuple[str, ...] = setting(factory=registry.metric_groups, check=names(registry.metric_groups))
     loss_window: int = setting(50, check=int_in(1, 1_000_000))
     warn_on_value: Mapping[str, Bound] = setting(
         factory=dict, check=mapping(f"metric to bound, metrics from {list(WATCHABLE)}", _watch)

@@ -4,23 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ms_exporter.core import catalogue
+from ms_exporter.core import catalogue, registry
 
-BACKENDS = ("prometheus", "otlp", "local", "tensorboard", "wandb")
+# `backend` and `metrics` values: the registries' (core/registry.py), so a user's registered sink or probe group
+# is allowed as a built-in one is. These two are the built-in ones, for documentation and tests; the checks read
+# the registries when a config is loaded.
+BACKENDS = registry.selectable_backends()
+METRIC_GROUPS = registry.metric_groups()
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PUSH_EVENTS = ("train_end", "interval")
-
-# Names allowed in `metrics`: each switches on one group of series (docs/metrics.md lists them).
-METRIC_GROUPS = (
-    "loss",
-    "lr",
-    "step_time",
-    "samples_per_second",
-    "tokens_per_second",
-    "memory_usage",
-    "global_rank",
-    "eval",
-)
 
 # warn_on_value keys, which way a bare number bounds each, and the `metrics` group that must be on for it to see
 # values: from the catalogue, where each key's family is.
@@ -31,27 +23,11 @@ WATCH_GROUP = {key: str(catalogue.WATCHABLE[key].group) for key in catalogue.WAR
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-# Labels the exporter sets itself; a tag may not reuse them.
+# Labels a tag may not reuse: every label the catalogue's families carry (the constant ones included), and the
+# ones Prometheus itself sets or reads (le of a histogram bucket, job and instance of a target).
 RESERVED_LABELS = frozenset(
-    {
-        "rank",
-        "project",
-        "world_size",
-        "local_rank",
-        "node",
-        "device_target",
-        "mindspore_version",
-        "exporter_version",
-        "kind",
-        "group",
-        "name",
-        "metric",
-        "hook",
-        "component",
-        "le",
-        "job",
-        "instance",
-    }
+    {*catalogue.CONSTANT_LABELS, *(label for family in catalogue.FAMILIES for label in family.labels)}
+    | {"le", "job", "instance"}
 )
 
 # actions.early_stop.unit, actions.rollback.storage, web.client_auth_type

@@ -95,8 +95,7 @@ TIME_BUCKETS = (STARTUP, COMPILE, PRODUCTIVE, DATA_WAIT_PHASE, CHECKPOINT, EVAL_
 ACTIONS = ("early_stop", "lr_backoff", "snapshot", "rollback", "rollback_stop")
 
 # mindspore_exporter_errors_total{component} and mindspore_exporter_component_disabled{component}: the
-# monitor's own parts, the probes (by their `name`) and the sinks, by their backend name:
-SINK_COMPONENTS = ("prometheus", "otlp", "local", "tensorboard", "wandb", "file_sd", "pushgateway")
+# monitor's own parts, the probes and the sinks, by their names in core/registry.py (registry.components()).
 # A component that fails this many times in a row is switched off (mindspore_exporter_component_disabled).
 FAILURES_BEFORE_DISABLE = 3
 

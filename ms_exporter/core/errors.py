@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.redaction import hide_url_passwords
-from ms_exporter.core.store import MetricStore
+from ms_exporter.core.store import Family, MetricStore
 
 logger = logging.getLogger("ms_exporter")
 
@@ -29,10 +29,20 @@ class ErrorSink:
     """Counts absorbed errors in `mindspore_exporter_errors_total{component}` and logs the first of each."""
 
     def __init__(self, store: MetricStore, components: Iterable[str] = ()) -> None:
-        self._family = store.register(catalogue.ERRORS)
+        self._store = store
+        self._registered: Family | None = None
         self._logged: set[str] = set()
         self._lock = threading.Lock()  # errors come from the training, sampler, writer and scrape threads
-        self.expect(components)
+        if components:
+            self.expect(components)
+
+    @property
+    def _family(self) -> Family:
+        # Registered at the first expect() or absorb(), not at construction: the monitor builds its error sink
+        # before its parts (they report through it) and shows the family where /metrics has always listed it.
+        if self._registered is None:
+            self._registered = self._store.register(catalogue.ERRORS)
+        return self._registered
 
     def expect(self, components: Iterable[str]) -> None:
         """Show these components at 0 from the start: a dashboard then sees a series before the first failure."""
@@ -71,8 +81,19 @@ class Breaker:
         self._errors = errors
         self._limit = limit
         self._streaks: dict[str, tuple[int, int]] = {}  # component -> (failures in a row, index of the last)
-        self._disabled_family = store.register(catalogue.COMPONENT_DISABLED)
+        self._store = store
+        self._registered: Family | None = None
         self.disabled: set[str] = set()
+
+    @property
+    def _disabled_family(self) -> Family:
+        if self._registered is None:  # at show() or the first switch-off, as ErrorSink's family
+            self._registered = self._store.register(catalogue.COMPONENT_DISABLED)
+        return self._registered
+
+    def show(self) -> None:
+        """Register mindspore_exporter_component_disabled now (its place on /metrics), before any switch-off."""
+        _ = self._disabled_family
 
     def failed(
         self, component: str, exc: BaseException, index: int, then: str = "the other metrics keep working"

@@ -1,25 +1,18 @@
-"""The interface every probe implements; the callback calls it and absorbs whatever it raises."""
+"""The interface every probe implements: a part (core/part.py) that measures one quantity."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ms_exporter.core.sample import StepSample
+from ms_exporter.core.part import Part
 
 
-class Probe:
-    """One measured quantity. Probes write to the MetricStore and never import a sink."""
+class Probe(Part):
+    """One measured quantity. Probes write to the MetricStore and never import a sink.
+
+    Besides the part's hooks (on_train_begin resolves whatever is fixed for the run, and may be slow; on_step is
+    the hot path: derive numbers from the sample and assign them to pre-bound series), a probe hears the rollback
+    action's two events."""
 
     name = "probe"
-
-    def on_train_begin(self, cb_params: Any) -> None:
-        """Resolve whatever is fixed for the run (optimizer, columns); may be slow."""
-
-    def on_step(self, sample: StepSample) -> None:
-        """Hot path: derive numbers from the sample and assign them to pre-bound series."""
-
-    def on_train_end(self) -> None:
-        """Release what on_train_begin took."""
 
     def on_good_state(self, step: int) -> None:
         """actions.rollback kept the state of `step` (after this step's on_step)."""

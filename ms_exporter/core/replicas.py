@@ -111,7 +111,7 @@ def replica_group(rank: int, layout: ParallelLayout, model_parallel: int | None 
 
 def disagreeing(fingerprints: Mapping[K, tuple[float, float]]) -> set[K]:
     """Of one replica group's ranks (key -> (fingerprint step, fingerprint)), the ones
-    MindSporeTrainingReplicaDivergence names (ms_exporter/generate/rules.py writes the same rule in PromQL).
+    MindSporeTrainingReplicaDivergence names (ms_exporter/generate/alerts/job.py writes the same rule in PromQL).
 
     Ranks are compared only when every one of them reports the same step. Named: a rank whose fingerprint fewer
     ranks share than share the most common one; where no fingerprint is held by more than half of the group and

@@ -53,7 +53,7 @@ DEFAULTS = Thresholds()
 def is_straggler(
     wait: float, cycle: float, median_wait: float, median_cycle: float, thresholds: Thresholds = DEFAULTS
 ) -> bool:
-    """MindSporeTrainingStraggler's rule (ms_exporter/generate/rules.py writes it in PromQL) for a tool that holds
+    """MindSporeTrainingStraggler's rule (generate/alerts/ranks.py writes it in PromQL) for a tool that holds
     the per-step means itself: the rank's data wait is over `straggler_factor` times the job's median and at
     least `straggler_wait_fraction` of its step cycle, or its whole cycle is over the factor times the median.
 

@@ -26,6 +26,7 @@ from ms_exporter.config import DivergenceConfig
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.cb_params import network_of, step_of
 from ms_exporter.core.output_layout import LayoutResolver
+from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.replicas import read_layout, replica_group
 from ms_exporter.core.sample import read_scalar
@@ -34,8 +35,10 @@ from ms_exporter.core.store import MetricStore, Series
 logger = logging.getLogger("ms_exporter")
 
 
-class Fingerprints:
+class Fingerprints(Part):
     """`next_step` is the hot path's only look: a fingerprint is due when the step reaches it."""
+
+    name = "divergence"
 
     def __init__(self, store: MetricStore, config: DivergenceConfig, rank: RankInfo, layouts: LayoutResolver) -> None:
         self._store = store
@@ -49,7 +52,7 @@ class Fingerprints:
         self._seen = threading.local()  # per reading thread: the pair its last read of the fingerprint saw
         self.next_step = math.inf  # never, until train begin finds a replica group
 
-    def train_begin(self, cb_params: Any) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         """Finds the replica group (once) and the parameters to fingerprint, and the first step due."""
         if self._group is None:
             self._group, why = self._find_group()
@@ -75,6 +78,10 @@ class Fingerprints:
     def _after(self, step: int) -> float:
         every = self._config.every_n_steps
         return float((step // every + 1) * every)
+
+    def on_step_end(self, step: int, outputs: Any) -> None:
+        if step >= self.next_step:
+            self.take(step, outputs)
 
     def take(self, step: int, outputs: Any) -> None:
         """The fingerprint of the parameters as this step left them (the training thread, at step end)."""

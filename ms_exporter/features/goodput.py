@@ -27,6 +27,7 @@ from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.errors import OnPartError
 from ms_exporter.core.ledger import TimeLedger, process_started
 from ms_exporter.core.optimizer_step import step_offset
+from ms_exporter.core.part import Part
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
@@ -45,8 +46,10 @@ def derived_run_id(project: str, save_dir: str) -> str:
     return f"{stem}-{where}"
 
 
-class Goodput:
-    """Built by TrainingMonitor when goodput.enable; `step_ended` is on the training thread's step path."""
+class Goodput(Part):
+    """Built by TrainingMonitor when goodput.enable; `on_step_end` is on the training thread's step path."""
+
+    name = "goodput"
 
     def __init__(
         self,
@@ -119,12 +122,15 @@ class Goodput:
             self._started = True
             self._saver.start()
 
-    def train_begin(self, cb_params: Any) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         """A training call begins: the step it resumes from decides which of its steps are done again."""
         self._finished = False
         self.start()
         self._offset = step_offset(cb_params)
         self.step_ended(step_of(cb_params))
+
+    def on_step_end(self, step: int, outputs: Any) -> None:
+        self.step_ended(step)
 
     def step_ended(self, step: int) -> None:
         """`step` (cb_params.cur_step_num) ended; the steps that follow are redo while they are not past the
@@ -133,8 +139,13 @@ class Goodput:
         self._mark(progress)
         self.ledger.redoing = progress < self._redo_until
 
-    def train_ended(self) -> None:
-        self._finished = True
+    def on_train_end(self, step: int, completed: bool) -> None:
+        """A run that completed is finished; one that raised is not (a restart redoes its steps)."""
+        if completed:
+            self._finished = True
+            self.save()
+
+    def on_signal(self, signal_name: str, step: int) -> None:
         self.save()
 
     def save(self) -> None:

@@ -17,9 +17,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from ms_exporter.core import catalogue, safe_files
 from ms_exporter.core.errors import OnPartError
+from ms_exporter.core.part import Part
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore, Series
@@ -30,7 +32,7 @@ CHECK_SECONDS = 0.5  # how often the watchdog looks; a dump comes at most this l
 NATIVE_TIMEOUT = 20.0  # seconds py-spy may take to read the native stacks
 
 
-class HangWatchdog:
+class HangWatchdog(Part):
     """Looks at the phase clock every CHECK_SECONDS. Past the deadline it dumps once per episode (a phase that began
     at one moment); when the phase moves on, the suspicion ends.
 
@@ -42,6 +44,8 @@ class HangWatchdog:
     The dump names the phase, its seconds and deadline, and the training thread's top frame in its first lines:
     `ms-exporter hangs SAVE_DIR...` reads them after the process died.
     """
+
+    name = "watchdog"
 
     def __init__(
         self,
@@ -78,6 +82,15 @@ class HangWatchdog:
 
     def stop(self) -> None:
         self._thread.stop()
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        self.start()
+
+    def on_train_end(self, step: int, completed: bool) -> None:
+        self.stop()
+
+    def close(self) -> None:
+        self.stop()
 
     def check(self) -> None:
         """One look; never raises (a failure is counted under the `callback` component)."""

@@ -138,7 +138,7 @@ class StepPublisher:
         self._thresholds.check_step(self.steps_done)
         if run_context is not None and self._actions is not None and "actions" not in self._breaker.disabled:
             try:
-                self._actions.on_step(sample, run_context)
+                self._actions.act(sample, run_context)
             except Exception as exc:
                 self._breaker.failed("actions", exc, self.steps_done)
         for sink in self._step_sinks:

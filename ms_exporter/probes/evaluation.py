@@ -18,8 +18,8 @@ class EvalProbe(Probe):
     def __init__(self, store: MetricStore) -> None:
         self._family = store.register(catalogue.EVAL_METRIC)
 
-    def on_eval(self, metrics: Mapping[str, Any] | None) -> None:
-        for name, value in (metrics or {}).items():
+    def on_eval(self, step: int, results: Mapping[str, Any]) -> None:
+        for name, value in results.items():
             number = _number(value)
             if number is not None:
                 self._family.series(name=str(name)).value = number

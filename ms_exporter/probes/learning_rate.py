@@ -104,7 +104,7 @@ class LearningRateProbe(Probe):
         for reader in self._readers:
             reader.update(used, sample.monotonic)
 
-    def on_train_end(self) -> None:
+    def on_train_end(self, step: int, completed: bool) -> None:
         self._optimizer = None
 
     def set_scale(self, scale: float) -> None:

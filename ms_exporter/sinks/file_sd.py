@@ -8,8 +8,10 @@ import logging
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 from ms_exporter.core import safe_files
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
@@ -81,14 +83,14 @@ class FileSdTarget(Sink):
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    def interrupted(self, signal_name: str, step: int) -> None:
+    def on_signal(self, signal_name: str, step: int) -> None:
         # Most signalled processes end now, some without exit handlers (SIGTERM's default action): leave
         # discovery first. One that goes on (SIGTERM ignored, or a handler that saves and carries on) gets its
         # target back with its next step.
         self.remove()
         self._withdrawn = True
 
-    def start(self, step: int) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         self._restore()
 
     def on_step(self, sample: StepSample) -> None:
@@ -102,3 +104,18 @@ class FileSdTarget(Sink):
 
     def close(self) -> None:
         self.remove()
+
+
+def build(context: PartContext) -> list[Sink]:
+    """The rank's file_sd target (with file_sd_dir), with the port the endpoint really got; none without one."""
+    config = context.config
+    if not config.file_sd_dir or context.port is None:
+        return []
+    target = FileSdTarget(config.file_sd_dir, config.project, context.rank, config.bind_address, context.port)
+    try:
+        target.write()
+    except OSError as exc:
+        context.on_error("file_sd", exc)
+        return []
+    logger.info("ms_exporter: registered %s for Prometheus file_sd", target.path)
+    return [target]

@@ -18,7 +18,9 @@ from typing import Any
 
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue, run_lock
+from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.safe_files import UnsafeFile, make_dir, open_append
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
@@ -118,8 +120,13 @@ class JsonlWriter(Sink):
         self._off = False
         self._columns = StepColumns(store)
 
+    @property
+    def records_path(self) -> str | None:
+        return str(self.path)
+
     # -- the sink lifecycle --------------------------------------------------------------------------
-    def start(self, step: int) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
+        step = step_of(cb_params)
         self.record_event("train_begin", step=step)
         self._start_thread()
 
@@ -132,11 +139,11 @@ class JsonlWriter(Sink):
     def on_action(self, step: int, action: str, details: Mapping[str, Any]) -> None:
         self.record_event("action", step=step, action=action, **{str(k): _plain(v) for k, v in details.items()})
 
-    def run_ended(self, step: int) -> None:
+    def on_train_end(self, step: int, completed: bool = True) -> None:
         self.record_event("train_end", step=step)
         self.stop()
 
-    def interrupted(self, signal_name: str, step: int) -> None:
+    def on_signal(self, signal_name: str, step: int) -> None:
         self.record_event("signal", signal=signal_name, step=step)
         self.flush()
 
@@ -311,3 +318,21 @@ def _plain(value: Any) -> Any:
         return float(value)
     except (TypeError, ValueError):
         return str(value)
+
+
+def build(context: PartContext) -> list[Sink]:
+    """JSON Lines files in save_dir (the registry's `local` backend)."""
+    config = context.config
+    return [
+        JsonlWriter(
+            context.store,
+            config.save_dir,
+            context.rank.rank,
+            config.project,
+            config.interval,
+            config.max_file_mb,
+            config.max_files,
+            context.on_error,
+            context.breaker,
+        )
+    ]

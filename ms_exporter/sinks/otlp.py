@@ -40,6 +40,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from ms_exporter._version import __version__
 from ms_exporter.config import OtlpConfig
 from ms_exporter.core.errors import OnError
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.redaction import url_for_logs
 from ms_exporter.core.sink import Sink
@@ -350,3 +351,13 @@ class _QuietSdkLogs(logging.Filter):
     def _detach(self) -> None:
         for sdk_logger in self._loggers:
             sdk_logger.removeFilter(self)
+
+
+def build(context: PartContext) -> list[Sink]:
+    """OTLP export (the registry's `otlp` backend); a bad endpoint or TLS setting is counted and trains without it."""
+    config = context.config
+    try:
+        return [OtlpExport(context.store, config.otlp, context.rank, config.project, context.on_error)]
+    except Exception as exc:
+        context.on_error("otlp", exc)
+        return []

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import socket
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -16,13 +17,12 @@ from prometheus_client.registry import Collector
 from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.errors import OnError
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
+from ms_exporter.endpoint.live_history import StepHistory
 from ms_exporter.endpoint.pages import Stacks
 from ms_exporter.endpoint.server import serve, tls_context
-
-if TYPE_CHECKING:
-    from ms_exporter.endpoint.live_history import StepHistory
 
 logger = logging.getLogger("ms_exporter")
 
@@ -79,7 +79,7 @@ class PrometheusEndpoint(Sink):
     """A private registry served on bind_address:port; a taken port falls back to any free one."""
 
     name = "prometheus"
-    needs_signals = True  # a SIGTERM that ends the process waits for a scrape of `ended` (interrupted())
+    needs_signals = True  # a SIGTERM that ends the process waits for a scrape of `ended` (on_signal())
 
     def __init__(
         self,
@@ -142,6 +142,10 @@ class PrometheusEndpoint(Sink):
         return int(self._server.server_address[1])
 
     @property
+    def metrics_url(self) -> str | None:
+        return self.url
+
+    @property
     def url(self) -> str:
         host = self.bind_address
         if host in ("0.0.0.0", "::", ""):
@@ -157,7 +161,7 @@ class PrometheusEndpoint(Sink):
             self._server.server_close()
             self._server = None
 
-    def interrupted(self, signal_name: str, step: int) -> None:
+    def on_signal(self, signal_name: str, step: int) -> None:
         """A signal that ends the process entered `ended` first: serve it until LINGER_SCRAPES scrapes read it
         (bounded as at close), so that the rank's end is seen before its target leaves discovery (file_sd comes
         after us)."""
@@ -185,3 +189,42 @@ class PrometheusEndpoint(Sink):
             and time.perf_counter() < deadline
         ):
             time.sleep(0.05)
+
+
+def build(context: PartContext) -> list[Sink]:
+    """The endpoint and the live page's ring it serves (the registry's `prometheus` backend); none when no port on
+    the address could be bound: training goes on without an endpoint. Sets `context.port` for file_sd."""
+    config = context.config
+    history = StepHistory(context.store, config.all_bounds())
+    port = config.port + context.rank.local_rank if config.port else 0
+    try:
+        endpoint = PrometheusEndpoint(
+            context.store, config.bind_address, port, context.on_error, config.web, history, context.stacks
+        )
+    except OSError as exc:
+        context.on_error("prometheus", exc)
+        logger.error(
+            "ms_exporter: cannot serve metrics on %s (%s); training continues without /metrics",
+            config.bind_address,
+            exc.strerror or exc,
+        )
+        return []
+    logger.info("ms_exporter: rank %d serves metrics at %s", context.rank.rank, endpoint.url)
+    if not _loopback(config.bind_address) and not config.web.tls_cert_file and not config.web.basic_auth_users:
+        logger.warning(
+            "ms_exporter: %s is reachable from other hosts without TLS or a password: anyone who can "
+            "reach it reads the metrics, the live page and the hang dumps; set web.tls_cert_file and "
+            "web.basic_auth_users (docs/configuration.md) or keep it behind a network policy",
+            endpoint.url,
+        )
+    context.port = endpoint.port
+    return [endpoint, history]
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from prometheus_client import CollectorRegistry, push_to_gateway
 
 from ms_exporter.config import PushgatewayConfig
 from ms_exporter.core.errors import OnError
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
@@ -47,15 +49,15 @@ class PushgatewaySink(Sink):
         self._periodic = "interval" in config.on
         self._final = "train_end" in config.on
         # Serialises pushes, so the final push of a run is never overtaken by a periodic one still in flight.
-        # Re-entrant because a signal handler may call run_ended() while the main thread is inside a push.
+        # Re-entrant because a signal handler may call on_train_end() while the main thread is inside a push.
         self._push_lock = threading.RLock()
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop: threading.Event | None = None
-        self._final_attempted = False  # a run_ended() push was tried since the last start()
+        self._final_attempted = False  # an on_train_end() push was tried since the last on_train_begin()
         self._closed = False
 
-    def start(self, step: int = 0) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         """A run begins: start the periodic pusher if `interval` is in `on`. Calling it again is harmless."""
         try:
             with self._state_lock:
@@ -73,7 +75,7 @@ class PushgatewaySink(Sink):
         except Exception as exc:  # e.g. no thread can be started: train without periodic pushes
             self._on_error(COMPONENT, exc)
 
-    def run_ended(self, step: int = 0) -> None:
+    def on_train_end(self, step: int, completed: bool = True) -> None:
         """A run ended (or is being stopped): stop the periodic pusher, then push once if `train_end` is in `on`."""
         try:
             self._stop_thread()
@@ -83,7 +85,7 @@ class PushgatewaySink(Sink):
         except Exception as exc:
             self._on_error(COMPONENT, exc)
 
-    def interrupted(self, signal_name: str, step: int) -> None:
+    def on_signal(self, signal_name: str, step: int) -> None:
         """The process may end now: push its state once. The periodic pusher goes on, for a process that outlives
         the signal (SIGTERM ignored, a handler that saves and carries on); its real end pushes again."""
         self._push()
@@ -135,3 +137,9 @@ class PushgatewaySink(Sink):
             self._on_error(COMPONENT, exc)
         finally:
             self._push_lock.release()
+
+
+def build(context: PartContext) -> list[Sink]:
+    """Pushes to the Pushgateway at pushgateway.url; none without a URL."""
+    config = context.config
+    return [PushgatewaySink(context.store, config.pushgateway, context.on_error)] if config.pushgateway.url else []

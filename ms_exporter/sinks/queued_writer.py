@@ -96,7 +96,7 @@ class QueuedStepWriter(Sink):
         """A write pass failed: forget what the writer holds of it (those records are counted as lost)."""
 
     # -- the sink lifecycle --------------------------------------------------------------------------
-    def start(self, step: int) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         self._start_thread()
 
     def on_step(self, sample: StepSample) -> None:
@@ -110,10 +110,10 @@ class QueuedStepWriter(Sink):
         if not self._off:
             self._queue.append(("eval", (step, dict(metrics))))
 
-    def run_ended(self, step: int) -> None:
+    def on_train_end(self, step: int, completed: bool = True) -> None:
         self.flush()
 
-    def interrupted(self, signal_name: str, step: int) -> None:
+    def on_signal(self, signal_name: str, step: int) -> None:
         self.flush()
 
     def close(self) -> None:

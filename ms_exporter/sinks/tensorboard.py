@@ -12,6 +12,8 @@ from pathlib import Path
 
 from ms_exporter.core import safe_files
 from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.part import PartContext
+from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
@@ -102,3 +104,17 @@ class TensorBoardWriter(QueuedStepWriter):
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+
+
+def build(context: PartContext) -> list[Sink]:
+    """TensorBoard event files on rank 0 (every rank with tensorboard.all_ranks). A read-only or full save_dir, a
+    link planted at the event file: counted and logged once, and training goes on without it."""
+    config, rank = context.config, context.rank
+    if rank.rank != 0 and not config.tensorboard.all_ranks:
+        return []
+    try:
+        directory = Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}"
+        return [TensorBoardWriter(context.store, directory, config.interval, context.on_error, context.breaker)]
+    except OSError as exc:
+        context.on_error("tensorboard", exc)
+        return []

@@ -12,7 +12,9 @@ from typing import Any
 from ms_exporter.config import WandbConfig
 from ms_exporter.core import safe_files
 from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
 
@@ -85,7 +87,7 @@ class WandbWriter(QueuedStepWriter):
         """Where this run's files are (`.../wandb/offline-run-<time>-<id>`), once it started."""
         return Path(self._run.dir).parent if self._run is not None else None
 
-    def start(self, step: int) -> None:
+    def on_train_begin(self, cb_params: Any) -> None:
         if self._run is None and not self._off:
             try:
                 self._check_writable()
@@ -99,7 +101,7 @@ class WandbWriter(QueuedStepWriter):
                 logger.info(
                     "ms_exporter: wandb run %s (%s) in %s", self._init["name"], self._init["mode"], self.run_dir
                 )
-        super().start(step)
+        super().on_train_begin(cb_params)
 
     def _check_writable(self) -> None:
         """save_dir/wandb exists, is no link, and takes a new file: else wandb would write to /tmp instead."""
@@ -145,3 +147,24 @@ class WandbWriter(QueuedStepWriter):
 
     def _close_writer(self) -> None:
         self._run.finish()
+
+
+def build(context: PartContext) -> list[Sink]:
+    """A W&B run on rank 0 (every rank with wandb.all_ranks)."""
+    config, rank = context.config, context.rank
+    if rank.rank != 0 and not config.wandb.all_ranks:
+        return []
+    return [
+        WandbWriter(
+            context.store,
+            Path(config.save_dir),
+            config.wandb,
+            config.project,
+            config.run_id or config.project,
+            rank,
+            config.tags,
+            config.interval,
+            context.on_error,
+            context.breaker,
+        )
+    ]

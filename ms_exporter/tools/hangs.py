@@ -1,6 +1,6 @@
 """`ms-exporter hangs`: where each rank is and for how long, and the job's verdict: which rank the others wait for.
 
-The verdict is MindSporeTrainingHang's rule (ms_exporter/generate/rules.py), in Python: the ranks past their
+The verdict is MindSporeTrainingHang's rule (ms_exporter/generate/alerts/hangs.py), in Python: the ranks past their
 hang deadline that are in a phase fewer of their project's ranks are in (the ranks that never reached the
 collective the others wait in); on a tie, the ones not in `step`, where the collective is; every rank when all the
 project's ranks are in one phase and every one is past its deadline. Ranks that ended are left out, and a rank in

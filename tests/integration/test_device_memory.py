@@ -17,7 +17,9 @@ from mindspore.train import Callback
 from ms_exporter import TrainingMonitor
 from ms_exporter.core import catalogue
 from ms_exporter.demo import build_model, synthetic_dataset
-from ms_exporter.tools import report, top
+from ms_exporter.tools import report
+from ms_exporter.tools.rank_samples import parse_ranks
+from ms_exporter.tools.top.rows import build_row
 from tests.support.scrape import Scrape, scrape
 
 pytestmark = pytest.mark.integration
@@ -90,6 +92,6 @@ def test_live_page_series_report_and_top_show_the_memory_in_use(device_run: Any,
     report.write_report([jsonl_path], str(page))
     assert f'"memory_kind":"{catalogue.DEVICE_ALLOCATED}"' in page.read_text(encoding="utf-8")
     # top: the same number, marked as the device's.
-    (((project, rank), samples),) = top.parse_ranks(metrics_text).items()
-    row, _ = top.build_row("target", project, rank, samples, None, now=time.time())
+    (((project, rank), samples),) = parse_ranks(metrics_text).items()
+    row, _ = build_row("target", project, rank, samples, None, now=time.time())
     assert (row.memory_bytes, row.memory_kind) == (in_use, "dev")

@@ -12,6 +12,7 @@ import pytest
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.demo import build_model, synthetic_dataset
+from ms_exporter.probes.memory import MemoryProbe
 from ms_exporter.sinks.jsonl import JsonlWriter
 from tests.support.scrape import scrape
 
@@ -118,8 +119,8 @@ def test_failures_that_are_not_in_a_row_do_not_switch_off(caplog: pytest.LogCapt
 def test_the_memory_sampler_is_switched_off_alone(caplog: pytest.LogCaptureFixture) -> None:
     monitor = TrainingMonitor(port=0, interval=0.05, **EVERYTHING)
     try:
-        assert monitor._memory is not None
-        monitor._memory.sample_host = injected  # type: ignore[method-assign]
+        assert monitor.part_of(MemoryProbe) is not None
+        monitor.part_of(MemoryProbe).sample_host = injected  # type: ignore[method-assign]
         train(monitor, steps=40)
         page = scrape(monitor.url)
         assert page.value("mindspore_exporter_errors_total", component="memory") == 3
@@ -134,7 +135,7 @@ def test_a_jsonl_file_that_cannot_be_written_is_switched_off(tmp_path: Path, cap
         port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=0.05, **EVERYTHING
     )
     try:
-        writer = monitor._sink_of(JsonlWriter)
+        writer = monitor.part_of(JsonlWriter)
         assert writer is not None
         writer._write = injected  # type: ignore[method-assign]  # a full disk
         train(monitor, steps=40)

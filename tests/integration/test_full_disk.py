@@ -24,7 +24,7 @@ DROPPED = 'mindspore_exporter_dropped_samples_total{sink="local"}'
 def flush(monitor: TrainingMonitor) -> None:
     """What the writer thread does every `interval` seconds, now."""
     monitor.publish()
-    writer = monitor._sink_of(JsonlWriter)
+    writer = monitor.part_of(JsonlWriter)
     assert writer is not None
     writer.flush()
 
@@ -38,7 +38,7 @@ def test_finding_3_close_on_a_full_disk_does_not_raise_into_the_training_script(
             monitor.on_train_step_begin(context(step, 1.0))
             monitor.on_train_step_end(context(step, 1.0))
         flush(monitor)  # fails: counted, not raised
-        writer = monitor._sink_of(JsonlWriter)
+        writer = monitor.part_of(JsonlWriter)
         assert writer is not None
         writer.close()  # the sink's own close, with the batch it could not write: returns
         monitor.on_train_end(context(200, 1.0))

@@ -316,24 +316,24 @@ def test_start_run_ended_and_close_are_idempotent_and_a_second_run_pushes(gatewa
         return [t for t in threading.enumerate() if t.name == "ms_exporter-pushgateway"]
 
     value.value = 1
-    sink.start()
-    sink.start()
+    sink.on_train_begin({"cur_step_num": 0})
+    sink.on_train_begin({"cur_step_num": 0})
     assert len(pushers()) == 1
-    sink.run_ended()
+    sink.on_train_end(0, True)
     assert pushers() == []
     assert gateway.group("pg-unit")["pg_unit_value"] == 1
-    sink.run_ended()  # twice is harmless
+    sink.on_train_end(0, True)  # twice is harmless
     value.value = 2
-    sink.start()  # a second run
+    sink.on_train_begin({"cur_step_num": 0})  # a second run
     assert len(pushers()) == 1
     wait_until(lambda: gateway.group("pg-unit").get("pg_unit_value") == 2, 10, "a periodic push of the second run")
     value.value = 3
-    sink.run_ended()
+    sink.on_train_end(0, True)
     assert gateway.group("pg-unit")["pg_unit_value"] == 3
     pushed_at = gateway.push_time("pg-unit")
     sink.close()
     sink.close()
-    sink.start()  # closed: no thread
+    sink.on_train_begin({"cur_step_num": 0})  # closed: no thread
     assert pushers() == []
     assert gateway.push_time("pg-unit") == pushed_at
     assert errors == []

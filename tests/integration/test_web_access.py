@@ -224,7 +224,7 @@ def test_head_answers_as_get_without_the_body_and_does_not_spoil_the_cache(monit
 
 
 def endpoint_of(monitor: TrainingMonitor) -> PrometheusEndpoint:
-    endpoint = monitor._sink_of(PrometheusEndpoint)
+    endpoint = monitor.part_of(PrometheusEndpoint)
     assert endpoint is not None
     return endpoint
 

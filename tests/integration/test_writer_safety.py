@@ -56,7 +56,7 @@ def test_round2_finding_8_tensorboard_on_a_read_only_save_dir_is_counted_and_tra
     with read_only_disk(tmp_path / "disk") as disk:
         monitor = TrainingMonitor(port=0, backend="tensorboard", save_dir=str(disk), interval=3600)  # no OSError
         try:
-            assert monitor._sink_of(TensorBoardWriter) is None  # off
+            assert monitor.part_of(TensorBoardWriter) is None  # off
             train_a_little(monitor)
         finally:
             monitor.close()
@@ -95,7 +95,7 @@ def test_round2_finding_8_wandb_records_lost_to_a_full_disk_are_counted(tmp_path
         monitor = TrainingMonitor(port=0, backend="wandb", save_dir=str(disk), interval=3600)
         try:
             monitor.on_train_begin(context(0, 0.0))
-            writer = monitor._sink_of(WandbWriter)
+            writer = monitor.part_of(WandbWriter)
             assert writer is not None and writer.run_dir is not None
             for step in range(1, 11):  # handed to wandb
                 monitor.on_train_step_begin(context(step, 1.0))
@@ -144,7 +144,7 @@ def test_round2_finding_6_rotation_past_a_planted_directory_keeps_writing(tmp_pa
     )
     try:
         monitor.on_train_begin(context(0, 0.0))
-        writer = monitor._sink_of(JsonlWriter)
+        writer = monitor.part_of(JsonlWriter)
         assert writer is not None
         for step in range(1, 31):
             monitor.on_train_step_begin(context(step, 1.0))

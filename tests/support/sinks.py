@@ -6,6 +6,8 @@ from pathlib import Path
 
 from ms_exporter.config import load_config
 from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.part import PartContext
+from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks import build_sinks
@@ -16,7 +18,8 @@ def sinks_of(rank: int, tmp_path: Path, backend: str = "tensorboard", **options:
     config = load_config({"backend": backend, "save_dir": str(tmp_path), **options})
     store = MetricStore()
     errors = ErrorSink(store, ("callback",))
-    built = build_sinks(config, store, RankInfo(rank, rank, 4, "node"), errors.absorb, Breaker(errors, store))
+    rank_info = RankInfo(rank, rank, 4, "node")
+    built = build_sinks(PartContext(config, store, rank_info, PhaseClock(store), errors.absorb, Breaker(errors, store)))
     for sink in built:
         sink.close()
     return [sink.name for sink in built]

@@ -250,7 +250,7 @@ def test_an_otlp_setting_the_sdk_rejects_is_counted_not_raised(monkeypatch: pyte
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "udp")  # not checked by monitor_config: the SDK's variable
     monitor = TrainingMonitor(port=0, backend=["prometheus", "otlp"])
     try:
-        assert all(sink.name != "otlp" for sink in monitor._sinks)
+        assert all(sink.name != "otlp" for sink in monitor.parts)
         assert monitor.url is not None  # /metrics still served
         assert scrape(monitor.url).value("mindspore_exporter_errors_total", component="otlp") == 1
     finally:

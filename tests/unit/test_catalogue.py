@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from ms_exporter.core import catalogue
+from ms_exporter.core import catalogue, registry
 from ms_exporter.core.catalogue import FAMILIES, MetricFamily
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_every_row_of_the_metrics_doc_names_a_family() -> None:
 
 def test_closed_label_values_are_documented() -> None:
     text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    for value in (*catalogue.MEMORY_KINDS, *catalogue.HOOKS, *catalogue.ACTIONS, *catalogue.SINK_COMPONENTS):
+    for value in (*catalogue.MEMORY_KINDS, *catalogue.HOOKS, *catalogue.ACTIONS, *registry.BACKENDS):
         assert f"`{value}`" in text, value
 
 

@@ -123,7 +123,7 @@ def test_a_reading_pairs_each_fingerprint_with_its_own_step() -> None:
     fingerprints = Fingerprints(store, config, RankInfo(0, 0, 2, "node"), LayoutResolver())
     weights = Weights()
     network = type("Network", (), {"trainable_params": lambda self: [weights]})()
-    fingerprints.train_begin({"train_network": network, "cur_step_num": 0})
+    fingerprints.on_train_begin({"train_network": network, "cur_step_num": 0})
     assert store.series_of(c.PARAM_FINGERPRINT) == ()  # nothing before the first fingerprint
     assert fingerprints.next_step == 100
     fingerprints.take(100, None)
@@ -140,7 +140,7 @@ def test_the_fingerprint_step_carries_the_cells_overflow_flag_and_norm_where_it_
     config = load_config({"divergence": {"replica_group": "g"}}).divergence
     fingerprints = Fingerprints(store, config, RankInfo(0, 0, 2, "node"), LayoutResolver())
     weights = Weights()
-    fingerprints.train_begin({"train_network": type("N", (), {"trainable_params": lambda self: [weights]})()})
+    fingerprints.on_train_begin({"train_network": type("N", (), {"trainable_params": lambda self: [weights]})()})
     loss = ms.Tensor(0.5, ms.float32)
     fingerprints.take(100, (loss, ms.Tensor(True), ms.Tensor(1024.0, ms.float32)))  # a loss-scale cell's outputs
     assert store.value_of(c.PARAM_FINGERPRINT_OVERFLOW) == 1.0

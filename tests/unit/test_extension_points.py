@@ -1,20 +1,24 @@
-"""The paths docs/development.md ("Where a change goes") sends a newcomer down, each exercised end to end:
-a new sink gets every lifecycle hook in order (and its failures are its own), a new metric family registered
-from the catalogue reaches /metrics with its declared help and type."""
+"""The paths CONTRIBUTING.md ("Where a change goes") and docs/development.md ("Your own probe or sink") send a
+newcomer down, each exercised end to end: a part handed to TrainingMonitor gets every lifecycle hook in order (and
+its failures are its own); a probe and a sink registered in the registries are built from the configuration, exactly
+as built-in ones, and their series reach /metrics with the declared help and type."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ms_exporter import TrainingMonitor
+from ms_exporter.config import ConfigError
+from ms_exporter.core import registry
 from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
-from ms_exporter.monitor import callback as callback_module
 from tests.support.cb_params import context
 from tests.support.scrape import scrape
 
@@ -27,37 +31,32 @@ class RecordingSink(Sink):
         self.calls: list[tuple[Any, ...]] = []
         self._fail_on_step = fail_on_step
 
-    def start(self, step: int) -> None:
-        self.calls.append(("start", step))
+    def on_train_begin(self, cb_params: Any) -> None:
+        self.calls.append(("on_train_begin", cb_params.cur_step_num))
 
     def on_step(self, sample: StepSample) -> None:
         self.calls.append(("on_step", sample.step, sample.loss))
         if self._fail_on_step:
             raise OSError("disk full")
 
-    def on_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
-        self.calls.append(("on_eval", step, dict(metrics)))
+    def on_eval(self, step: int, results: Mapping[str, Any]) -> None:
+        self.calls.append(("on_eval", step, dict(results)))
 
-    def run_ended(self, step: int) -> None:
-        self.calls.append(("run_ended", step))
+    def on_train_end(self, step: int, completed: bool) -> None:
+        self.calls.append(("on_train_end", step, completed))
 
-    def interrupted(self, signal_name: str, step: int) -> None:
-        self.calls.append(("interrupted", signal_name, step))
+    def on_signal(self, signal_name: str, step: int) -> None:
+        self.calls.append(("on_signal", signal_name, step))
 
     def close(self) -> None:
         self.calls.append(("close",))
 
 
-def _monitor_with(monkeypatch: pytest.MonkeyPatch, *extra: Sink) -> TrainingMonitor:
-    real = callback_module.build_sinks
-    monkeypatch.setattr(callback_module, "build_sinks", lambda *args: [*real(*args), *extra])
-    return TrainingMonitor(port=0, web={"cache_seconds": 0})
-
-
-def test_a_new_sink_gets_every_hook_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_handed_in_sink_gets_every_hook_in_order() -> None:
     sink = RecordingSink()
-    monitor = _monitor_with(monkeypatch, sink)
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, sinks=[sink])
     try:
+        assert sink in monitor.parts
         monitor.on_train_begin(context(0, 0.0))
         for step in (1, 2, 3):
             monitor.on_train_step_begin(context(step, 0.0))
@@ -70,21 +69,21 @@ def test_a_new_sink_gets_every_hook_in_order(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         monitor.close()
     assert sink.calls == [
-        ("start", 0),
+        ("on_train_begin", 0),
         ("on_step", 1, 1.0),
         ("on_step", 2, 2.0),
         ("on_step", 3, 3.0),
         ("on_eval", 3, {"accuracy": 0.5}),
-        ("interrupted", "SIGTERM", 3),
-        ("run_ended", 3),
+        ("on_signal", "SIGTERM", 3),
+        ("on_train_end", 3, True),
         ("close",),
     ]
 
 
-def test_a_failing_sink_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_sink_costs_only_itself() -> None:
     failing, healthy = RecordingSink(fail_on_step=True), RecordingSink()
     failing.name = "failing"
-    monitor = _monitor_with(monkeypatch, failing, healthy)
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, sinks=[failing, healthy])
     try:
         monitor.on_train_begin(context(0, 0.0))
         for step in (1, 2):
@@ -99,30 +98,100 @@ def test_a_failing_sink_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> No
     assert page.value("mindspore_train_global_step") == 2
 
 
-NEW_FAMILY = MetricFamily(
-    "mindspore_train_example_ratio", "gauge", "An example family for this test.", "ratio", ("part",)
-)
+def test_a_handed_in_part_that_is_neither_a_part_nor_builds_one_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="sinks=: each item must be a Sink"):
+        TrainingMonitor(port=0, sinks=["not a sink"])
+
+
+# -- a throwaway metric, probe and sink, registered as the built-in ones are -------------------------------------
+
+EXAMPLE = MetricFamily("mindspore_train_example_ratio", "gauge", "An example family for this test.", "ratio", ("part",))
 
 
 class ExampleProbe(Probe):
+    """| mindspore_train_example_ratio | gauge | part | ratio |"""
+
     name = "example"
 
-    def __init__(self, monitor: TrainingMonitor) -> None:
-        self._series = monitor.store.register(NEW_FAMILY).series(part="a")
+    def __init__(self, context: PartContext) -> None:
+        self._series = context.store.register(EXAMPLE).series(part="a")
 
     def on_step(self, sample: StepSample) -> None:
         self._series.value = sample.step / 10
 
 
-def test_a_new_family_from_the_catalogue_reaches_metrics_with_its_help_and_type() -> None:
-    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
+class ListSink(Sink):
+    """Keeps every published step's number in a list."""
+
+    name = "steps_list"
+    made: list[ListSink] = []
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        ListSink.made.append(self)
+
+    def on_step(self, sample: StepSample) -> None:
+        self.steps.append(sample.step)
+
+
+@pytest.fixture
+def registered() -> Iterator[None]:
+    registry.register_probe(registry.ProbeEntry("example", lambda context: [ExampleProbe(context)], ("example",)))
+    registry.register_backend(registry.BackendEntry("steps_list", lambda context: [ListSink()]))
+    ListSink.made.clear()
     try:
-        monitor._publisher.probes.append(ExampleProbe(monitor))
+        yield
+    finally:
+        registry.unregister("example")
+        registry.unregister("steps_list")
+
+
+def test_a_registered_probe_and_sink_are_built_from_the_config_and_served(registered: None) -> None:
+    monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, backend=["prometheus", "steps_list"])
+    try:
         monitor.on_train_begin(context(0, 0.0))
-        monitor.on_train_step_end(context(4, 1.0))
+        for step in (1, 2, 3, 4):
+            monitor.on_train_step_end(context(step, 1.0))
         monitor.publish()
         page = scrape(monitor.url)
     finally:
         monitor.close()
-    assert page.value(NEW_FAMILY.name, part="a") == pytest.approx(0.4)
-    assert f"# HELP {NEW_FAMILY.name} {NEW_FAMILY.help}\n# TYPE {NEW_FAMILY.name} gauge\n" in page.text
+    assert page.value(EXAMPLE.name, part="a") == pytest.approx(0.4)
+    assert f"# HELP {EXAMPLE.name} {EXAMPLE.help}\n# TYPE {EXAMPLE.name} gauge\n" in page.text
+    assert [sink.steps for sink in ListSink.made] == [[1, 2, 3, 4]]
+    # The registry names the components: errors of the new parts are counted under their names from the start.
+    assert page.value("mindspore_exporter_errors_total", component="example") == 0
+    assert page.value("mindspore_exporter_errors_total", component="steps_list") == 0
+
+
+def test_a_registered_probe_is_switched_by_its_metrics_group(registered: None) -> None:
+    monitor = TrainingMonitor(port=0, metrics=["loss"], backend=["steps_list"])
+    try:
+        assert "example" not in {part.name for part in monitor.parts}
+        assert any(isinstance(part, ListSink) for part in monitor.parts)
+    finally:
+        monitor.close()
+    with pytest.raises(ConfigError, match="steps_list"):  # gone from the registry: no longer an allowed backend
+        registry.unregister("steps_list")
+        TrainingMonitor(port=0, backend=["steps_list"])
+
+
+def test_every_built_in_part_carries_its_registry_name(tmp_path: Path) -> None:
+    # A part's `name` is its component label; the registry entry that builds it must agree.
+    everything = {
+        "backend": ["prometheus", "local", "tensorboard"],  # otlp and wandb would reach for a server
+        "file_sd_dir": None,
+        "flops": {"enable": True, "per_token": 1e9, "peak_flops_per_device": 1e12},
+        "grad_norm": {"enable": True},
+        "layernorm": {"enable": True},
+        "weight_norm": True,
+        "save_dir": str(tmp_path),
+    }
+    monitor = TrainingMonitor(port=0, **everything)
+    try:
+        names = {part.name for part in monitor.parts}
+    finally:
+        monitor.close()
+    probes = set(registry.PROBES) - {"identity"}  # the identity series are written once: no part follows steps
+    assert probes <= names, probes - names
+    assert {"prometheus", "local", "tensorboard"} <= names

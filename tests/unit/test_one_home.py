@@ -95,7 +95,7 @@ def test_the_thresholds_import_nothing_of_the_package_so_config_and_thresholds_m
     assert _package_imports(ROOT / "ms_exporter" / "core" / "thresholds.py") == set()
     # the report imports it too
     assert _package_imports(ROOT / "ms_exporter" / "core" / "learned_deadline.py") == set()
-    assert "ms_exporter.core.thresholds" in _package_imports(ROOT / "ms_exporter" / "config" / "__init__.py")
+    assert "ms_exporter.core.thresholds" in _package_imports(ROOT / "ms_exporter" / "config" / "sections.py")
 
 
 @pytest.mark.parametrize(
@@ -267,3 +267,24 @@ def test_every_config_key_is_in_the_docs_table_with_the_schema_default() -> None
         if not ok:
             wrong[key] = (cell, default)
     assert wrong == {}, "docs/configuration.md: (documented default, schema default)"
+
+
+def test_the_reserved_tag_names_are_the_catalogues_labels() -> None:
+    from ms_exporter.config import RESERVED_LABELS, ConfigError, load_config
+    from ms_exporter.core.catalogue import CONSTANT_LABELS, FAMILIES
+
+    for family in FAMILIES:
+        assert set(family.labels) <= RESERVED_LABELS, family.name
+    assert set(CONSTANT_LABELS) | {"le", "job", "instance"} <= RESERVED_LABELS
+    with pytest.raises(ConfigError, match="tag name 'phase' is set by the exporter itself"):
+        load_config({"tags": {"phase": "pretrain"}})
+    assert load_config({"tags": {"dataset": "v3"}}).tags == {"dataset": "v3"}
+
+
+def test_the_backend_and_metrics_names_are_the_registries() -> None:
+    from ms_exporter.config import BACKENDS, METRIC_GROUPS, load_config
+    from ms_exporter.core import registry
+
+    assert tuple(name for name, entry in registry.BACKENDS.items() if entry.selectable) == BACKENDS
+    assert set(METRIC_GROUPS) == {group for entry in registry.PROBES.values() for group in entry.groups}
+    assert load_config({}).metrics == registry.metric_groups()

@@ -12,6 +12,7 @@ import pytest
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.monitor import publisher as publisher_module
+from ms_exporter.probes.memory import MemoryProbe
 from tests.support.cb_params import context
 from tests.support.scrape import scrape
 
@@ -111,8 +112,9 @@ def test_device_memory_is_read_on_the_training_thread_only() -> None:
     # step: the sampler (every 0.05 s here) reads host memory only; device memory is read when steps publish.
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, interval=0.05)
     readers: set[int] = set()
-    assert monitor._memory is not None
-    monitor._memory._device = {"device_allocated": lambda: readers.add(threading.get_ident()) or 64 * 2**20}
+    memory = monitor.part_of(MemoryProbe)
+    assert memory is not None
+    memory._device = {"device_allocated": lambda: readers.add(threading.get_ident()) or 64 * 2**20}
     try:
         monitor.on_train_begin(context(0, 0.0))
         for last in range(1, 6):

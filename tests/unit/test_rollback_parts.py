@@ -307,7 +307,7 @@ def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_a
             os.utime(path, (old, old))
     runner = ActionRunner(config, MetricStore())
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
-        runner.on_train_begin({"train_network": nn.Dense(2, 2), "cur_step_num": 0}, None)
+        runner.on_train_begin({"train_network": nn.Dense(2, 2), "cur_step_num": 0})
     assert [p.name for p in gone if p.exists()] == []
     assert [p.name for p in stay if not p.exists()] == []
     [said] = [r.getMessage() for r in caplog.records if "left behind" in r.getMessage()]

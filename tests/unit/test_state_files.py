@@ -84,7 +84,7 @@ def exported(monitor: TrainingMonitor) -> dict[str, Any]:
         "restarts": store.value_of(c.RESTARTS),
         "run_time": {dict(s.labels)["bucket"]: s.value for s in store.series_of(c.RUN_TIME_SECONDS)},
         "errors": {dict(s.labels)["component"]: s.value for s in store.series_of(c.ERRORS)},
-        "redo_until": monitor._goodput._redo_until if monitor._goodput is not None else None,
+        "redo_until": monitor.part_of(Goodput)._redo_until if monitor.part_of(Goodput) is not None else None,
     }
 
 
@@ -127,8 +127,8 @@ def test_round2_finding_7_an_odd_run_state_is_moved_aside_and_the_run_starts_ane
     (aside,) = moved_aside(tmp_path, STATE)
     assert aside.read_bytes() == content  # kept for a look, as it was
     assert f"the run state file {tmp_path / STATE} is unusable (" in caplog.text and f"moved to {aside}" in caplog.text
-    assert monitor._goodput is not None
-    monitor._goodput.start()  # as training does
+    assert monitor.part_of(Goodput) is not None
+    monitor.part_of(Goodput).start()  # as training does
     monitor.close()
     saved = json.loads((tmp_path / STATE).read_text())  # a good one in its place, of this process
     assert saved["restarts"] == 0 and saved["process"]["pid"] == os.getpid()
@@ -226,7 +226,7 @@ def test_round2_finding_6_the_run_state_is_saved_through_a_fresh_temporary(
     precious.write_text("the training user's data")
     save_dir = tmp_path / "save"
     monitor = monitor_in(save_dir)
-    goodput = monitor._goodput
+    goodput = monitor.part_of(Goodput)
     assert goodput is not None
     # The code before wrote to a predictable temporary name, following a link planted there.
     (save_dir / f".{STATE}.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(precious)
@@ -249,12 +249,13 @@ def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_
 
     script = (
         "import json; from ms_exporter import TrainingMonitor; from ms_exporter.core import catalogue as c\n"
+        "from ms_exporter.features.goodput import Goodput\n"
         "m = TrainingMonitor(port=0)\n"
-        "m._goodput.step_ended(5)\n"
-        "m._goodput.save()\n"
+        "m.part_of(Goodput).step_ended(5)\n"
+        "m.part_of(Goodput).save()\n"
         "errors = {dict(s.labels)['component']: s.value for s in m.store.series_of(c.ERRORS)}\n"
         "run = sum(s.value for s in m.store.series_of(c.RUN_TIME_SECONDS))\n"
-        "print(json.dumps({'errors': errors.get('goodput'), 'kept': m._goodput.state is not None, "
+        "print(json.dumps({'errors': errors.get('goodput'), 'kept': m.part_of(Goodput).state is not None, "
         "'run': run}))\n"
         "m.close()\n"
     )
@@ -317,7 +318,7 @@ def test_round2_finding_10_a_second_process_leaves_the_owners_files_alone(
         (tmp_path / STATE).write_bytes(owners)
         (tmp_path / MARK).write_bytes(struct.pack("<q", 10))
         monitor = monitor_in(tmp_path)
-        goodput = monitor._goodput
+        goodput = monitor.part_of(Goodput)
         assert goodput is not None
         monitor.on_train_begin(context(399, 0.0))  # trains on: step 400 and a save
         goodput.step_ended(400)

@@ -68,12 +68,12 @@ def test_round2_finding_4_a_stuck_writer_is_given_up_within_the_bound(
     release = threading.Event()
     writer._append = lambda data: release.wait()  # type: ignore[method-assign]
     try:
-        writer.start(0)
+        writer.on_train_begin({"cur_step_num": 0})
         for step in range(1, 6):
             writer.on_step(StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step)))
         began = time.monotonic()
-        writer.run_ended(5)  # the writer thread takes the 5 records and hangs in the write
-        writer.interrupted("SIGTERM", 5)
+        writer.on_train_end(5, True)  # the writer thread takes the 5 records and hangs in the write
+        writer.on_signal("SIGTERM", 5)
         writer.on_step(StepSample(6, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + 6, 6.0))  # off: not queued
         writer.close()
         assert time.monotonic() - began < 2.0

@@ -81,7 +81,7 @@ def test_a_run_that_cannot_start_is_counted_and_training_goes_on(
         raise RuntimeError("wandb-core did not start")
 
     made = writer(tmp_path, store, errors, monkeypatch, no_service)
-    made.start(0)  # raises nothing
+    made.on_train_begin({"cur_step_num": 0})  # raises nothing
     made.on_step(sample(1))
     made.flush()
     made.close()
@@ -96,7 +96,7 @@ def test_a_run_that_fails_to_log_costs_its_records_never_the_training(
     errors = ErrorSink(store, ("callback", "wandb"))
     run = FakeRun(fail=True, save_dir=tmp_path)
     made = writer(tmp_path, store, errors, monkeypatch, lambda **kwargs: run)
-    made.start(0)
+    made.on_train_begin({"cur_step_num": 0})
     for step in range(1, 4):
         made.on_step(sample(step))
         made.flush()  # raises nothing
@@ -112,7 +112,7 @@ def test_each_step_is_one_log_call_at_its_global_step(tmp_path: Path, monkeypatc
     errors = ErrorSink(store, ("callback", "wandb"))
     run = FakeRun(fail=False, save_dir=tmp_path)
     made = writer(tmp_path, store, errors, monkeypatch, lambda **kwargs: run)
-    made.start(0)
+    made.on_train_begin({"cur_step_num": 0})
     made.on_step(sample(7))
     made.on_eval(7, {"accuracy": 0.5, "confusion": [[1, 0], [0, 1]]})
     made.close()

@@ -1,0 +1,86 @@
+"""The one lifecycle every part of the monitor follows: probes, sinks, actions and whole features alike.
+
+The callback holds one ordered list of parts and calls each hook on each part in turn, each call guarded: a part
+that raises is counted in `mindspore_exporter_errors_total{component=<name>}` and the others still run. A part
+overrides only the hooks it needs; the callback skips a per-step hook that a part does not override.
+
+| hook | when |
+|---|---|
+| on_train_begin(cb_params) | every `Model.train` call begins (threads start, what is fixed for the run is read) |
+| on_step_end(step, outputs) | every step, on the training thread, as the step ends: keep it cheap |
+| on_step(sample) | each published step record (about once a second, in order); probes and sinks |
+| on_epoch_end(run_context, step) | an epoch ended |
+| on_eval(step, results) | an evaluation ended, with its results (metric name -> value as MindSpore gave it) |
+| on_action(step, action, details) | the monitor acted on the run (a rollback, a stop) |
+| on_train_end(step, completed) | training ended (`completed`) or raised, after the pending steps were published |
+| on_signal(signal_name, step) | SIGTERM/SIGINT in the training process: save what must outlive it, quickly |
+| close() | the monitor closes (at exit at the latest); after it nothing is called; safe to call twice |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.store import MetricStore
+
+if TYPE_CHECKING:
+    from ms_exporter.core.sample import StepSample
+
+
+class Part:
+    name = "part"  # the `component` label of its errors
+    # Whether the monitor should catch SIGTERM/SIGINT for this part (something to save before the process goes).
+    needs_signals = False
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        """Training begins (again: Model.train may be called several times on one monitor)."""
+
+    def on_step_end(self, step: int, outputs: Any) -> None:
+        """The training thread ends `step` now; `outputs` is the train cell's net_outputs."""
+
+    def on_step(self, sample: StepSample) -> None:
+        """One published step."""
+
+    def on_epoch_end(self, run_context: Any, step: int) -> None:
+        """An epoch ended at `step`."""
+
+    def on_eval(self, step: int, results: Mapping[str, Any]) -> None:
+        """An evaluation's results."""
+
+    def on_action(self, step: int, action: str, details: Mapping[str, Any]) -> None:
+        """An action taken on the training thread (ms_exporter.actions), with what it did."""
+
+    def on_train_end(self, step: int, completed: bool) -> None:
+        """Training ended at `step`: normally (`completed`) or by an exception out of Model.train."""
+
+    def on_signal(self, signal_name: str, step: int) -> None:
+        """The process was signalled: save what must survive it, quickly."""
+
+    def close(self) -> None:
+        """Release everything; safe to call twice."""
+
+
+def overrides(part: Part, hook: str) -> bool:
+    """Whether `part` does something in `hook` (the callback skips the per-step hooks of parts that do not)."""
+    return getattr(type(part), hook) is not getattr(Part, hook)
+
+
+@dataclass
+class PartContext:
+    """What a registry entry's builder gets (core/registry.py): the monitor's configuration and shared pieces.
+
+    `config` is the MonitorConfig (typed loosely here: the config sits a layer above this base module)."""
+
+    config: Any
+    store: MetricStore
+    rank: RankInfo
+    phases: PhaseClock
+    on_error: OnError  # counts a part's failure under its component, never raises
+    breaker: Breaker
+    stacks: Callable[[], Any] | None = None  # the watchdog's latest dumps, for the endpoint's /debug/stacks
+    port: int | None = None  # the port the endpoint really got: the prometheus builder sets it, file_sd reads it

@@ -1,0 +1,157 @@
+"""The registries: every backend (sink) and every probe by name, with what switches it on and what builds it.
+
+The configuration's allowed `backend` names and `metrics` groups, the `component` label values of errors, and the
+order in which probes see a step are all read from here; nothing else lists them. A user's own probe or sink
+registers exactly as the built-in ones below do (`register_probe`, `register_backend`), before the monitor is
+built: docs/development.md, "Your own probe or sink".
+
+A built-in entry names its builder as "module:function" and is imported only when a configuration asks for it, so
+this base module imports nothing above it, and an operator command that only checks a config imports no sink. A
+builder takes the monitor's `PartContext` (ms_exporter/monitor/assembly.py) and returns the parts it made (an empty
+list: nothing for this configuration, e.g. its section is off).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Builder = Callable[[Any], Sequence[Any]]
+
+
+def _load(builder: str | Builder) -> Builder:
+    if not isinstance(builder, str):
+        return builder
+    module, _, function = builder.partition(":")
+    loaded: Builder = getattr(importlib.import_module(module), function)
+    return loaded
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A sink. `selectable` ones are `backend:` values; the others come with a setting (file_sd_dir, a URL)."""
+
+    name: str  # the `backend:` value and its sinks' `component` label
+    builder: str | Builder  # "module:function" or a callable(PartContext) -> list of sinks
+    extra: str | None = None  # the pip extra that installs its optional library (`ms-exporter[<extra>]`)
+    selectable: bool = True
+
+    def build(self, context: Any) -> list[Any]:
+        """The sinks for this configuration; a missing optional library raises MissingExtra naming the extra."""
+        try:
+            builder = _load(self.builder)
+            return list(builder(context))
+        except ImportError as exc:
+            if self.extra is None:
+                raise
+            raise MissingExtra(self.name, self.extra, exc.name or str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class ProbeEntry:
+    """A probe. `groups`: the `metrics` groups that switch it on (any one does); none: its builder decides (a
+    section of its own, such as grad_norm.enable, or always on)."""
+
+    name: str  # its `component` label
+    builder: str | Builder  # "module:function" or a callable(PartContext) -> list of probes
+    groups: tuple[str, ...] = ()
+
+    def build(self, context: Any) -> list[Any]:
+        return list(_load(self.builder)(context))
+
+
+class MissingExtra(ImportError):
+    """A configured backend needs an optional library that is not installed."""
+
+    def __init__(self, backend: str, extra: str, missing: str) -> None:
+        super().__init__(
+            f"monitor_config.backend: {backend} needs {missing}, which is not installed; "
+            f"install it with: pip install 'ms-exporter[{extra}]'"
+        )
+        self.backend, self.extra, self.missing = backend, extra, missing
+
+
+BACKENDS: dict[str, BackendEntry] = {}
+PROBES: dict[str, ProbeEntry] = {}
+
+
+def register_backend(entry: BackendEntry) -> BackendEntry:
+    """Add (or replace, by name) a backend; selectable ones become allowed `backend:` values."""
+    _check_name(entry.name, PROBES, "a probe")
+    BACKENDS[entry.name] = entry
+    return entry
+
+
+def register_probe(entry: ProbeEntry) -> ProbeEntry:
+    """Add (or replace, by name) a probe; it sees each step after the probes registered before it."""
+    _check_name(entry.name, BACKENDS, "a backend")
+    PROBES[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Remove a user's probe or backend (tests, plug-ins that are switched off)."""
+    PROBES.pop(name, None)
+    BACKENDS.pop(name, None)
+
+
+def _check_name(name: str, other: dict[str, Any], what: str) -> None:
+    # One name, one component label: an error counted for it must say which part failed.
+    if not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"a part's name must be letters, digits and '_', got {name!r}")
+    if name in other or name in MONITOR_COMPONENTS:
+        raise ValueError(f"{name!r} is already {what if name in other else 'a part of the monitor itself'}")
+
+
+def selectable_backends() -> tuple[str, ...]:
+    """The allowed `backend:` values, in registration order."""
+    return tuple(name for name, entry in BACKENDS.items() if entry.selectable)
+
+
+def metric_groups() -> tuple[str, ...]:
+    """The allowed `metrics` groups: every probe's groups, in registration order."""
+    return tuple(dict.fromkeys(group for entry in PROBES.values() for group in entry.groups))
+
+
+def components() -> tuple[str, ...]:
+    """Every `component` label value: the monitor's own parts, each probe, each sink."""
+    return (*MONITOR_COMPONENTS, *PROBES, *BACKENDS)
+
+
+# The monitor's own parts, as the `component` label names them (the callback's loss read counts under `loss`).
+MONITOR_COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", "divergence")
+
+# -- the built-in probes, in the order they are built and see each step --------------------------------------------
+_PROBES = "ms_exporter.probes.builders"
+for _entry in (
+    # The rank's identity series, written once at construction (it builds no probe that follows the steps).
+    ProbeEntry("identity", f"{_PROBES}:identity", ("global_rank",)),
+    ProbeEntry("progress", f"{_PROBES}:progress"),
+    ProbeEntry("hang_deadline", f"{_PROBES}:hang_deadline"),
+    ProbeEntry("loss", f"{_PROBES}:loss", ("loss",)),
+    ProbeEntry("learning_rate", f"{_PROBES}:learning_rate", ("lr",)),
+    ProbeEntry("step_time", f"{_PROBES}:step_time", ("step_time",)),
+    ProbeEntry("throughput", f"{_PROBES}:throughput", ("samples_per_second", "tokens_per_second")),
+    ProbeEntry("mfu", f"{_PROBES}:mfu"),
+    ProbeEntry("loss_scale", f"{_PROBES}:loss_scale"),
+    ProbeEntry("grad_norm", f"{_PROBES}:grad_norm"),
+    ProbeEntry("weight_norm", f"{_PROBES}:weight_norm"),
+    ProbeEntry("layernorm", f"{_PROBES}:layernorm"),
+    ProbeEntry("memory", f"{_PROBES}:memory", ("memory_usage",)),
+    ProbeEntry("eval", f"{_PROBES}:evaluation", ("eval",)),
+):
+    PROBES[_entry.name] = _entry
+
+# -- the built-in sinks: the backends in the order `backend:` lists them by default, then the ones a setting adds --
+for _backend in (
+    BackendEntry("prometheus", "ms_exporter.sinks.prometheus:build"),
+    BackendEntry("otlp", "ms_exporter.sinks.otlp:build", extra="otlp"),
+    BackendEntry("local", "ms_exporter.sinks.jsonl:build"),
+    BackendEntry("tensorboard", "ms_exporter.sinks.tensorboard:build", extra="tensorboard"),
+    BackendEntry("wandb", "ms_exporter.sinks.wandb:build", extra="wandb"),
+    BackendEntry("file_sd", "ms_exporter.sinks.file_sd:build", selectable=False),
+    BackendEntry("pushgateway", "ms_exporter.sinks.pushgateway:build", selectable=False),
+):
+    BACKENDS[_backend.name] = _backend

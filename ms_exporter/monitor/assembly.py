@@ -1,0 +1,163 @@
+"""Building a monitor's parts from its configuration: the one place that knows which part needs which.
+
+TrainingMonitor forwards MindSpore's hooks to the list this returns and names no part itself. The probes and sinks
+come from the registries (core/registry.py) plus whatever the caller handed in (`TrainingMonitor(probes=...,
+sinks=...)`: a part, or a callable that takes the PartContext and returns one or a list). The whole features
+(sampler, watchdog, actions, goodput, divergence) are built here when their settings switch them on.
+
+The order of construction is the order in which families are registered, which is the order /metrics lists them:
+keep it when adding a part (tests/integration/test_metrics_unchanged.py holds the page's shape).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ms_exporter.actions.runner import ActionRunner
+from ms_exporter.config import ConfigError, MonitorConfig
+from ms_exporter.core import catalogue
+from ms_exporter.core.errors import Breaker, ErrorSink
+from ms_exporter.core.part import Part, PartContext, overrides
+from ms_exporter.core.phases import PhaseClock
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.sample import BatchCounter
+from ms_exporter.core.sink import Sink
+from ms_exporter.core.store import HistogramSeries, MetricStore
+from ms_exporter.features.breach_watch import ThresholdWatcher
+from ms_exporter.features.fingerprint import Fingerprints
+from ms_exporter.features.goodput import Goodput
+from ms_exporter.features.sampler import MemorySampler
+from ms_exporter.features.watchdog import HangWatchdog
+from ms_exporter.monitor.publisher import StepPublisher
+from ms_exporter.probes import build_probes
+from ms_exporter.probes.hang_deadline import HangDeadlineProbe
+from ms_exporter.probes.memory import MemoryProbe
+from ms_exporter.sinks import build_sinks
+
+# What a caller may hand in for a probe or a sink: the part itself, or what builds it from the context.
+Given = Any
+Announce = Callable[[int, str, dict[str, Any]], None]
+_Kind = TypeVar("_Kind")
+
+
+@dataclass
+class Assembly:
+    """A monitor's parts, and the wiring the callback drives them with."""
+
+    parts: list[Part]  # every part, in the order each hook reaches them
+    sinks: list[Sink]
+    publisher: StepPublisher
+    errors: ErrorSink
+    breaker: Breaker
+    batch: BatchCounter
+    hook_cost: dict[str, HistogramSeries]  # mindspore_exporter_callback_duration_seconds{hook}
+
+
+def assemble(
+    config: MonitorConfig,
+    store: MetricStore,
+    rank: RankInfo,
+    phases: PhaseClock,
+    announce: Announce,
+    given_probes: Sequence[Given] = (),
+    given_sinks: Sequence[Given] = (),
+) -> Assembly:
+    """Build every part `config` asks for, plus the given ones. Raises only ConfigError (a sink's missing extra);
+    nothing it started outlives that."""
+    errors = ErrorSink(store)
+    breaker = Breaker(errors, store)
+    context = PartContext(config, store, rank, phases, errors.absorb, breaker)
+    probes = [*build_probes(context), *_made(given_probes, context, Probe)]
+    actions = ActionRunner(config, store, rank, announce, probes) if config.actions.any else None
+    hang = _first(probes, HangDeadlineProbe)
+    memory = _first(probes, MemoryProbe)
+    step_probes = [probe for probe in probes if overrides(probe, "on_step")]
+    errors.expect(
+        (
+            "callback",
+            "sampler",
+            *(("watchdog",) if hang is not None else ()),
+            *(probe.name for probe in step_probes),
+            *(("actions",) if actions is not None else ()),
+            *(("goodput",) if config.goodput.enable else ()),
+            *(("divergence",) if config.divergence.enable else ()),
+        )
+    )
+    breaker.show()
+    hooks = store.register(catalogue.HOOK_DURATION)
+    hook_cost = {hook: hooks.histogram(hook=hook) for hook in catalogue.HOOKS}
+    thresholds = ThresholdWatcher(store, config.all_bounds(), config.warmup_steps)
+    batch = BatchCounter(
+        config.attention_mask_column,
+        config.input_ids_column,
+        config.flops.seq_len_column if config.flops.enable else None,
+    )
+    watchdog = None
+    if hang is not None:
+        watchdog = HangWatchdog(
+            phases,
+            hang.current,
+            store,
+            config.save_dir,
+            rank.rank,
+            lambda exc: errors.absorb("watchdog", exc),
+            config.hang.native_stacks,
+            config.project,
+        )
+        if config.hang.debug_endpoint:
+            context.stacks = lambda: watchdog.latest
+    goodput = None
+    if config.goodput.enable:
+        deadlines = hang.deadlines if hang is not None else None
+        goodput = Goodput(config, store, phases, rank.rank, deadlines, lambda exc: errors.absorb("goodput", exc))
+    try:
+        sinks = [*build_sinks(context), *_made(given_sinks, context, Sink)]
+    except BaseException:  # the monitor is not constructed: nothing it started may outlive the error
+        if goodput is not None:
+            with contextlib.suppress(Exception):
+                goodput.close()
+        raise
+    errors.expect(sink.name for sink in sinks)
+    publisher = StepPublisher(step_probes, thresholds, actions, sinks, batch, errors, breaker)
+    fingerprints = Fingerprints(store, config.divergence, rank, publisher.layouts) if config.divergence.enable else None
+    sampler = None
+    if memory is not None:
+        sampler = MemorySampler(
+            memory,
+            config.memory_interval,
+            breaker,
+            thresholds.check_slow,
+            lambda exc: errors.absorb("sampler", exc),
+        )
+    # Threads first (they stop first at the end), then what acts on the run before anything reads it (lr_backoff
+    # wraps a schedule before the probes read it), the probes, the features, and the sinks last (goodput's last
+    # save reaches the final push).
+    features: list[Part | None] = [sampler, watchdog, actions, *probes, goodput, fingerprints, *sinks]
+    parts = [part for part in features if part is not None]
+    return Assembly(parts, sinks, publisher, errors, breaker, batch, hook_cost)
+
+
+def _made(given: Iterable[Given], context: PartContext, kind: type[_Kind]) -> list[_Kind]:
+    """The handed-in parts of `kind`: each one as it is, or what its builder made of the context."""
+    made: list[_Kind] = []
+    for item in given:
+        built = item if isinstance(item, kind) or not callable(item) else item(context)
+        for part in built if isinstance(built, (list, tuple)) else (built,):
+            if not isinstance(part, kind):
+                what = "probes" if kind is Probe else "sinks"
+                raise ConfigError(
+                    [
+                        f"{what}=: each item must be a {kind.__name__} or a callable that takes the PartContext and "
+                        f"returns one (or a list of them), got {part!r}"
+                    ]
+                )
+            made.append(part)
+    return made
+
+
+def _first(parts: Iterable[Any], kind: type[_Kind]) -> _Kind | None:
+    return next((part for part in parts if isinstance(part, kind)), None)
