@@ -1,0 +1,94 @@
+"""The shape of a demo rank's /metrics page with every value masked: HELP and TYPE lines, names, label names and
+label values, in order. A change that must not change the page (a refactor) runs this before and after and diffs:
+
+    python -m benchmarks.metrics_shape > after.txt
+    git worktree add /tmp/before <commit> && (cd /tmp/before && PYTHONPATH=. python /path/to/this/file) > before.txt
+    diff before.txt after.txt
+
+A real GRAPH-mode training of the demo Transformer (DEMO_CONFIG with a fixed peak, so no matmul is timed), 60 steps,
+then one memory sample, one publication and one scrape before close. Values are masked; so are the label values
+that are a run's or a machine's own (the run id, the host name, which layers lead the gradient norms).
+tests/integration/test_metrics_unchanged.py holds the page to tests/integration/data/metrics_shape.txt.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import urllib.request
+from typing import Any
+
+STEPS = 60
+# Label values that are a run's own, not the page's shape.
+_VARYING = re.compile(r'(run_id|node|layer|mindspore_version|exporter_version)="[^"]*"')
+
+
+def _checkout_only() -> None:
+    """Import ms_exporter from the checkout this runs in (the current directory or PYTHONPATH), never through the
+    venv's editable install of another checkout: its finder would hand out that checkout's modules by name."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if "editable" not in repr(finder).lower()]
+
+
+def _demo() -> Any:
+    try:
+        from ms_exporter.tools import demo  # before issue #32
+    except ImportError:
+        from ms_exporter import demo  # type: ignore[no-redef]  # after it
+    return demo
+
+
+def _sample_memory(monitor: Any) -> None:
+    sampler = getattr(monitor, "_sampler", None)  # before issue #32
+    if sampler is None:
+        from ms_exporter.features.sampler import MemorySampler
+
+        sampler = monitor.part_of(MemorySampler)
+    sampler._sample()
+
+
+def masked(page: str) -> list[str]:
+    lines = []
+    for line in page.splitlines():
+        if line.startswith("#"):
+            lines.append(line)
+            continue
+        name_and_labels, _, _value = line.rpartition(" ")
+        lines.append(_VARYING.sub(r'\1="*"', name_and_labels) + " V")
+    return lines
+
+
+def shape() -> list[str]:
+    _checkout_only()
+    import mindspore as ms
+
+    from ms_exporter import TrainingMonitor
+
+    demo = _demo()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    with tempfile.TemporaryDirectory() as save_dir:
+        config = {
+            **demo.DEMO_CONFIG,
+            "flops": {**demo.DEMO_CONFIG["flops"], "peak_flops_per_device": 1e12},
+            "file_sd_dir": f"{save_dir}/targets",
+            "save_dir": save_dir,
+            "port": 0,
+        }
+        monitor = TrainingMonitor(config)
+        try:
+            model = demo.build_model(decay_steps=STEPS)
+            model.train(
+                1, demo.synthetic_dataset(size=STEPS * demo.BATCH), callbacks=[monitor], dataset_sink_mode=False
+            )
+            _sample_memory(monitor)  # what the sampler thread does every few seconds, once, now: no timing
+            monitor.publish()
+            with urllib.request.urlopen(monitor.url, timeout=10) as answer:
+                page = answer.read().decode("utf-8")
+        finally:
+            monitor.close()
+    return masked(page)
+
+
+if __name__ == "__main__":
+    sys.stdout.write("\n".join(shape()) + "\n")
