@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
 from benchmarks.run import machine, table
 from ms_exporter.config import WebConfig
 from tests.support.waiting import free_port
@@ -34,7 +35,6 @@ BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 WRK_SCRIPT = Path(__file__).with_name("wrk_check.lua")
 CONNECTIONS = 8
 BUDGET = WebConfig().max_requests_per_second  # the default endpoint's request budget
-SETTLE_STEPS = 5  # steps left out at the start of each block, while the load starts or drains
 
 
 def start_load(url: str, rate: float, keep_alive: bool) -> subprocess.Popen[str]:
@@ -87,58 +87,6 @@ class StaticCopy:
         self._dir.cleanup()
 
 
-def _block_timer(loader: subprocess.Popen[str], block_steps: int) -> Any:
-    """Last in the callback list: reads the loss, records each step's interval with its block, and switches the
-    load generator on (SIGCONT) for odd blocks and off (SIGSTOP) for even ones, so that loaded and unloaded
-    stretches of under a second alternate inside one training and the machine's drift cancels."""
-    from mindspore.train import Callback
-
-    class BlockTimer(Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.steps: list[tuple[int, int, float]] = []  # (block, step within the block, interval)
-            self.loaded_seconds = 0.0
-            self._last: float | None = None
-            self._count = 0
-            self._block_began = 0.0
-
-        def on_train_step_end(self, run_context: Any) -> None:
-            outputs = run_context.original_args().net_outputs
-            (outputs[0] if isinstance(outputs, tuple) else outputs).asnumpy()
-            now = time.perf_counter()
-            block, within = divmod(self._count, block_steps)
-            if self._last is not None:
-                self.steps.append((block, within, now - self._last))
-            self._last = now
-            self._count += 1
-            if self._count % block_steps == 0:  # the next step starts a new block
-                if block % 2 == 1:
-                    self.loaded_seconds += now - self._block_began
-                    loader.send_signal(signal.SIGSTOP)
-                else:
-                    loader.send_signal(signal.SIGCONT)
-                self._block_began = time.perf_counter()
-
-    return BlockTimer()
-
-
-def block_ratios(steps: list[tuple[int, int, float]], settle: int) -> list[float]:
-    """Each loaded (odd) block's median step over each unloaded neighbour's, leaving out the first `settle`
-    steps of every block (the load starting or draining)."""
-    blocks: dict[int, list[float]] = {}
-    for block, within, interval in steps:
-        if within >= settle:
-            blocks.setdefault(block, []).append(interval)
-    medians = {block: float(np.median(values)) for block, values in blocks.items() if values}
-    return [
-        medians[block] / medians[other]
-        for block in medians
-        if block % 2 == 1
-        for other in (block - 1, block + 1)
-        if other in medians
-    ]
-
-
 def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
     """The demo Transformer in GRAPH mode, default monitor. For each case (the rank's endpoint or nginx serving a
     copy of the page, each rate, kept-alive or new connections) one training alternates unloaded and loaded
@@ -180,7 +128,7 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
                 loader = start_load(static.url if target == "nginx" else monitor.url or "", rate, keep_alive)
                 time.sleep(1.0)  # connected and running at its pace
                 loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
-                timer = _block_timer(loader, block_steps)
+                timer = block_timer(loader, block_steps)
                 model.train(
                     1,
                     synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
@@ -427,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     print("endpoint under load ...", flush=True)
     rows = load([300, 600], passes, blocks, block_steps)
     print("hostile clients ...", flush=True)
-    from benchmarks.hostile import hostile, render_hostile  # it builds on this module's block method
+    from benchmarks.hostile import hostile, render_hostile  # the same block method (benchmarks/blocks.py)
 
     attacked = render_hostile(hostile(passes, blocks, block_steps), blocks, block_steps, passes)
     print("a tampered save_dir ...", flush=True)

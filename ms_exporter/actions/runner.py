@@ -34,10 +34,10 @@ from ms_exporter.core.safe_files import make_dir, replace_file
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.goodput import derived_run_id
+from ms_exporter.probes.learning_rate import LearningRateProbe
 
 if TYPE_CHECKING:
     from ms_exporter.actions.lr_scale import LrScaler
-    from ms_exporter.probes.learning_rate import LearningRateProbe
 
 logger = logging.getLogger("ms_exporter")
 

@@ -1,0 +1,1 @@
+"""The base types every layer above imports: names, thresholds, formulas, the store, samples, the part interfaces."""

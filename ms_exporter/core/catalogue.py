@@ -101,6 +101,7 @@ FAILURES_BEFORE_DISABLE = 3
 
 # -- buckets -------------------------------------------------------------------------------------------------------
 
+# 1 ms to 10 min for a step; the wait starts lower because a healthy loader hides in microseconds.
 STEP_BUCKETS = (
     0.001,
     0.0025,

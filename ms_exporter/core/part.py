@@ -65,6 +65,26 @@ class Part:
         """Release everything; safe to call twice."""
 
 
+class ThreadPart(Part):
+    """A part that is a background thread for the length of each training call: started at train begin,
+    stopped at train end and at close (both safe to repeat)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        self.start()
+
+    def on_train_end(self, step: int, completed: bool) -> None:
+        self.stop()
+
+    def close(self) -> None:
+        self.stop()
+
+
 def overrides(part: Part, hook: str) -> bool:
     """Whether `part` does something in `hook` (the callback skips the per-step hooks of parts that do not)."""
     return getattr(type(part), hook) is not getattr(Part, hook)

@@ -15,6 +15,7 @@ Every file the monitor writes under save_dir (or the file_sd directory) is opene
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -70,6 +71,24 @@ def open_regular(path: Path | str, flags: int, mode: int = FILE_MODE) -> int:
 def open_append(path: Path | str) -> int:
     """A descriptor that appends to the regular file `path`, created (FILE_MODE) if missing."""
     return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+def append_whole(fd: int, data: bytes, what: str, path: Path | str) -> int:
+    """Write all of `data` at the end of the file or nothing: after a failed or short write (a full disk) the file
+    is cut back to where it was, so no torn record is left. Returns the size the file had before (one writer)."""
+    began = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, f"no space left for {what}", str(path))
+            view = view[written:]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, began)
+        raise
+    return began
 
 
 def read_small(path: Path | str, limit: int) -> bytes:

@@ -1,0 +1,1 @@
+"""Whole features that follow the run as parts: goodput, replica divergence, the hang watchdog, breach watching."""

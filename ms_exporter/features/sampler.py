@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ms_exporter.core.errors import Breaker, OnPartError
-from ms_exporter.core.part import Part
+from ms_exporter.core.part import ThreadPart
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.probes.memory import MemoryProbe
 
 
-class MemorySampler(Part):
+class MemorySampler(ThreadPart):
     """Samples host RSS (psutil: no MindSpore call, which a second thread must not make during a step) and runs
     `check_slow` after each sample. Started at train begin, stopped at train end; start() twice is harmless."""
 
@@ -37,15 +36,6 @@ class MemorySampler(Part):
 
     def stop(self) -> None:
         self._thread.stop()
-
-    def on_train_begin(self, cb_params: Any) -> None:
-        self.start()
-
-    def on_train_end(self, step: int, completed: bool) -> None:
-        self.stop()
-
-    def close(self) -> None:
-        self.stop()
 
     def _sample(self) -> None:
         self._tick += 1

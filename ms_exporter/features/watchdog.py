@@ -17,11 +17,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ms_exporter.core import catalogue, safe_files
 from ms_exporter.core.errors import OnPartError
-from ms_exporter.core.part import Part
+from ms_exporter.core.part import ThreadPart
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore, Series
@@ -32,7 +31,7 @@ CHECK_SECONDS = 0.5  # how often the watchdog looks; a dump comes at most this l
 NATIVE_TIMEOUT = 20.0  # seconds py-spy may take to read the native stacks
 
 
-class HangWatchdog(Part):
+class HangWatchdog(ThreadPart):
     """Looks at the phase clock every CHECK_SECONDS. Past the deadline it dumps once per episode (a phase that began
     at one moment); when the phase moves on, the suspicion ends.
 
@@ -82,15 +81,6 @@ class HangWatchdog(Part):
 
     def stop(self) -> None:
         self._thread.stop()
-
-    def on_train_begin(self, cb_params: Any) -> None:
-        self.start()
-
-    def on_train_end(self, step: int, completed: bool) -> None:
-        self.stop()
-
-    def close(self) -> None:
-        self.stop()
 
     def check(self) -> None:
         """One look; never raises (a failure is counted under the `callback` component)."""

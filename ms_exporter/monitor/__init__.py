@@ -1,1 +1,1 @@
-"""The train-time core: the MindSpore callback and what it runs on every step."""
+"""The MindSpore hooks and the wiring: TrainingMonitor forwards each hook to its parts; the assembly builds them."""

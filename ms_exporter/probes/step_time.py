@@ -7,29 +7,6 @@ from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 
-# 1 ms to 10 min for a step; the wait starts lower because a healthy loader hides in microseconds.
-STEP_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-)
-WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, *STEP_BUCKETS)
-
 
 class StepTimeProbe(Probe):
     """In sink mode one hook call covers `steps` steps: each is recorded with the call's mean duration.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import logging
 import math
@@ -21,7 +19,7 @@ from ms_exporter.core import catalogue, run_lock
 from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
-from ms_exporter.core.safe_files import UnsafeFile, make_dir, open_append
+from ms_exporter.core.safe_files import UnsafeFile, append_whole, make_dir, open_append
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import HistogramSeries, MetricStore, Series
@@ -268,18 +266,8 @@ class JsonlWriter(Sink):
         if self._fd is None:  # a link planted at the name is refused (ELOOP), never followed: counted as a failure
             make_dir(self.path.parent)
             self._fd = open_append(self.path)
-        began = os.fstat(self._fd).st_size  # one writer (under the lock): the batch starts at the end
-        view = memoryview(data)
-        try:
-            while view:
-                written = os.write(self._fd, view)
-                if written <= 0:
-                    raise OSError(errno.ENOSPC, "no space left for the JSON Lines batch", str(self.path))
-                view = view[written:]
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, began)
-            raise
+        # One writer (under the lock): the batch starts at the end.
+        began = append_whole(self._fd, data, "the JSON Lines batch", self.path)
         if began + len(data) >= self._max_bytes:
             self._rotate()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
@@ -83,18 +82,7 @@ class TensorBoardWriter(QueuedStepWriter):
         """Whole records or nothing: after a failed or short write the file is cut back to where it was."""
         if self._fd is None:
             raise OSError(errno.EBADF, "the event file is closed", str(self.path))
-        began = os.fstat(self._fd).st_size
-        view = memoryview(data)
-        try:
-            while view:
-                written = os.write(self._fd, view)
-                if written <= 0:
-                    raise OSError(errno.ENOSPC, "no space left for the TensorBoard records", str(self.path))
-                view = view[written:]
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, began)
-            raise
+        safe_files.append_whole(self._fd, data, "the TensorBoard records", self.path)
 
     def _abandon(self) -> None:
         self._pending = []

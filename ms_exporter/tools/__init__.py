@@ -1,1 +1,1 @@
-"""Operator tools behind the `ms-exporter` command: top, report and the demo job."""
+"""Operator tools behind the `ms-exporter` command: top, hangs, report and peak-flops."""

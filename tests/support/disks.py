@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -29,9 +30,20 @@ def small_disk(where: Path, size: int = DISK_BYTES) -> Iterator[Path]:
 
 
 def fill(disk: Path, leave: int) -> Path:
-    """Take all but about `leave` bytes of the disk into a filler file."""
+    """Take all but about `leave` bytes of the disk into a filler file. A thread of the process under test may
+    write meanwhile (the goodput saver): the disk filling up before the filler is done is what was asked for."""
     filler = disk / "filler"
     free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    with filler.open("ab") as out:
-        out.write(b"\0" * max(free - leave, 0))
+    wanted = max(free - leave, 0)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while wanted > 0:
+            try:
+                wanted -= os.write(fd, b"\0" * min(wanted, 4096))
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+    finally:
+        os.close(fd)
     return filler

@@ -288,3 +288,11 @@ def test_the_backend_and_metrics_names_are_the_registries() -> None:
     assert tuple(name for name, entry in registry.BACKENDS.items() if entry.selectable) == BACKENDS
     assert set(METRIC_GROUPS) == {group for entry in registry.PROBES.values() for group in entry.groups}
     assert load_config({}).metrics == registry.metric_groups()
+
+
+def test_the_groups_that_watched_metrics_need_are_probe_groups() -> None:
+    # warn_on_value's families are written by probes: the group a watch needs is a group the registry switches.
+    from ms_exporter.core import catalogue, registry
+
+    for key in catalogue.WARN_ON_VALUE_KEYS:
+        assert catalogue.WATCHABLE[key].group in registry.metric_groups(), key

@@ -313,3 +313,18 @@ def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_a
     [said] = [r.getMessage() for r in caplog.records if "left behind" in r.getMessage()]
     assert f"removed {len(gone)} files" in said
     runner.close()
+
+
+def test_the_runner_reports_a_backed_off_learning_rate_through_the_learning_rate_probe_it_is_given() -> None:
+    from ms_exporter.actions.runner import ActionRunner
+    from ms_exporter.core.store import MetricStore
+    from ms_exporter.probes.learning_rate import LearningRateProbe
+    from ms_exporter.probes.loss import LossProbe
+
+    store = MetricStore()
+    probe = LearningRateProbe(store)
+    runner = ActionRunner(
+        load_config({"actions": {"lr_backoff": {"enable": True}}}), store, followers=[LossProbe(store, 5), probe]
+    )
+    assert runner._lr_probe is probe
+    runner.close()
