@@ -20,6 +20,10 @@ from ms_exporter.config.walker import _build, _is_section, _Problems
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+# Keys of the source articles' own monitor blocks that mean one of ours (docs/configuration.md, "Keys from
+# elsewhere"): the key as they write it -> (our section, our key).
+ALIASES = {"enable_hardware_monitor": ("hardware", "enable")}
+
 
 def load_config(
     source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig | None = None, **overrides: Any
@@ -43,6 +47,10 @@ def read_config(
     elif source is not None:
         raw = _read_file(Path(source), problems.found)
     if not isinstance(source, MonitorConfig):
+        for alias, (section, key) in ALIASES.items():
+            if alias in raw and isinstance(raw.get(section, {}), Mapping) and key not in raw.get(section, {}):
+                raw[section] = {**raw.get(section, {}), key: raw.pop(alias)}
+                problems.set_origin(f"{section}.{key}", f"monitor_config.{alias}, read as {section}.{key}")
         translation = mindformers_keys.translate(raw)
         notes += [summary] if (summary := translation.summary()) else []
         for its_key, ours in translation.read.items():  # an error then names the key the user wrote

@@ -39,6 +39,7 @@ from ms_exporter.config.sections import (
     GoodputConfig,
     GradNormConfig,
     HangConfig,
+    HardwareConfig,
     LayerNormConfig,
     OtlpConfig,
     PushgatewayConfig,
@@ -210,6 +211,7 @@ class MonitorConfig:
     flops: FlopsConfig = section(FlopsConfig)
     tensorboard: TensorBoardConfig = section(TensorBoardConfig)
     wandb: WandbConfig = section(WandbConfig)
+    hardware: HardwareConfig = section(HardwareConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

@@ -45,6 +45,7 @@ from ms_exporter.config.vocabulary import (
     PUSH_EVENTS,
     ROLLBACK_STORAGE,
 )
+from ms_exporter.core import registry
 from ms_exporter.core.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
 from ms_exporter.core.redaction import REDACTED
 from ms_exporter.core.thresholds import DEFAULTS, LOSS_SPIKE_FACTOR
@@ -395,6 +396,23 @@ class TensorBoardConfig:
 
 
 @dataclass(frozen=True)
+class HardwareConfig:
+    """monitor_config.hardware: device and host health, read on threads of the monitor's own and never on the step
+    path (docs/hardware.md). The source article's top-level `enable_hardware_monitor` is read as `enable`."""
+
+    enable: bool = setting(True, check=boolean())
+    # Every reader that finds a device here runs: NVML (NVIDIA GPUs, the `nvml` extra), npu-smi (Ascend NPUs), host.
+    readers: tuple[str, ...] = setting(factory=registry.hardware_readers, check=names(registry.hardware_readers))
+    # A reading every this many seconds (the article samples every 10 steps because nvidia-smi costs ~80 ms).
+    interval: float = setting(10.0, check=at_least(0.5, MAX_SECONDS))
+    # A reader that has not answered after this long is counted (TimeoutError) and asked again once it answers.
+    timeout: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
+    npu_smi: str = setting("npu-smi", check=text())  # the npu-smi command (a name on PATH or a path)
+    # Ascend's RoCE link state (often /usr/local/Ascend/driver/tools/hccn_tool); null: no link series.
+    hccn_tool: str | None = setting("hccn_tool", check=optional(text()))
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     """monitor_config.wandb: the `wandb` backend's W&B runs, their files in save_dir/wandb (docs/configuration.md)."""
 
@@ -532,4 +550,5 @@ SECTIONS = {
     "flops": FlopsConfig,
     "tensorboard": TensorBoardConfig,
     "wandb": WandbConfig,
+    "hardware": HardwareConfig,
 }

@@ -474,6 +474,95 @@ DROPPED_RECORDS = MetricFamily(
     ("sink",),
 )
 
+# -- hardware (features/hardware/; docs/hardware.md) --------------------------------------------------------------
+# `device`: gpu<N>, npu<N> as this rank sees them, or host. Each quantity exists only where the device's interface
+# reports it.
+
+DEVICE_TEMPERATURE = MetricFamily(
+    "mindspore_train_device_temperature_celsius", "gauge", "Device (or host CPU) temperature.", "celsius", ("device",)
+)
+DEVICE_POWER = MetricFamily("mindspore_train_device_power_watts", "gauge", "Device power draw.", "watts", ("device",))
+DEVICE_POWER_LIMIT = MetricFamily(
+    "mindspore_train_device_power_limit_watts", "gauge", "Device power limit in force.", "watts", ("device",)
+)
+DEVICE_UTILIZATION = MetricFamily(
+    "mindspore_train_device_utilization_ratio",
+    "gauge",
+    "Share of the last sample interval the device's compute (GPU SMs, NPU AI cores, host CPUs) was busy.",
+    "ratio",
+    ("device",),
+)
+DEVICE_MEMORY_UTILIZATION = MetricFamily(
+    "mindspore_train_device_memory_utilization_ratio",
+    "gauge",
+    "Share of the last sample interval the device's memory was being read or written.",
+    "ratio",
+    ("device",),
+)
+DEVICE_MEMORY_USED = MetricFamily(
+    "mindspore_train_device_memory_used_bytes", "gauge", "Device memory in use (all processes).", "bytes", ("device",)
+)
+DEVICE_MEMORY_TOTAL = MetricFamily(
+    "mindspore_train_device_memory_total_bytes", "gauge", "Device memory in all.", "bytes", ("device",)
+)
+DEVICE_CLOCK = MetricFamily(
+    "mindspore_train_device_clock_hertz", "gauge", "Device compute clock (GPU SM, NPU AI core).", "hertz", ("device",)
+)
+DEVICE_THROTTLED = MetricFamily(
+    "mindspore_train_device_throttled",
+    "gauge",
+    "1 while the device holds its clock down for this reason (the interface's name), 0 after.",
+    "1",
+    ("device", "reason"),
+)
+DEVICE_ECC_UNCORRECTED = MetricFamily(
+    "mindspore_train_device_ecc_uncorrected_errors_total",
+    "counter",
+    "Uncorrected ECC memory errors the device counted since its driver loaded.",
+    "errors",
+    ("device",),
+)
+DEVICE_PCIE = MetricFamily(
+    "mindspore_train_device_pcie_bytes_per_second",
+    "gauge",
+    "Device PCIe throughput.",
+    "bytes per second",
+    ("device", "direction"),
+)
+DEVICE_LINK_UP = MetricFamily(
+    "mindspore_train_device_link_up",
+    "gauge",
+    "1 while the device's network link is up (Ascend RoCE).",
+    "1",
+    ("device",),
+)
+DEVICE_HEALTHY = MetricFamily(
+    "mindspore_train_device_healthy", "gauge", "1 while the device's interface calls it healthy.", "1", ("device",)
+)
+# The join to the device exporters: their own label names (docs/hardware.md), empty where they do not apply.
+DEVICE_INFO = MetricFamily(
+    "mindspore_train_device_info",
+    "gauge",
+    "A device this rank uses, with the labels dcgm-exporter and npu-exporter give it; always 1.",
+    "1",
+    (
+        "device",
+        "Hostname",
+        "gpu",
+        "UUID",
+        "pci_bus_id",
+        "modelName",
+        "id",
+        "vdie_id",
+        "pcie_bus_info",
+        "model_name",
+        "pod",
+        "namespace",
+        "container",
+    ),
+)
+
+
 FAMILIES: tuple[MetricFamily, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricFamily)
 )
@@ -546,3 +635,16 @@ RANK_REPLICAS_AGREEING = "rank:mindspore_train_replicas_agreeing:ratio"
 PROJECT_MODEL_FLOPS = "project:mindspore_train_model_flops_per_second:sum"
 PROJECT_MFU = "project:mindspore_train_mfu:ratio"
 PROJECT_MFU_MEAN = "project:mindspore_train_mfu:mean"
+# A rank's devices (docs/hardware.md#joining-the-device-exporters), labelled project, rank, device: each quantity as
+# the rank's own hardware reader reads it, else as npu-exporter or dcgm-exporter reads the same device (joined to
+# the rank through mindspore_train_device_info).
+RANK_DEVICE_TEMPERATURE = "rank_device:mindspore_train_device_temperature_celsius:max"
+RANK_DEVICE_POWER = "rank_device:mindspore_train_device_power_watts:max"
+RANK_DEVICE_UTILIZATION = "rank_device:mindspore_train_device_utilization_ratio:max"
+# 1 while the device holds its clock down for heat or power (not for idling or an applications-clock setting).
+RANK_DEVICE_THROTTLED = "rank_device:mindspore_train_device_throttled:max"
+RANK_DEVICE_ECC_ERRORS = "rank_device:mindspore_train_device_ecc_uncorrected_errors:max"
+RANK_DEVICE_LINK_UP = "rank_device:mindspore_train_device_link_up:min"
+# One series per device, always 1, its `state` label one of DEVICE_STATES (the first that holds, in this order).
+RANK_DEVICE_STATE = "rank_device:mindspore_train_device_state:info"
+DEVICE_STATES = ("ecc_errors", "link_down", "throttled", "hot", "healthy")

@@ -62,6 +62,19 @@ class ProbeEntry:
         return list(_load(self.builder)(context))
 
 
+@dataclass(frozen=True)
+class ReaderEntry:
+    """A hardware reader (features/hardware/): its builder takes the `hardware` config section and returns the
+    readers it found devices for, an empty list where its interface is absent (no library, no command, no device)."""
+
+    name: str  # `hardware.readers` value; its errors count under component="hardware.<name>"
+    builder: str | Builder
+    extra: str | None = None  # the pip extra that installs its library, for the docs
+
+    def build(self, section: Any) -> list[Any]:
+        return list(_load(self.builder)(section))
+
+
 class MissingExtra(ImportError):
     """A configured backend needs an optional library that is not installed."""
 
@@ -75,6 +88,7 @@ class MissingExtra(ImportError):
 
 BACKENDS: dict[str, BackendEntry] = {}
 PROBES: dict[str, ProbeEntry] = {}
+READERS: dict[str, ReaderEntry] = {}
 
 
 def register_backend(entry: BackendEntry) -> BackendEntry:
@@ -91,10 +105,17 @@ def register_probe(entry: ProbeEntry) -> ProbeEntry:
     return entry
 
 
+def register_reader(entry: ReaderEntry) -> ReaderEntry:
+    """Add (or replace, by name) a hardware reader; it becomes an allowed `hardware.readers` value."""
+    READERS[entry.name] = entry
+    return entry
+
+
 def unregister(name: str) -> None:
-    """Remove a user's probe or backend (tests, plug-ins that are switched off)."""
+    """Remove a user's probe, backend or hardware reader (tests, plug-ins that are switched off)."""
     PROBES.pop(name, None)
     BACKENDS.pop(name, None)
+    READERS.pop(name, None)
 
 
 def _check_name(name: str, other: dict[str, Any], what: str) -> None:
@@ -115,9 +136,14 @@ def metric_groups() -> tuple[str, ...]:
     return tuple(dict.fromkeys(group for entry in PROBES.values() for group in entry.groups))
 
 
+def hardware_readers() -> tuple[str, ...]:
+    """The allowed `hardware.readers` values, in registration order."""
+    return tuple(READERS)
+
+
 def components() -> tuple[str, ...]:
-    """Every `component` label value: the monitor's own parts, each probe, each sink."""
-    return (*MONITOR_COMPONENTS, *PROBES, *BACKENDS)
+    """Every `component` label value: the monitor's own parts, each probe, each sink, each hardware reader."""
+    return (*MONITOR_COMPONENTS, *PROBES, *BACKENDS, *(f"hardware.{name}" for name in READERS))
 
 
 # The monitor's own parts, as the `component` label names them (the callback's loss read counts under `loss`).
@@ -155,3 +181,11 @@ for _backend in (
     BackendEntry("pushgateway", "ms_exporter.sinks.pushgateway:build", selectable=False),
 ):
     BACKENDS[_backend.name] = _backend
+
+# -- the built-in hardware readers: every one that finds a device runs --------------------------------------------
+for _reader in (
+    ReaderEntry("nvml", "ms_exporter.features.hardware.nvml:build", extra="nvml"),
+    ReaderEntry("npu_smi", "ms_exporter.features.hardware.npu_smi:build"),
+    ReaderEntry("host", "ms_exporter.features.hardware.host:build"),
+):
+    READERS[_reader.name] = _reader

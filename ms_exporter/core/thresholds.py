@@ -14,6 +14,8 @@ from dataclasses import dataclass
 EXPLODING_FACTOR = 10.0
 # The snapshot and rollback actions: a loss above this many times the smoothed loss is a spike (no alert reads it).
 LOSS_SPIKE_FACTOR = 3.0
+# The health score's hardware term falls from 1 at device_hot_celsius to 0 this many degrees above it.
+HOT_TO_ZERO_CELSIUS = 15.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class Thresholds:
     goodput_low: float = 0.5
     # MfuLow: the project's model FLOPs utilisation under this (flops.alert_below); None: no such alert.
     mfu_low: float | None = None
+    # DeviceHot: an accelerator at or above this temperature (°C). Data-centre GPUs and Ascend 910s begin to slow
+    # down a few degrees above it (docs/hardware.md); the health score's hardware term is 0 at HOT_TO_ZERO above.
+    device_hot_celsius: float = 85.0
 
     def __post_init__(self) -> None:
         if self.grad_norm_exploding is None:

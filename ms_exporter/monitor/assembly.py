@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.config import ConfigError, MonitorConfig
-from ms_exporter.core import catalogue
+from ms_exporter.core import catalogue, registry
 from ms_exporter.core.errors import Breaker, ErrorSink
 from ms_exporter.core.part import Part, PartContext, overrides
 from ms_exporter.core.phases import PhaseClock
@@ -30,6 +30,7 @@ from ms_exporter.core.store import HistogramSeries, MetricStore
 from ms_exporter.features.breach_watch import ThresholdWatcher
 from ms_exporter.features.fingerprint import Fingerprints
 from ms_exporter.features.goodput import Goodput
+from ms_exporter.features.hardware.monitor import HardwareMonitor, component, join_labels
 from ms_exporter.features.sampler import MemorySampler
 from ms_exporter.features.watchdog import HangWatchdog
 from ms_exporter.monitor.publisher import StepPublisher
@@ -133,12 +134,32 @@ def assemble(
             thresholds.check_slow,
             lambda exc: errors.absorb("sampler", exc),
         )
+    hardware = _hardware(config, store, rank, breaker)
+    if hardware is not None:
+        errors.expect(component(reader) for reader in hardware.readers)
     # Threads first (they stop first at the end), then what acts on the run before anything reads it (lr_backoff
     # wraps a schedule before the probes read it), the probes, the features, and the sinks last (goodput's last
     # save reaches the final push).
-    features: list[Part | None] = [sampler, watchdog, actions, *probes, goodput, fingerprints, *sinks]
+    features: list[Part | None] = [sampler, watchdog, hardware, actions, *probes, goodput, fingerprints, *sinks]
     parts = [part for part in features if part is not None]
     return Assembly(parts, sinks, publisher, errors, breaker, batch, hook_cost)
+
+
+def _hardware(config: MonitorConfig, store: MetricStore, rank: RankInfo, breaker: Breaker) -> HardwareMonitor | None:
+    """The hardware monitor over every configured reader that finds a device here; None when none does. A reader
+    whose builder fails is left out and counted (the others and the training go on)."""
+    section = config.hardware
+    if not section.enable:
+        return None
+    readers = []
+    for name in section.readers:
+        try:
+            readers.extend(registry.READERS[name].build(section))
+        except Exception as exc:
+            breaker.failed(f"hardware.{name}", exc, 0, "the other readers and the training go on")
+    if not readers:
+        return None
+    return HardwareMonitor(readers, store, section.interval, section.timeout, breaker, join_labels(rank.node))
 
 
 def _made(given: Iterable[Given], context: PartContext, kind: type[_Kind]) -> list[_Kind]:

@@ -73,7 +73,7 @@ def test_every_family_has_a_row_in_the_metrics_doc_with_its_type_and_labels() ->
     for family in FAMILIES:
         type_text, labels_text = documented[family.name]
         assert type_text.split()[0] == family.type, (family.name, type_text)
-        labels = set(re.findall(r"`([a-z_]+)`", labels_text)) & set(family.labels + ("le",))
+        labels = set(re.findall(r"`([A-Za-z_]+)`", labels_text)) & set(family.labels + ("le",))
         assert labels == set(family.labels), (family.name, labels_text)
 
 

@@ -642,7 +642,7 @@ def test_round2_finding_13_a_nul_in_save_dir_fails_check_config_not_the_monitor(
 
 
 # Every key that sets how often something periodic runs; each has a lower bound, stated in docs/configuration.md.
-INTERVAL_KEYS = ("interval", "otlp.interval", "pushgateway.interval", "goodput.save_seconds")
+INTERVAL_KEYS = ("interval", "otlp.interval", "pushgateway.interval", "goodput.save_seconds", "hardware.interval")
 
 
 def lower_bound(key: str) -> float:
