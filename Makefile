@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
 
-.PHONY: install demo test test-unit test-integration mindformers-venv lint fmt generate bench scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration mindformers-venv lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
@@ -66,6 +66,13 @@ generate: install
 # About 26 minutes on 2 cores; rewrites docs/benchmarks.md. Run it on an otherwise idle machine.
 bench: install
 	$(BIN)/python -m benchmarks.run --output docs/benchmarks.md
+
+# About 4 minutes: two commits' hot path and /metrics latency in alternating fresh processes, on this machine;
+# rewrites docs/benchmark-comparison.md. make bench-compare OLD=<commit> NEW=<commit>
+OLD ?= HEAD~1
+NEW ?= HEAD
+bench-compare: install
+	$(BIN)/python -m benchmarks.compare $(OLD) $(NEW) --output docs/benchmark-comparison.md
 
 # About 4 minutes: per-rank series and bytes, a real Prometheus over replayed ranks; rewrites docs/scaling.md.
 scaling: install debian-packages

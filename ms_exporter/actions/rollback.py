@@ -29,7 +29,7 @@ import numpy as np
 
 from ms_exporter.actions.decisions import anomaly_of
 from ms_exporter.actions.good_state import STATE_DIR, GoodStates
-from ms_exporter.actions.health import HealthScore
+from ms_exporter.actions.health import HealthScore, hottest_accelerator
 from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.skipped_batches import SkippedBatches, batch_identity
 from ms_exporter.config import RollbackConfig
@@ -189,6 +189,7 @@ class Rollback:
             store.value_of(catalogue.LOSS_SMOOTHED),
             grad_norm,
             store.value_of(catalogue.MEMORY_GROWTH_RATIO),
+            hottest_accelerator(store),
         )
         self._health_gauge.value = health.score
         self._steps_seen += 1

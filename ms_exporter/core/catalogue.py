@@ -427,7 +427,7 @@ HEALTH_SCORE = MetricFamily(
     "mindspore_train_health_score",
     "gauge",
     "How healthy the last step looked, 0 to 1: the worst of the smoothed-loss trend, the "
-    "gradient norm and memory growth terms (docs/rollback.md); a good state is kept only "
+    "gradient norm, memory growth and device temperature terms (docs/rollback.md); a good state is kept only "
     "at or above actions.rollback.min_health.",
     "1",
 )

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+HOST = "host"  # the `device` label of the host's own reading (features/hardware/host.py)
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceReading:

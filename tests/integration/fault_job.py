@@ -1,7 +1,7 @@
 """A real training job with the monitor on and one fault injected after a healthy start (test helper).
 
     python fault_job.py --port P --project NAME --fault {none,nan,loss,stall,pause,leak,slow,kill} [--seconds S]
-        [--pause P] [--save-dir D]
+        [--pause P] [--save-dir D] [--hardware-interval S]
 
 `kill` trains healthily: the test kills the process from outside. `pause` stops once for --pause seconds (a stall
 that ends). With --save-dir the monitor also writes JSON Lines there.
@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--pause", type=float, default=20.0)
     parser.add_argument("--save-dir", default=None)
+    parser.add_argument("--hardware-interval", type=float, default=None, help="hardware.interval (10 s by default)")
     args = parser.parse_args()
 
     # PYNATIVE: set_data on the boost reaches the step there (a compiled graph keeps its own copy).
@@ -127,6 +128,7 @@ def main() -> None:
         # A peak, so that the dashboard's MFU panel has series (no MfuLow: no alert_below).
         flops={"model": demo_flops_model(), "peak_flops_per_device": 1e12},
         **({"backend": ["prometheus", "local"], "save_dir": args.save_dir} if args.save_dir else {}),
+        **({"hardware": {"interval": args.hardware_interval}} if args.hardware_interval else {}),
     )
     print(f"metrics: {monitor.url}", flush=True)
     fault = Fault(args.fault, network, args.seconds, args.pause)

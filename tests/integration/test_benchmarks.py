@@ -32,6 +32,8 @@ def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
         "## Step-interleaved",
         "## Rollback: keeping and restoring",
         "## Memory",
+        "## Hardware readers",
+        "TrainingMonitor, defaults, hardware monitor off: ",
         "Machine: ",
         "python -m benchmarks.run --quick",
     ):

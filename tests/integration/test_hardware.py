@@ -1,7 +1,8 @@
 """A real CPU training with the hardware monitor on: the host's utilisation and memory (and its CPU temperature
 where the kernel has a sensor) on /metrics and in the JSON Lines snapshot; with a scripted NVML in place of the
-binding, the GPU's values and the dcgm-exporter join labels on the same sinks, and a GPU call that hangs costs the
-training nothing."""
+binding, the GPU's values and the dcgm-exporter join labels on the same sinks; with the fake npu-smi on PATH, an
+NPU's on /metrics, JSON Lines and OTLP with npu-exporter's join labels; and a GPU call that hangs costs the training
+nothing. (TensorBoard and W&B keep the per-step columns only: docs/hardware.md.)"""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from mindspore.train import Model
 from ms_exporter import TrainingMonitor
 from ms_exporter.demo import build_network, synthetic_dataset
 from ms_exporter.features.hardware.monitor import HardwareMonitor
+from tests.support.fake_npu_smi import FakeNpuSmi, chip
 from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.jsonl import records
+from tests.support.otlp_receiver import GrpcReceiver
 from tests.support.scrape import Scrape, scrape
 from tests.support.waiting import wait_until
 
@@ -40,13 +43,14 @@ def _snapshot(path: Path) -> dict[str, Any]:
     return [record for record in records(path) if record["type"] == "snapshot"][-1]["metrics"]
 
 
-def _run(tmp_path: Path, readers: list[str]) -> tuple[TrainingMonitor, Scrape, dict[str, Any]]:
+def _run(tmp_path: Path, readers: list[str], **options: Any) -> tuple[TrainingMonitor, Scrape, dict[str, Any]]:
     monitor = TrainingMonitor(
         port=0,
-        backend=["prometheus", "local"],
+        backend=options.pop("backend", ["prometheus", "local"]),
         save_dir=str(tmp_path),
         web={"cache_seconds": 0},
-        hardware={"readers": readers, "interval": 0.5, "timeout": 2},
+        hardware={"readers": readers, "interval": 0.5, "timeout": 5},
+        **options,
     )
     try:
         _train(monitor)
@@ -97,6 +101,42 @@ def test_a_scripted_gpu_on_every_sink_with_its_join_labels(tmp_path: Path, monke
     )
     assert snapshot['device_temperature_celsius{device="gpu0"}'] == 93
     assert fake.shutdown_calls == 1  # close() let go of NVML
+
+
+def test_a_scripted_npu_on_every_sink_with_its_join_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNpuSmi(tmp_path, monkeypatch, [chip(0, temperature=91, ecc_double_bit=2, link="DOWN")])
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0")
+    receiver = GrpcReceiver()
+    try:
+        _, page, snapshot = _run(
+            tmp_path / "run",
+            ["npu_smi"],
+            backend=["prometheus", "local", "otlp"],
+            otlp={"endpoint": receiver.endpoint, "interval": 0.5, "timeout": 5},
+        )
+        exported = {
+            point.name: point.value
+            for point in receiver.last().points()
+            if point.name.startswith("mindspore_train_device_") and point.attributes.get("device") == "npu0"
+        }
+    finally:
+        receiver.stop()
+    assert page.value("mindspore_train_device_temperature_celsius", device="npu0") == 91
+    assert page.value("mindspore_train_device_ecc_uncorrected_errors_total", device="npu0") == 2
+    assert page.value("mindspore_train_device_link_up", device="npu0") == 0
+    npu = fake.chips[0]
+    assert (
+        page.value(
+            "mindspore_train_device_info",
+            device="npu0",
+            pcie_bus_info=npu["pcie_bus_info"],
+            model_name="910B3-Ascend-V1",
+        )
+        == 1
+    )
+    assert snapshot['device_temperature_celsius{device="npu0"}'] == 91
+    assert exported["mindspore_train_device_temperature_celsius"] == 91  # OTLP: the same reading
+    assert exported["mindspore_train_device_link_up"] == 0
 
 
 def test_a_gpu_call_that_hangs_costs_the_training_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

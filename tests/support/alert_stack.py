@@ -81,17 +81,26 @@ class Stack:
     def query(self, expr: str) -> list[dict[str, Any]]:
         return query(self.prometheus_port, expr)
 
-    def run_job(self, project: str, fault: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
+    def run_job(
+        self,
+        project: str,
+        fault: str,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> subprocess.Popen[str]:
+        """fault_job.py on `port` (the first job port by default), with `env` added to this process's environment."""
+        port = self.job_port if port is None else port
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3", **(env or {})}
         job = subprocess.Popen(
-            [sys.executable, str(JOB), "--port", str(self.job_port), "--project", project, "--fault", fault],
+            [sys.executable, str(JOB), "--port", str(port), "--project", project, "--fault", fault, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
             env=env,
         )
         assert job.stdout is not None
-        assert job.stdout.readline().startswith(f"metrics: http://127.0.0.1:{self.job_port}/")
+        assert job.stdout.readline().startswith(f"metrics: http://127.0.0.1:{port}/")
         return job
 
     def stop(self) -> None:

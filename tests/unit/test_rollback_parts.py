@@ -14,7 +14,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from ms_exporter.actions.good_state import GoodStates
-from ms_exporter.actions.health import HealthScore
+from ms_exporter.actions.health import HealthScore, hottest_accelerator
 from ms_exporter.actions.rollback import LoopGuard, divergence_of
 from ms_exporter.actions.skipped_batches import (
     KeepUnlisted,
@@ -24,11 +24,13 @@ from ms_exporter.actions.skipped_batches import (
     sample_hash,
 )
 from ms_exporter.config import load_config
+from ms_exporter.core import catalogue
+from ms_exporter.core.store import MetricStore
 
 NAN = math.nan
 
 
-def test_health_is_the_worst_of_its_three_terms() -> None:
+def test_health_is_the_worst_of_its_terms() -> None:
     health = HealthScore(span=2, grad_high=10, grad_exploding=100, memory_growth_limit=0.3)
     assert health.observe(2.0, 2.0, NAN, NAN).score == 1.0  # nothing known against it
     health.observe(2.0, 2.0, NAN, NAN)
@@ -38,6 +40,27 @@ def test_health_is_the_worst_of_its_three_terms() -> None:
     assert health.observe(math.inf, 2.5, 1.0, 0.0).score == 0.0
     worn = health.observe(2.0, 2.5, 1.0, 0.3)
     assert worn.score == 0.0 and worn.replica_score > 0  # memory growth is left out of the replicas' decision
+
+
+def test_a_hot_accelerator_lowers_the_health_and_only_this_ranks_score() -> None:
+    health = HealthScore(span=2, grad_high=10, grad_exploding=100, memory_growth_limit=0.3, hot_celsius=85)
+    assert health.observe(2.0, 2.0, NAN, NAN, 84.0).hardware == 1.0
+    warm = health.observe(2.0, 2.0, NAN, NAN, 92.5)  # half way from 85 °C to 100 °C
+    assert warm.hardware == pytest.approx(0.5) and warm.score == pytest.approx(0.5)
+    assert warm.replica_score == 1.0  # one rank's device is not the replicas' business
+    assert health.observe(2.0, 2.0, NAN, NAN, 101.0).score == 0.0
+    assert health.observe(2.0, 2.0, NAN, NAN).hardware == 1.0  # no accelerator read: no evidence against
+
+
+def test_the_hottest_accelerator_leaves_the_host_out() -> None:
+    store = MetricStore()
+    temperature = store.register(catalogue.DEVICE_TEMPERATURE)
+    assert math.isnan(hottest_accelerator(store))
+    temperature.series(device="host").value = 99.0  # a CPU's own limits: not the accelerators' term
+    assert math.isnan(hottest_accelerator(store))
+    temperature.series(device="npu0").value = 70.0
+    temperature.series(device="npu1").value = 88.0
+    assert hottest_accelerator(store) == 88.0
 
 
 def test_after_a_restart_the_loss_trend_starts_again() -> None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
-
-HOST = "host"
+from ms_exporter.core.hardware import HOST, DeviceIdentity, DeviceReading, HardwareReader
 # psutil.sensors_temperatures() groups by driver; these are CPU sensors (x86 Intel/AMD, ARM SoCs, ACPI zones).
 CPU_SENSORS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
 

@@ -1,0 +1,59 @@
+"""What a hardware reading costs: each reader's own time per sample, on the hardware monitor's thread.
+
+Never on the step path (docs/hardware.md), so this is CPU time taken beside training, once every
+`hardware.interval` seconds (10 by default). The host reader runs for real here. NVML runs against the scripted
+binding of tests/support/fake_nvml.py (this machine has no GPU): what it measures is the reader's own Python side,
+without the driver's time. npu-smi is not timed: its cost is the npu-smi process's on an Ascend host (the source
+article: about 80 ms for nvidia-smi), which the fake script here cannot stand in for.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from benchmarks.stats import summary
+
+
+def _timed(read: Any, samples: int) -> dict[str, float]:
+    read()  # the first reading primes what the reader keeps (psutil's CPU interval, NVML's handles)
+    times = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        read()
+        times.append(time.perf_counter() - began)
+    return summary(times)
+
+
+def measure(samples: int) -> list[dict[str, Any]]:
+    from ms_exporter.config import load_config
+    from ms_exporter.features.hardware import host, nvml
+    from tests.support.fake_nvml import FakeGpu, FakeNvml
+
+    section = load_config({}).hardware
+    rows = []
+    reader = host.HostReader()
+    sensors = "with" if reader.read()[0].temperature_celsius is not None else "without"
+    rows.append({"case": f"host (psutil, {sensors} a CPU temperature sensor here)", **_timed(reader.read, samples)})
+
+    gpus = [FakeGpu(uuid=f"GPU-00000000-0000-0000-0000-00000000000{index}") for index in range(8)]
+    saved = sys.modules.get("pynvml")
+    sys.modules["pynvml"] = FakeNvml(gpus).module()
+    try:
+        [gpu_reader] = nvml.build(section)
+        rows.append(
+            {
+                "case": "nvml, 8 GPUs, scripted binding (the reader's Python side, no driver time)",
+                **_timed(gpu_reader.read, samples),
+            }
+        )
+        gpu_reader.close()
+    finally:
+        if saved is None:
+            sys.modules.pop("pynvml", None)
+        else:
+            sys.modules["pynvml"] = saved
+    for row in rows:
+        row["share_at_default"] = row["median"] / 1e3 / section.interval  # of one core, at hardware.interval
+    return rows
