@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     command = "make bench" if not quick else "python -m benchmarks.run --quick"
     started = time.monotonic()
+    load_before = os.getloadavg()
     scratch = tempfile.mkdtemp(prefix="ms_exporter_bench_")
     log = print if not quick else (lambda *a, **k: None)
 
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         readers,
         quick,
         time.monotonic() - started,
+        (load_before, os.getloadavg()),
     )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
@@ -154,6 +156,7 @@ def render(
     readers: list[dict[str, Any]],
     quick: bool,
     seconds: float,
+    loads: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
 ) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
@@ -183,6 +186,12 @@ def render(
         "Every figure below was measured in that run; rerun the command to refresh them.",
         "",
         f"Machine: {machine()}.",
+        "",
+        "Load average (1, 5, 15 min) when the run began: "
+        + ", ".join(f"{value:.2f}" for value in loads[0])
+        + "; when it ended: "
+        + ", ".join(f"{value:.2f}" for value in loads[1])
+        + f" (on {os.cpu_count()} cores; other work on the machine shows here).",
         "",
     ]
     if quick:
