@@ -12,10 +12,13 @@ if TYPE_CHECKING:
     from ms_exporter.cells.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
     from ms_exporter.monitor.callback import TrainingMonitor
 
+    MindSporeTransformersMonitor = TrainingMonitor
+
 __all__ = [
     "ConfigError",
     "GradNormTrainOneStepCell",
     "LossScaleTrainOneStepCell",
+    "MindSporeTransformersMonitor",
     "MissingDependencyError",
     "MonitorConfig",
     "TrainingMonitor",
@@ -47,7 +50,8 @@ def _require_training_side(user: str) -> None:
 def __getattr__(name: str) -> Any:
     # Importing MindSpore takes seconds and the base install has none: only these need it, so the operator
     # commands (check-config, rules, top ...) stay fast and work on a machine without it.
-    if name == "TrainingMonitor":
+    # The third source article's class name (its `callback.type`): the same class, not a copy (docs/articles.md).
+    if name in ("TrainingMonitor", "MindSporeTransformersMonitor"):
         _require_training_side(name)
         from ms_exporter.monitor.callback import TrainingMonitor
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ms_exporter.config import mindformers_keys
+from ms_exporter.config import article_keys, mindformers_keys
 from ms_exporter.config.checks import ConfigError
 from ms_exporter.config.environment import ENV_PREFIX, _env_values, _parse_env, _unknown_env_names
 from ms_exporter.config.safe_yaml import _yaml_on_key, load_yaml, read_small_file
@@ -19,10 +19,6 @@ from ms_exporter.config.walker import _build, _is_section, _Problems
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
-
-# Keys of the source articles' own monitor blocks that mean one of ours (docs/configuration.md, "Keys from
-# elsewhere"): the key as they write it -> (our section, our key).
-ALIASES = {"enable_hardware_monitor": ("hardware", "enable")}
 
 
 def load_config(
@@ -47,10 +43,11 @@ def read_config(
     elif source is not None:
         raw = _read_file(Path(source), problems.found)
     if not isinstance(source, MonitorConfig):
-        for alias, (section, key) in ALIASES.items():
-            if alias in raw and isinstance(raw.get(section, {}), Mapping) and key not in raw.get(section, {}):
-                raw[section] = {**raw.get(section, {}), key: raw.pop(alias)}
-                problems.set_origin(f"{section}.{key}", f"monitor_config.{alias}, read as {section}.{key}")
+        articles = article_keys.translate(raw)
+        problems.found.extend(articles.problems)
+        notes += articles.notes()
+        for ours, theirs in articles.origins.items():  # an error then names the key the user wrote
+            problems.set_origin(ours, f"{theirs}, read as {ours}")
         translation = mindformers_keys.translate(raw)
         notes += [summary] if (summary := translation.summary()) else []
         for its_key, ours in translation.read.items():  # an error then names the key the user wrote

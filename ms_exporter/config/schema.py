@@ -163,6 +163,16 @@ def _run_id(value: Any) -> str:
     return value
 
 
+def _jsonl_name(value: Any) -> str:
+    if not isinstance(value, str) or not _RUN_ID.match(value) or value.startswith("."):
+        raise _Bad(
+            "must be a file name stem of 1 to 128 letters, digits and '_.:-', starting with a letter or digit "
+            "(the JSON Lines files are save_dir/<jsonl_name>-rank<N>.jsonl)",
+            value,
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
     """The effective configuration. Field names are the YAML keys and the MS_EXPORTER_<KEY> suffixes."""
@@ -187,6 +197,8 @@ class MonitorConfig:
     warmup_steps: int = setting(10, check=int_in(0, MAX_STEPS))
     max_file_mb: float = setting(100.0, check=greater_than(0, 1024 * 1024))  # a TiB
     max_files: int = setting(5, check=int_in(1, 1000))
+    # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the first article's log_path sets it).
+    jsonl_name: str = setting("metrics", check=_jsonl_name)
     attention_mask_column: str = setting("attention_mask", check=text())
     input_ids_column: str = setting("input_ids", check=text())
     memory_window: int = setting(10, check=int_in(2, 10_000))

@@ -94,10 +94,11 @@ class JsonlWriter(Sink):
         max_files: int,
         on_error: OnError,
         breaker: Breaker | None = None,
+        name: str = "metrics",
     ) -> None:
         self._store = store
         self._rank_claim = run_lock.claim(save_dir, rank)  # another process on this save_dir and rank: `-pid<pid>`
-        self.path = Path(save_dir) / f"metrics-rank{rank}{self._rank_claim.suffix}.jsonl"
+        self.path = Path(save_dir) / f"{name}-rank{rank}{self._rank_claim.suffix}.jsonl"
         _claim(self.path)
         self._identity = {"rank": rank, "project": project}
         self._interval = interval
@@ -322,5 +323,6 @@ def build(context: PartContext) -> list[Sink]:
             config.max_files,
             context.on_error,
             context.breaker,
+            config.jsonl_name,
         )
     ]

@@ -1,0 +1,202 @@
+"""The source articles' own configuration forms, read as what they mean (docs/configuration.md, "The articles' forms").
+
+The product comes from three articles on monitoring MindSpore (Transformers) training with callbacks
+(docs/articles.md). A user who copies their configuration blocks gets a running monitor: each of their keys that
+means one of ours is rewritten into ours before the block is checked, and `read` says how, for the log and
+`ms-exporter check-config`. A key given both ways with different values is a problem, as is a form the articles do
+not use (an unknown strategy, a callback type that is no monitor).
+
+- The third article's `monitor_config`: `tensorboard: true` (a switch, where ours is a section) adds the
+  `tensorboard` backend; `callback: {type: MindSporeTransformersMonitor, params: {...}}` names the callback class
+  and puts its settings under `params`, which are read as the block's own keys.
+- The first article's configuration file: `log_path` (its JSON Lines file), `enable_hardware_monitor` and a list of
+  `strategies`, each `{name, config}`, whose built-in names are read as our settings (STRATEGIES).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The callback classes the articles construct; ms_exporter's TrainingMonitor is each of them (ms_exporter.aliases).
+MONITOR_CLASSES = ("TrainingMonitor", "MindSporeTransformersMonitor", "TransformersMonitorCallback")
+
+# The first article's built-in strategies: its name -> (its config key -> our key), and the settings the strategy
+# itself stands for (what choosing it switches on).
+STRATEGIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    # "loss滑动平均窗口": the window of the smoothed loss.
+    "LossMonitorStrategy": ({"window_size": "loss_window"}, {}),
+    "GradNormStrategy": ({"monitor_layers": "grad_norm.layers", "threshold": "grad_norm.threshold"}, {}),
+    # The article's strategies run at every step end: its patience counts steps.
+    "EarlyStoppingStrategy": (
+        {"patience": "actions.early_stop.patience", "min_delta": "actions.early_stop.min_delta"},
+        {"actions.early_stop.enable": True, "actions.early_stop.unit": "step"},
+    ),
+    "HardwareHealthStrategy": ({}, {"hardware.enable": True}),
+}
+# Top-level keys of the articles that are one of ours under another name.
+RENAMED = {"enable_hardware_monitor": "hardware.enable"}
+
+
+@dataclass
+class ArticleReading:
+    """What became of the articles' keys in one block."""
+
+    read: list[str] = field(default_factory=list)  # "tensorboard: true -> backend += tensorboard", ...
+    origins: dict[str, str] = field(default_factory=dict)  # our key -> the article key it came from
+    problems: list[str] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """One line per article key, for the log and check-config."""
+        return [f"read as the source articles mean it: {line}" for line in self.read]
+
+
+def translate(raw: dict[str, Any]) -> ArticleReading:
+    """Rewrite the articles' keys in `raw` (a monitor_config block) into ours, in place."""
+    reading = ArticleReading()
+    _callback(raw, reading)  # first: its params may hold any of the others
+    for theirs, ours in RENAMED.items():
+        if theirs in raw:
+            _put(raw, reading, ours, raw.pop(theirs), f"monitor_config.{theirs}")
+            reading.read.append(f"{theirs} -> {ours}")
+    _tensorboard_switch(raw, reading)
+    _log_path(raw, reading)
+    _strategies(raw, reading)
+    return reading
+
+
+def _callback(raw: dict[str, Any], reading: ArticleReading) -> None:
+    if "callback" not in raw:
+        return
+    callback = raw.pop("callback")
+    where = "monitor_config.callback"
+    if not isinstance(callback, Mapping):
+        reading.problems.append(f"{where}: must be a mapping with `type` and `params`, got {callback!r}")
+        return
+    extra = sorted(set(callback) - {"type", "params"})
+    if extra:
+        reading.problems.append(f"{where}: unknown key(s) {', '.join(extra)}; allowed: type, params")
+    kind = callback.get("type", MONITOR_CLASSES[0])
+    if kind not in MONITOR_CLASSES and str(kind).rsplit(".", 1)[-1] not in MONITOR_CLASSES:
+        reading.problems.append(f"{where}.type: {kind!r} is not a monitor class; allowed: {', '.join(MONITOR_CLASSES)}")
+    params = callback.get("params") or {}
+    if not isinstance(params, Mapping):
+        reading.problems.append(f"{where}.params: must be a mapping of monitor_config keys, got {params!r}")
+        return
+    for key, value in params.items():
+        _put(raw, reading, str(key), value, f"{where}.params.{key}")
+    reading.read.append(f"callback.type {kind} -> ms_exporter.TrainingMonitor, callback.params -> monitor_config")
+
+
+def _tensorboard_switch(raw: dict[str, Any], reading: ArticleReading) -> None:
+    switch = raw.get("tensorboard")
+    if not isinstance(switch, bool):
+        return
+    del raw["tensorboard"]
+    backends = raw.get("backend", ["prometheus"])
+    backends = [backends] if isinstance(backends, str) else list(backends) if isinstance(backends, list) else backends
+    if not isinstance(backends, list):
+        return  # the backend check names it
+    if switch and "tensorboard" not in backends:
+        raw["backend"] = [*backends, "tensorboard"]
+        reading.read.append("tensorboard: true -> backend += tensorboard")
+    elif not switch and "tensorboard" in backends:
+        reading.problems.append(
+            "monitor_config.tensorboard: false, but monitor_config.backend lists tensorboard; give it once"
+        )
+    elif not switch:
+        reading.read.append("tensorboard: false -> no tensorboard backend")
+
+
+def _log_path(raw: dict[str, Any], reading: ArticleReading) -> None:
+    if "log_path" not in raw:
+        return
+    value = raw.pop("log_path")
+    if not isinstance(value, str) or not value.strip():
+        reading.problems.append(f"monitor_config.log_path: must be the JSON Lines file's path, got {value!r}")
+        return
+    where = "monitor_config.log_path"
+    folder, name = posixpath.split(value.replace("\\", "/"))
+    stem, suffix = posixpath.splitext(name)
+    _put(raw, reading, "save_dir", folder or ".", where)
+    _put(raw, reading, "jsonl_name", stem if suffix == ".jsonl" else name, where)
+    backends = raw.get("backend", ["prometheus"])
+    backends = [backends] if isinstance(backends, str) else backends
+    if isinstance(backends, list) and "local" not in backends:
+        raw["backend"] = [*backends, "local"]
+    reading.read.append(
+        f"log_path {value} -> backend += local, save_dir {folder or '.'}, "
+        f"JSON Lines files {raw.get('jsonl_name')}-rank<N>.jsonl (one per rank)"
+    )
+
+
+def _strategies(raw: dict[str, Any], reading: ArticleReading) -> None:
+    if "strategies" not in raw:
+        return
+    strategies = raw.pop("strategies")
+    if not isinstance(strategies, list):
+        reading.problems.append(f"monitor_config.strategies: must be a list of {{name, config}}, got {strategies!r}")
+        return
+    for index, strategy in enumerate(strategies):
+        where = f"monitor_config.strategies[{index}]"
+        if not isinstance(strategy, Mapping) or not isinstance(strategy.get("name"), str):
+            reading.problems.append(f"{where}: must be a mapping with a `name` (and a `config`), got {strategy!r}")
+            continue
+        name, options = strategy["name"], strategy.get("config") or {}
+        extra = sorted(set(strategy) - {"name", "config"})
+        if extra:
+            reading.problems.append(f"{where}: unknown key(s) {', '.join(extra)}; allowed: name, config")
+        if name not in STRATEGIES:
+            reading.problems.append(f"{where}.name: unknown strategy {name!r}; built in: {', '.join(STRATEGIES)}")
+            continue
+        if not isinstance(options, Mapping):
+            reading.problems.append(f"{where}.config: must be a mapping, got {options!r}")
+            continue
+        keys, implied = STRATEGIES[name]
+        unknown = sorted(set(options) - set(keys))
+        if unknown:
+            allowed = ", ".join(keys) or "none"
+            reading.problems.append(
+                f"{where}.config: unknown key(s) {', '.join(map(str, unknown))}; allowed: {allowed}"
+            )
+        became = []
+        for key, value in implied.items():
+            _put(raw, reading, key, value, f"{where} {name}")
+            became.append(f"{key}: {_shown(value)}")
+        for theirs, ours in keys.items():
+            if theirs in options:
+                _put(raw, reading, ours, options[theirs], f"{where}.config.{theirs}")
+                became.append(ours)
+        reading.read.append(f"strategies[{index}] {name} -> {', '.join(became) or 'always on'}")
+
+
+def _put(raw: dict[str, Any], reading: ArticleReading, path: str, value: Any, where: str) -> None:
+    """Set `path` (a.b.c) in raw to value; a different value already there is a problem (given both ways)."""
+    node = raw
+    *sections, key = path.split(".")
+    for section in sections:
+        inner = node.get(section)
+        if inner is None:
+            inner = node[section] = {}
+        elif not isinstance(inner, dict):
+            if not isinstance(inner, Mapping):
+                return  # the section check names it
+            inner = node[section] = dict(inner)
+        node = inner
+    if key in node and node[key] != value and _as_list(node[key]) != _as_list(value):
+        reading.problems.append(
+            f"monitor_config.{path}: given both as {where} ({_shown(value)}) and as {_shown(node[key])}; give it once"
+        )
+        return
+    node[key] = value
+    reading.origins[path] = where
+
+
+def _as_list(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
