@@ -11,6 +11,8 @@ from ms_exporter.config import ConfigError, MonitorConfig, load_config
 if TYPE_CHECKING:
     from ms_exporter.cells.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
     from ms_exporter.monitor.callback import TrainingMonitor
+    from ms_exporter.monitor.strategy_container import TransformersMonitorCallback
+    from ms_exporter.probes.strategies import Strategy
 
     MindSporeTransformersMonitor = TrainingMonitor
 
@@ -21,7 +23,9 @@ __all__ = [
     "MindSporeTransformersMonitor",
     "MissingDependencyError",
     "MonitorConfig",
+    "Strategy",
     "TrainingMonitor",
+    "TransformersMonitorCallback",
     "__version__",
     "load_config",
 ]
@@ -56,6 +60,15 @@ def __getattr__(name: str) -> Any:
         from ms_exporter.monitor.callback import TrainingMonitor
 
         return TrainingMonitor
+    if name == "TransformersMonitorCallback":  # the first source article's strategy container (docs/articles.md)
+        _require_training_side(name)
+        from ms_exporter.monitor.strategy_container import TransformersMonitorCallback
+
+        return TransformersMonitorCallback
+    if name == "Strategy":  # a measurement of your own (docs/strategies.md); needs no MindSpore to subclass
+        from ms_exporter.probes.strategies import Strategy
+
+        return Strategy
     if name in ("GradNormTrainOneStepCell", "LossScaleTrainOneStepCell"):
         _require_training_side(name)
         from ms_exporter.cells import train_cells

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ms_exporter.config.walker import shown_value
+
 # The callback classes the articles construct; ms_exporter's TrainingMonitor is each of them (ms_exporter.aliases).
 MONITOR_CLASSES = ("TrainingMonitor", "MindSporeTransformersMonitor", "TransformersMonitorCallback")
 
@@ -73,17 +75,18 @@ def _callback(raw: dict[str, Any], reading: ArticleReading) -> None:
     callback = raw.pop("callback")
     where = "monitor_config.callback"
     if not isinstance(callback, Mapping):
-        reading.problems.append(f"{where}: must be a mapping with `type` and `params`, got {callback!r}")
+        reading.problems.append(f"{where}: must be a mapping with `type` and `params`, got {shown_value(callback)}")
         return
-    extra = sorted(set(callback) - {"type", "params"})
+    extra = sorted(map(str, set(callback) - {"type", "params"}))
     if extra:
-        reading.problems.append(f"{where}: unknown key(s) {', '.join(extra)}; allowed: type, params")
+        reading.problems.append(f"{where}: unknown key(s) {', '.join(map(str, extra))}; allowed: type, params")
     kind = callback.get("type", MONITOR_CLASSES[0])
     if kind not in MONITOR_CLASSES and str(kind).rsplit(".", 1)[-1] not in MONITOR_CLASSES:
-        reading.problems.append(f"{where}.type: {kind!r} is not a monitor class; allowed: {', '.join(MONITOR_CLASSES)}")
+        allowed = ", ".join(MONITOR_CLASSES)
+        reading.problems.append(f"{where}.type: {shown_value(kind)} is not a monitor class; allowed: {allowed}")
     params = callback.get("params") or {}
     if not isinstance(params, Mapping):
-        reading.problems.append(f"{where}.params: must be a mapping of monitor_config keys, got {params!r}")
+        reading.problems.append(f"{where}.params: must be a mapping of monitor_config keys, got {shown_value(params)}")
         return
     for key, value in params.items():
         _put(raw, reading, str(key), value, f"{where}.params.{key}")
@@ -115,7 +118,9 @@ def _log_path(raw: dict[str, Any], reading: ArticleReading) -> None:
         return
     value = raw.pop("log_path")
     if not isinstance(value, str) or not value.strip():
-        reading.problems.append(f"monitor_config.log_path: must be the JSON Lines file's path, got {value!r}")
+        reading.problems.append(
+            f"monitor_config.log_path: must be the JSON Lines file's path, got {shown_value(value)}"
+        )
         return
     where = "monitor_config.log_path"
     folder, name = posixpath.split(value.replace("\\", "/"))
@@ -133,34 +138,30 @@ def _log_path(raw: dict[str, Any], reading: ArticleReading) -> None:
 
 
 def _strategies(raw: dict[str, Any], reading: ArticleReading) -> None:
-    if "strategies" not in raw:
+    """The built-in names are read as our settings; every other entry (a user's strategy by import path, or a
+    mistake) stays under `strategies`, where the schema's check judges it."""
+    strategies = raw.get("strategies")
+    if not isinstance(strategies, (list, tuple)):
         return
-    strategies = raw.pop("strategies")
-    if not isinstance(strategies, list):
-        reading.problems.append(f"monitor_config.strategies: must be a list of {{name, config}}, got {strategies!r}")
-        return
+    own = []
     for index, strategy in enumerate(strategies):
-        where = f"monitor_config.strategies[{index}]"
-        if not isinstance(strategy, Mapping) or not isinstance(strategy.get("name"), str):
-            reading.problems.append(f"{where}: must be a mapping with a `name` (and a `config`), got {strategy!r}")
+        name = strategy.get("name") if isinstance(strategy, Mapping) else None
+        if not isinstance(name, str) or name not in STRATEGIES:
+            own.append(strategy)
             continue
-        name, options = strategy["name"], strategy.get("config") or {}
-        extra = sorted(set(strategy) - {"name", "config"})
+        where = f"monitor_config.strategies[{index}]"
+        options = strategy.get("config") or {}
+        extra = sorted(map(str, set(strategy) - {"name", "config"}))
         if extra:
             reading.problems.append(f"{where}: unknown key(s) {', '.join(extra)}; allowed: name, config")
-        if name not in STRATEGIES:
-            reading.problems.append(f"{where}.name: unknown strategy {name!r}; built in: {', '.join(STRATEGIES)}")
-            continue
         if not isinstance(options, Mapping):
-            reading.problems.append(f"{where}.config: must be a mapping, got {options!r}")
+            reading.problems.append(f"{where}.config: must be a mapping, got {shown_value(options)}")
             continue
         keys, implied = STRATEGIES[name]
-        unknown = sorted(set(options) - set(keys))
+        unknown = sorted(map(str, set(options) - set(keys)))
         if unknown:
             allowed = ", ".join(keys) or "none"
-            reading.problems.append(
-                f"{where}.config: unknown key(s) {', '.join(map(str, unknown))}; allowed: {allowed}"
-            )
+            reading.problems.append(f"{where}.config: unknown key(s) {', '.join(unknown)}; allowed: {allowed}")
         became = []
         for key, value in implied.items():
             _put(raw, reading, key, value, f"{where} {name}")
@@ -170,6 +171,13 @@ def _strategies(raw: dict[str, Any], reading: ArticleReading) -> None:
                 _put(raw, reading, ours, options[theirs], f"{where}.config.{theirs}")
                 became.append(ours)
         reading.read.append(f"strategies[{index}] {name} -> {', '.join(became) or 'always on'}")
+    if own:
+        raw["strategies"] = own
+        for strategy in own:
+            if isinstance(strategy, Mapping) and isinstance(strategy.get("name"), str):
+                reading.read.append(f"strategies {strategy['name']} -> your own strategy (docs/strategies.md)")
+    else:
+        del raw["strategies"]
 
 
 def _put(raw: dict[str, Any], reading: ArticleReading, path: str, value: Any, where: str) -> None:
@@ -199,4 +207,4 @@ def _as_list(value: Any) -> Any:
 
 
 def _shown(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
+    return str(value).lower() if isinstance(value, bool) else shown_value(value)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ms_exporter.config.article_keys import STRATEGIES
 from ms_exporter.config.checks import (
     _MAX_LABEL_VALUE,
     MAX_SECONDS,
@@ -54,7 +55,9 @@ from ms_exporter.config.vocabulary import (
     WATCH_GROUP,
     WATCHABLE,
 )
+from ms_exporter.config.walker import shown_value
 from ms_exporter.core import registry
+from ms_exporter.core.import_path import load_object
 from ms_exporter.core.redaction import REDACTED, url_for_logs
 
 # Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
@@ -173,6 +176,46 @@ def _jsonl_name(value: Any) -> str:
     return value
 
 
+STRATEGY_KEYS = ("name", "config", "every_n_steps")
+
+
+def _strategies(value: Any) -> tuple[dict[str, Any], ...]:
+    """A list of the user's own strategies: {name: package.module.Class, config: {...}, every_n_steps: n}. The name is
+    imported here, so that a typo is a ConfigError at construction (and in check-config), not a failure later."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _Bad("must be a list of {name: package.module.Class, config: {...}}", value)
+    specs = []
+    for index, spec in enumerate(value):
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+            raise _Bad(f"item {index} must be a mapping with a `name` (an import path) and a `config`", spec)
+        extra = sorted(set(map(str, spec)) - set(STRATEGY_KEYS))
+        if extra:
+            raise _Bad(f"item {index}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(STRATEGY_KEYS)}", spec)
+        config = spec.get("config") or {}
+        if not isinstance(config, Mapping):
+            raise _Bad(f"item {index}: `config` must be a mapping", spec)
+        every = spec.get("every_n_steps")
+        if every is not None:
+            every = int_in(1, MAX_STEPS)(every)
+        name = spec["name"]
+        if "." not in name and ":" not in name:
+            raise _Bad(
+                f"item {index}: {shown_value(name)} is neither a built-in strategy ({', '.join(STRATEGIES)}) nor an "
+                "import path of your own (package.module.Class)",
+                spec,
+            )
+        try:
+            found = load_object(name)
+        except Exception as exc:
+            raise _Bad(f"item {index}: cannot import {shown_value(name)} ({type(exc).__name__}: {exc})", spec) from None
+        if not callable(found):
+            raise _Bad(f"item {index}: {shown_value(name)} is not a class", spec)
+        specs.append({"name": name, "config": dict(config), "every_n_steps": every})
+    return tuple(specs)
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
     """The effective configuration. Field names are the YAML keys and the MS_EXPORTER_<KEY> suffixes."""
@@ -199,6 +242,9 @@ class MonitorConfig:
     max_files: int = setting(5, check=int_in(1, 1000))
     # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the first article's log_path sets it).
     jsonl_name: str = setting("metrics", check=_jsonl_name)
+    # Measurements of the user's own (docs/strategies.md); the articles' built-in strategy names are read as our
+    # settings (config/article_keys.py) and never reach this list.
+    strategies: tuple[Mapping[str, Any], ...] = setting((), check=_strategies)
     attention_mask_column: str = setting("attention_mask", check=text())
     input_ids_column: str = setting("input_ids", check=text())
     memory_window: int = setting(10, check=int_in(2, 10_000))

@@ -16,6 +16,7 @@ from typing import Literal
 MetricType = Literal["gauge", "counter", "histogram"]
 
 TRAIN_PREFIX = "mindspore_train_"
+USER_PREFIX = TRAIN_PREFIX + "user_"  # a user's strategy's numbers: <USER_PREFIX><strategy>_<key> (docs/strategies.md)
 EXPORTER_PREFIX = "mindspore_exporter_"  # the monitor's own health
 # Labels every series of a rank carries (MetricStore's constant labels).
 CONSTANT_LABELS = ("rank", "project")
@@ -474,6 +475,14 @@ DROPPED_RECORDS = MetricFamily(
     ("sink",),
 )
 
+STRATEGY_SECONDS = MetricFamily(
+    "mindspore_exporter_strategy_seconds_total",
+    "counter",
+    "Time a strategy of the user's took in its hooks, on the training thread (docs/strategies.md).",
+    "seconds",
+    ("strategy",),
+)
+
 # -- hardware (features/hardware/; docs/hardware.md) --------------------------------------------------------------
 # `device`: gpu<N>, npu<N> as this rank sees them, or host. Each quantity exists only where the device's interface
 # reports it.
@@ -643,6 +652,13 @@ RANK_DEVICE_POWER = "rank_device:mindspore_train_device_power_watts:max"
 RANK_DEVICE_UTILIZATION = "rank_device:mindspore_train_device_utilization_ratio:max"
 # 1 while the device holds its clock down for heat or power (not for idling or an applications-clock setting).
 RANK_DEVICE_THROTTLED = "rank_device:mindspore_train_device_throttled:max"
+# The clock-event reasons that mean heat or power, in NVML's names (DEVICE_THROTTLED's `reason` label): what
+# RANK_DEVICE_THROTTLED, MindSporeTrainingDeviceThrottling and `top`'s THROTTLED count. Left out: gpu_idle,
+# applications_clocks_setting and display_clock_setting (nothing wrong); sync_boost (held to another GPU's clock:
+# that GPU is the one to name); sw_power_cap, the normal state of a fully loaded data-centre GPU at its power limit,
+# so every rank of a busy job would read as throttled and the word would name nobody; board_limit, reliability and
+# bits nvml.h does not name, whose meaning is not documented.
+HEAT_POWER_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 RANK_DEVICE_ECC_ERRORS = "rank_device:mindspore_train_device_ecc_uncorrected_errors:max"
 RANK_DEVICE_LINK_UP = "rank_device:mindspore_train_device_link_up:min"
 # One series per device, always 1, its `state` label one of DEVICE_STATES (the first that holds, in this order).

@@ -167,6 +167,9 @@ for _entry in (
     ProbeEntry("layernorm", f"{_PROBES}:layernorm"),
     ProbeEntry("memory", f"{_PROBES}:memory", ("memory_usage",)),
     ProbeEntry("eval", f"{_PROBES}:evaluation", ("eval",)),
+    # The user's own measurements (monitor_config.strategies, by import path): last, so that they read the step's
+    # numbers the built-in probes wrote.
+    ProbeEntry("strategies", "ms_exporter.probes.strategies:build"),
 ):
     PROBES[_entry.name] = _entry
 

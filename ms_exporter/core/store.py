@@ -151,9 +151,18 @@ class MetricStore:
         # Bumped whenever a series appears or goes, so readers that cache series lists know to rebuild them.
         self.version = 0
         self._readers_cache: dict[str, tuple[int, tuple[Series, ...]]] = {}
+        # Families besides catalogue.JSONL_STEP_COLUMNS that every step record carries (a user's strategy's).
+        self.step_columns: tuple[MetricFamily, ...] = ()
 
     def _bump(self) -> None:
         self.version += 1
+
+    def add_step_column(self, spec: MetricFamily) -> None:
+        """Make `spec` a per-step column of the JSON Lines, TensorBoard and W&B records from now on."""
+        with self._lock:
+            if spec not in self.step_columns:
+                self.step_columns = (*self.step_columns, spec)
+        self._bump()
 
     def register(self, spec: MetricFamily) -> Family:
         """The family a catalogue entry describes, created on first use (the way probes and sinks register)."""

@@ -15,9 +15,11 @@ from typing import Any
 from ms_exporter.config import Bound
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MEMORY_IN_USE_ORDER
+from ms_exporter.core.hardware import HOST
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore, Series
+from ms_exporter.core.thresholds import DEFAULTS
 
 HISTORY_STEPS = 4096
 # Columns after step, time, loss, step_time and data_wait (the sample's own): the store series read each step
@@ -31,7 +33,19 @@ SERIES_COLUMNS = (
     catalogue.GRAD_NORM,
     catalogue.MEMORY_BYTES,
 )
-COLUMNS = ("step", "time", "loss", "step_time", "data_wait", *(family.short for family in SERIES_COLUMNS), "breaches")
+# The hardware monitor's readings (docs/hardware.md), one column each: the highest of the rank's accelerators, else
+# the host's (a CPU-only rank); `devices` in the payload names the devices a column covers.
+DEVICE_COLUMNS = (catalogue.DEVICE_TEMPERATURE, catalogue.DEVICE_UTILIZATION)
+COLUMNS = (
+    "step",
+    "time",
+    "loss",
+    "step_time",
+    "data_wait",
+    *(family.short for family in SERIES_COLUMNS),
+    *(family.short for family in DEVICE_COLUMNS),
+    "breaches",
+)
 _SMOOTHED = 5  # index of loss_smoothed in a row
 
 
@@ -49,6 +63,8 @@ class StepHistory(Sink):
         self.rows: deque[tuple[float, ...]] = deque(maxlen=size)
         self.capacity = size
         self._series: tuple[Series | None, ...] = ()
+        self._devices: tuple[tuple[Series, ...], ...] = ()  # per DEVICE_COLUMNS, the series its column is the max of
+        self.devices: dict[str, str] = {}  # DEVICE_COLUMNS short name -> the devices it covers ("gpu0, gpu1", "host")
         self._breaches: tuple[tuple[Series, str], ...] = ()  # each breach counter with its `metric` label
         self._version = -1
         self.memory_kind: str | None = None
@@ -76,6 +92,7 @@ class StepHistory(Sink):
             sample.duration / max(sample.steps, 1),
             _number(sample.data_wait),
             *[s.value if s is not None else math.nan for s in self._series],
+            *[_highest(group) for group in self._devices],
             breaches,
         ]
         if not math.isfinite(loss):
@@ -94,6 +111,16 @@ class StepHistory(Sink):
             else:
                 bound.append(children[0] if children else None)
         self._series = tuple(bound)
+        groups: list[tuple[Series, ...]] = []
+        names: dict[str, str] = {}
+        for family in DEVICE_COLUMNS:
+            children = self._store.series_of(family)
+            accelerators = tuple(c for c in children if dict(c.labels).get("device") != HOST)
+            group = accelerators or tuple(c for c in children if dict(c.labels).get("device") == HOST)
+            groups.append(group)
+            if group:
+                names[family.short] = ", ".join(dict(c.labels)["device"] for c in group)
+        self._devices, self.devices = tuple(groups), names
         self._breaches = tuple(
             (counter, dict(counter.labels)["metric"]) for counter in self._store.series_of(catalogue.BREACHES)
         )
@@ -112,10 +139,19 @@ class StepHistory(Sink):
             "last_step": int(rows[-1][0]) if rows else None,
             "capacity": self.capacity,
             "memory_kind": self.memory_kind,
-            "bounds": {key: bound for key, bound in self.bounds.items() if key in _PLOTTED},
+            "devices": dict(self.devices),
+            "bounds": {key: bound for key, bound in self.bounds.items() if key in _PLOTTED} | self._device_hot(),
             "now": time.time(),
             **self._phase(),
         }
+
+    def _device_hot(self) -> dict[str, dict[str, float]]:
+        """MindSporeTrainingDeviceHot's threshold on the temperature chart, where it shows accelerators (a host
+        CPU's thermal limits are its own)."""
+        shown = self.devices.get(catalogue.DEVICE_TEMPERATURE.short)
+        if shown is None or shown == HOST:
+            return {}
+        return {catalogue.DEVICE_TEMPERATURE.short: {"max": DEFAULTS.device_hot_celsius}}
 
     def _phase(self) -> dict[str, Any]:
         """Where the rank is now and for how long, and how long that phase may last (docs/hangs.md)."""
@@ -129,6 +165,16 @@ class StepHistory(Sink):
 
 # Bounds drawn on the live page's charts (memory growth has no chart of its own).
 _PLOTTED = frozenset({"loss", "loss_smoothed", "tokens_per_second", "samples_per_second", "grad_norm"})
+
+
+def _highest(group: tuple[Series, ...]) -> float:
+    """The highest value of the group; NaN while none was read (the step path: no allocation)."""
+    highest = math.nan
+    for series in group:
+        value = series.value
+        if value > highest or highest != highest:  # NaN to start with: the first value wins
+            highest = value
+    return highest
 
 
 def _number(value: float | None) -> float:

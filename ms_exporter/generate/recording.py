@@ -3,9 +3,18 @@ dashboard read by name (core/catalogue.py names them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.thresholds import DEFAULTS, Thresholds
+from ms_exporter.generate.alerts.alert import number
+from ms_exporter.generate.device_exporters import (
+    EXPORTERS,
+    HEAT_POWER_BITS,
+    LINK_UP,
+    DeviceExporter,
+)
 from ms_exporter.generate.timing import Timing
 
 
@@ -15,7 +24,7 @@ class Recording:
     expr: str
 
 
-def recording_rules(w: Timing) -> tuple[Recording, ...]:
+def recording_rules(w: Timing, t: Thresholds = DEFAULTS) -> tuple[Recording, ...]:
     """Every recording rule, in the order the rules file lists them."""
     step_mean, wait_mean, cycle_mean = c.RANK_STEP_MEAN, c.RANK_WAIT_MEAN, c.RANK_CYCLE_MEAN
     return (
@@ -52,6 +61,7 @@ def recording_rules(w: Timing) -> tuple[Recording, ...]:
             f" / sum by (project) ({c.PEAK_FLOPS.name} and on (job, instance) {c.MFU.name})",
         ),
         Recording(c.PROJECT_MFU_MEAN, f"avg by (project) ({c.MFU.name})"),
+        *device_rules(t),
     )
 
 
@@ -80,4 +90,127 @@ def _agreeing() -> str:
         f'sum without (fingerprint) (count_values without () ("fingerprint", {compared}) * on ({group}, '
         f'fingerprint) group_left () count_values by ({group}) ("fingerprint", {compared}))'
         f" / on ({group}) group_left () count by ({group}) ({compared})"
+    )
+
+
+# -- a rank's devices (docs/hardware.md#joining-the-device-exporters) ----------------------------------------------
+_RANK_DEVICE = "project, rank, device"
+
+
+def device_rules(t: Thresholds) -> tuple[Recording, ...]:
+    """Each accelerator quantity per (project, rank, device): the rank's own reading where it has one, else
+    npu-exporter's or dcgm-exporter's reading of the same device; then each device's state, from those. The state
+    comes last: a group evaluates its rules in order, so it reads this evaluation's values."""
+    return (
+        Recording(
+            c.RANK_DEVICE_TEMPERATURE,
+            _ours_else_theirs(_own("max", c.DEVICE_TEMPERATURE.name), "max", lambda e: _keyed(e, e.temperature)),
+        ),
+        Recording(
+            c.RANK_DEVICE_POWER,
+            _ours_else_theirs(_own("max", c.DEVICE_POWER.name), "max", lambda e: _keyed(e, e.power)),
+        ),
+        Recording(
+            c.RANK_DEVICE_UTILIZATION,
+            _ours_else_theirs(
+                _own("max", c.DEVICE_UTILIZATION.name),
+                "max",
+                lambda e: _keyed(e, e.utilization_percent),
+                scale=" / 100",
+            ),
+        ),
+        Recording(c.RANK_DEVICE_THROTTLED, _ours_else_theirs(_own_throttled(), "max", _throttled)),
+        Recording(
+            c.RANK_DEVICE_ECC_ERRORS,
+            _ours_else_theirs(
+                _own("max", c.DEVICE_ECC_UNCORRECTED.name), "max", lambda e: _keyed(e, e.ecc_uncorrected)
+            ),
+        ),
+        # npu-exporter's link status is 1 up, 0 down, -1 where hccn_tool failed (no reading: left out).
+        Recording(
+            c.RANK_DEVICE_LINK_UP,
+            _ours_else_theirs(
+                _own("min", c.DEVICE_LINK_UP.name),
+                "min",
+                lambda e: e.link_status and f"{_keyed(e, e.link_status)} >= 0",
+                scale=f" == bool {LINK_UP}",
+            ),
+        ),
+        Recording(c.RANK_DEVICE_STATE, _state(t)),
+    )
+
+
+def _own(aggregation: str, family: str) -> str:
+    return f"{aggregation} by ({_RANK_DEVICE}) ({_accelerators(family)})"
+
+
+def _accelerators(family: str, matcher: str = "") -> str:
+    """The rank's own series of its accelerators: the host's CPUs are no device the exporters read, and their
+    temperature is not held to an accelerator's threshold (the dashboard shows them from the rank's series)."""
+    return f'{family}{{device!="host"{matcher}}}'
+
+
+def _keyed(exporter: DeviceExporter, name: str | None) -> str | None:
+    """The exporter's series that name their device by its key label (npu-exporter leaves vdie_id empty on some
+    chips: those join no rank)."""
+    return name and f'{name}{{{exporter.key}!=""}}'
+
+
+def _own_throttled() -> str:
+    """1 while any heat or power reason holds; 0 where the reader names only others (an idle GPU)."""
+    throttled, reasons = c.DEVICE_THROTTLED.name, "|".join(c.HEAT_POWER_REASONS)
+    heat_or_power = _accelerators(throttled, f', reason=~"{reasons}"')
+    return f"max by ({_RANK_DEVICE}) ({heat_or_power} or 0 * {_accelerators(throttled)})"
+
+
+def _throttled(exporter: DeviceExporter) -> str | None:
+    """1 while the exporter's clock-event mask has a heat or power bit set (PromQL has no bitwise and: bit b of a mask
+    m is floor(m / b) % 2); the mask under either of its field names."""
+    if not exporter.throttle_masks:
+        return None
+    mask = " or ".join(str(_keyed(exporter, name)) for name in exporter.throttle_masks)
+    bits = " + ".join(f"floor(({mask}) / {bit}) % 2" for bit in HEAT_POWER_BITS)
+    return f"clamp_max({bits}, 1)"
+
+
+def _ours_else_theirs(
+    ours: str, aggregation: str, series: Callable[[DeviceExporter], str | None], scale: str = ""
+) -> str:
+    """`ours` (labelled project, rank, device), and for each device it leaves out each exporter's reading (`series`,
+    then `scale`), given to the ranks whose mindspore_train_device_info names the same device in the exporter's key
+    label. One reading per device first, so that ranks sharing a device, or an exporter scraped twice, still join."""
+    parts = [ours]
+    for exporter in EXPORTERS:
+        expr = series(exporter)
+        if not expr:
+            continue
+        key = exporter.key
+        device = f"({aggregation} by ({key}) ({expr}){scale})"
+        ranks = f'max by ({key}, {_RANK_DEVICE}) ({c.DEVICE_INFO.name}{{{key}!=""}})'
+        parts.append(f"{aggregation} by ({_RANK_DEVICE}) ({ranks} * on ({key}) group_left () {device})")
+    return f" or on ({_RANK_DEVICE}) ".join(parts)
+
+
+def _state(t: Thresholds) -> str:
+    """Per device, the first of DEVICE_STATES that holds, as the `state` label of a 1 (`or on` adds a device only
+    where no earlier state named it; "healthy" is every device with a reading that none named)."""
+    readings = " or ".join(
+        (
+            c.RANK_DEVICE_TEMPERATURE,
+            c.RANK_DEVICE_POWER,
+            c.RANK_DEVICE_UTILIZATION,
+            c.RANK_DEVICE_THROTTLED,
+            c.RANK_DEVICE_ECC_ERRORS,
+            c.RANK_DEVICE_LINK_UP,
+        )
+    )
+    holds = {
+        "ecc_errors": f"{c.RANK_DEVICE_ECC_ERRORS} > 0",
+        "link_down": f"{c.RANK_DEVICE_LINK_UP} == 0",
+        "throttled": f"{c.RANK_DEVICE_THROTTLED} > 0",
+        "hot": f"{c.RANK_DEVICE_TEMPERATURE} >= {number(t.device_hot_celsius)}",
+        "healthy": f"group by ({_RANK_DEVICE}) ({readings})",
+    }
+    return f" or on ({_RANK_DEVICE}) ".join(
+        f'label_replace(0 * ({holds[state]}) + 1, "state", "{state}", "", "")' for state in c.DEVICE_STATES
     )

@@ -66,8 +66,9 @@ def render_rules(
 ) -> dict[str, Any]:
     """The rules file as data: one recording group and one alerting group."""
     w = timing or Timing()
-    recording = [{"record": rule.record, "expr": live(rule.expr)} for rule in recording_rules(w)]
-    alerting = [_alert_rule(alert, runbook_base) for alert in alerts(thresholds or Thresholds(), w, job_regex)]
+    t = thresholds or Thresholds()
+    recording = [{"record": rule.record, "expr": live(rule.expr)} for rule in recording_rules(w, t)]
+    alerting = [_alert_rule(alert, runbook_base) for alert in alerts(t, w, job_regex)]
     return {
         "groups": [
             {"name": "mindspore-training.recording", "interval": w.evaluation, "rules": recording},

@@ -36,6 +36,12 @@ class Timing:
     # GoodputLow: a whole hour's goodput below the threshold for this long (an hour that began with compilation
     # is low for a while at every start: the alert waits for the hour to be mostly training).
     goodput_for: str = "15m"
+    # DeviceHot, DeviceThrottling: several readings (hardware.interval 10 s, a device exporter's scrape), longer than
+    # a burst of load or one slowdown the clock recovers from at once.
+    device_for: str = "2m"
+    # DeviceLinkDown: three readings at the default hardware.interval, so one hccn_tool answer caught mid-renegotiation
+    # does not page; a link down for longer fails the job's collectives.
+    link_for: str = "30s"
 
 
 TEST_TIMING = Timing(
@@ -58,4 +64,6 @@ TEST_TIMING = Timing(
     drop_for="2s",
     lr_flat_window="20s",
     goodput_for="2s",
+    device_for="2s",
+    link_for="1s",
 )

@@ -1,4 +1,5 @@
-"""The per-step series a step record carries (catalogue.JSONL_STEP_COLUMNS), keyed as JSON Lines keys them."""
+"""The per-step series a step record carries (catalogue.JSONL_STEP_COLUMNS and the store's own step columns, a
+user's strategies'), keyed as JSON Lines keys them."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class StepColumns:
         self._version = self._store.version
         columns = [
             (catalogue.jsonl_key(family.name, series.labels), series)
-            for family in catalogue.JSONL_STEP_COLUMNS
+            for family in (*catalogue.JSONL_STEP_COLUMNS, *self._store.step_columns)
             for series in self._store.series_of(family)
         ]
         self._keys = tuple(key for key, _ in columns)

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.learned_deadline import LearnedDeadline, nearest_rank
+from ms_exporter.core.thresholds import DEFAULTS
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
 # the snapshots.
@@ -53,6 +54,13 @@ _ROTATED = re.compile(r"^(?P<base>.+\.jsonl)(\.\d+)?$")
 _MEMORY_KEYS = {
     catalogue.jsonl_key(catalogue.MEMORY_BYTES.name, (("kind", kind),)): kind for kind in catalogue.MEMORY_IN_USE_ORDER
 }
+# The hardware monitor's quantities the report charts per device (docs/hardware.md), by their snapshot key's short
+# name: each snapshot holds `<short>{device="gpu0"}` for every device the rank reads, the host included.
+DEVICE_CHARTED = tuple(
+    catalogue.jsonl_key(family.name)
+    for family in (catalogue.DEVICE_TEMPERATURE, catalogue.DEVICE_POWER, catalogue.DEVICE_UTILIZATION)
+)
+_DEVICE_KEY = re.compile(r'^(?P<short>[a-z_]+)\{device="(?P<device>[^"]*)"\}$')
 _MAX_LABEL = 256  # characters of a project or rank shown
 _NONFINITE = ("NaN", "Inf", "-Inf")  # how the writer writes a loss that is no number
 
@@ -83,6 +91,8 @@ class Run:
     steps: dict[str, list[Any]] = field(default_factory=lambda: {"step": [], **{k: [] for k in PLOTTED}})
     memory: list[tuple[int, float]] = field(default_factory=list)  # (step, bytes) from snapshots
     memory_kind: str | None = None  # which kind `memory` holds (catalogue.MEMORY_IN_USE_ORDER)
+    # DEVICE_CHARTED quantity -> device -> (step, value) from snapshots; only what the run measured.
+    devices: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)
     last_loss: float | str | None = None  # the last step's loss as written: a number, or "NaN"/"Inf"/"-Inf"
     last_snapshot: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -213,12 +223,24 @@ def load_run(files: list[Path]) -> Run:
                     if memory is not None and memory_key is not None and last_step:
                         run.memory.append((last_step, memory))
                         run.memory_kind = _MEMORY_KEYS[memory_key]
+                    if last_step:
+                        _add_devices(run, last_step, metrics)
                 elif kind == "event":
                     run.events.append(record)
     if not run.steps["step"]:
         skipped = f" ({run.skipped()})" if run.skipped_lines else ""
         raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?){skipped}")
     return run
+
+
+def _add_devices(run: Run, step: int, metrics: dict[str, Any]) -> None:
+    for key, value in metrics.items():
+        match = _DEVICE_KEY.match(key) if key.startswith("device_") else None
+        number = _number(value)
+        if match is None or number is None or match.group("short") not in DEVICE_CHARTED:
+            continue
+        device = match.group("device")[:_MAX_LABEL]
+        run.devices.setdefault(match.group("short"), {}).setdefault(device, []).append((step, number))
 
 
 def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
@@ -330,6 +352,7 @@ def render(runs: list[Run], hang: HangConfig | None = None) -> str:
             "steps": r.steps,
             "memory": r.memory,
             "memory_kind": r.memory_kind,
+            "devices": r.devices,
             "summary": summary(r, hang),
         }
         for r in runs
@@ -341,6 +364,7 @@ def render(runs: list[Run], hang: HangConfig | None = None) -> str:
     return (
         template.replace("__CHART_JS__", (assets / "chart.js").read_text(encoding="utf-8"))
         .replace("__TITLE__", html.escape(title))
+        .replace("__DEVICE_HOT_CELSIUS__", json.dumps(DEFAULTS.device_hot_celsius))
         .replace("__DATA__", payload)
     )
 

@@ -36,6 +36,10 @@ PINNED_ALERTS = {
     "MindSporeTrainingRankDown": "critical",
     "MindSporeTrainingRankMissing": "critical",
     "MindSporeTrainingStraggler": "warning",
+    "MindSporeTrainingDeviceHot": "warning",
+    "MindSporeTrainingDeviceThrottling": "warning",
+    "MindSporeTrainingDeviceEccErrors": "critical",
+    "MindSporeTrainingDeviceLinkDown": "critical",
     "MindSporeTrainingGoodputLow": "warning",
     "MindSporeTrainingReplicaDivergence": "critical",
     "MindSporeTrainingRolledBack": "warning",
@@ -86,7 +90,12 @@ PROMTOOL_TESTS = sorted((ROOT / "deploy/prometheus/tests").glob("*.test.yml"))
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
-    assert [path.name for path in PROMTOOL_TESTS] == ["alerts.test.yml", "goodput.test.yml", "throughput-drop.test.yml"]
+    assert [path.name for path in PROMTOOL_TESTS] == [
+        "alerts.test.yml",
+        "devices.test.yml",
+        "goodput.test.yml",
+        "throughput-drop.test.yml",
+    ]
     tests = [case for path in PROMTOOL_TESTS for case in yaml.safe_load(path.read_text())["tests"]]
     firing, quiet = set(), set()
     for case in tests:
@@ -147,6 +156,7 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
         "Growth over baseline": [None, DEFAULTS.memory_growth_ratio],
         "Goodput": [None, 0.3],
         "Replicas holding the same weights": [None, 1.0],
+        "Device temperature": [None, DEFAULTS.device_hot_celsius],
     }
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")
     fast = {r["alert"]: r for g in yaml.safe_load(test_timing.stdout)["groups"] for r in g["rules"] if "alert" in r}
@@ -166,6 +176,7 @@ def test_dashboard_has_variables_units_and_rate_intervals() -> None:
         "Learning rate",
         "Actions",
         "Throughput",
+        "Devices",
         "Gradients",
         "Hangs",
         "Goodput",

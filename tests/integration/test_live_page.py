@@ -15,6 +15,7 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
 from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
+from ms_exporter.core import catalogue as c
 from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.browser import dom, screenshot
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 STEPS = 40
 NAN_STEP = 25
-CHARTS = ("loss", "learning_rate", "throughput", "step_time", "data_wait", "grad_norm", "memory")
+CHARTS = ("loss", "learning_rate", "throughput", "step_time", "data_wait", "grad_norm", "memory", "device_utilization")
 
 
 class ReportNaN(Callback):
@@ -74,6 +75,11 @@ def test_series_api_returns_the_run_with_non_finite_steps_and_bounds(trained: Tr
     wait = columns.index("data_wait")
     assert payload["rows"][0][wait] is None and all(row[wait] >= 0 for row in payload["rows"][1:])
     assert payload["bounds"]["loss"] == {"max": 0.5}
+    # A CPU rank's hardware columns are its host's; no DeviceHot line over a host CPU.
+    assert payload["devices"]["device_utilization_ratio"] == "host"
+    assert "device_temperature_celsius" not in payload["bounds"]
+    utilization = columns.index("device_utilization_ratio")
+    assert all(0 <= row[utilization] <= 1 for row in payload["rows"][3:])
     assert payload["labels"] == {"rank": "0", "project": "live-page"}
     newer = fetch(base + f"api/series?since={STEPS - 5}")
     assert [row[0] for row in newer["rows"]] == list(range(STEPS - 4, STEPS + 1))
@@ -89,7 +95,14 @@ def test_the_page_draws_every_chart_with_the_runs_points(trained: TrainingMonito
             canvases[attributes["id"][2:]] = attributes
     points = {chart: a["data-points"] for chart, a in canvases.items()}
     markers = {chart: a.get("data-markers", "0") for chart, a in canvases.items()}
-    assert set(points) == set(CHARTS), points
+    # The hardware charts are shown once the rank has the reading: the host's CPUs here (its temperature only
+    # where the kernel has a sensor, tests/unit/test_live_devices.py for accelerators).
+    hidden = set(re.findall(r'<section hidden="">\s*<h2>[^<]*<span class="value" id="v-([a-z_]+)"', page))
+    temperature = trained.store.series_of(c.DEVICE_TEMPERATURE)
+    assert hidden == (set() if temperature else {"device_temperature"}), hidden
+    assert set(points) == {*CHARTS, "device_temperature"}, points
+    assert int(points["device_utilization"]) >= STEPS - 3
+    assert "host" in page
     assert int(points["loss"]) >= 2 * (STEPS - 1) - 2  # loss and smoothed loss, the NaN step left out
     for chart in CHARTS[1:]:
         assert int(points[chart]) >= STEPS - 3, (chart, points)  # data wait: none before the first step

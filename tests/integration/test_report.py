@@ -107,6 +107,10 @@ def test_the_report_draws_both_runs_on_shared_charts(runs: list[Path], tmp_path:
     assert points["learning_rate"] == 50 and points["step_time"] == 50
     assert points["grad_norm"] >= 40 and points["memory"] >= 2
     assert points["mfu"] == 50  # run a's MFU, run b's model FLOPs per second (it has no peak)
+    # The hardware monitor on a CPU machine: the host's utilisation in each run's snapshots; no device power here,
+    # so no power chart (a temperature chart only where the kernel has a sensor).
+    assert points["device_utilization"] >= 2 and "device_power" not in points
+    assert "report-a rank 0 host" in page
     rows = re.findall(r"<tr><td>.*?</tr>", page)
     assert len(rows) == 2 and "project report-a rank 0" in rows[0] and "<td>30</td>" in rows[0]
     assert re.search(r"<td>loss \d+</td>", rows[0])  # the breach episodes

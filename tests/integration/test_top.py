@@ -98,6 +98,12 @@ def test_once_shows_every_rank_as_scraped(ranks: dict[int, TrainingMonitor]) -> 
         assert words[3] == f"{page.value('mindspore_train_loss'):.5g}"
         assert words[4] == f"{page.value('mindspore_train_loss_smoothed'):.5g}"
         assert "top-test" in words and str(monitor.url) in words
+        # A CPU rank: the host's CPUs under DEVICE UTIL (and DEVICE TEMP where the kernel has a sensor, else "-").
+        utilization = page.value("mindspore_train_device_utilization_ratio", device="host")
+        assert words[words.index(f"{100 * utilization:.1f}%") + 1] == "host", words
+        temperature = page.find("mindspore_train_device_temperature_celsius", device="host")
+        if temperature:
+            assert words[words.index(f"{temperature[0]:.0f}C") + 1] == "host", words
     # Rank 1 waits ~0.15 s for data before each step: it is the one a synchronous job would wait for.
     assert rows["1"][0] == ">" and rows["0"][0] == " "
     assert "> slowest: rank 1 of top-test" in result.stdout

@@ -51,7 +51,7 @@ def test_the_first_articles_file_verbatim() -> None:
         ({"callback": {"type": "LossMonitor"}}, r"callback\.type: 'LossMonitor' is not a monitor class"),
         ({"callback": {"type": "TrainingMonitor", "args": {}}}, r"callback: unknown key\(s\) args"),
         ({"callback": {"params": {"interval": 5}}, "interval": 30}, r"interval: given both as .*params\.interval"),
-        ({"strategies": [{"name": "LossStrategy"}]}, r"strategies\[0\]\.name: unknown strategy 'LossStrategy'"),
+        ({"strategies": [{"name": "LossStrategy"}]}, r"item 0: 'LossStrategy' is neither a built-in strategy"),
         (
             {"strategies": [{"name": "GradNormStrategy", "config": {"layers": ["a"]}}]},
             r"strategies\[0\]\.config: unknown key\(s\) layers; allowed: monitor_layers, threshold",

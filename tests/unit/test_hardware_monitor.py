@@ -161,8 +161,16 @@ def test_the_host_reader_reads_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
 
     sensors = {"coretemp": [_Temperature(current=48.0), _Temperature(current=61.5)], "nvme": [_Temperature(current=90)]}
     monkeypatch.setattr(psutil, "sensors_temperatures", lambda: sensors, raising=False)
-    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 25.0)
-    [reading] = host.HostReader().read()
+    waits: list[float | None] = []
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: waits.append(interval) or 25.0)
+    clock = [100.0]
+    monkeypatch.setattr(host.time, "monotonic", lambda: clock[0])
+    reader = host.HostReader()
+    assert reader.read()[0].utilization_ratio == 0.25
+    assert waits == [None, host.MIN_CPU_INTERVAL_SECONDS]  # right after the priming call: measured over a wait
+    clock[0] += 10
+    [reading] = reader.read()
+    assert waits[-1] is None  # ten seconds since the last reading: over those
     assert reading.device == "host"
     assert reading.temperature_celsius == 61.5  # the hottest CPU sensor; the NVMe drive is no CPU
     assert reading.utilization_ratio == 0.25
@@ -181,6 +189,7 @@ def test_join_labels_come_from_the_node_and_the_downward_api() -> None:
         "container": "trainer",
     }
     assert join_labels("node-a", {"CONTAINER_NAME": "set by a runtime"}) == {"Hostname": "node-a"}  # not a pod
+    assert join_labels("job-0", {**environ, "NODE_NAME": "gpu-node-7"})["Hostname"] == "gpu-node-7"
 
 
 def test_the_hardware_section_and_the_articles_switch() -> None:

@@ -471,3 +471,76 @@ def test_mfu_column_shows_the_ranks_model_flops_utilisation_and_a_dash_without_a
     column = header.index("MFU")
     assert cells[column - 3 : column + 3].strip() == "43.2%"
     assert "-" in render([without]).rows[0].text[column - 3 : column + 3]
+
+
+def with_devices(page: str, lines: dict[str, float]) -> str:
+    """The captured page (taken before the hardware monitor existed) with device series, written as `name{labels}`
+    without the rank's own labels."""
+    extra = [
+        f'{series[:-1]},project="capture",rank="1"}} {value}' if series.endswith("}") else f"{series} {value}"
+        for series, value in lines.items()
+    ]
+    return page + "\n".join(extra) + "\n"
+
+
+def cell(screen_row: str, header: str, column: str) -> str:
+    """The text under `column` (right-aligned columns end where their header ends)."""
+    end = header.index(column) + len(column)
+    start = header.rfind("  ", 0, header.index(column)) + 2
+    return screen_row[start:end].strip()
+
+
+def test_device_columns_show_the_hottest_accelerator_its_throttling_and_the_busiest() -> None:
+    page = with_devices(
+        STEP4,
+        {
+            'mindspore_train_device_temperature_celsius{device="gpu0"}': 78,
+            'mindspore_train_device_temperature_celsius{device="gpu1"}': 91,
+            'mindspore_train_device_temperature_celsius{device="host"}': 99,  # the host is not an accelerator
+            'mindspore_train_device_utilization_ratio{device="gpu0"}': 0.93,
+            'mindspore_train_device_utilization_ratio{device="gpu1"}': 0.5,
+            'mindspore_train_device_utilization_ratio{device="host"}': 0.2,
+            # An idle GPU, or a loaded one at its power cap (its normal state), is not throttled.
+            'mindspore_train_device_throttled{device="gpu0",reason="gpu_idle"}': 1,
+            'mindspore_train_device_throttled{device="gpu0",reason="sw_power_cap"}': 1,
+            'mindspore_train_device_throttled{device="gpu1",reason="hw_thermal_slowdown"}': 1,
+        },
+    )
+    row, _ = first_row(page)
+    assert row.temperature == ("gpu1", 91) and row.throttled == ("gpu1",) and row.utilization == ("gpu0", 0.93)
+    assert "gpu1 hot 91C" in row.alerts and "gpu1 throttled" in row.alerts
+    assert not any("host" in alert or "gpu0" in alert for alert in row.alerts)
+    screen = render([row])
+    header, text = screen.header.text, screen.rows[0].text
+    assert cell(text, header, "DEVICE TEMP") == "91C gpu1"
+    assert cell(text, header, "THROTTLED") == "gpu1"
+    assert cell(text, header, "DEVICE UTIL") == "93.0% gpu0"
+    # Below the DeviceHot threshold and clock free: no alert, "no" under THROTTLED.
+    thermal = 'reason="hw_thermal_slowdown",project="capture",rank="1"}'
+    quiet, _ = first_row(page.replace(" 91\n", " 84\n").replace(f"{thermal} 1", f"{thermal} 0"))
+    assert quiet.alerts == () and quiet.throttled == ()
+    screen = render([quiet])
+    assert cell(screen.rows[0].text, screen.header.text, "THROTTLED") == "no"
+
+
+def test_a_cpu_only_rank_shows_its_host_or_a_dash() -> None:
+    host = with_devices(
+        STEP4,
+        {
+            'mindspore_train_device_temperature_celsius{device="host"}': 95,
+            'mindspore_train_device_utilization_ratio{device="host"}': 0.25,
+        },
+    )
+    row, _ = first_row(host)
+    assert row.temperature == ("host", 95) and row.utilization == ("host", 0.25) and row.throttled is None
+    assert row.alerts == ()  # a host CPU's heat is not DeviceHot's business
+    screen = render([row])
+    header = screen.header.text
+    assert cell(screen.rows[0].text, header, "DEVICE TEMP") == "95C host"
+    assert cell(screen.rows[0].text, header, "DEVICE UTIL") == "25.0% host"
+    assert cell(screen.rows[0].text, header, "THROTTLED") == "-"
+    bare, _ = first_row(STEP4)  # no hardware series at all (a sensorless host, the monitor off)
+    assert (bare.temperature, bare.throttled, bare.utilization) == (None, None, None)
+    screen = render([bare])
+    cells = [cell(screen.rows[0].text, screen.header.text, c) for c in ("DEVICE TEMP", "THROTTLED", "DEVICE UTIL")]
+    assert cells == ["-", "-", "-"]

@@ -7,9 +7,14 @@ temperature series, never a 0.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ms_exporter.core.hardware import HOST, DeviceIdentity, DeviceReading, HardwareReader
+
+# psutil's CPU share is over the time since its previous call: shorter than this, it says nothing (it answers 0.0),
+# so a reading that soon measures over this long instead.
+MIN_CPU_INTERVAL_SECONDS = 0.1
 # psutil.sensors_temperatures() groups by driver; these are CPU sensors (x86 Intel/AMD, ARM SoCs, ACPI zones).
 CPU_SENSORS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
 
@@ -22,6 +27,7 @@ class HostReader(HardwareReader):
 
         self._psutil = psutil
         psutil.cpu_percent(None)  # the first call starts the interval the next one measures
+        self._cpu_since = time.monotonic()
 
     def devices(self) -> list[DeviceIdentity]:
         return [DeviceIdentity(HOST)]
@@ -33,11 +39,23 @@ class HostReader(HardwareReader):
             DeviceReading(
                 HOST,
                 temperature_celsius=self._cpu_temperature(),
-                utilization_ratio=psutil.cpu_percent(None) / 100.0,
+                utilization_ratio=self._cpu_share(),
                 memory_used_bytes=float(memory.total - memory.available),
                 memory_total_bytes=float(memory.total),
             )
         ]
+
+    def _cpu_share(self) -> float:
+        """The CPUs' busy share since the last reading. Right after the reader was built (the first reading comes as
+        training begins) that interval is too short to mean anything (psutil answers 0.0): then the share is
+        measured over MIN_CPU_INTERVAL_SECONDS, a wait on this reader's own thread, never the step's."""
+        now = time.monotonic()
+        if now - self._cpu_since < MIN_CPU_INTERVAL_SECONDS:
+            share = self._psutil.cpu_percent(MIN_CPU_INTERVAL_SECONDS)
+        else:
+            share = self._psutil.cpu_percent(None)
+        self._cpu_since = time.monotonic()
+        return share / 100.0
 
     def _cpu_temperature(self) -> float | None:
         read = getattr(self._psutil, "sensors_temperatures", None)  # Linux and FreeBSD only

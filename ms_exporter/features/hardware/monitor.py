@@ -48,13 +48,15 @@ POD_ENVIRONMENT = (("pod", "POD_NAME"), ("namespace", "POD_NAMESPACE"), ("contai
 
 
 def join_labels(node: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The rank's side of the join: its host as dcgm-exporter's `Hostname`, and its pod where Kubernetes says.
-    Only with POD_NAME set: outside a pod, a stray CONTAINER_NAME (some container runtimes set one) names nothing
-    a device exporter labels."""
+    """The rank's side of the join: its host as dcgm-exporter's `Hostname` (the Downward API's NODE_NAME inside a
+    pod, whose own host name is the pod's), and its pod where Kubernetes says. The pod's labels only with POD_NAME
+    set: outside a pod, a stray CONTAINER_NAME (some container runtimes set one) names nothing a device exporter
+    labels."""
     env = os.environ if environ is None else environ
+    host = {"Hostname": env.get("NODE_NAME") or node}
     if not env.get("POD_NAME"):
-        return {"Hostname": node}
-    return {"Hostname": node, **{label: env[name] for label, name in POD_ENVIRONMENT if env.get(name)}}
+        return host
+    return {**host, **{label: env[name] for label, name in POD_ENVIRONMENT if env.get(name)}}
 
 
 def component(reader: HardwareReader) -> str:

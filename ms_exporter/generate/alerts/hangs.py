@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ms_exporter.core import catalogue as c
 from ms_exporter.generate.alerts.alert import WHO, Alert
+from ms_exporter.generate.alerts.devices import device_state
 from ms_exporter.generate.timing import Timing
 
 _PHASE, _SECONDS, _DEADLINE = c.PHASE.name, c.PHASE_SECONDS.name, c.HANG_DEADLINE.name
@@ -70,6 +71,6 @@ def alerts(w: Timing) -> tuple[Alert, ...]:
             description=f"{WHO} has been in phase {{{{ $labels.phase }}}} for {{{{ $value | humanizeDuration }}}}, "
             f'past its hang deadline: {{{{ if eq $labels.verdict "never arrived" }}}}the other ranks of its job are '
             f"in another phase, waiting for it{{{{ else }}}}every rank of its job is in this phase, so no rank "
-            f"stands out{{{{ end }}}}.",
+            f"stands out{{{{ end }}}}. Device state: {device_state()}.",
         ),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.thresholds import Thresholds
 from ms_exporter.generate.alerts.alert import WHO, Alert, number
+from ms_exporter.generate.alerts.devices import device_state
 from ms_exporter.generate.timing import Timing
 
 
@@ -46,7 +47,8 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
         # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
         # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.
         # Ranks that do not synchronise run at their own pace: there the slow rank's whole cycle is longer.
-        # core/thresholds.py's is_straggler says the same in Python.
+        # core/thresholds.py's is_straggler says the same in Python. The description adds the state of the rank's
+        # devices (a throttled or hot device is a cause these metrics cannot name on their own).
         Alert(
             "MindSporeTrainingStraggler",
             expr=f"(({wait_mean} > on (project) group_left ()"
@@ -58,6 +60,7 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
             severity="warning",
             summary="A rank is much slower than the rest of its job",
             description=f"The job waits for {WHO}: {{{{ $value | humanizeDuration }}}} per step of data wait (or "
-            f"of whole step cycle, where ranks do not synchronise), over {factor} times the median of the job.",
+            f"of whole step cycle, where ranks do not synchronise), over {factor} times the median of the job. "
+            f"Device state: {device_state()}.",
         ),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ms_exporter.core.thresholds import Thresholds
 from ms_exporter.generate.panels import (
     actions,
+    devices,
     goodput,
     gradients,
     hangs,
@@ -26,6 +27,7 @@ def rows(t: Thresholds) -> tuple[Row, ...]:
         learning_rate.ROW,
         actions.ROW,
         throughput.row(t),
+        devices.row(t),
         gradients.row(t),
         hangs.ROW,
         goodput.row(t),

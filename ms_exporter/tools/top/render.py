@@ -40,6 +40,18 @@ def _memory(row: Row) -> str:
     return "-" if row.memory_bytes is None else f"{size(row.memory_bytes)} {row.memory_kind}"
 
 
+def _temperature(row: Row) -> str:
+    return "-" if row.temperature is None else f"{row.temperature[1]:.0f}C {row.temperature[0]}"
+
+
+def _throttled(row: Row) -> str:
+    return "-" if row.throttled is None else ",".join(row.throttled) or "no"
+
+
+def _utilization(row: Row) -> str:
+    return "-" if row.utilization is None else f"{percent(row.utilization[1])} {row.utilization[0]}"
+
+
 def _alerts(row: Row) -> str:
     return f"DOWN: {row.error}" if row.error is not None else ", ".join(row.alerts)
 
@@ -58,8 +70,11 @@ COLUMNS = (
     _Column("DATA WAIT", _up(lambda row: duration(row.wait_seconds))),
     _Column("GRAD NORM", _up(lambda row: number(row.grad_norm, 4))),
     _Column("MEMORY", _up(_memory)),
+    _Column("DEVICE TEMP", _up(_temperature)),
+    _Column("THROTTLED", _up(_throttled)),
     _Column("LAST STEP", _up(lambda row: "-" if row.age_seconds is None else age(row.age_seconds) + " ago")),
     _Column("PHASE", _up(lambda row: row.phase or "-"), left=True),
+    _Column("DEVICE UTIL", _up(_utilization)),
     _Column("PROJECT", lambda row: row.project or "-", left=True),
     _Column("TARGET", lambda row: row.target, left=True),
 )

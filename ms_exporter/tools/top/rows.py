@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.hardware import HOST
 from ms_exporter.core.replicas import disagreeing
 from ms_exporter.core.thresholds import DEFAULTS, is_straggler
 from ms_exporter.tools.rank_samples import RankSamples
@@ -54,6 +55,11 @@ class Row:
     slowest: bool = False
     phase: str | None = None  # mindspore_train_phase: compile, step, data_wait, eval, ..., ended
     fingerprint: tuple[str, float, float] | None = None  # (replica group, step, value) of the last fingerprint
+    # The rank's hottest accelerator (device, °C), else its host's where the kernel has a sensor.
+    temperature: tuple[str, float] | None = None
+    # The devices held down for heat or power now; () none is, None where no device reports throttling.
+    throttled: tuple[str, ...] | None = None
+    utilization: tuple[str, float] | None = None  # the busiest accelerator (device, 0-1), else the host's CPUs
 
     @property
     def ended(self) -> bool:
@@ -138,6 +144,11 @@ def build_row(
             memory_bytes, memory_kind = memory[kind], _MEMORY_SHORT[kind]
             break
     alerts.extend(_memory_growth(samples))
+    temperature = _highest(samples.by_label(catalogue.DEVICE_TEMPERATURE.name, "device"))
+    throttled = _throttled(samples)
+    if temperature is not None and temperature[0] != HOST and temperature[1] >= DEFAULTS.device_hot_celsius:
+        alerts.append(f"{temperature[0]} hot {temperature[1]:.0f}C")
+    alerts.extend(f"{device} throttled" for device in throttled or ())
 
     row = Row(
         target=target,
@@ -157,6 +168,9 @@ def build_row(
         alerts=tuple(alerts),
         phase=phase,
         fingerprint=_fingerprint(samples),
+        temperature=temperature,
+        throttled=throttled,
+        utilization=_highest(samples.by_label(catalogue.DEVICE_UTILIZATION.name, "device")),
     )
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
 
@@ -171,6 +185,30 @@ def _memory_growth(samples: RankSamples) -> list[str]:
         for kind, ratio in sorted(ratios.items())
         if ratio > DEFAULTS.memory_growth_ratio and rates.get(kind, 0) > DEFAULTS.memory_growth_rate
     ]
+
+
+def _highest(by_device: Mapping[str, float]) -> tuple[str, float] | None:
+    """The accelerator with the highest value, else the host's value (a CPU-only rank), else None."""
+    accelerators = {device: value for device, value in by_device.items() if device != HOST and math.isfinite(value)}
+    if accelerators:
+        device = max(accelerators, key=lambda name: (accelerators[name], name))
+        return device, accelerators[device]
+    host = by_device.get(HOST)
+    return None if host is None or not math.isfinite(host) else (HOST, host)
+
+
+def _throttled(samples: RankSamples) -> tuple[str, ...] | None:
+    devices = sorted(samples.by_label(catalogue.DEVICE_THROTTLED.name, "device"))
+    if not devices:
+        return None
+    return tuple(
+        device
+        for device in devices
+        if any(
+            samples.value(catalogue.DEVICE_THROTTLED.name, device=device, reason=reason) == 1
+            for reason in catalogue.HEAT_POWER_REASONS
+        )
+    )
 
 
 def _step_means(

@@ -1,0 +1,54 @@
+"""A user's strategy given by import path in YAML, in a real training: on /metrics, in JSON Lines and in TensorBoard
+(read back with TensorBoard's EventAccumulator); one that raises at every step leaves the training and the other
+probes untouched and is counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ms_exporter.core.catalogue import STEPS as STEPS_TOTAL
+from tests.support.writer_runs import STEPS, train
+
+pytestmark = pytest.mark.integration
+OWN = "tests.support.user_strategies"
+
+
+def test_a_strategy_by_import_path_reaches_every_sink_and_a_failing_one_costs_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "monitor.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "monitor_config": {
+                    "backend": ["prometheus", "local", "tensorboard"],
+                    "save_dir": str(tmp_path / "out"),
+                    "port": 0,
+                    "interval": 1,
+                    "strategies": [
+                        {"name": f"{OWN}.LossSpreadStrategy", "config": {"scale": 2.0}},
+                        {"name": f"{OWN}.AlwaysFailsStrategy"},
+                    ],
+                }
+            }
+        )
+    )
+    monitor = train(str(config))
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics-rank0.jsonl").read_text().splitlines()]
+    steps = {record["step"]: record for record in records if record["type"] == "step"}
+    assert sorted(steps) == list(range(1, STEPS + 1))  # every step trained, every step recorded
+    for record in steps.values():
+        assert record["user_loss_spread_scaled_loss"] == pytest.approx(2 * record["loss"])
+    reader = EventAccumulator(str(tmp_path / "out" / "tensorboard" / "rank0"), size_guidance={"scalars": 0})
+    reader.Reload()
+    scaled = {event.step: event.value for event in reader.Scalars("user_loss_spread_scaled_loss")}
+    assert sorted(scaled) == list(range(1, STEPS + 1))
+    assert scaled[STEPS] == pytest.approx(2 * steps[STEPS]["loss"], rel=1e-6)
+    snapshot = [record for record in records if record["type"] == "snapshot"][-1]["metrics"]
+    errors = "mindspore_exporter_errors_total{component=%s}"
+    assert snapshot[errors % '"strategy.always_fails"'] >= 1  # counted, then switched off
+    assert snapshot[errors % '"strategy.loss_spread"'] == 0
+    assert monitor.store.value_of(STEPS_TOTAL) == STEPS  # the built-in probes went on
