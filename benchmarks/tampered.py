@@ -46,7 +46,7 @@ GENERIC_NAMES = (
 
 def state_names(save_dir: Path) -> list[str]:
     """The names under save_dir where the monitor keeps state across processes, as the docs list them."""
-    from ms_exporter.features.goodput import derived_run_id
+    from ms_exporter.config.run_identity import derived_run_id
 
     run_id = derived_run_id(PROJECT, str(save_dir))
     return [name.replace("<run_id>", run_id) for name in GENERIC_NAMES]

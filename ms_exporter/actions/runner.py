@@ -25,6 +25,7 @@ from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff,
 from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.rollback import Announce, Rollback, StateFollower
 from ms_exporter.config import MonitorConfig
+from ms_exporter.config.run_identity import run_id_of
 from ms_exporter.config.thresholds_of import thresholds_of
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import network_of, optimizer_of
@@ -33,7 +34,6 @@ from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.safe_files import make_dir, replace_file
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
-from ms_exporter.features.goodput import derived_run_id
 from ms_exporter.probes.learning_rate import LearningRateProbe
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class ActionRunner(Part):
         if actions.rollback.enable:
             limits = thresholds_of(config)
             rank = rank or RankInfo(0, 0, 1, "")
-            run_id = config.run_id if config.run_id is not None else derived_run_id(config.project, config.save_dir)
+            run_id = run_id_of(config)
             self._rollback = Rollback(
                 actions.rollback,
                 store,

@@ -238,6 +238,9 @@ class MonitorConfig:
     log_level: str = setting("INFO", check=choice(*LOG_LEVELS, any_case=True))
     # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
     warmup_steps: int = setting(10, check=int_in(0, MAX_STEPS))
+    # Steps before any warn_on_value bound is watched, loss included: the third source article trains a few tens of
+    # steps before it trusts a bound (a warming-up loss is high). Also the grad_norm and layernorm thresholds.
+    warn_warmup_steps: int = setting(50, check=int_in(0, MAX_STEPS))
     max_file_mb: float = setting(100.0, check=greater_than(0, 1024 * 1024))  # a TiB
     max_files: int = setting(5, check=int_in(1, 1000))
     # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the first article's log_path sets it).

@@ -389,7 +389,7 @@ class FlopsConfig:
 
 @dataclass(frozen=True)
 class TensorBoardConfig:
-    """monitor_config.tensorboard: the `tensorboard` backend's event files in save_dir/tensorboard/rank<r>."""
+    """monitor_config.tensorboard: the `tensorboard` backend's event files in save_dir/tensorboard/<project>/rank<r>."""
 
     # Rank 0 only by default, as MindSpore Transformers' TensorBoard writer does: every rank writes with true.
     all_ranks: bool = setting(False, check=boolean())

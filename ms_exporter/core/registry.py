@@ -180,6 +180,7 @@ for _backend in (
     BackendEntry("local", "ms_exporter.sinks.jsonl:build"),
     BackendEntry("tensorboard", "ms_exporter.sinks.tensorboard:build", extra="tensorboard"),
     BackendEntry("wandb", "ms_exporter.sinks.wandb:build", extra="wandb"),
+    BackendEntry("console", "ms_exporter.sinks.console:build"),
     BackendEntry("file_sd", "ms_exporter.sinks.file_sd:build", selectable=False),
     BackendEntry("pushgateway", "ms_exporter.sinks.pushgateway:build", selectable=False),
 ):

@@ -12,15 +12,13 @@ the series that export both (docs/goodput.md).
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
-import os
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ms_exporter.config import RUN_ID_CHARACTERS, MonitorConfig
+from ms_exporter.config import MonitorConfig
+from ms_exporter.config.run_identity import run_id_of
 from ms_exporter.core import catalogue as c
 from ms_exporter.core import run_lock
 from ms_exporter.core.cb_params import step_of
@@ -34,16 +32,6 @@ from ms_exporter.core.store import MetricStore
 from ms_exporter.features.run_state import RunState, RunStateTaken
 
 logger = logging.getLogger("ms_exporter")
-
-_NOT_IN_RUN_ID = re.compile(rf"[^{RUN_ID_CHARACTERS}]+")
-
-
-def derived_run_id(project: str, save_dir: str) -> str:
-    """The run id when none is given: the project (characters a file name may not hold become `_`) and 8 hex
-    digits of the save_dir's absolute path, so that two jobs of one project that save apart are two runs."""
-    where = hashlib.sha256(os.path.abspath(save_dir).encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    stem = _NOT_IN_RUN_ID.sub("_", project).strip("_.:-")[:100] or "run"
-    return f"{stem}-{where}"
 
 
 class Goodput(Part):
@@ -66,7 +54,7 @@ class Goodput(Part):
         self.ledger = TimeLedger(store, process_started(), deadlines)
         phases.ledger = self.ledger
         given = config.run_id is not None
-        self.run_id = config.run_id if config.run_id is not None else derived_run_id(config.project, config.save_dir)
+        self.run_id = run_id_of(config)
         self.state: RunState | None = None
         # Another process on this save_dir and rank owns the run state: this one's ledger stays in its memory.
         self.claim = run_lock.claim(config.save_dir, rank)

@@ -34,6 +34,7 @@ from ms_exporter.features.hardware.monitor import HardwareMonitor, component, jo
 from ms_exporter.features.sampler import MemorySampler
 from ms_exporter.features.watchdog import HangWatchdog
 from ms_exporter.monitor.publisher import StepPublisher
+from ms_exporter.monitor.writer_fallback import WriterFallback
 from ms_exporter.probes import build_probes
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
 from ms_exporter.probes.memory import MemoryProbe
@@ -91,7 +92,7 @@ def assemble(
     breaker.show()
     hooks = store.register(catalogue.HOOK_DURATION)
     hook_cost = {hook: hooks.histogram(hook=hook) for hook in catalogue.HOOKS}
-    thresholds = ThresholdWatcher(store, config.all_bounds(), config.warmup_steps)
+    thresholds = ThresholdWatcher(store, config.all_bounds(), config.warmup_steps, config.warn_warmup_steps)
     batch = BatchCounter(
         config.attention_mask_column,
         config.input_ids_column,
@@ -115,6 +116,8 @@ def assemble(
     if config.goodput.enable:
         deadlines = hang.deadlines if hang is not None else None
         goodput = Goodput(config, store, phases, rank.rank, deadlines, lambda exc: errors.absorb("goodput", exc))
+    fall_back = WriterFallback(context)
+    context.fall_back = fall_back
     try:
         sinks = [*build_sinks(context), *_made(given_sinks, context, Sink)]
     except BaseException:  # the monitor is not constructed: nothing it started may outlive the error
@@ -142,6 +145,7 @@ def assemble(
     # save reaches the final push).
     features: list[Part | None] = [sampler, watchdog, hardware, actions, *probes, goodput, fingerprints, *sinks]
     parts = [part for part in features if part is not None]
+    fall_back.bind(parts, publisher)
     return Assembly(parts, sinks, publisher, errors, breaker, batch, hook_cost)
 
 

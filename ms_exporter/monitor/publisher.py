@@ -74,6 +74,12 @@ class StepPublisher:
         self._lock = threading.Lock()
         self.reset(0)
 
+    def add_sink(self, sink: Sink) -> None:
+        """A sink that joins a running monitor (a writer's fallback): it sees the steps published from now on.
+        A new list, not an append, so that a publication in progress keeps iterating the old one."""
+        if type(sink).on_step is not Sink.on_step:
+            self._step_sinks = [*self._step_sinks, sink]
+
     def reset(self, step: int) -> None:
         """A training call begins at `step`."""
         self.last_step = step

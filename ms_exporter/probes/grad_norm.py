@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import re
@@ -20,6 +21,23 @@ logger = logging.getLogger("ms_exporter")
 
 # 1e-4 to 1e4 in half-decades: vanishing and exploding gradients both land in a bucket of their own.
 NORM_BUCKETS = tuple(10.0 ** (k / 2) for k in range(-8, 9))
+
+
+def _warn_if_nothing_matches(
+    pattern: str, regex: re.Pattern[str], layers: dict[str, list[int]], names: list[str]
+) -> None:
+    """A grad_norm.layers pattern that matches no layer (nor parameter) is named once at train begin, with the nearest
+    layer names (the first source article's `encoder.layer.11` matches nothing in most models, and nothing else
+    would say so)."""
+    if any(regex.match(layer) for layer in layers) or any(regex.match(name) for name in names):
+        return
+    nearest = difflib.get_close_matches(pattern, list(layers), n=3, cutoff=0.4) or list(layers)[:3]
+    logger.warning(
+        "ms_exporter: grad_norm.layers pattern %r matches no layer of this model; nearest layer names: %s "
+        "(a pattern is a regular expression matched at the start of a layer or parameter name)",
+        pattern,
+        ", ".join(nearest) or "none",
+    )
 
 
 def layer_of(parameter_name: str) -> str:
@@ -42,6 +60,9 @@ class LayerIndex:
         for position, members in enumerate(self.layers.values()):
             self._layer_of_parameter[members] = position
         compiled = [re.compile(p) for p in patterns]
+        if parameter_names:
+            for pattern, regex in zip(patterns, compiled, strict=True):
+                _warn_if_nothing_matches(pattern, regex, self.layers, parameter_names)
         watched = [
             layer
             for layer, members in self.layers.items()
@@ -141,9 +162,14 @@ class GradNormProbe(Probe):
         if global_norm is None:
             if not self._warned_no_source:
                 self._warned_no_source = True
-                logger.info(
-                    "ms_exporter: the train cell reports no gradient norm; wrap it with "
-                    "ms_exporter.GradNormTrainOneStepCell to export %s",
+                # Once, as a warning: the source articles call the gradient norm a must-have, and a plain
+                # Model(network, loss_fn, optimizer) hands the callback none (its train cell computes gradients
+                # inside the compiled step). Computing them again here would cost a second backward pass per
+                # measured step; the cell measures them in the step itself.
+                logger.warning(
+                    "ms_exporter: the train cell reports no gradient norm, so %s is not exported. Build the model as "
+                    "Model(ms_exporter.GradNormTrainOneStepCell(nn.WithLossCell(network, loss_fn), optimizer)) to "
+                    "get it (docs/getting-started.md, 'Gradient norms'); grad_norm.enable: false silences this",
                     catalogue.GRAD_NORM.name,
                 )
             return

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter.config import ConfigError
+from ms_exporter.config.run_identity import run_id_of
 from ms_exporter.core import catalogue, run_lock
 from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.errors import Breaker, OnError
@@ -29,6 +30,10 @@ logger = logging.getLogger("ms_exporter")
 
 QUEUE_CAP = 100_000  # step records held between flushes; older ones are dropped (and counted) past this
 FLUSH_AT = 5_000  # a backlog this long wakes the writer before its interval: bounds memory on fast steps
+# Queued records reach the file at least this often, whatever `interval` (30 s by default) says: a `kill -9` loses
+# at most these seconds of records. The snapshot line still comes every `interval`. The writer thread does the
+# writing; the step path only appends to the queue, as before.
+MAX_UNWRITTEN_SECONDS = 5.0
 STEP_FIELDS = ("step", "epoch", "steps", "loss", "duration", "data_wait", "samples", "tokens", "wall_time")
 _FIELD_NAMES = {"duration": catalogue.STEP_DURATION.short, "data_wait": catalogue.DATA_WAIT.short, "wall_time": "time"}
 
@@ -95,12 +100,14 @@ class JsonlWriter(Sink):
         on_error: OnError,
         breaker: Breaker | None = None,
         name: str = "metrics",
+        run: str | None = None,
     ) -> None:
         self._store = store
         self._rank_claim = run_lock.claim(save_dir, rank)  # another process on this save_dir and rank: `-pid<pid>`
         self.path = Path(save_dir) / f"{name}-rank{rank}{self._rank_claim.suffix}.jsonl"
         _claim(self.path)
-        self._identity = {"rank": rank, "project": project}
+        # Every record says whose it is: runs that share a save_dir (and so this file) stay apart in the report.
+        self._identity = {"rank": rank, "project": project, **({"run": run} if run is not None else {})}
         self._interval = interval
         self._max_bytes = int(max_file_mb * 1024 * 1024)
         self._max_files = max_files
@@ -127,6 +134,10 @@ class JsonlWriter(Sink):
     def on_train_begin(self, cb_params: Any) -> None:
         step = step_of(cb_params)
         self.record_event("train_begin", step=step)
+        self._start_thread()
+
+    def start(self) -> None:
+        """Start writing in the middle of a run (a fallback for another writer: monitor/writer_fallback.py)."""
         self._start_thread()
 
     def on_step(self, sample: StepSample) -> None:
@@ -194,22 +205,30 @@ class JsonlWriter(Sink):
             self._fd = None
 
     def _run(self) -> None:
+        next_snapshot = time.monotonic() + self._interval
         while True:
-            self._wake.wait(self._interval)
+            self._wake.wait(min(self._interval, MAX_UNWRITTEN_SECONDS))
             self._wake.clear()
             if self._stopping:
                 return  # stop() flushes once more itself
-            self.flush()
+            now = time.monotonic()
+            snapshot = now >= next_snapshot
+            if snapshot:
+                next_snapshot = now + self._interval
+            self.flush(snapshot)
 
-    def flush(self) -> None:
-        """Write everything queued plus a snapshot line, then flush the file to the OS."""
+    def flush(self, snapshot: bool = True) -> None:
+        """Write everything queued (plus a snapshot line), then flush the file to the OS."""
         with self._lock:
             if self._off:
                 return
             items = self._drain()
+            if not items and not snapshot:
+                return
             try:
                 lines = [self._line(kind, payload) for kind, payload in items]
-                lines.append(self._snapshot_line())
+                if snapshot:
+                    lines.append(self._snapshot_line())
                 self._write("".join(lines).encode("utf-8"))
             except Exception as exc:  # a full disk must not reach training: counted, logged once, dropped
                 self._dropped.value += len(items)  # none of this batch is in the file (see _write)
@@ -324,5 +343,6 @@ def build(context: PartContext) -> list[Sink]:
             context.on_error,
             context.breaker,
             config.jsonl_name,
+            run_id_of(config),
         )
     ]

@@ -72,6 +72,7 @@ class QueuedStepWriter(Sink):
         self._writer_closed = False
         self._writes = 0
         self._off = False
+        self.fall_back: Callable[[str], None] | None = None  # PartContext.fall_back, set by the builder
 
     # -- what a writer implements -----------------------------------------------------------------
     def _ready(self) -> bool:
@@ -191,6 +192,7 @@ class QueuedStepWriter(Sink):
             lost,
             catalogue.DROPPED_RECORDS.name,
         )
+        self._ask_for_json_lines()
 
     def _count_lost(self, records: int) -> None:
         if records:
@@ -253,6 +255,14 @@ class QueuedStepWriter(Sink):
             self._off = True
             self._count_lost(len(self._queue))
             self._queue.clear()
+            self._ask_for_json_lines()
+
+    def _ask_for_json_lines(self) -> None:
+        if self.fall_back is not None:
+            try:
+                self.fall_back(self.name)
+            except Exception as exc:  # the fallback must not reach the writer thread's caller either
+                self._on_error(self.name, exc)
 
     def _close_on_this_thread(self) -> None:
         if not self._writer_closed:

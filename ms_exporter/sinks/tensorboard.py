@@ -9,6 +9,7 @@ import struct
 import time
 from pathlib import Path
 
+from ms_exporter.config.run_identity import run_folder_of
 from ms_exporter.core import safe_files
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
@@ -21,8 +22,9 @@ class TensorBoardWriter(QueuedStepWriter):
     """The step and evaluation scalars of QueuedStepWriter as TensorBoard scalars, at the step's global step and
     wall time.
 
-    Event files go to `save_dir/tensorboard/rank<r>`: `tensorboard --logdir save_dir/tensorboard` shows one run
-    per rank. The records are tensorboardX's (its `summary.scalar`, its Event proto and record checksum); the file
+    Event files go to `save_dir/tensorboard/<run>/rank<r>` (`<run>`: run_id, else the project): `tensorboard
+    --logdir save_dir/tensorboard` shows each project (each run) apart, one run per rank. The records are
+    tensorboardX's (its `summary.scalar`, its Event proto and record checksum); the file
     is written here, by the writer thread, in whole records: tensorboardX's SummaryWriter hands events to a thread
     of its own that dies on the first failed write (a full disk) and then blocks every later `add_scalar` for
     ever. Here a failed write is an OSError on the writer thread, counted like any other; the file is cut back to
@@ -101,8 +103,10 @@ def build(context: PartContext) -> list[Sink]:
     if rank.rank != 0 and not config.tensorboard.all_ranks:
         return []
     try:
-        directory = Path(config.save_dir) / "tensorboard" / f"rank{rank.rank}"
-        return [TensorBoardWriter(context.store, directory, config.interval, context.on_error, context.breaker)]
+        directory = Path(config.save_dir) / "tensorboard" / run_folder_of(config) / f"rank{rank.rank}"
+        writer = TensorBoardWriter(context.store, directory, config.interval, context.on_error, context.breaker)
+        writer.fall_back = context.fall_back
+        return [writer]
     except OSError as exc:
         context.on_error("tensorboard", exc)
         return []

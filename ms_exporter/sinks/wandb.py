@@ -154,17 +154,17 @@ def build(context: PartContext) -> list[Sink]:
     config, rank = context.config, context.rank
     if rank.rank != 0 and not config.wandb.all_ranks:
         return []
-    return [
-        WandbWriter(
-            context.store,
-            Path(config.save_dir),
-            config.wandb,
-            config.project,
-            config.run_id or config.project,
-            rank,
-            config.tags,
-            config.interval,
-            context.on_error,
-            context.breaker,
-        )
-    ]
+    writer = WandbWriter(
+        context.store,
+        Path(config.save_dir),
+        config.wandb,
+        config.project,
+        config.run_id or config.project,
+        rank,
+        config.tags,
+        config.interval,
+        context.on_error,
+        context.breaker,
+    )
+    writer.fall_back = context.fall_back
+    return [writer]

@@ -97,6 +97,7 @@ class Run:
     last_snapshot: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
+    run: str = ""  # the records' `run` (empty in files written before issue #34)
     rank: str = ""
     skipped_lines: int = 0  # lines that were no record: cut off mid-write, not JSON, not UTF-8, too long ...
     first_skipped: str = ""  # where the first was, and why
@@ -184,11 +185,14 @@ def _record(line: bytes | None) -> dict[str, Any]:
     return record
 
 
-def load_run(files: list[Path]) -> Run:
-    """The run the files hold. Lines that are no record are skipped and counted (Run.skipped says where the first
-    was and why); a file whose first line is not JSON is the wrong file: ReportError."""
-    run = Run(label="", files=[str(f) for f in files])
-    last_step = 0
+def load_runs(files: list[Path]) -> list[Run]:
+    """The runs the files hold, in the order they first appear. Runs that shared a save_dir share its files: each
+    record names its run (`project`, and `run` since issue #34; a file written before that is one run per project).
+    Lines that are no record are skipped and counted (Run.skipped says where the first was and why); a file whose
+    first line is not JSON is the wrong file: ReportError."""
+    runs: dict[tuple[str, str], Run] = {}
+    last_steps: dict[tuple[str, str], int] = {}
+    skipped: list[tuple[int, str]] = []  # lines that belong to no run: counted on the first run
     for path in files:
         with path.open("rb") as handle:
             for number, line in enumerate(_lines(handle), start=1):
@@ -200,37 +204,55 @@ def load_run(files: list[Path]) -> Run:
                     if number == 1 and exc.foreign:  # the wrong file was given
                         raise ReportError(f"{path}:{number}: {exc}") from None
                     # A line cut off mid-write (a killed run, a full disk), or one that something else wrote.
-                    run.skipped_lines += 1
-                    run.first_skipped = run.first_skipped or f"line {number} of {path.name}: {exc}"
+                    skipped.append((number, f"line {number} of {path.name}: {exc}"))
                     continue
-                run.project = str(record.get("project", run.project))[:_MAX_LABEL]
+                project = str(record.get("project", ""))[:_MAX_LABEL]
+                key = (project, str(record.get("run", ""))[:_MAX_LABEL])
+                run = runs.get(key)
+                if run is None:
+                    run = runs[key] = Run(label="", files=[str(f) for f in files], project=project, run=key[1])
+                    last_steps[key] = 0
                 run.rank = str(record.get("rank", run.rank))[:_MAX_LABEL]
-                kind = record["type"]
-                if kind == "step":
-                    last_step = record["step"]
-                    run.steps["step"].append(last_step)
-                    for key in PLOTTED:
-                        run.steps[key].append(_number(record.get(key)))
-                    if run.steps[_LOSS][-1] is None:  # the smoothed loss of a NaN step is no loss: a gap
-                        run.steps[_SMOOTHED][-1] = None
-                    loss = record.get("loss")
-                    run.last_loss = loss if isinstance(loss, (int, float)) or loss in _NONFINITE else None
-                elif kind == "snapshot":
-                    metrics = record.get("metrics", {})
-                    run.last_snapshot = metrics
-                    memory_key = next((k for k in _MEMORY_KEYS if k in metrics), None)
-                    memory = _number(metrics[memory_key]) if memory_key is not None else None
-                    if memory is not None and memory_key is not None and last_step:
-                        run.memory.append((last_step, memory))
-                        run.memory_kind = _MEMORY_KEYS[memory_key]
-                    if last_step:
-                        _add_devices(run, last_step, metrics)
-                elif kind == "event":
-                    run.events.append(record)
-    if not run.steps["step"]:
-        skipped = f" ({run.skipped()})" if run.skipped_lines else ""
-        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?){skipped}")
-    return run
+                last_steps[key] = _add_record(run, record, last_steps[key])
+    found = [run for run in runs.values() if run.steps["step"]]
+    if not found:
+        first = f" (skipped {len(skipped)} lines that are not records: first at {skipped[0][1]})" if skipped else ""
+        raise ReportError(f"{files[0]}: no step records (was it written by backend: local during training?){first}")
+    if skipped:
+        found[0].skipped_lines, found[0].first_skipped = len(skipped), skipped[0][1]
+    return found
+
+
+def load_run(files: list[Path]) -> Run:
+    """The first run the files hold (load_runs): the run, where they hold one."""
+    return load_runs(files)[0]
+
+
+def _add_record(run: Run, record: dict[str, Any], last_step: int) -> int:
+    """One record into its run; the run's last step after it."""
+    kind = record["type"]
+    if kind == "step":
+        last_step = record["step"]
+        run.steps["step"].append(last_step)
+        for key in PLOTTED:
+            run.steps[key].append(_number(record.get(key)))
+        if run.steps[_LOSS][-1] is None:  # the smoothed loss of a NaN step is no loss: a gap
+            run.steps[_SMOOTHED][-1] = None
+        loss = record.get("loss")
+        run.last_loss = loss if isinstance(loss, (int, float)) or loss in _NONFINITE else None
+    elif kind == "snapshot":
+        metrics = record.get("metrics", {})
+        run.last_snapshot = metrics
+        memory_key = next((k for k in _MEMORY_KEYS if k in metrics), None)
+        memory = _number(metrics[memory_key]) if memory_key is not None else None
+        if memory is not None and memory_key is not None and last_step:
+            run.memory.append((last_step, memory))
+            run.memory_kind = _MEMORY_KEYS[memory_key]
+        if last_step:
+            _add_devices(run, last_step, metrics)
+    elif kind == "event":
+        run.events.append(record)
+    return last_step
 
 
 def _add_devices(run: Run, step: int, metrics: dict[str, Any]) -> None:
@@ -342,7 +364,14 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def render(runs: list[Run], hang: HangConfig | None = None) -> str:
-    labels = [f"project {r.project} rank {r.rank}" for r in runs]
+    projects = [r.project for r in runs]
+    # A project with two runs (two run_ids in one save_dir) names the run too.
+    labels = [
+        f"project {r.project}"
+        + (f" run {r.run}" if r.run and projects.count(r.project) > 1 else "")
+        + f" rank {r.rank}"
+        for r in runs
+    ]
     for index, run in enumerate(runs):
         duplicate = labels.count(labels[index]) > 1
         run.label = labels[index] + (f" ({Path(run.files[-1]).name}, run {index + 1})" if duplicate else "")
@@ -370,6 +399,6 @@ def render(runs: list[Run], hang: HangConfig | None = None) -> str:
 
 
 def write_report(paths: list[str], output: str, hang: HangConfig | None = None) -> list[Run]:
-    runs = [load_run(files) for files in group_files(paths)]
+    runs = [run for files in group_files(paths) for run in load_runs(files)]
     Path(output).write_text(render(runs, hang), encoding="utf-8")
     return runs

@@ -49,7 +49,8 @@ def test_the_third_articles_monitor_config_runs(tmp_path: Path, monkeypatch: pyt
     steps = _steps(tmp_path / "monitor_output" / "metrics-rank0.jsonl")
     assert sorted(steps) == list(range(1, STEPS + 1))
     assert all(record["loss"] > 0 and record["learning_rate"] > 0 for record in steps.values())
-    reader = EventAccumulator(str(tmp_path / "monitor_output" / "tensorboard" / "rank0"), size_guidance={"scalars": 0})
+    log_dir = tmp_path / "monitor_output" / "tensorboard" / "bert-large-wwm-pretrain" / "rank0"  # its project's run
+    reader = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
     reader.Reload()
     for tag in ("loss", "learning_rate"):
         assert sorted(event.step for event in reader.Scalars(tag)) == list(range(1, STEPS + 1)), tag

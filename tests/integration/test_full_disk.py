@@ -148,5 +148,5 @@ def test_round2_finding_4_tensorboard_on_a_disk_that_fills_returns_at_train_end_
             assert seconds < WAIT_SECONDS + 2, (hook, seconds)
         assert result["dropped"]["tensorboard"] == 200  # every step record lost to the full disk, counted
         assert result["errors"]["tensorboard"] >= 1
-        events = list((disk / "tensorboard" / "rank0").glob("events.out.tfevents.*"))
+        events = list((disk / "tensorboard" / "default" / "rank0").glob("events.out.tfevents.*"))
         assert len(events) == 1 and events[0].stat().st_size < 4096  # the header record only: no torn record

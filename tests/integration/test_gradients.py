@@ -73,7 +73,10 @@ def test_global_and_layer_norms_match_an_independent_reference(mode: int) -> Non
     # A clip far below the real norm: clipping changes what is applied, not the norm reported (pre-clip).
     model = Model(GradNormTrainOneStepCell(network, optimizer, clip_norm=0.01))
     monitor = TrainingMonitor(
-        port=0, web=FRESH, grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2, "threshold": 1e-3}
+        port=0,
+        web=FRESH,
+        grad_norm={"every_n_steps": 1, "layers": ["head"], "top_k": 2, "threshold": 1e-3},
+        warn_warmup_steps=0,  # four steps: watched from the first
     )
     recorder = RecordSteps(monitor, network)
     try:
@@ -327,7 +330,9 @@ def test_layernorm_statistics_and_drift() -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     network = small_network()
     model = Model(network, optimizer=nn.Momentum(network.trainable_params(), 0.001, 0.9))
-    monitor = TrainingMonitor(port=0, web=FRESH, layernorm={"every_n_steps": 1, "window": 4, "drift_threshold": 0.3})
+    monitor = TrainingMonitor(
+        port=0, web=FRESH, layernorm={"every_n_steps": 1, "window": 4, "drift_threshold": 0.3}, warn_warmup_steps=0
+    )
     perturb = Perturb(network, monitor)
     try:
         model.train(1, dataset(6), callbacks=[monitor, perturb], dataset_sink_mode=False)

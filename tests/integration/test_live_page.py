@@ -50,7 +50,12 @@ def trained() -> Iterator[TrainingMonitor]:
     network = build_network(layers=1, d_model=32, heads=2)
     model = Model(GradNormTrainOneStepCell(network, nn.Momentum(network.trainable_params(), 0.01, 0.9)))
     monitor = TrainingMonitor(
-        port=0, project="live-page", warmup_steps=2, grad_norm={"every_n_steps": 1}, warn_on_value={"loss": 0.5}
+        port=0,
+        project="live-page",
+        warmup_steps=2,
+        warn_warmup_steps=2,
+        grad_norm={"every_n_steps": 1},
+        warn_on_value={"loss": 0.5},
     )
     model.train(
         1, synthetic_dataset(size=STEPS * 8, batch=8), dataset_sink_mode=False, callbacks=[ReportNaN(), monitor]

@@ -36,6 +36,7 @@ def train_run(save_dir: Path, project: str, steps: int, learning_rate: float, pe
         interval=0.2,
         grad_norm={"every_n_steps": 2},
         warn_on_value={"loss": 0.6},
+        warn_warmup_steps=0,  # 20 and 30 steps: watched from the first
         # with a peak, MFU; without, model FLOPs per second from the parameters (6N)
         flops={"model": demo_flops_model(1, 32, 2), "peak_flops_per_device": peak} if peak else {},
     )

@@ -42,7 +42,7 @@ def test_a_strategy_by_import_path_reaches_every_sink_and_a_failing_one_costs_no
     assert sorted(steps) == list(range(1, STEPS + 1))  # every step trained, every step recorded
     for record in steps.values():
         assert record["user_loss_spread_scaled_loss"] == pytest.approx(2 * record["loss"])
-    reader = EventAccumulator(str(tmp_path / "out" / "tensorboard" / "rank0"), size_guidance={"scalars": 0})
+    reader = EventAccumulator(str(tmp_path / "out" / "tensorboard" / "default" / "rank0"), size_guidance={"scalars": 0})
     reader.Reload()
     scaled = {event.step: event.value for event in reader.Scalars("user_loss_spread_scaled_loss")}
     assert sorted(scaled) == list(range(1, STEPS + 1))

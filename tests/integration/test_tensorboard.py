@@ -23,7 +23,7 @@ def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
 
 def test_a_seed_shaped_config_runs_unchanged_and_tensorboard_reads_its_series(tmp_path: Path) -> None:
     train(seed_shaped_config(tmp_path, "tensorboard"))
-    found = scalars(tmp_path / "out" / "tensorboard" / "rank0")
+    found = scalars(tmp_path / "out" / "tensorboard" / "default" / "rank0")
     for tag in ("loss", "learning_rate", "tokens_per_second"):
         assert sorted(found[tag]) == list(range(1, STEPS + 1)), tag
     assert all(math.isfinite(value) and value > 0 for value in found["loss"].values())
@@ -34,7 +34,7 @@ def test_tensorboard_holds_the_same_loss_lr_and_throughput_per_step_as_the_json_
     train({"backend": ["tensorboard", "local"], "save_dir": str(tmp_path), "interval": 1, "port": 0})
     records = [json.loads(line) for line in (tmp_path / "metrics-rank0.jsonl").read_text().splitlines()]
     steps = {record["step"]: record for record in records if record["type"] == "step"}
-    found = scalars(tmp_path / "tensorboard" / "rank0")
+    found = scalars(tmp_path / "tensorboard" / "default" / "rank0")
     assert len(steps) == STEPS
     for key in ("loss", "learning_rate", "tokens_per_second", "samples_per_second", "step_duration_seconds"):
         assert sorted(found[key]) == sorted(steps), key

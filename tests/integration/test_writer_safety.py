@@ -213,14 +213,15 @@ def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable
             tmp_path / "run",
             save_dir,
             save_dir / "tensorboard",
-            save_dir / "tensorboard" / "rank0",
+            save_dir / "tensorboard" / "default",
+            save_dir / "tensorboard" / "default" / "rank0",
             tmp_path / "dumps",
             shared,
         )
     }
     assert modes.pop(shared) == 0o1777  # sticky: anyone adds a target, none removes or replaces another's
     assert set(modes.values()) == {0o750}, modes
-    for path in (save_dir / "metrics-rank0.jsonl", *(save_dir / "tensorboard" / "rank0").iterdir()):
+    for path in (save_dir / "metrics-rank0.jsonl", *(save_dir / "tensorboard" / "default" / "rank0").iterdir()):
         assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0, path
 
 

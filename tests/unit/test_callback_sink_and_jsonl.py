@@ -97,6 +97,29 @@ def test_jsonl_rotates_at_max_file_mb(tmp_path: Path) -> None:
     assert errors == []
 
 
+def test_queued_records_reach_the_file_within_seconds_whatever_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ms_exporter.sinks import jsonl
+    from tests.support.waiting import wait_until
+
+    monkeypatch.setattr(jsonl, "MAX_UNWRITTEN_SECONDS", 0.2)  # 5 s in production
+    monitor = TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path), interval=3600)
+    path = tmp_path / "metrics-rank0.jsonl"
+    try:
+        monitor.on_train_begin(context(0, 0.0))
+        for step in (1, 2, 3):
+            monitor.on_train_step_end(context(step, 0.5))
+        monitor.publish()
+        # An hour's interval, and the steps are on disk anyway: a kill -9 now would lose none of them.
+        wait_until(lambda: path.exists() and len(read_records(str(path))) >= 4, 30, "the records written")
+        kinds = [record["type"] for record in read_records(str(path))]
+        assert kinds.count("step") == 3 and "snapshot" not in kinds  # the snapshot still waits for its interval
+    finally:
+        monitor.close()
+    assert read_records(str(path))[-1]["type"] == "snapshot"  # and comes at close
+
+
 def test_unwritable_save_dir_is_counted_not_raised(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -136,7 +136,7 @@ def test_every_problem_is_reported_at_once() -> None:
     assert "prot: unknown key" in text and "did you mean 'port'" in text
     assert "port: must be an integer from 0 to 65535, got -1" in text
     assert "interval: must be a number of at least 0.05" in text
-    assert "'grafana'" in text and "allowed: ['prometheus', 'otlp', 'local', 'tensorboard', 'wandb']" in text
+    assert "'grafana'" in text and "allowed: ['prometheus', 'otlp', 'local', 'tensorboard', 'wandb', 'console']" in text
     assert "'los' (did you mean 'loss'?)" in text
     assert "loss_window: must be an integer from 1" in text
     assert "log_level: must be one of" in text

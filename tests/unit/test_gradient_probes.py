@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -61,6 +62,17 @@ def test_layer_grouping_and_watch_patterns() -> None:
     assert index.layers["block.0.attn"] == [1, 2]
     norms = dict(zip(index.layer_names, index.layer_norms(np.array([1.0, 3.0, 4.0, 0.0, 6.0, 8.0])), strict=True))
     assert norms == {"embed": 1.0, "block.0.attn": 5.0, "block.1.attn": 0.0, "head": 10.0}
+
+
+def test_a_pattern_that_matches_nothing_is_named_with_the_nearest_layers(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="ms_exporter")
+    LayerIndex(NAMES, ("block\\.1", "head\\.weight", "blocks.1.attn"), max_watched=5)
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1, warned  # a parameter's name (head.weight) is a match too
+    assert "'blocks.1.attn' matches no layer" in warned[0] and "block.1.attn" in warned[0].split("nearest")[1]
+    caplog.clear()
+    LayerIndex([], ("encoder.layer.11",), max_watched=5)  # no parameter names known: nothing to say
+    assert not caplog.records
 
 
 def test_sampling_every_n_steps_top_k_and_zero_layers() -> None:

@@ -10,7 +10,7 @@ import pytest
 from ms_exporter.config import Bound
 from ms_exporter.core import catalogue
 from ms_exporter.core.store import MetricStore
-from ms_exporter.features.breach_watch import ThresholdWatcher
+from ms_exporter.features.breach_watch import CALM_CHECKS, ThresholdWatcher
 from ms_exporter.probes.loss import LossProbe
 from ms_exporter.probes.memory import MIB, MemoryProbe
 from ms_exporter.probes.throughput import ThroughputProbe
@@ -138,20 +138,23 @@ def test_threshold_breach_warns_once_per_episode(caplog: pytest.LogCaptureFixtur
     loss = store.register(catalogue.LOSS).series()
     tokens = store.register(catalogue.TOKENS_PER_SECOND).series()
     watcher = ThresholdWatcher(
-        store, {"loss": Bound("max", 5.0), "tokens_per_second": Bound("min", 100.0)}, warmup_steps=3
+        store, {"loss": Bound("max", 5.0), "tokens_per_second": Bound("min", 100.0)}, warmup_steps=3, watch_after=2
     )
     caplog.set_level(logging.WARNING, logger="ms_exporter")
     tokens.value = 1.0  # low during warm-up: not a breach yet
-    for steps_done, loss_value in enumerate([1.0, 6.0, 7.0, 8.0, 2.0, 9.0], start=1):
+    calm = [2.0] * CALM_CHECKS
+    # 9 during the watch's warm-up; then 6-8; back and forth (one episode); calm long enough; 9 again.
+    losses = [9.0, 6.0, 7.0, 8.0, 2.0, 9.0, *calm, 9.0]
+    for steps_done, loss_value in enumerate(losses, start=1):
         loss.value = loss_value
         watcher.check_step(steps_done)
     breaches = store.get("mindspore_train_threshold_breaches_total")
     assert breaches is not None
-    assert breaches.series(metric="loss").value == 2  # episodes 6-8 and 9
+    assert breaches.series(metric="loss").value == 2  # 6 ... 9 (a flap is no new episode), and the last 9
     assert breaches.series(metric="tokens_per_second").value == 1  # one long episode after warm-up
     loss_warnings = [r for r in caplog.records if "loss =" in r.getMessage()]
     assert len(loss_warnings) == 2
-    assert "max 5" in loss_warnings[0].getMessage()
+    assert "loss = 6" in loss_warnings[0].getMessage() and "max 5" in loss_warnings[0].getMessage()
 
 
 def test_threshold_watch_follows_series_that_appear_later() -> None:

@@ -20,7 +20,7 @@ def test_rank_0_writes_by_default_and_every_rank_with_all_ranks(tmp_path: Path) 
     assert sinks_of(0, tmp_path) == ["tensorboard"]
     assert sinks_of(1, tmp_path) == []
     assert sinks_of(1, tmp_path, tensorboard={"all_ranks": True}) == ["tensorboard"]
-    assert (tmp_path / "tensorboard" / "rank1").is_dir()
+    assert (tmp_path / "tensorboard" / "default" / "rank1").is_dir()
 
 
 def test_without_tensorboardx_the_config_error_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
