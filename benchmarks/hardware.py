@@ -16,10 +16,12 @@ from typing import Any
 from benchmarks.stats import summary
 
 
-def _timed(read: Any, samples: int) -> dict[str, float]:
+def _timed(read: Any, samples: int, apart: float = 0.0) -> dict[str, float]:
+    """Median etc. of `samples` readings, `apart` seconds between them (not timed)."""
     read()  # the first reading primes what the reader keeps (psutil's CPU interval, NVML's handles)
     times = []
     for _ in range(samples):
+        time.sleep(apart)
         began = time.perf_counter()
         read()
         times.append(time.perf_counter() - began)
@@ -35,7 +37,14 @@ def measure(samples: int) -> list[dict[str, Any]]:
     rows = []
     reader = host.HostReader()
     sensors = "with" if reader.read()[0].temperature_celsius is not None else "without"
-    rows.append({"case": f"host (psutil, {sensors} a CPU temperature sensor here)", **_timed(reader.read, samples)})
+    # Readings come hardware.interval apart: one sooner than MIN_CPU_INTERVAL_SECONDS after the last waits that long
+    # for psutil's CPU share (host.py), which back-to-back readings would measure instead of the reading itself.
+    rows.append(
+        {
+            "case": f"host (psutil, {sensors} a CPU temperature sensor here)",
+            **_timed(reader.read, min(samples, 100), apart=host.MIN_CPU_INTERVAL_SECONDS * 1.2),
+        }
+    )
 
     gpus = [FakeGpu(uuid=f"GPU-00000000-0000-0000-0000-00000000000{index}") for index in range(8)]
     saved = sys.modules.get("pynvml")
@@ -57,3 +66,11 @@ def measure(samples: int) -> list[dict[str, Any]]:
     for row in rows:
         row["share_at_default"] = row["median"] / 1e3 / section.interval  # of one core, at hardware.interval
     return rows
+
+
+if __name__ == "__main__":
+    for row in measure(500):
+        print(
+            f"| {row['case']} | {row['median']:.3f} | {row['p90']:.3f} | {row['p99']:.3f} | {row['n']} "
+            f"| {row['share_at_default']:.2e} |"
+        )
