@@ -86,7 +86,6 @@ class StrategyProbe(Probe):
         self._store = context.store
         self._declared = {family.name: family for family in getattr(strategy, "families", ()) or ()}
         self._gauges: dict[str, Series] = {}
-        self._learning_rate = context.store.series_of  # read per call: the LR probe's series appears at train begin
         self._seconds = context.store.register(catalogue.STRATEGY_SECONDS).series(strategy=self.label)
         self._cb_params: Any = None
 
@@ -99,7 +98,7 @@ class StrategyProbe(Probe):
     def on_step(self, sample: StepSample) -> None:
         if sample.step % self._every:
             return
-        learning_rate = self._learning_rate(catalogue.LEARNING_RATE)
+        learning_rate = self._store.series_of(catalogue.LEARNING_RATE)  # the LR probe's, once it has one
         metrics = {
             "step": sample.step,
             "epoch": sample.epoch,
