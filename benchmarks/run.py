@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks import fingerprint, good_state, hardware, hotpath, memory, paired, scrape, training
+from benchmarks import fingerprint, good_state, hardware, hotpath, memory, opt_in, paired, scrape, training
 
 TARGETS = {
     "step_ratio": 0.01,
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     scraped = scrape.during_training([0, 1, 100], 1 if quick else 4, 30 if quick else 150)
     log("hardware readers ...", flush=True)
     readers = hardware.measure(20 if quick else 500)
+    log("opt-in features per sample ...", flush=True)
+    opt_ins = opt_in.measure(5 if quick else 100, 20 if quick else 60, ((2, 64),) if quick else ((2, 64), (6, 256)))
 
     doc = render(
         command,
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         quick,
         time.monotonic() - started,
         (load_before, os.getloadavg()),
+        opt_ins,
     )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
@@ -157,6 +160,7 @@ def render(
     quick: bool,
     seconds: float,
     loads: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
+    opt_ins: list[dict[str, Any]] | None = None,
 ) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
@@ -425,8 +429,41 @@ def render(
         f"RSS added by the monitor: {rss_added:.1f} MB (end with monitor − end without).",
         "",
         *_hardware_section(readers, steps_tables),
+        *_opt_in_section(opt_ins or []),
     ]
     return "\n".join(out)
+
+
+def _opt_in_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The sampled, opt-in features (docs/update-ratio.md): what one sample costs, and where."""
+    if not rows:
+        return []
+    return [
+        "",
+        "## Opt-in features, per sample",
+        "",
+        "Off by default, so the default cost above does not include them. One sample of each, called as the callback",
+        "calls it, on the trained GRAPH-mode model (benchmarks/opt_in.py); the share is the sample's time over the",
+        "model's own steps at the feature's default interval (`update_ratio.every_n_steps` 100,",
+        "`tensorboard.collect_freq` 10, `data_quality.every_n_steps` 1). Only the training thread's part adds to a",
+        "step; the writer thread's part takes a core beside it. Activation statistics switch compiled graphs around",
+        "their measured steps, so a call cannot be timed alone: `python -m benchmarks.activations` times whole",
+        "trainings with them ([activations.md](activations.md#what-it-costs)).",
+        "",
+        table(
+            rows,
+            [
+                ("case", "model: feature", ""),
+                ("where", "where", ""),
+                ("median", "median ms", ".2f"),
+                ("p90", "p90 ms", ".2f"),
+                ("n", "samples", "d"),
+                ("step_ms", "step ms", ".1f"),
+                ("every", "every n steps", "d"),
+                ("share", "share of those steps", ".2e"),
+            ],
+        ),
+    ]
 
 
 def _hardware_section(

@@ -1,4 +1,5 @@
-"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top, hangs, report, peak-flops and demo."""
+"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top, hangs, report, triage, peak-flops and
+demo."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ms_exporter._version import __version__
 from ms_exporter.config import ConfigError, MonitorConfig, load_config, read_config
 from ms_exporter.core.flops import from_shape
 from ms_exporter.tools.peak_flops import DTYPES
+from ms_exporter.tools.triage import DEFAULT_SLOW_BELOW, DEFAULT_WINDOW
 
 # `make demo`'s run: about 2 minutes at ~14 ms a step on 2 idle cores. A planned length (not a time limit) lets the
 # LR schedule decay over the run and the dashboard's ETA be right; here, not in demo.py, so that the command
@@ -102,6 +104,19 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--config", default=None, help="a monitor_config YAML file")
     demo.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
     demo.add_argument("--save-dir", default=None, help="where the JSONL file goes (default: the config's save_dir)")
+    demo.add_argument(
+        "--inject",
+        choices=("nan", "stall", "slow", "leak", "crash"),
+        default=None,
+        help="after a healthy start, turn faulty: a NaN loss, a stall, slow steps, a memory leak or a SIGKILL "
+        "(each leads to an alert: README.md, 'See a page')",
+    )
+    demo.add_argument(
+        "--inject-after",
+        type=float,
+        default=60.0,
+        help="seconds of healthy training before --inject (default 60: Prometheus has scraped the run by then)",
+    )
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -114,6 +129,8 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config=args.config,
         mode=args.mode,
         save_dir=args.save_dir,
+        inject=args.inject,
+        inject_after=args.inject_after,
     )
 
 
@@ -349,6 +366,48 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+# -- triage ----------------------------------------------------------------------------------------------------------
+
+
+def _triage_arguments(triage: argparse.ArgumentParser) -> None:
+    triage.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="directories searched for runs: the JSON Lines files of backend: local and the event files of "
+        "backend: tensorboard (save_dir/tensorboard/<run>/rank<r>), in any save_dir below; symlinks are not followed",
+    )
+    triage.add_argument("--html", default=None, metavar="PATH", help="also write the table as one HTML page here")
+    triage.add_argument(
+        "--loss-above",
+        type=float,
+        default=None,
+        metavar="X",
+        help="a run whose final loss (the mean of its last --window steps) is above X failed (default: not judged)",
+    )
+    triage.add_argument(
+        "--window",
+        type=int,
+        default=DEFAULT_WINDOW,
+        metavar="N",
+        help=f"the last steps the final loss and the loss's swing are taken over (default {DEFAULT_WINDOW})",
+    )
+    triage.add_argument(
+        "--slow-below",
+        type=float,
+        default=DEFAULT_SLOW_BELOW,
+        metavar="F",
+        help="a run whose median tokens/s (samples/s without tokens) is under F x the other runs' median is slow "
+        f"(default {DEFAULT_SLOW_BELOW:g}; 0: never)",
+    )
+
+
+def _triage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ms_exporter.tools.triage import run_triage
+
+    return run_triage(args, parser.error)
+
+
 # -- peak-flops ------------------------------------------------------------------------------------------------------
 
 
@@ -425,6 +484,14 @@ COMMANDS: dict[str, _Command] = {
         "waits for. Exit status 1 when a rank is past its deadline.",
     ),
     "report": _Command("render finished runs' JSON Lines into one static HTML report", _report_arguments, _report),
+    "triage": _Command(
+        "flag the failed, unstable, stalled and slow runs among many (docs/triage.md)",
+        _triage_arguments,
+        _triage,
+        description="Reads every run under the directories (JSON Lines and TensorBoard event files) and flags "
+        "the runs that failed, are unstable, stalled or slow against the others, with the reason, as a table "
+        "(and an HTML page with --html). Exit status 0 whether or not a run is flagged.",
+    ),
     "peak-flops": _Command(
         "measure a MindSpore matrix multiply's FLOPs per second here",
         _peak_flops_arguments,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from typing import Any
 
@@ -219,10 +221,13 @@ def run_demo(
     config: str | None = None,
     mode: str = "graph",
     save_dir: str | None = None,
+    inject: str | None = None,
+    inject_after: float = 60.0,
 ) -> int:
     """Train the demo model for `steps` steps: one epoch of exactly that many batches, so the monitor's planned
     steps (and the dashboard's ETA) and the LR schedule, which decays over the same steps, follow the real run.
-    `seconds` stops it early."""
+    `seconds` stops it early; `inject` turns the job faulty after `inject_after` healthy seconds
+    (`injector`)."""
     import mindspore as ms
 
     from ms_exporter.monitor.callback import TrainingMonitor
@@ -256,6 +261,8 @@ def run_demo(
     print(f"training a {mode.upper()}-mode Transformer classifier for {limit} ...", flush=True)
     model = build_model(decay_steps=steps)
     callbacks = [monitor, _progress(monitor)] + ([_stopper(seconds)] if seconds else [])
+    if inject is not None:
+        callbacks.append(injector(inject, inject_after))
     model.train(1, synthetic_dataset(size=steps * BATCH), callbacks=callbacks, dataset_sink_mode=False)
     done = monitor.store.value_of(c.STEPS)
     total = 0 if math.isnan(done) else int(done)  # NaN: the monitor is off
@@ -286,3 +293,60 @@ def _next_steps(url: str | None, jsonl_path: str | None) -> None:
         lines.append(f"  ms-exporter top {endpoint}   # a live table of the ranks (run it beside the next demo)")
     lines.append("  Prometheus, Alertmanager and the dashboard: README.md, 'Alerts and dashboards'")
     print("\n".join(lines), flush=True)
+
+
+# -- faults to inject (`ms-exporter demo --inject`): a newcomer sees the alert each causes arrive ---------------------
+#
+# | fault | what the job does from then on | the alert it leads to (docs/alerts.md) |
+# |---|---|---|
+# | nan | the head's bias becomes NaN: every loss is NaN | MindSporeTrainingLossNonFinite (critical) |
+# | stall | the next step never begins (the process sleeps) | MindSporeTrainingStalled (critical), then Hang |
+# | slow | each step waits 0.25 s first (a starved data loader) | MindSporeTrainingThroughputDrop (warning) |
+# | leak | each step keeps 4 MiB more host memory | MindSporeTrainingMemoryGrowth (warning) |
+# | crash | the process kills itself with SIGKILL, as the OOM killer would | MindSporeTrainingRankDown (critical) |
+
+FAULTS = ("nan", "stall", "slow", "leak", "crash")
+SLOW_SECONDS = 0.25
+LEAK_BYTES = 4 * 2**20
+STALL_SECONDS = 24 * 3600.0  # longer than anyone watches: the user stops the demo (Ctrl-C)
+
+
+def injector(fault: str, after_seconds: float) -> Any:
+    """A MindSpore callback that trains healthily for `after_seconds`, says so once, then does `fault`."""
+    from mindspore import Tensor
+    from mindspore.train import Callback
+
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+
+    class Inject(Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.start: float | None = None  # the first step's begin: compilation is not part of the healthy start
+            self.began = False
+            self.kept: list[Any] = []
+
+        def on_train_step_begin(self, run_context: Any) -> None:
+            if not self.began:
+                if self.start is None:
+                    self.start = time.monotonic()
+                if time.monotonic() - self.start < after_seconds:
+                    return
+                self.began = True
+                step = run_context.original_args().cur_step_num
+                print(f"injecting '{fault}' at step {step} ({after_seconds:.0f} s after the start)", flush=True)
+                if fault == "nan":
+                    network = run_context.original_args().train_network
+                    bias = next(p for p in network.trainable_params() if p.name.endswith("head.bias"))
+                    # set_data reaches a compiled graph too: the next step's loss is NaN, and so are the ones after
+                    bias.set_data(Tensor(np.full(bias.shape, np.nan, np.float32)))
+                elif fault == "crash":
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "stall":
+                time.sleep(STALL_SECONDS)
+            elif fault == "slow":
+                time.sleep(SLOW_SECONDS)
+            elif fault == "leak":
+                self.kept.append(np.ones(LEAK_BYTES, np.uint8))  # touched, so it is resident
+
+    return Inject()

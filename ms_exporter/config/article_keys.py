@@ -37,6 +37,14 @@ STRATEGIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"actions.early_stop.enable": True, "actions.early_stop.unit": "step"},
     ),
     "HardwareHealthStrategy": ({}, {"hardware.enable": True}),
+    # Named in its section 6.2 (label entropy per batch, 5 low steps in a row); its keys are our section's own.
+    "DataQualityStrategy": (
+        {
+            key: f"data_quality.{key}"
+            for key in ("label_column", "token_column", "vocab_size", "baseline_steps", "drop_ratio", "streak")
+        },
+        {"data_quality.enable": True},
+    ),
 }
 # Top-level keys of the articles that are one of ours under another name.
 RENAMED = {"enable_hardware_monitor": "hardware.enable"}

@@ -246,6 +246,21 @@ def regexes() -> Check:
     return check
 
 
+def regex() -> Check:
+    """One regular expression."""
+
+    def check(value: Any) -> str:
+        if not isinstance(value, str):
+            raise _Bad("must be one regular expression (a string)", value)
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise _Bad(f"'{value}' is not a valid regular expression ({exc})", value) from None
+        return value
+
+    return check
+
+
 def mapping(what: str, entry: Callable[[Any, Any], tuple[Any, Any]], *, secret: bool = False) -> Check:
     """A mapping of `what`, checked entry by entry (`entry` returns the clean key and value); each bad entry is its
     own problem. None is the empty mapping; a secret mapping is never shown."""

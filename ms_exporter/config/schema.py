@@ -35,6 +35,8 @@ from ms_exporter.config.checks import (
 )
 from ms_exporter.config.sections import (
     ActionsConfig,
+    ActivationsConfig,
+    DataQualityConfig,
     DivergenceConfig,
     FlopsConfig,
     GoodputConfig,
@@ -45,6 +47,7 @@ from ms_exporter.config.sections import (
     OtlpConfig,
     PushgatewayConfig,
     TensorBoardConfig,
+    UpdateRatioConfig,
     WandbConfig,
     WebConfig,
 )
@@ -256,6 +259,8 @@ class MonitorConfig:
     grad_norm: GradNormConfig = section(GradNormConfig)
     layernorm: LayerNormConfig = section(LayerNormConfig)
     weight_norm: bool = setting(False, check=boolean())
+    update_ratio: UpdateRatioConfig = section(UpdateRatioConfig)
+    activations: ActivationsConfig = section(ActivationsConfig)
     file_sd_dir: str | None = setting(None, check=optional(file_path()))
     # Where the alerts' runbook_url links point (ms-exporter rules/kubernetes --config): the page that serves
     # docs/alerts.md with a heading anchor per alert; unset: the repository-relative docs/alerts.md.
@@ -273,6 +278,7 @@ class MonitorConfig:
     tensorboard: TensorBoardConfig = section(TensorBoardConfig)
     wandb: WandbConfig = section(WandbConfig)
     hardware: HardwareConfig = section(HardwareConfig)
+    data_quality: DataQualityConfig = section(DataQualityConfig)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

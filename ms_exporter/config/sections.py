@@ -31,6 +31,7 @@ from ms_exporter.config.checks import (
     names,
     optional,
     readable_file,
+    regex,
     regexes,
     section,
     setting,
@@ -48,7 +49,7 @@ from ms_exporter.config.vocabulary import (
 from ms_exporter.core import registry
 from ms_exporter.core.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
 from ms_exporter.core.redaction import REDACTED
-from ms_exporter.core.thresholds import DEFAULTS, LOSS_SPIKE_FACTOR
+from ms_exporter.core.thresholds import DATA_QUALITY_DROP_RATIO, DATA_QUALITY_STREAK, DEFAULTS, LOSS_SPIKE_FACTOR
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,43 @@ class LayerNormConfig:
     drift_threshold: float | None = setting(DEFAULTS.layernorm_drift, check=optional(greater_than(0, MAX_RATIO)))
     # Three series per scale: a deep model (two norms a block) would otherwise be a rank's largest family.
     max_layers: int = setting(24, check=int_in(1, 10_000))
+
+
+@dataclass(frozen=True)
+class UpdateRatioConfig:
+    """monitor_config.update_ratio: how far each layer's weights moved between two samples, ||w - w_before|| / ||w||
+    (the second source article's "parameter update size"; docs/update-ratio.md)."""
+
+    enable: bool = setting(False, check=boolean())
+    # Each sample copies every trainable weight to the host (and keeps the copy until the next): the ratio is over
+    # these many steps.
+    every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    layers: tuple[str, ...] = setting((), check=regexes())  # always exported; matched like grad_norm.layers
+    # Besides the watched layers: the k layers that moved least and the k that moved most.
+    top_k: int = setting(3, check=int_in(0, 1000))
+    max_series: int = setting(20, check=int_in(1, 1000))
+    # MindSporeTrainingLayerFrozen: a layer whose ratio is under this share of the rank's median ratio.
+    frozen_fraction: float = setting(DEFAULTS.update_ratio_frozen_fraction, check=greater_than(0, 1))
+
+    def _cross_check(self, say: Say) -> None:
+        if 2 * self.top_k > self.max_series:
+            say("top_k", f"the top_k smallest and largest must fit in max_series ({self.max_series})", self.top_k)
+
+
+@dataclass(frozen=True)
+class ActivationsConfig:
+    """monitor_config.activations: mean, std, max |x| and the shares of zeros and non-finite values of selected
+    layers' outputs every `every_n_steps` steps (the second source article's debug tier; docs/activations.md)."""
+
+    enable: bool = setting(False, check=boolean())
+    # Matched from the start of a cell's name (its path in the network, as parameter names spell it); none: the
+    # network's top-level cells.
+    layers: tuple[str, ...] = setting((), check=regexes())
+    # A measured step costs a second graph's run (GRAPH mode) or hooks and one reduction per layer (PYNATIVE); the
+    # steps in between cost nothing (docs/activations.md, "What it costs").
+    every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    # Five series per layer; more matches than this are thinned evenly over the model's depth.
+    max_layers: int = setting(16, check=int_in(1, 1000))
 
 
 def _headers(value: Any) -> dict[str, str]:
@@ -261,6 +299,46 @@ class DivergenceConfig:
     model_parallel: int | None = setting(None, check=optional(int_in(1, 1_000_000)))
 
 
+def _column(value: Any) -> str | int:
+    """A dataset column: its name, or its position in the batch (from 0)."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10_000:
+        return value
+    raise _Bad(
+        "must be a column name (a non-empty string) or its position in the batch (an integer from 0 to 10000)", value
+    )
+
+
+@dataclass(frozen=True)
+class DataQualityConfig:
+    """monitor_config.data_quality: the batch each step consumed, measured against baselines learned over the run's
+    first batches (the first source article's data-quality strategy; docs/data-quality.md). Not in sink mode: there
+    MindSpore hands the callback no batch."""
+
+    enable: bool = setting(False, check=boolean())
+    every_n_steps: int = setting(1, check=int_in(1, 1_000_000))  # a batch of every this many steps is measured
+    # The class labels whose entropy is measured; null: no label entropy.
+    label_column: str | int | None = setting(None, check=optional(_column))
+    # The token ids; null: `input_ids_column` where it holds 2-D integers, else the first column that does.
+    token_column: str | int | None = setting(None, check=optional(_column))
+    # The padding id, where the dataset has no `attention_mask_column`; null: padding only from the mask (as the
+    # token counts), and without a mask no lengths, padding or empty samples.
+    pad_id: int | None = setting(None, check=optional(int_in(-(2**31), 2**31 - 1)))
+    vocab_size: int | None = setting(None, check=optional(int_in(1, 10**9)))  # null: no out-of-vocabulary count
+    # The baseline of a quantity is its median over this many measured batches, the first of the process.
+    baseline_steps: int = setting(20, check=int_in(1, 1_000_000))
+    drop_ratio: float = setting(DATA_QUALITY_DROP_RATIO, check=between(0, 1))  # below baseline x this: low
+    streak: int = setting(DATA_QUALITY_STREAK, check=int_in(1, 1_000_000))  # low batches in a row: a drop
+    # The action: every batch of a drop goes to save_dir/skipped-batches.json (rollback's list, docs/rollback.md).
+    list_batches: bool = setting(False, check=boolean())
+    max_listed: int = setting(1000, check=int_in(1, 1_000_000))  # batches one process lists at most
+
+    def _cross_check(self, say: Say) -> None:
+        if self.label_column is not None and self.label_column == self.token_column:
+            say("token_column", "must be another column than label_column", self.token_column)
+
+
 def _peak(value: Any) -> float | str:
     """A number of FLOPs per second, or the name of a preset whose figure docs/mfu.md cites."""
     if isinstance(value, str):
@@ -393,6 +471,14 @@ class TensorBoardConfig:
 
     # Rank 0 only by default, as MindSpore Transformers' TensorBoard writer does: every rank writes with true.
     all_ranks: bool = setting(False, check=boolean())
+    # Layer tags (grad/<layer>, weight/<layer>, update_ratio/<layer>) and histograms every this many steps, as
+    # MindSpore's SummaryCollector's collect_freq (the scalars of every step are written at every step).
+    collect_freq: int = setting(10, check=int_in(1, 1_000_000))
+    # Weight histograms of the parameters whose names this regular expression matches (from the start of the name,
+    # as SummaryCollector's histogram_regular, e.g. ".*weight.*"); null: no histograms.
+    histogram_regular: str | None = setting(None, check=optional(regex()))
+    # A new event file once the current one holds this many MiB (the second article's rotation; 0: never).
+    max_file_mb: float = setting(500.0, check=at_least(0, 1024 * 1024))
 
 
 @dataclass(frozen=True)
@@ -540,6 +626,8 @@ class WebConfig:
 SECTIONS = {
     "grad_norm": GradNormConfig,
     "layernorm": LayerNormConfig,
+    "update_ratio": UpdateRatioConfig,
+    "activations": ActivationsConfig,
     "otlp": OtlpConfig,
     "pushgateway": PushgatewayConfig,
     "web": WebConfig,
@@ -551,4 +639,5 @@ SECTIONS = {
     "tensorboard": TensorBoardConfig,
     "wandb": WandbConfig,
     "hardware": HardwareConfig,
+    "data_quality": DataQualityConfig,
 }

@@ -28,6 +28,7 @@ def thresholds_of(config: MonitorConfig) -> Thresholds:
         changes["grad_norm_high"] = config.grad_norm.threshold
     if config.layernorm.drift_threshold is not None:
         changes["layernorm_drift"] = config.layernorm.drift_threshold
+    changes["update_ratio_frozen_fraction"] = config.update_ratio.frozen_fraction
     changes["goodput_low"] = config.goodput.alert_below
     if config.flops.enable:
         changes["mfu_low"] = config.flops.alert_below

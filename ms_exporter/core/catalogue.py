@@ -404,6 +404,56 @@ LAYERNORM_DRIFT = MetricFamily(
 WEIGHT_NORM = MetricFamily(
     "mindspore_train_weight_norm", "gauge", "L2 norm of a watched layer's weights.", "1", ("layer",)
 )
+LAYER_UPDATE_RATIO = MetricFamily(
+    "mindspore_train_layer_update_ratio",
+    "gauge",
+    "How far a layer's weights moved between the last two samples: ||w - w_before|| / ||w||.",
+    "1",
+    ("layer",),
+)
+UPDATE_RATIO_MEDIAN = MetricFamily(
+    "mindspore_train_update_ratio_median",
+    "gauge",
+    "The median of every layer's update ratio at the last sample (what a layer that stopped learning is compared "
+    "with).",
+    "1",
+)
+# -- activation statistics (probes/activations.py; docs/activations.md): a layer's output at the last measured step --
+LAYER_ACTIVATION_MEAN = MetricFamily(
+    "mindspore_train_layer_activation_mean",
+    "gauge",
+    "Mean of the finite values of a layer's output at the last measured step.",
+    "1",
+    ("layer",),
+)
+LAYER_ACTIVATION_STD = MetricFamily(
+    "mindspore_train_layer_activation_std",
+    "gauge",
+    "Standard deviation of the finite values of a layer's output at the last measured step.",
+    "1",
+    ("layer",),
+)
+LAYER_ACTIVATION_ABS_MAX = MetricFamily(
+    "mindspore_train_layer_activation_abs_max",
+    "gauge",
+    "Largest absolute finite value of a layer's output at the last measured step.",
+    "1",
+    ("layer",),
+)
+LAYER_ACTIVATION_ZERO_RATIO = MetricFamily(
+    "mindspore_train_layer_activation_zero_ratio",
+    "gauge",
+    "Share of a layer's output values that were exactly zero at the last measured step.",
+    "ratio",
+    ("layer",),
+)
+LAYER_ACTIVATION_NONFINITE_RATIO = MetricFamily(
+    "mindspore_train_layer_activation_nonfinite_ratio",
+    "gauge",
+    "Share of a layer's output values that were NaN or infinite at the last measured step.",
+    "ratio",
+    ("layer",),
+)
 
 ACTIONS_TAKEN = MetricFamily(
     "mindspore_train_actions_total",
@@ -443,6 +493,86 @@ ROLLBACK_LOST_STEPS = MetricFamily(
     "counter",
     "Steps trained and then undone by rollbacks (divergence step minus good step).",
     "steps",
+)
+
+# -- data quality (probes/data_quality.py; docs/data-quality.md) ---------------------------------------------------
+# mindspore_train_data_quality_*{quantity}: the quantities whose baseline is learned and whose drop is watched.
+LABEL_ENTROPY, SEQUENCE_LENGTH = "label_entropy", "sequence_length"
+DATA_QUALITY_QUANTITIES = (LABEL_ENTROPY, SEQUENCE_LENGTH)
+SEQUENCE_LENGTH_BUCKETS = tuple(float(2**k) for k in range(18))  # 1 to 131,072 tokens
+
+DATA_LABEL_ENTROPY = MetricFamily(
+    "mindspore_train_data_label_entropy_bits",
+    "gauge",
+    "Shannon entropy of the class labels of the last measured batch.",
+    "bits",
+)
+DATA_SEQUENCE_LENGTH = MetricFamily(
+    "mindspore_train_data_sequence_length",
+    "gauge",
+    "Mean non-padding length of the samples of the last measured batch.",
+    "tokens",
+)
+DATA_SEQUENCE_LENGTH_DISTRIBUTION = MetricFamily(
+    "mindspore_train_data_sequence_length_distribution",
+    "histogram",
+    "Non-padding length of each sample of the measured batches.",
+    "tokens",
+    buckets=SEQUENCE_LENGTH_BUCKETS,
+)
+DATA_PADDING_RATIO = MetricFamily(
+    "mindspore_train_data_padding_ratio",
+    "gauge",
+    "Share of the token positions of the last measured batch that are padding.",
+    "ratio",
+)
+DATA_CHECKED_SAMPLES = MetricFamily(
+    "mindspore_train_data_checked_samples_total", "counter", "Samples of the batches data_quality measured.", "samples"
+)
+DATA_DUPLICATE_SAMPLES = MetricFamily(
+    "mindspore_train_data_duplicate_samples_total",
+    "counter",
+    "Samples of a measured batch whose tokens repeat an earlier sample of the same batch.",
+    "samples",
+)
+DATA_EMPTY_SAMPLES = MetricFamily(
+    "mindspore_train_data_empty_samples_total",
+    "counter",
+    "Samples of the measured batches without a non-padding token.",
+    "samples",
+)
+DATA_OUT_OF_VOCAB = MetricFamily(
+    "mindspore_train_data_out_of_vocab_tokens_total",
+    "counter",
+    "Non-padding token ids of the measured batches outside [0, data_quality.vocab_size).",
+    "tokens",
+)
+DATA_QUALITY_BASELINE = MetricFamily(
+    "mindspore_train_data_quality_baseline",
+    "gauge",
+    "A quantity's median over the first data_quality.baseline_steps measured batches.",
+    "the quantity's unit",
+    ("quantity",),
+)
+DATA_QUALITY_LOW_STREAK = MetricFamily(
+    "mindspore_train_data_quality_low_streak",
+    "gauge",
+    "Measured batches in a row whose quantity was below data_quality.drop_ratio times its baseline.",
+    "batches",
+    ("quantity",),
+)
+DATA_QUALITY_LOW = MetricFamily(
+    "mindspore_train_data_quality_low",
+    "gauge",
+    "1 while the quantity's low streak is at least data_quality.streak batches, else 0.",
+    "1",
+    ("quantity",),
+)
+DATA_LISTED_BATCHES = MetricFamily(
+    "mindspore_train_data_listed_batches_total",
+    "counter",
+    "Batches of a data-quality drop listed in save_dir/skipped-batches.json (data_quality.list_batches).",
+    "batches",
 )
 
 HOOK_DURATION = MetricFamily(
@@ -617,6 +747,8 @@ JSONL_STEP_COLUMNS = (
     GRAD_NORM,
     MODEL_FLOPS_PER_SECOND,
     MFU,
+    LAYER_UPDATE_RATIO,
+    UPDATE_RATIO_MEDIAN,
 )
 
 # -- recording rules (deploy/prometheus/rules) ---------------------------------------------------------------------

@@ -7,6 +7,7 @@ overrides only the hooks it needs; the callback skips a per-step hook that a par
 | hook | when |
 |---|---|
 | on_train_begin(cb_params) | every `Model.train` call begins (threads start, what is fixed for the run is read) |
+| on_batch(step, columns, names) | step begin, on the training thread, for parts that override it: the batch |
 | on_step_end(step, outputs) | every step, on the training thread, as the step ends: keep it cheap |
 | on_step(sample) | each published step record (about once a second, in order); probes and sinks |
 | on_epoch_end(run_context, step) | an epoch ended |
@@ -15,11 +16,14 @@ overrides only the hooks it needs; the callback skips a per-step hook that a par
 | on_train_end(step, completed) | training ended (`completed`) or raised, after the pending steps were published |
 | on_signal(signal_name, step) | SIGTERM/SIGINT in the training process: save what must outlive it, quickly |
 | close() | the monitor closes (at exit at the latest); after it nothing is called; safe to call twice |
+
+on_batch gets the batch the step consumes (its tensors in the dataset's column order, not copied) and the dataset's
+column names (`()` where it does not say); never in dataset sink mode, where the callback sees no batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +43,10 @@ class Part:
 
     def on_train_begin(self, cb_params: Any) -> None:
         """Training begins (again: Model.train may be called several times on one monitor)."""
+
+    def on_batch(self, step: int, columns: Sequence[Any], names: tuple[str, ...]) -> None:
+        """The training thread begins `step` with this batch: its tensors in the dataset's column order (the step's
+        own: copy what is kept), and the column names (empty when the dataset does not say). Keep it cheap."""
 
     def on_step_end(self, step: int, outputs: Any) -> None:
         """The training thread ends `step` now; `outputs` is the train cell's net_outputs."""

@@ -164,9 +164,14 @@ for _entry in (
     ProbeEntry("loss_scale", f"{_PROBES}:loss_scale"),
     ProbeEntry("grad_norm", f"{_PROBES}:grad_norm"),
     ProbeEntry("weight_norm", f"{_PROBES}:weight_norm"),
+    ProbeEntry("update_ratio", f"{_PROBES}:update_ratio"),
     ProbeEntry("layernorm", f"{_PROBES}:layernorm"),
+    ProbeEntry("activations", f"{_PROBES}:activations"),
     ProbeEntry("memory", f"{_PROBES}:memory", ("memory_usage",)),
     ProbeEntry("eval", f"{_PROBES}:evaluation", ("eval",)),
+    # The batch each step consumed (data_quality section). Built in actions/: its list_batches switch hands the
+    # probe rollback's skipped-batches list, which a probe (a lower layer) cannot import.
+    ProbeEntry("data_quality", "ms_exporter.actions.data_quality:build"),
     # The user's own measurements (monitor_config.strategies, by import path): last, so that they read the step's
     # numbers the built-in probes wrote.
     ProbeEntry("strategies", "ms_exporter.probes.strategies:build"),

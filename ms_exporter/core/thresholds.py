@@ -16,6 +16,17 @@ EXPLODING_FACTOR = 10.0
 LOSS_SPIKE_FACTOR = 3.0
 # The health score's hardware term falls from 1 at device_hot_celsius to 0 this many degrees above it.
 HOT_TO_ZERO_CELSIUS = 15.0
+# data_quality (docs/data-quality.md): a measured batch whose quantity is below this share of its baseline is low,
+# and this many low batches in a row are a drop (the first source article's "entropy low 5 steps in a row"). The
+# rank compares; MindSporeTrainingDataQualityDrop reads its flag, so no rule repeats these numbers.
+DATA_QUALITY_DROP_RATIO = 0.5
+DATA_QUALITY_STREAK = 5
+# The pictures (the live page and `ms-exporter top`; docs/live.md, docs/top.md): a rank with no step for longer than
+# STALL_CYCLES times its recent step cycle, and at least STALL_FLOOR_SECONDS (a step is published within a second and
+# the page polls every 2 s), shows "stalled" in amber, in red once its phase is past its hang deadline (the rank's
+# own, MindSporeTrainingStalled's rule); the values of its last step are then greyed as stale. No alert reads these.
+STALL_CYCLES = 3.0
+STALL_FLOOR_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,9 @@ class Thresholds:
     loss_rising_steps: int = 5
     overflow_fraction: float = 0.5
     layernorm_drift: float = 0.3
+    # LayerFrozen: a layer whose update ratio is under this share of its rank's median layer's (the second source
+    # article's classification head that barely moved while the loss fell).
+    update_ratio_frozen_fraction: float = 0.01
     # A rank the job waits for: its data wait (or step cycle) over this many times the job's median ...
     straggler_factor: float = 1.5
     # ... and, for the data wait, at least this share of its step cycle.

@@ -60,7 +60,8 @@ class StepHistory(Sink):
     def __init__(self, store: MetricStore, bounds: Mapping[str, Bound], size: int = HISTORY_STEPS) -> None:
         self._store = store
         self.bounds = {key: {bound.direction: bound.value} for key, bound in bounds.items()}
-        self.rows: deque[tuple[float, ...]] = deque(maxlen=size)
+        # A row's loss is None where the step's outputs held no readable loss (no number, and not a non-finite one).
+        self.rows: deque[tuple[float | None, ...]] = deque(maxlen=size)
         self.capacity = size
         self._series: tuple[Series | None, ...] = ()
         self._devices: tuple[tuple[Series, ...], ...] = ()  # per DEVICE_COLUMNS, the series its column is the max of
@@ -84,8 +85,8 @@ class StepHistory(Sink):
             if value > counts.get(metric, 0.0):  # a new episode of this metric
                 self.breach_events.append((sample.step, metric))
             counts[metric] = value
-        loss = _number(sample.loss)
-        row = [
+        loss = sample.loss
+        row: list[float | None] = [
             sample.step,
             sample.wall_time,
             loss,
@@ -95,7 +96,7 @@ class StepHistory(Sink):
             *[_highest(group) for group in self._devices],
             breaches,
         ]
-        if not math.isfinite(loss):
+        if loss is not None and not math.isfinite(loss):
             row[_SMOOTHED] = math.nan  # the smoothed loss of a NaN step is no loss: a gap, not a flat line
         self.rows.append(tuple(row))
 
@@ -128,15 +129,17 @@ class StepHistory(Sink):
     def since(self, step: int, limit: int = HISTORY_STEPS) -> dict[str, Any]:
         """Rows after `step` (at most `limit`, the newest), as JSON-ready data: non-finite numbers become null."""
         rows = list(self.rows)  # one atomic copy; the training thread keeps appending to the deque
-        newer = [row for row in rows if row[0] > step][-limit:]
+        newer = [row for row in rows if _step(row) > step][-limit:]
         return {
             "columns": list(COLUMNS),
             "rows": [[_json(v) for v in row] for row in newer],
-            "nonfinite_loss_steps": [int(row[0]) for row in newer if not math.isfinite(row[2])],
+            "nonfinite_loss_steps": [_step(row) for row in newer if _nonfinite(row[2])],
+            # The newest step's loss as the page's headline says it: a number, "NaN", "Inf" or "-Inf", null unread.
+            "last_loss": _loss_text(rows[-1][2]) if rows else None,
             "breach_events": [
                 [event_step, metric] for event_step, metric in list(self.breach_events) if event_step > step
             ],
-            "last_step": int(rows[-1][0]) if rows else None,
+            "last_step": _step(rows[-1]) if rows else None,
             "capacity": self.capacity,
             "memory_kind": self.memory_kind,
             "devices": dict(self.devices),
@@ -181,5 +184,19 @@ def _number(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def _json(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _json(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _step(row: tuple[float | None, ...]) -> int:
+    return int(row[0] or 0)  # never None: the sample's step
+
+
+def _nonfinite(loss: float | None) -> bool:
+    return loss is not None and not math.isfinite(loss)
+
+
+def _loss_text(loss: float | None) -> float | str | None:
+    if loss is None or math.isfinite(loss):
+        return loss
+    return "NaN" if math.isnan(loss) else "Inf" if loss > 0 else "-Inf"

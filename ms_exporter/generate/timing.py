@@ -42,6 +42,9 @@ class Timing:
     # DeviceLinkDown: three readings at the default hardware.interval, so one hccn_tool answer caught mid-renegotiation
     # does not page; a link down for longer fails the job's collectives.
     link_for: str = "30s"
+    # RanksNotReporting: fewer ranks ever seen than the world size for this long. A job's ranks serve from the
+    # monitor's construction, before compiling; pods of a large job may take minutes to be scheduled.
+    unseen_for: str = "15m"
 
 
 TEST_TIMING = Timing(
@@ -66,4 +69,5 @@ TEST_TIMING = Timing(
     goodput_for="2s",
     device_for="2s",
     link_for="1s",
+    unseen_for="5s",
 )

@@ -20,6 +20,7 @@ from ms_exporter.core.cb_params import (
     callbacks_of,
     dataset_of,
     eval_results_of,
+    sink_mode_of,
     step_of,
     train_network_of,
 )
@@ -77,6 +78,14 @@ class TrainingMonitor(Callback):
         built = assemble(self.config, self.store, self.rank, self.phases, self._announce, probes, sinks)
         self._parts = built.parts
         self._step_end = [part for part in built.parts if overrides_hook(part, "on_step_end")]
+        # The parts that read the batch a step consumes (data_quality): at step begin, each guarded; one that fails
+        # on DISABLE_AFTER batches in a row is left out from then on.
+        self._batch_parts = [part for part in built.parts if overrides_hook(part, "on_batch")]
+        self._breaker = built.breaker
+        built.errors.expect(part.name for part in self._batch_parts)
+        self._batch_names: tuple[str, ...] = ()
+        self._batches_on = False  # off in sink mode: the step's element is not its data there
+        self._batch_calls = 0
         self._publisher = built.publisher
         self._errors = built.errors
         self._batch = built.batch
@@ -150,6 +159,9 @@ class TrainingMonitor(Callback):
             self._guard("callback", self._other_callbacks.wrap, callbacks_of(cb_params), self)
             self._publisher.reset(step_of(cb_params))
             self._batch.bind(dataset_of(cb_params))
+            if self._batch_parts:
+                self._batches_on = not sink_mode_of(cb_params)
+                self._batch_names = _column_names(dataset_of(cb_params)) if self._batches_on else ()
             network = train_network_of(cb_params)
             self._publisher.layouts.bind(network)
             # ms_exporter's own train cells say when a step will compile a graph they have not run yet.
@@ -178,6 +190,8 @@ class TrainingMonitor(Callback):
         except Exception as exc:
             self._kept = None
             self._errors.absorb("callback", exc)
+        if self._batches_on:
+            self._hand_batch(run_context)
         self._hook_cost["step_begin"].observe(time.perf_counter() - began)
 
     def on_train_step_end(self, run_context: Any) -> None:
@@ -297,6 +311,27 @@ class TrainingMonitor(Callback):
         for part in self._parts:
             self._guard(part.name, part.on_signal, signal_name, self._publisher.last_step)
 
+    def _hand_batch(self, run_context: Any) -> None:
+        """The step's batch to the parts that read it (on_batch). A part that fails is counted; after DISABLE_AFTER
+        failures in a row it gets no more batches (and says so once)."""
+        try:
+            cb_params = run_context.original_args()
+            element = cb_params.get(TRAIN_DATASET_ELEMENT)
+            step = cb_params[CUR_STEP_NUM]
+        except Exception as exc:
+            self._errors.absorb("callback", exc)
+            return
+        if not isinstance(element, (tuple, list)) or not element:  # MindSpore's is a tuple of tensors
+            return
+        self._batch_calls += 1
+        for part in self._batch_parts:
+            try:
+                part.on_batch(step, element, self._batch_names)
+            except Exception as exc:
+                if self._breaker.failed(part.name, exc, self._batch_calls, "the other parts get the batches"):
+                    self._batch_parts = [other for other in self._batch_parts if other is not part]
+                    self._batches_on = bool(self._batch_parts)
+
     def _guard(self, component: str, func: Callable[..., Any], *args: Any) -> None:
         try:
             func(*args)
@@ -305,6 +340,14 @@ class TrainingMonitor(Callback):
 
     def _cost(self, hook: str, component: str) -> _HookTimer:
         return _HookTimer(self._hook_cost[hook], self._errors, component)
+
+
+def _column_names(dataset: Any) -> tuple[str, ...]:
+    """The dataset's column names in the order of a batch's tensors; () where it does not say."""
+    try:
+        return tuple(str(name) for name in dataset.get_col_names()) if dataset is not None else ()
+    except Exception:  # a script's own dataset object, or one MindSpore cannot name the columns of
+        return ()
 
 
 def _configure_logging(level: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ms_exporter.config import MonitorConfig
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.probes.activations import ActivationsProbe
 from ms_exporter.probes.evaluation import EvalProbe
 from ms_exporter.probes.grad_norm import GradNormProbe
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
@@ -23,6 +24,7 @@ from ms_exporter.probes.mfu import MfuProbe
 from ms_exporter.probes.progress import ProgressProbe
 from ms_exporter.probes.step_time import StepTimeProbe
 from ms_exporter.probes.throughput import ThroughputProbe
+from ms_exporter.probes.update_ratio import UpdateRatioProbe
 from ms_exporter.probes.weight_norm import WeightNormProbe
 
 
@@ -79,6 +81,16 @@ def grad_norm(context: PartContext) -> list[Probe]:
 def weight_norm(context: PartContext) -> list[Probe]:
     config: MonitorConfig = context.config
     return [WeightNormProbe(context.store, config.grad_norm)] if config.weight_norm else []
+
+
+def update_ratio(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [UpdateRatioProbe(context.store, config.update_ratio)] if config.update_ratio.enable else []
+
+
+def activations(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [ActivationsProbe(context.store, config.activations)] if config.activations.enable else []
 
 
 def layernorm(context: PartContext) -> list[Probe]:

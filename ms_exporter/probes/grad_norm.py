@@ -24,17 +24,22 @@ NORM_BUCKETS = tuple(10.0 ** (k / 2) for k in range(-8, 9))
 
 
 def _warn_if_nothing_matches(
-    pattern: str, regex: re.Pattern[str], layers: dict[str, list[int]], names: list[str]
+    pattern: str,
+    regex: re.Pattern[str],
+    layers: dict[str, list[int]],
+    names: list[str],
+    setting: str = "grad_norm.layers",
 ) -> None:
     """A grad_norm.layers pattern that matches no layer (nor parameter) is named once at train begin, with the nearest
     layer names (the first source article's `encoder.layer.11` matches nothing in most models, and nothing else
-    would say so)."""
+    would say so). `setting`: the key the pattern came from (activations.layers says the same of cells)."""
     if any(regex.match(layer) for layer in layers) or any(regex.match(name) for name in names):
         return
     nearest = difflib.get_close_matches(pattern, list(layers), n=3, cutoff=0.4) or list(layers)[:3]
     logger.warning(
-        "ms_exporter: grad_norm.layers pattern %r matches no layer of this model; nearest layer names: %s "
+        "ms_exporter: %s pattern %r matches no layer of this model; nearest layer names: %s "
         "(a pattern is a regular expression matched at the start of a layer or parameter name)",
+        setting,
         pattern,
         ", ".join(nearest) or "none",
     )

@@ -52,7 +52,7 @@ class QueuedStepWriter(Sink):
     needs_signals = True
 
     def __init__(self, store: MetricStore, interval: float, on_error: OnError, breaker: Breaker | None) -> None:
-        self._columns = StepColumns(store)
+        self._columns = self._step_columns(store)
         self._queue: deque[tuple[str, Any]] = deque(maxlen=QUEUE_CAP)
         self._dropped = store.register(catalogue.DROPPED_RECORDS).series(sink=self.name)
         self._disabled = store.register(catalogue.COMPONENT_DISABLED)
@@ -75,6 +75,13 @@ class QueuedStepWriter(Sink):
         self.fall_back: Callable[[str], None] | None = None  # PartContext.fall_back, set by the builder
 
     # -- what a writer implements -----------------------------------------------------------------
+    def _step_columns(self, store: MetricStore) -> StepColumns:
+        """The series each step record carries, and their keys."""
+        return StepColumns(store)
+
+    def _write_histograms(self, step: int, wall_time: float, arrays: list[tuple[str, Any]]) -> None:
+        """Values (numpy arrays, copied on the training thread) whose distributions the writer records."""
+
     def _ready(self) -> bool:
         return True
 
@@ -110,6 +117,14 @@ class QueuedStepWriter(Sink):
     def on_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self._off:
             self._queue.append(("eval", (step, dict(metrics))))
+
+    def _queue_histograms(self, step: int, wall_time: float, arrays: list[tuple[str, Any]]) -> None:
+        """Hand values to the writer thread, which computes their histograms (`_write_histograms`)."""
+        if self._off:
+            return
+        if len(self._queue) == QUEUE_CAP:
+            self._dropped.value += 1
+        self._queue.append(("histograms", (step, wall_time, arrays)))
 
     def on_train_end(self, step: int, completed: bool = True) -> None:
         self.flush()
@@ -233,6 +248,8 @@ class QueuedStepWriter(Sink):
                 if kind == "step":
                     sample, keys, values = payload
                     self._write_step(sample.step, sample.wall_time, dict(_step_scalars(sample, keys, values)))
+                elif kind == "histograms":
+                    self._write_histograms(*payload)
                 else:
                     step, metrics = payload
                     self._write_eval(step, dict(_eval_scalars(metrics)))

@@ -3,19 +3,50 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 import socket
 import struct
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ms_exporter.config.run_identity import run_folder_of
-from ms_exporter.core import safe_files
+from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
+from ms_exporter.core.safe_files import append_whole, make_dir, open_regular
+from ms_exporter.core.sample import StepSample, to_numpy
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter
+from ms_exporter.sinks.step_columns import StepColumns, jsonl_key_of
+
+logger = logging.getLogger("ms_exporter")
+
+# Per-layer series as TensorBoard tags with a prefix (the second source article's `grad/layer1_norm`), written
+# every `collect_freq` steps: `grad/<layer>`, `weight/<layer>`, `update_ratio/<layer>`.
+LAYER_TAGS: dict[MetricFamily, str] = {
+    catalogue.LAYER_GRAD_NORM: "grad",
+    catalogue.WEIGHT_NORM: "weight",
+    catalogue.LAYER_UPDATE_RATIO: "update_ratio",
+}
+_LAYER_PREFIXES = tuple(f"{prefix}/" for prefix in LAYER_TAGS.values())
+HISTOGRAM_BINS = 64  # numpy's histogram of the values, this many equal bins between their min and max
+MAX_HISTOGRAMS = 64  # parameters histogrammed at most (a regular expression that matches a whole LLM is a mistake)
+
+
+def tag_of(family: MetricFamily, labels: tuple[tuple[str, str], ...]) -> str:
+    """A step column's TensorBoard tag: a layer family's `<prefix>/<layer>`, else the JSON Lines key."""
+    prefix = LAYER_TAGS.get(family)
+    if prefix is not None:
+        return f"{prefix}/{dict(labels).get('layer', '')}"
+    return jsonl_key_of(family, labels)
 
 
 class TensorBoardWriter(QueuedStepWriter):
@@ -24,40 +55,125 @@ class TensorBoardWriter(QueuedStepWriter):
 
     Event files go to `save_dir/tensorboard/<run>/rank<r>` (`<run>`: run_id, else the project): `tensorboard
     --logdir save_dir/tensorboard` shows each project (each run) apart, one run per rank. The records are
-    tensorboardX's (its `summary.scalar`, its Event proto and record checksum); the file
+    tensorboardX's (its `summary.scalar` and `summary.histogram`, its Event proto and record checksum); the file
     is written here, by the writer thread, in whole records: tensorboardX's SummaryWriter hands events to a thread
     of its own that dies on the first failed write (a full disk) and then blocks every later `add_scalar` for
     ever. Here a failed write is an OSError on the writer thread, counted like any other; the file is cut back to
     where the batch began, so no torn record is left. The event file is created exclusively (O_EXCL, no symlink
     followed) under a directory made 0750 (`safe_files`); a directory that cannot be made or written (read-only)
     is an OSError at construction, which `build_sinks` counts: training goes on without TensorBoard.
+
+    As MindSpore's SummaryCollector (`collect_freq`, `histogram_regular`), every `collect_freq` steps: the layer
+    norms and update ratios as `grad/<layer>`, `weight/<layer>`, `update_ratio/<layer>`, and histograms of the
+    parameters whose names `histogram_regular` matches (`weight/<parameter>`; `grad/<parameter>` too where the train
+    cell returns its gradients). The training thread only copies the values at that step; the histograms are
+    computed by the writer thread. An event file that reached `max_file_bytes` is closed and a new one begun.
     """
 
     name = "tensorboard"
 
     def __init__(
-        self, store: MetricStore, log_dir: Path, interval: float, on_error: OnError, breaker: Breaker | None = None
+        self,
+        store: MetricStore,
+        log_dir: Path,
+        interval: float,
+        on_error: OnError,
+        breaker: Breaker | None = None,
+        *,
+        collect_freq: int = 10,
+        histogram_regular: str | None = None,
+        max_file_bytes: int = 0,
     ) -> None:
         # the extra: build_sinks turns its absence into a ConfigError
         import tensorboardX  # noqa: F401  (the package itself: its submodules may be imported already)
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.record_writer import masked_crc32c
-        from tensorboardX.summary import scalar
+        from tensorboardX.summary import histogram, scalar
 
-        self._event, self._crc, self._scalar = Event, masked_crc32c, scalar
+        self._event, self._crc, self._scalar, self._histogram = Event, masked_crc32c, scalar, histogram
         self.log_dir = log_dir
-        safe_files.make_dir(log_dir)
-        # The name TensorBoard looks for (`*tfevents*`), as tensorboardX makes it, with the pid: two processes on
-        # one directory never share a file.
-        self.path = log_dir / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-        self._fd: int | None = safe_files.open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+        self._collect_freq = collect_freq
+        self._histogram_regular = re.compile(histogram_regular) if histogram_regular is not None else None
+        self._max_file_bytes = max_file_bytes
+        self._layers_mark = -1  # (the writer thread's) step // collect_freq of the last layer tags written
+        self._histogram_mark = -1  # (the training thread's) step // collect_freq of the last values copied
+        self._histogram_parameters: list[Any] = []
+        self._grad_steps: set[int] = set()  # steps whose gradients are histogrammed when they are published
+        self._files = 0
+        self._file_bytes = 0
+        make_dir(log_dir)
+        self._fd: int | None = None
         self._pending: list[bytes] = []
+        self._open_file()
+        super().__init__(store, interval, on_error, breaker)
+
+    def _open_file(self) -> None:
+        """A new event file, begun with its version record. The name is the one TensorBoard looks for
+        (`*tfevents*`), as tensorboardX makes it, with the pid (two processes on one directory never share a file)
+        and, after a rotation, a number: TensorBoard reads a directory's files in the order of their names."""
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        if self._files:
+            name += f".{self._files}"
+        self._files += 1
+        self.path = self.log_dir / name
+        self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+        self._file_bytes = 0
         try:
-            self._append(self._record(Event(wall_time=time.time(), file_version="brain.Event:2")))
+            self._append(self._record(self._event(wall_time=time.time(), file_version="brain.Event:2")))
         except BaseException:
             self._close_writer()
             raise
-        super().__init__(store, interval, on_error, breaker)
+
+    def _step_columns(self, store: MetricStore) -> StepColumns:
+        return StepColumns(store, extra=(catalogue.LAYER_GRAD_NORM, catalogue.WEIGHT_NORM), key_of=tag_of)
+
+    # -- the training thread: copy the values a histogram is made of -------------------------------------------
+    def on_train_begin(self, cb_params: Any) -> None:
+        super().on_train_begin(cb_params)
+        self._histogram_mark = step_of(cb_params) // self._collect_freq - 1
+        if self._histogram_regular is None:
+            return
+        weights = getattr(train_network_of(cb_params), "weights", None)
+        if weights is None:
+            weights = getattr(optimizer_of(cb_params), "parameters", None)
+        chosen = [p for p in weights or [] if self._histogram_regular.match(str(getattr(p, "name", "")))]
+        if not chosen:
+            logger.warning(
+                "ms_exporter: tensorboard.histogram_regular %r matches no parameter of this model: no histograms",
+                self._histogram_regular.pattern,
+            )
+        elif len(chosen) > MAX_HISTOGRAMS:
+            logger.warning(
+                "ms_exporter: tensorboard.histogram_regular matches %d parameters; histograms of the first %d",
+                len(chosen),
+                MAX_HISTOGRAMS,
+            )
+        self._histogram_parameters = chosen[:MAX_HISTOGRAMS]
+
+    def on_step_end(self, step: int, outputs: Any) -> None:
+        if not self._histogram_parameters or step // self._collect_freq <= self._histogram_mark:
+            return
+        self._histogram_mark = step // self._collect_freq
+        arrays = [(f"weight/{p.name}", _copy(p)) for p in self._histogram_parameters]
+        self._queue_histograms(step, time.time(), [(tag, values) for tag, values in arrays if values is not None])
+        self._grad_steps.add(step)
+
+    def on_step(self, sample: StepSample) -> None:
+        super().on_step(sample)
+        if not self._grad_steps:
+            return
+        due = sample.step in self._grad_steps
+        self._grad_steps = {step for step in self._grad_steps if step > sample.step}
+        if not due:
+            return
+        grads_at = sample.layout.grads
+        if grads_at is None:
+            return
+        grads = sample.outputs[grads_at]
+        if not hasattr(grads, "get"):
+            return
+        arrays = [(f"grad/{p.name}", _copy(grads.get(p.name))) for p in self._histogram_parameters]
+        self._queue_histograms(sample.step, sample.wall_time, [(t, v) for t, v in arrays if v is not None])
 
     def _record(self, event: object) -> bytes:
         """One TFRecord: length, its masked CRC-32C, the serialized event, its masked CRC-32C."""
@@ -66,10 +182,24 @@ class TensorBoardWriter(QueuedStepWriter):
         return header + struct.pack("<I", int(self._crc(header))) + data + struct.pack("<I", int(self._crc(data)))
 
     def _write_step(self, step: int, wall_time: float, scalars: dict[str, float]) -> None:
+        layers_due = step // self._collect_freq > self._layers_mark
+        if layers_due:
+            self._layers_mark = step // self._collect_freq
         for key, value in scalars.items():
+            if not layers_due and key.startswith(_LAYER_PREFIXES):
+                continue
             self._pending.append(
                 self._record(self._event(summary=self._scalar(key, value), step=step, wall_time=wall_time))
             )
+
+    def _write_histograms(self, step: int, wall_time: float, arrays: list[tuple[str, Any]]) -> None:
+        for tag, values in arrays:
+            mask = np.isfinite(values)
+            finite = values if mask.all() else values[mask]
+            if finite.size == 0:
+                continue  # nothing to draw: the non-finite values show in the scalars (loss, grad_norm)
+            summary = self._histogram(tag, finite, bins=HISTOGRAM_BINS)
+            self._pending.append(self._record(self._event(summary=summary, step=step, wall_time=wall_time)))
 
     def _write_eval(self, step: int, scalars: dict[str, float]) -> None:
         now = time.time()
@@ -79,12 +209,16 @@ class TensorBoardWriter(QueuedStepWriter):
     def _flush_writer(self) -> None:
         data, self._pending = b"".join(self._pending), []
         self._append(data)
+        if self._max_file_bytes and self._file_bytes >= self._max_file_bytes:
+            self._close_writer()
+            self._open_file()
 
     def _append(self, data: bytes) -> None:
         """Whole records or nothing: after a failed or short write the file is cut back to where it was."""
         if self._fd is None:
             raise OSError(errno.EBADF, "the event file is closed", str(self.path))
-        safe_files.append_whole(self._fd, data, "the TensorBoard records", self.path)
+        append_whole(self._fd, data, "the TensorBoard records", self.path)
+        self._file_bytes += len(data)
 
     def _abandon(self) -> None:
         self._pending = []
@@ -104,9 +238,25 @@ def build(context: PartContext) -> list[Sink]:
         return []
     try:
         directory = Path(config.save_dir) / "tensorboard" / run_folder_of(config) / f"rank{rank.rank}"
-        writer = TensorBoardWriter(context.store, directory, config.interval, context.on_error, context.breaker)
+        tensorboard = config.tensorboard
+        writer = TensorBoardWriter(
+            context.store,
+            directory,
+            config.interval,
+            context.on_error,
+            context.breaker,
+            collect_freq=tensorboard.collect_freq,
+            histogram_regular=tensorboard.histogram_regular,
+            max_file_bytes=int(tensorboard.max_file_mb * 2**20),
+        )
         writer.fall_back = context.fall_back
         return [writer]
     except OSError as exc:
         context.on_error("tensorboard", exc)
         return []
+
+
+def _copy(value: Any) -> np.ndarray | None:
+    """The values now, as an array of the host's own (a CPU Parameter's asnumpy shares its memory)."""
+    array = to_numpy(value) if value is not None else None
+    return None if array is None else np.array(array, copy=True).reshape(-1)

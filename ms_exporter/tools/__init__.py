@@ -1,1 +1,1 @@
-"""Operator tools behind the `ms-exporter` command: top, hangs, report and peak-flops."""
+"""Operator tools behind the `ms-exporter` command: top, hangs, report, triage and peak-flops."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, BinaryIO
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.learned_deadline import LearnedDeadline, nearest_rank
+from ms_exporter.core.safe_files import open_regular
 from ms_exporter.core.thresholds import DEFAULTS
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
@@ -94,6 +96,7 @@ class Run:
     # DEVICE_CHARTED quantity -> device -> (step, value) from snapshots; only what the run measured.
     devices: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)
     last_loss: float | str | None = None  # the last step's loss as written: a number, or "NaN"/"Inf"/"-Inf"
+    nonfinite_steps: list[int] = field(default_factory=list)  # steps whose loss was written "NaN"/"Inf"/"-Inf"
     last_snapshot: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
@@ -185,16 +188,18 @@ def _record(line: bytes | None) -> dict[str, Any]:
     return record
 
 
-def load_runs(files: list[Path]) -> list[Run]:
+def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
     """The runs the files hold, in the order they first appear. Runs that shared a save_dir share its files: each
     record names its run (`project`, and `run` since issue #34; a file written before that is one run per project).
     Lines that are no record are skipped and counted (Run.skipped says where the first was and why); a file whose
-    first line is not JSON is the wrong file: ReportError."""
+    first line is not JSON is the wrong file: ReportError. `nofollow`: a file that is a symlink or no regular file
+    is refused (OSError), as `core/safe_files.py` opens the monitor's own files (`ms-exporter triage` walking
+    directories)."""
     runs: dict[tuple[str, str], Run] = {}
     last_steps: dict[tuple[str, str], int] = {}
     skipped: list[tuple[int, str]] = []  # lines that belong to no run: counted on the first run
     for path in files:
-        with path.open("rb") as handle:
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") if nofollow else path.open("rb") as handle:
             for number, line in enumerate(_lines(handle), start=1):
                 if line is not None and not line.strip():
                     continue
@@ -228,6 +233,12 @@ def load_run(files: list[Path]) -> Run:
     return load_runs(files)[0]
 
 
+def add_record(run: Run, record: dict[str, Any]) -> None:
+    """One record as JSON Lines writes it (a step, a snapshot, an event) into a run read from elsewhere (triage's
+    runs from TensorBoard event files): the same reading as a file's lines get."""
+    _add_record(run, record, run.steps["step"][-1] if run.steps["step"] else 0)
+
+
 def _add_record(run: Run, record: dict[str, Any], last_step: int) -> int:
     """One record into its run; the run's last step after it."""
     kind = record["type"]
@@ -240,6 +251,8 @@ def _add_record(run: Run, record: dict[str, Any], last_step: int) -> int:
             run.steps[_SMOOTHED][-1] = None
         loss = record.get("loss")
         run.last_loss = loss if isinstance(loss, (int, float)) or loss in _NONFINITE else None
+        if isinstance(loss, str) and loss in _NONFINITE:
+            run.nonfinite_steps.append(last_step)
     elif kind == "snapshot":
         metrics = record.get("metrics", {})
         run.last_snapshot = metrics
@@ -332,6 +345,16 @@ def gaps(run: Run, hang: HangConfig | None = None) -> list[tuple[int, float, flo
     """(step, start, seconds, deadline) of each gap between two records: its step and wall-clock start, its length,
     and the hang deadline the monitor had while it lasted (ms_exporter/core/learned_deadline.py, the probe's own
     formula, fed the same cycles: the first record's step and data wait until a few cycles are in)."""
+    return _learned_gaps(run, hang)[0]
+
+
+def deadline_after(run: Run, hang: HangConfig | None = None) -> float:
+    """The hang deadline the monitor had after the run's last record (gaps' formula, fed every cycle): how long
+    the run may go without a step before `ms-exporter triage` calls it stalled."""
+    return _learned_gaps(run, hang)[1].seconds()
+
+
+def _learned_gaps(run: Run, hang: HangConfig | None) -> tuple[list[tuple[int, float, float, float]], LearnedDeadline]:
     hang = hang or HangConfig()
     times, steps = run.steps["time"], run.steps["step"]
     learned = LearnedDeadline(hang)
@@ -345,7 +368,7 @@ def gaps(run: Run, hang: HangConfig | None = None) -> list[tuple[int, float, flo
             continue
         found.append((steps[index - 1], earlier, later - earlier, learned.seconds()))
         learned.cycle(later - earlier)
-    return found
+    return found, learned
 
 
 def stalls(run: Run, hang: HangConfig | None = None) -> list[dict[str, float]]:

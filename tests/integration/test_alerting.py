@@ -94,3 +94,32 @@ def test_fault_reaches_the_webhook_through_alertmanager(
     assert firing["labels"]["rank"] == "0" and firing["labels"]["severity"] in ("critical", "warning")
     assert project in firing["annotations"]["description"]
     assert firing["annotations"]["runbook_url"].endswith("#" + alert.lower())
+
+
+def test_the_demo_turns_faulty_on_request_and_the_page_arrives(stack: Stack, webhook: Webhook, tmp_path: Path) -> None:
+    """README's recipe, its product half: `ms-exporter demo --inject nan` trains healthily, says when it injects,
+    and the NaN loss pages through the shipped routing (the recipe itself, with the Debian servers on their fixed
+    ports, is timed by hand: docs/getting-started.md)."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"}
+    command = [sys.executable, "-m", "ms_exporter", "demo", "--inject", "nan", "--inject-after", "5"]
+    command += ["--port", str(stack.job_port), "--steps", "100000", "--seconds", "240", "--save-dir", str(tmp_path)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        delivered = wait_until(
+            lambda: [f for f in webhook.firing("ms-exporter-demo") if f[0] == "MindSporeTrainingLossNonFinite"],
+            180,
+            "the demo's NaN loss paged",
+        )
+        assert delivered[0][2] == "/pager"
+    finally:
+        job.terminate()  # SIGTERM: the demo ends as a job does, its file_sd target removed
+        try:
+            job.wait(60)
+        except subprocess.TimeoutExpired:
+            stop_job(job)
+    assert job.stdout is not None
+    printed = job.stdout.read()
+    assert "injecting 'nan' at step" in printed, printed

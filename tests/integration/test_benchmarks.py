@@ -33,6 +33,8 @@ def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
         "## Rollback: keeping and restoring",
         "## Memory",
         "## Hardware readers",
+        "## Opt-in features, per sample",
+        "update ratio (copy, norms, export)",
         "TrainingMonitor, defaults, hardware monitor off: ",
         "Machine: ",
         "python -m benchmarks.run --quick",

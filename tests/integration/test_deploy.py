@@ -25,6 +25,7 @@ PINNED_ALERTS = {
     "MindSporeTrainingLossRising": "warning",
     "MindSporeTrainingGradNormHigh": "warning",
     "MindSporeTrainingGradNormExploding": "critical",
+    "MindSporeTrainingLayerFrozen": "warning",
     "MindSporeTrainingThroughputLow": "warning",
     "MindSporeTrainingThroughputDrop": "warning",
     "MindSporeTrainingStalled": "critical",
@@ -33,8 +34,10 @@ PINNED_ALERTS = {
     "MindSporeTrainingLearningRateFlat": "warning",
     "MindSporeTrainingLossScaleCollapse": "warning",
     "MindSporeTrainingLayerNormDrift": "warning",
+    "MindSporeTrainingDataQualityDrop": "warning",
     "MindSporeTrainingRankDown": "critical",
     "MindSporeTrainingRankMissing": "critical",
+    "MindSporeTrainingRanksNotReporting": "warning",
     "MindSporeTrainingStraggler": "warning",
     "MindSporeTrainingDeviceHot": "warning",
     "MindSporeTrainingDeviceThrottling": "warning",
@@ -92,6 +95,7 @@ PROMTOOL_TESTS = sorted((ROOT / "deploy/prometheus/tests").glob("*.test.yml"))
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
     assert [path.name for path in PROMTOOL_TESTS] == [
         "alerts.test.yml",
+        "data-quality.test.yml",
         "devices.test.yml",
         "goodput.test.yml",
         "throughput-drop.test.yml",

@@ -93,3 +93,15 @@ def test_the_third_articles_class_name_is_the_monitor_itself() -> None:
 
     assert ms_exporter.MindSporeTransformersMonitor is ms_exporter.TrainingMonitor
     assert "MindSporeTransformersMonitor" in ms_exporter.__all__
+
+
+def test_the_first_articles_data_quality_strategy_is_the_data_quality_probe() -> None:
+    block = {"strategies": [{"name": "DataQualityStrategy", "config": {"label_column": "label", "streak": 5}}]}
+    config, notes = read_config(block)
+    assert config.data_quality.enable and config.data_quality.label_column == "label"
+    assert config.data_quality.streak == 5 and config.strategies == ()
+    assert any("DataQualityStrategy -> data_quality.enable: true" in note for note in notes)
+    with pytest.raises(
+        ConfigError, match=r"strategies\[0\]\.config: unknown key\(s\) brightness; allowed: label_column"
+    ):
+        load_config({"strategies": [{"name": "DataQualityStrategy", "config": {"brightness": 1}}]})

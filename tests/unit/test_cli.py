@@ -17,6 +17,7 @@ def test_the_table_is_the_command_line() -> None:
         "top",
         "hangs",
         "report",
+        "triage",
         "peak-flops",
         "demo",
     }

@@ -109,6 +109,8 @@ def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path: Path, text:
 CROSS_FIELD = {
     "grad_norm.top_k",
     "grad_norm.max_series",
+    "update_ratio.top_k",
+    "update_ratio.max_series",
     "web.config_file",
     "web.client_ca_file",
     "web.client_auth_type",

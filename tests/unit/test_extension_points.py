@@ -185,6 +185,9 @@ def test_every_built_in_part_carries_its_registry_name(tmp_path: Path) -> None:
         "grad_norm": {"enable": True},
         "layernorm": {"enable": True},
         "weight_norm": True,
+        "data_quality": {"enable": True},
+        "update_ratio": {"enable": True},
+        "activations": {"enable": True},
         "save_dir": str(tmp_path),
     }
     monitor = TrainingMonitor(port=0, **everything)

@@ -1,11 +1,14 @@
-"""The tensorboard backend's choices: which ranks write, a missing extra, a writer that fails."""
+"""The tensorboard backend's choices: which ranks write, a missing extra, a writer that fails, SummaryCollector's
+habits (histograms, prefixed layer tags at collect_freq), event-file rotation."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue as c
@@ -84,3 +87,85 @@ def test_round2_finding_4_a_stuck_writer_is_given_up_within_the_bound(
     assert counted["tensorboard"] == 1
     disabled = {dict(series.labels)["component"]: series.value for series in store.series_of(c.COMPONENT_DISABLED)}
     assert disabled["tensorboard"] == 1
+
+
+class _Param:
+    def __init__(self, name: str, values: np.ndarray) -> None:
+        self.name = name
+        self.values = values
+
+    def asnumpy(self) -> np.ndarray:
+        return self.values  # shared, as a CPU Parameter's: the writer must copy at the step
+
+    @property
+    def dtype(self) -> str:
+        return "Float32"
+
+
+class _Network:
+    def __init__(self, weights: list[_Param]) -> None:
+        self.weights = weights
+
+
+def _read(log_dir: Path) -> EventAccumulator:
+    reader = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "histograms": 0})
+    reader.Reload()
+    return reader
+
+
+def test_summary_collector_habits_histograms_and_prefixed_layer_tags_every_collect_freq_steps(tmp_path: Path) -> None:
+    store = MetricStore()
+    errors = ErrorSink(store, ("callback", "tensorboard"))
+    grad = store.register(c.LAYER_GRAD_NORM)
+    ratio = store.register(c.LAYER_UPDATE_RATIO)
+    rng = np.random.default_rng(0)
+    dense = _Param("dense.weight", rng.normal(size=(8, 8)).astype(np.float32))
+    bias = _Param("dense.bias", np.zeros(8, np.float32))
+    writer = TensorBoardWriter(store, tmp_path, 3600.0, errors.absorb, collect_freq=5, histogram_regular=".*weight.*")
+    cb = {"cur_step_num": 0, "train_network": _Network([dense, bias])}
+    writer.on_train_begin(cb)
+    expected: dict[int, np.ndarray] = {}
+    for step in range(1, 13):
+        dense.values += np.float32(0.1)  # the optimizer, in place
+        grad.series(layer="dense").value = float(step)
+        ratio.series(layer="dense").value = step / 100
+        if step == 10:
+            dense.values[0, 0] = np.nan  # a non-finite value is left out of the histogram
+        writer.on_step_end(step, None)
+        if step in (1, 5, 10):
+            expected[step] = dense.values[np.isfinite(dense.values)]
+        writer.on_step(StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step)))
+    writer.close()
+    reader = _read(tmp_path)
+    assert reader.Tags()["histograms"] == ["weight/dense.weight"]  # dense.bias does not match the expression
+    drawn = {event.step: event.histogram_value for event in reader.Histograms("weight/dense.weight")}
+    assert sorted(drawn) == [1, 5, 10]
+    for step, values in expected.items():
+        counts, edges = np.histogram(values, bins=64)
+        histogram = drawn[step]
+        assert histogram.num == values.size and histogram.min == pytest.approx(values.min())
+        assert histogram.sum == pytest.approx(values.sum(), rel=1e-5)
+        # TensorBoard keeps the occupied bins (and one empty bin on the left): the same counts, the same edges
+        assert [count for count in histogram.bucket if count] == [count for count in counts if count]
+        assert histogram.bucket_limit[-1] == pytest.approx(edges[-1])
+    tags = {tag: {e.step: e.value for e in reader.Scalars(tag)} for tag in reader.Tags()["scalars"]}
+    assert tags["grad/dense"] == {1: 1.0, 5: 5.0, 10: 10.0}  # the value /metrics held at that step
+    assert tags["update_ratio/dense"] == pytest.approx({1: 0.01, 5: 0.05, 10: 0.10})
+    assert sorted(tags["loss"]) == list(range(1, 13))  # the step scalars: every step
+
+
+def test_a_full_event_file_is_closed_and_the_next_begun(tmp_path: Path) -> None:
+    store = MetricStore()
+    errors = ErrorSink(store, ("callback", "tensorboard"))
+    writer = TensorBoardWriter(store, tmp_path, 3600.0, errors.absorb, max_file_bytes=600)
+    writer.on_train_begin({"cur_step_num": 0})
+    for step in range(1, 41):
+        writer.on_step(StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step)))
+        if step % 5 == 0:
+            writer.flush()
+    writer.close()
+    files = sorted(tmp_path.glob("events.out.tfevents.*"))
+    assert len(files) > 2
+    assert all(path.stat().st_size < 600 + 1000 for path in files)  # rotated after the write that crossed it
+    loss = _read(tmp_path).Scalars("loss")
+    assert [event.step for event in loss] == list(range(1, 41))  # one curve across the files, in order

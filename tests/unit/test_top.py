@@ -30,7 +30,7 @@ from ms_exporter.tools.targets import (
 )
 from ms_exporter.tools.top.poller import Poller
 from ms_exporter.tools.top.render import COLUMNS, plain_text, render
-from ms_exporter.tools.top.rows import Row, build_row, down_row, mark_diverged, mark_slowest
+from ms_exporter.tools.top.rows import History, Row, _call_seconds, build_row, down_row, mark_diverged, mark_slowest
 from tests.support.scrape import Scrape
 
 DATA = Path(__file__).parent / "data"
@@ -93,13 +93,14 @@ def test_second_poll_takes_step_time_from_the_deltas_and_reports_what_changed() 
     # grad_norm crossed its threshold between the polls; the loss breach count did not move.
     assert row.alerts == ("breach grad_norm", "throughput disabled")
 
-    # Nothing new: the last means stay, the breach is held for a minute, then a stale heartbeat shows.
+    # Nothing new: the last means stay, the breach is held for a minute; no step for 30 s (far more than 3 cycles,
+    # and the page of the time had no phase or deadline yet) is a stall.
     stamp = after.value("mindspore_train_last_step_timestamp_seconds")
     again, history = first_row(STEP8, history, now=stamp + 30)
     assert again.step_seconds == row.step_seconds and again.wait_seconds == row.wait_seconds
-    assert again.alerts == ("breach grad_norm", "throughput disabled")
+    assert again.alerts == ("stalled 30s", "breach grad_norm", "throughput disabled")
     later, _ = first_row(STEP8, history, now=stamp + 125)
-    assert later.alerts == ("no step for 2m05s", "throughput disabled")
+    assert later.alerts == ("stalled 2m05s", "throughput disabled")
 
 
 def test_a_restarted_rank_falls_back_to_its_whole_run_mean() -> None:
@@ -401,9 +402,9 @@ def test_the_phase_is_shown_and_an_ended_rank_is_not_stalled() -> None:
     assert row.phase == "data_wait" and not row.ended
     late = Scrape(STEP8).value("mindspore_train_last_step_timestamp_seconds") + 3600
     stalled, _ = first_row(with_phase(STEP8, "step"), now=late)
-    assert any(alert.startswith("no step for") for alert in stalled.alerts)
+    assert "stalled 1h00m in step" in stalled.alerts
     ended, _ = first_row(with_phase(STEP8, "ended"), now=late)
-    assert ended.ended and not any(alert.startswith("no step for") for alert in ended.alerts)
+    assert ended.ended and ended.stall is None and not any("stalled" in alert for alert in ended.alerts)
     screen = render([row, ended])
     assert "PHASE" in screen.header.text and "data_wait" in screen.rows[0].text
     assert screen.title.text.startswith("ms-exporter top - 1 up, 1 ended, 0 down")
@@ -544,3 +545,105 @@ def test_a_cpu_only_rank_shows_its_host_or_a_dash() -> None:
     screen = render([bare])
     cells = [cell(screen.rows[0].text, screen.header.text, c) for c in ("DEVICE TEMP", "THROTTLED", "DEVICE UTIL")]
     assert cells == ["-", "-", "-"]
+
+
+# -- issue #37: a stall, a non-finite loss, an ended rank and stale values at a glance ------------------------------
+
+
+def with_stall(page: str, phase: str, phase_seconds: float, deadline: float) -> str:
+    """The page with the phase, its seconds and the rank's hang deadline (series the captured pages predate)."""
+    return with_phase(page, phase) + (
+        f'mindspore_train_phase_seconds{{project="capture",rank="1"}} {phase_seconds}\n'
+        f'mindspore_train_hang_deadline_seconds{{project="capture",rank="1"}} {deadline}\n'
+    )
+
+
+def right_cell(screen_row: str, header: str, column: str) -> str:
+    """The text of a right-aligned column (it ends where its header ends), also one wider than its header."""
+    return screen_row[: header.index(column) + len(column)].split()[-1]
+
+
+def stamp_of(page: str) -> float:
+    return Scrape(page).value("mindspore_train_last_step_timestamp_seconds")
+
+
+def test_pictures_a_stall_is_amber_after_a_few_cycles_and_red_past_the_deadline() -> None:
+    _, history = first_row(STEP4)
+    stamp = stamp_of(STEP8)
+
+    def poll(seconds: float, deadline: float = 120.0) -> Row:
+        return first_row(with_stall(STEP8, "data_wait", seconds - 0.5, deadline), history, now=stamp + seconds)[0]
+
+    fresh = poll(4.0)  # cycles of ~5 ms: the floor (5 s) holds, and 4 s is within it
+    assert fresh.cycle_seconds is not None and 3 * fresh.cycle_seconds < 5
+    assert fresh.stall is None and not fresh.critical
+    assert not any("stalled" in alert.lower() for alert in fresh.alerts)
+    screen = render([fresh])
+    assert "(" not in screen.rows[0].text and screen.rows[0].dim == ()
+
+    amber = poll(6.0)
+    assert amber.stall is not None and not amber.stall.past_deadline and not amber.critical
+    assert amber.alerts[0] == "stalled 6s in data_wait, deadline 2m00s"
+    screen = render([amber])
+    line, header = screen.rows[0], screen.header.text
+    assert line.style == "alert"
+    # The last step's values are stale: in parentheses, and dimmed on the live screen; the step is not a value.
+    assert right_cell(line.text, header, "LOSS") == f"({amber.loss:.5g})"
+    assert right_cell(line.text, header, "STEP") == "8"
+    dimmed = [line.text[start:end].strip() for start, end in line.dim]
+    # Every value of the last step the page has (no MFU here: a "-" is no value) and nothing else.
+    assert dimmed == ["(0.89653)", "(0.67819)", "(165.3)", "(3.9ms)", "(2.3ms)", "(4.56)"]
+
+    red = poll(131.0)  # the phase (130.5 s) is past the rank's deadline: MindSporeTrainingStalled's rule
+    assert red.stall is not None and red.stall.past_deadline and red.critical
+    assert red.alerts[0] == "STALLED 2m11s in data_wait, past deadline 2m00s"
+    assert render([red]).rows[0].style == "critical"
+    # Past its deadline is red also before a few cycles have passed without a step (the phase is the rule's).
+    early = first_row(with_stall(STEP8, "step", 30.0, 20.0), history, now=stamp + 1.0)[0]
+    assert early.stall is not None and early.stall.past_deadline
+    # A NaN deadline (a phase without one) is no deadline.
+    undated = first_row(with_stall(STEP8, "data_wait", 5.5, float("nan")), history, now=stamp + 6.0)[0]
+    assert undated.alerts[0] == "stalled 6s in data_wait"
+
+
+def test_pictures_the_stall_waits_three_cycles_of_a_slow_rank_and_at_most_stale_seconds() -> None:
+    page = Scrape(STEP8)
+    count = page.value("mindspore_train_step_duration_seconds_count")
+    total = page.value("mindspore_train_step_duration_seconds_sum")
+    waited = page.value("mindspore_train_data_wait_seconds_sum")
+    # The previous poll 4 steps before, 4 s per step then: a cycle of ~4 s, so a stall after ~12 s.
+    slow = History(duration=(total - 16.0, count - 4), wait_sum=waited)
+    stamp = stamp_of(STEP8)
+    within = first_row(with_stall(STEP8, "step", 10.0, 120.0), slow, now=stamp + 10.0)[0]
+    assert within.cycle_seconds == pytest.approx(4.0, abs=0.01) and within.stall is None
+    beyond = first_row(with_stall(STEP8, "step", 13.0, 120.0), slow, now=stamp + 13.0)[0]
+    assert beyond.stall is not None and beyond.alerts[0] == "stalled 13s in step, deadline 2m00s"
+    # --stale-seconds is the latest a rank without a step is flagged, whatever its cycle.
+    groups = parse_ranks(with_stall(STEP8, "step", 10.0, 120.0))
+    capped, _ = build_row(URL, "capture", "1", groups[("capture", "1")], slow, stamp + 10.0, stale_seconds=8.0)
+    assert capped.stall is not None
+    # In sink mode a hook call covers the sink: 100 steps a call (9 data waits in 10 calls), 0.11 s a step.
+    assert _call_seconds(0.1, 0.01, 1000.0, 9.0) == pytest.approx(11.0)
+    assert _call_seconds(0.1, 0.01, 8.0, 7.0) == pytest.approx(0.11)
+
+
+def test_pictures_a_non_finite_loss_is_red_and_an_ended_rank_neutral_with_its_values() -> None:
+    nan = STEP8.replace('mindspore_train_loss{project="capture",rank="1"} 0.8965318202972412', "")
+    nan += 'mindspore_train_loss{project="capture",rank="1"} NaN\n'
+    stamp = stamp_of(STEP8)
+    row, _ = first_row(nan, now=stamp + 1.0)
+    assert row.critical and row.stall is None and row.alerts[0] == "loss NaN"
+    line = render([mark_slowest([row])[0]]).rows[0]
+    assert line.style == "critical" and right_cell(line.text, render([row]).header.text, "LOSS") == "NaN"
+    # An ended rank, an hour after its last step: "ended" in its alerts, its last values as they are, no colour.
+    ended, _ = first_row(with_stall(STEP4, "ended", 3600.0, float("nan")), now=stamp_of(STEP4) + 3600)
+    assert ended.ended and ended.stall is None and not ended.critical
+    screen = render([ended])
+    header, text = screen.header.text, screen.rows[0].text
+    assert screen.rows[0].style == "normal" and screen.rows[0].dim == ()
+    assert right_cell(text, header, "LOSS") == f"{ended.loss:.5g}"
+    assert text.rstrip().endswith("ended")
+    # A healthy rank: plain, nothing in parentheses.
+    healthy, _ = first_row(STEP4, now=stamp_of(STEP4) + 2.0)
+    screen = render([healthy])
+    assert screen.rows[0].style == "normal" and "(" not in screen.rows[0].text and healthy.alerts == ()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ms_exporter.core.thresholds import Thresholds
-from ms_exporter.generate.alerts import devices, drift, gradients, hangs, job, loss, monitor, ranks, throughput
+from ms_exporter.generate.alerts import data, devices, drift, gradients, hangs, job, loss, monitor, ranks, throughput
 from ms_exporter.generate.alerts.alert import Alert
 from ms_exporter.generate.timing import Timing
 
@@ -16,6 +16,7 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
         *throughput.alerts(t, w),
         *hangs.alerts(w),
         *drift.alerts(t, w),
+        *data.alerts(t, w),
         *ranks.alerts(t, w, job_regex),
         *devices.alerts(t, w),
         *job.alerts(t, w),

@@ -43,6 +43,22 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
             description=f"{WHO} reported within the last {w.reported_window} and no longer does, without ending "
             f"normally (its target left service discovery).",
         ),
+        # A rank that never reported at all (its port blocked, its pod outside the ServiceMonitor's selector) is
+        # neither down nor missing: the ranks that do report say how many there should be. Ranks seen in the
+        # window count, whether still there or not (a dead one is RankDown's); a finished job's series go, and
+        # with them its world size.
+        Alert(
+            "MindSporeTrainingRanksNotReporting",
+            expr=f"max by (project) ({c.WORLD_SIZE.name}) - count by (project) (count by (project, rank) "
+            f"(max_over_time({c.WORLD_SIZE.name}[{w.reported_window}]))) > 0",
+            for_=w.unseen_for,
+            severity="warning",
+            summary="Some ranks of a job have never reported",
+            description=f"{{{{ $value }}}} of the ranks of project {{{{ $labels.project }}}} have not been seen in "
+            f"the last {w.reported_window} while its ranks say the job has more: their endpoints are not "
+            "scraped (a blocked port, a pod outside the scrape selector), and dashboards and the hang and "
+            "straggler verdicts are blind to them.",
+        ),
         # Synchronous ranks (a collective in every step) all take the same time per step: the one the others
         # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
         # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.

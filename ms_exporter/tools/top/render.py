@@ -12,7 +12,8 @@ from ms_exporter.tools.top.rows import SYNC_TOLERANCE, Row
 @dataclass(frozen=True)
 class Line:
     text: str
-    style: str = "normal"  # "title", "header", "slowest", "down", "alert", "normal"
+    style: str = "normal"  # "title", "header", "critical", "slowest", "down", "alert", "normal"
+    dim: tuple[tuple[int, int], ...] = ()  # (start, end) of the cells drawn dimmed: a stalled rank's stale values
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class _Column:
     header: str
     cell: Callable[[Row], str]
     left: bool = False
+    of_last_step: bool = False  # a value of the last step: stale while the rank is stalled
 
 
 def _up(cell: Callable[[Row], str]) -> Callable[[Row], str]:
@@ -53,7 +55,21 @@ def _utilization(row: Row) -> str:
 
 
 def _alerts(row: Row) -> str:
-    return f"DOWN: {row.error}" if row.error is not None else ", ".join(row.alerts)
+    if row.error is not None:
+        return f"DOWN: {row.error}"
+    # An ended rank says so (not an error); one whose endpoint went already says "ended; endpoint gone".
+    ended = ("ended",) if row.ended and not any(alert.startswith("ended") for alert in row.alerts) else ()
+    return ", ".join((*ended, *row.alerts))
+
+
+def _style(row: Row) -> str:
+    if row.error is not None:
+        return "down"
+    if row.critical:
+        return "critical"
+    if row.slowest:
+        return "slowest"
+    return "alert" if row.alerts and not row.ended else "normal"
 
 
 # Left to right in the order they are given up when the terminal is narrow (from the right); ALERTS, the reason
@@ -62,13 +78,13 @@ COLUMNS = (
     _Column("", lambda row: ">" if row.slowest else "", left=True),
     _Column("RANK", lambda row: row.rank if row.rank is not None else "?"),
     _Column("STEP", _up(lambda row: integer(row.step))),
-    _Column("LOSS", _up(lambda row: number(row.loss))),
-    _Column("SMOOTHED", _up(lambda row: number(row.loss_smoothed))),
-    _Column("TOKENS/S", _up(lambda row: rate(row.tokens_per_second))),
-    _Column("MFU", _up(lambda row: percent(row.mfu))),
-    _Column("STEP TIME", _up(lambda row: duration(row.step_seconds))),
-    _Column("DATA WAIT", _up(lambda row: duration(row.wait_seconds))),
-    _Column("GRAD NORM", _up(lambda row: number(row.grad_norm, 4))),
+    _Column("LOSS", _up(lambda row: number(row.loss)), of_last_step=True),
+    _Column("SMOOTHED", _up(lambda row: number(row.loss_smoothed)), of_last_step=True),
+    _Column("TOKENS/S", _up(lambda row: rate(row.tokens_per_second)), of_last_step=True),
+    _Column("MFU", _up(lambda row: percent(row.mfu)), of_last_step=True),
+    _Column("STEP TIME", _up(lambda row: duration(row.step_seconds)), of_last_step=True),
+    _Column("DATA WAIT", _up(lambda row: duration(row.wait_seconds)), of_last_step=True),
+    _Column("GRAD NORM", _up(lambda row: number(row.grad_norm, 4)), of_last_step=True),
     _Column("MEMORY", _up(_memory)),
     _Column("DEVICE TEMP", _up(_temperature)),
     _Column("THROTTLED", _up(_throttled)),
@@ -86,7 +102,7 @@ _GAP = "  "
 def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> Screen:
     """The table for `rows` in `width` columns (None: as wide as it takes), `status` at the end of the title
     line. Pure: no terminal, no clock."""
-    cells = [[printable(column.cell(row)) for column in COLUMNS] for row in rows]
+    cells = [[_cell(column, row) for column in COLUMNS] for row in rows]
     alerts = [printable(_alerts(row)) for row in rows]
     widths = [max([len(column.header), *(len(line[i]) for line in cells)]) for i, column in enumerate(COLUMNS)]
     keep = len(COLUMNS)
@@ -103,19 +119,22 @@ def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> S
         text = _GAP.join([*parts, tail]).rstrip()
         return fit(text, width)
 
+    def dimmed(row: Row, values: Sequence[str]) -> tuple[tuple[int, int], ...]:
+        """Where the stale cells of a stalled rank are on its line (their padded width)."""
+        if row.stall is None or row.error is not None:
+            return ()
+        spans, start = [], 0
+        for i in range(keep):
+            if COLUMNS[i].of_last_step and values[i] != "-":
+                spans.append((start, start + widths[i]))
+            start += widths[i] + len(_GAP)
+        return tuple(spans)
+
     header = Line(line([column.header for column in COLUMNS], ALERTS_HEADER), "header")
-    body = []
-    for row, values, alert in zip(rows, cells, alerts, strict=True):
-        style = (
-            "slowest"
-            if row.slowest
-            else "down"
-            if row.error is not None
-            else "alert"
-            if row.alerts and not row.ended
-            else "normal"
-        )
-        body.append(Line(line(values, alert), style))
+    body = [
+        Line(line(values, alert), _style(row), dimmed(row, values))
+        for row, values, alert in zip(rows, cells, alerts, strict=True)
+    ]
 
     ended = sum(1 for row in rows if row.error is None and row.ended)
     up = sum(1 for row in rows if row.error is None) - ended
@@ -137,6 +156,15 @@ def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> S
             )
         )
     return Screen(title, header, body, footer)
+
+
+def _cell(column: _Column, row: Row) -> str:
+    """The column's text for the row; a value of the last step of a stalled rank in parentheses: stale (plain text
+    has no grey; the live screen also dims it)."""
+    text = printable(column.cell(row))
+    if column.of_last_step and row.stall is not None and row.error is None and text != "-":
+        return f"({text})"
+    return text
 
 
 def _slowest_text(row: Row) -> str:

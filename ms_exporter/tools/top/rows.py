@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from ms_exporter.core import catalogue
 from ms_exporter.core.hardware import HOST
 from ms_exporter.core.replicas import disagreeing
-from ms_exporter.core.thresholds import DEFAULTS, is_straggler
+from ms_exporter.core.thresholds import DEFAULTS, STALL_CYCLES, STALL_FLOOR_SECONDS, is_straggler
 from ms_exporter.tools.rank_samples import RankSamples
 from ms_exporter.tools.targets import Target
 from ms_exporter.tools.top import formats
@@ -30,6 +30,24 @@ _MEMORY_SHORT = {
     catalogue.HOST_RSS: "rss",
     catalogue.DEVICE_PEAK: "dev-peak",
 }
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A rank with no step for longer than a few of its step cycles (docs/top.md, "Stalled"): amber; red once its
+    phase has outlasted its hang deadline (MindSporeTrainingStalled's rule, on the rank's own numbers)."""
+
+    seconds: float  # since the last step ended
+    phase: str | None
+    deadline: float | None  # the rank's hang deadline for its phase; None where it exports none
+    past_deadline: bool
+
+    def text(self) -> str:
+        where = f" in {self.phase}" if self.phase else ""
+        if self.past_deadline and self.deadline is not None:
+            return f"STALLED {formats.age(self.seconds)}{where}, past deadline {formats.age(self.deadline)}"
+        limit = f", deadline {formats.age(self.deadline)}" if self.deadline is not None else ""
+        return f"stalled {formats.age(self.seconds)}{where}{limit}"
 
 
 @dataclass(frozen=True)
@@ -60,11 +78,18 @@ class Row:
     # The devices held down for heat or power now; () none is, None where no device reports throttling.
     throttled: tuple[str, ...] | None = None
     utilization: tuple[str, float] | None = None  # the busiest accelerator (device, 0-1), else the host's CPUs
+    stall: Stall | None = None  # no step for longer than a few cycles: the last step's values are stale
 
     @property
     def ended(self) -> bool:
         """The rank said its training ended normally (its endpoint may be gone since)."""
         return self.phase == catalogue.ENDED
+
+    @property
+    def critical(self) -> bool:
+        """Red: the loss is not finite now, or the rank is stalled past its hang deadline."""
+        nonfinite = self.loss is not None and not math.isfinite(self.loss)
+        return nonfinite or (self.stall is not None and self.stall.past_deadline)
 
     @property
     def cycle_seconds(self) -> float | None:
@@ -129,11 +154,13 @@ def build_row(
         alerts.append(f"loss {formats.number(loss)}")
     elif "non-finite loss" in held:
         alerts.append("non-finite loss")
-    alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
     phases = samples.by_label(catalogue.PHASE.name, "phase")
     phase = next((name for name, value in phases.items() if value == 1), None)
-    if phase != catalogue.ENDED and age is not None and age > stale_seconds:  # an ended rank is not stalled
-        alerts.append(f"no step for {formats.age(age)}")
+    call = _call_seconds(step_seconds, wait_seconds, duration_count, samples.value(catalogue.DATA_WAIT.count))
+    stall = _stall(samples, age, phase, call, stale_seconds)
+    if stall is not None:
+        alerts.append(stall.text())
+    alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
     disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
     alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
 
@@ -171,8 +198,38 @@ def build_row(
         temperature=temperature,
         throttled=throttled,
         utilization=_highest(samples.by_label(catalogue.DEVICE_UTILIZATION.name, "device")),
+        stall=stall,
     )
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
+
+
+def _call_seconds(
+    step_seconds: float | None, wait_seconds: float | None, steps: float | None, waits: float | None
+) -> float | None:
+    """The time between two step ends the rank reports: step time plus data wait, per step, times the steps a hook
+    call covers (1; the sink size in sink mode, where one data wait is observed per call). None before a step."""
+    if step_seconds is None:
+        return None
+    per_call = steps / (waits + 1) if steps and waits is not None else 1.0
+    return (step_seconds + (wait_seconds or 0.0)) * max(1.0, per_call)
+
+
+def _stall(
+    samples: RankSamples, age: float | None, phase: str | None, call: float | None, stale_seconds: float
+) -> Stall | None:
+    """Stalled: no step for longer than STALL_CYCLES step cycles and at least STALL_FLOOR_SECONDS (at the latest
+    after `stale_seconds`, also before a cycle is known), or the phase past its deadline; never an ended rank."""
+    if phase == catalogue.ENDED or age is None:
+        return None
+    after = min(stale_seconds, max(STALL_CYCLES * call, STALL_FLOOR_SECONDS)) if call is not None else stale_seconds
+    phase_seconds = samples.value(catalogue.PHASE_SECONDS.name)
+    deadline = samples.value(catalogue.HANG_DEADLINE.name)
+    if deadline is not None and not math.isfinite(deadline):
+        deadline = None  # NaN: no deadline for this phase
+    past = phase_seconds is not None and deadline is not None and phase_seconds > deadline
+    if not past and age <= after:
+        return None
+    return Stall(age, phase, deadline, past)
 
 
 def _memory_growth(samples: RankSamples) -> list[str]:

@@ -125,6 +125,10 @@ def _draw(stdscr: Any, latest: _Latest, interval: float, offset: int, styles: di
         # Writing the bottom-right cell moves the cursor off the screen, which curses reports; harmless.
         with contextlib.suppress(curses.error):
             stdscr.addnstr(y, 0, line.text, width, styles.get(line.style, 0))
+        for start, end in line.dim:  # a stalled rank's stale values, greyed
+            if start < width:
+                with contextlib.suppress(curses.error):
+                    stdscr.chgat(y, start, min(end, width) - start, styles.get(line.style, 0) | curses.A_DIM)
     stdscr.refresh()
     return offset
 
@@ -137,6 +141,7 @@ def _curses_styles() -> dict[str, int]:
         "header": curses.A_BOLD | curses.A_UNDERLINE,
         "slowest": curses.A_REVERSE,
         "down": curses.A_BOLD,
+        "critical": curses.A_BOLD,
         "alert": curses.A_BOLD,
     }
     with contextlib.suppress(curses.error):
@@ -146,5 +151,6 @@ def _curses_styles() -> dict[str, int]:
             curses.init_pair(1, curses.COLOR_RED, -1)
             curses.init_pair(2, curses.COLOR_YELLOW, -1)
             styles["down"] |= curses.color_pair(1)
+            styles["critical"] |= curses.color_pair(1)  # a non-finite loss, a stall past its deadline: red
             styles["alert"] |= curses.color_pair(2)
     return styles
