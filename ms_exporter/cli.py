@@ -16,9 +16,9 @@ from ms_exporter.core.flops import from_shape
 from ms_exporter.tools.peak_flops import DTYPES
 from ms_exporter.tools.triage import DEFAULT_SLOW_BELOW, DEFAULT_WINDOW
 
-# `make demo`'s run: about 2 minutes at ~14 ms a step on 2 idle cores. A planned length (not a time limit) lets the
-# LR schedule decay over the run and the dashboard's ETA be right; here, not in demo.py, so that the command
-# line parses without numpy (an operator-only install).
+# `make demo`'s run: about 3 minutes (193 s measured) at ~22 ms a step on 2 idle cores. A planned length (not a
+# time limit) lets the LR schedule decay over the run and the dashboard's ETA be right; here, not in demo.py, so
+# that the command line parses without numpy (an operator-only install).
 DEMO_STEPS = 8000
 
 
@@ -97,7 +97,7 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
         type=int,
         default=DEMO_STEPS,
         help=f"the run's length in steps, which its LR schedule and ETA follow (default {DEMO_STEPS}, "
-        "about 2 minutes on 2 idle cores)",
+        "about 3 minutes on 2 idle cores)",
     )
     demo.add_argument("--seconds", type=float, default=None, help="stop early after this many seconds")
     demo.add_argument("--port", type=int, default=None, help="metrics port (default: the config's port)")
