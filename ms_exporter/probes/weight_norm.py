@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ class WeightNormProbe(Probe):
         self._config = config
         self._family = store.register(catalogue.WEIGHT_NORM)
         self._layers: list[tuple[str, list[Any]]] = []
+        self._pending: deque[tuple[int, list[tuple[str, float]]]] = deque()  # read, not yet published
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
@@ -44,15 +46,26 @@ class WeightNormProbe(Probe):
         )
         self._layers = [(layer, [parameters[i] for i in index.layers[layer]]) for layer in index.watched]
         self._next_step = step_of(cb_params) + self._config.every_n_steps
+        self._pending.clear()
 
-    def on_step(self, sample: StepSample) -> None:
-        if sample.step < self._next_step:
+    def on_step_end(self, step: int, outputs: Any) -> None:
+        """Read as the step ends, on the training thread: read at publication, about once a second, the samples
+        published together would all read the newest weights."""
+        if step < self._next_step:
             return
-        self._next_step = sample.step + self._config.every_n_steps
+        self._next_step = step + self._config.every_n_steps
+        norms = []
         for layer, parameters in self._layers:
             total = 0.0
             for parameter in parameters:
                 values = to_numpy(parameter)
                 if values is not None:
                     total += float(np.square(values.astype(np.float64)).sum())
-            self._family.series(layer=layer).value = math.sqrt(total)
+            norms.append((layer, math.sqrt(total)))
+        self._pending.append((step, norms))  # exported when the step is published, in order with the others
+
+    def on_step(self, sample: StepSample) -> None:
+        while self._pending and self._pending[0][0] <= sample.step:
+            _, norms = self._pending.popleft()
+            for layer, norm in norms:
+                self._family.series(layer=layer).value = norm

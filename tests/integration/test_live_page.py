@@ -102,7 +102,7 @@ def test_the_page_draws_every_chart_with_the_runs_points(trained: TrainingMonito
     markers = {chart: a.get("data-markers", "0") for chart, a in canvases.items()}
     # The hardware charts are shown once the rank has the reading: the host's CPUs here (its temperature only
     # where the kernel has a sensor, tests/unit/test_live_devices.py for accelerators).
-    hidden = set(re.findall(r'<section hidden="">\s*<h2>[^<]*<span class="value" id="v-([a-z_]+)"', page))
+    hidden = set(re.findall(r'<section[^>]* hidden="">\s*<h2>[^<]*<span class="[^"]*" id="v-([a-z_]+)"', page))
     temperature = trained.store.series_of(c.DEVICE_TEMPERATURE)
     assert hidden == (set() if temperature else {"device_temperature"}), hidden
     assert set(points) == {*CHARTS, "device_temperature"}, points

@@ -203,3 +203,23 @@ def test_the_grad_norm_cell_marks_its_outputs_for_the_layout_resolver() -> None:
     resolver.bind(GradNormTrainOneStepCell.__new__(GradNormTrainOneStepCell))
     layout = resolver.resolve((0.5, 1.0, [1.0]))
     assert (layout.global_norm, layout.parameter_norms, layout.measured_by_cell) == (1, 2, True)
+
+
+def test_weight_norms_are_read_as_the_sampled_step_ends_not_when_published() -> None:
+    """The publisher hands a second's steps over at once: a norm read then would be the newest weights' for every
+    sample in the batch."""
+    from ms_exporter.probes.weight_norm import WeightNormProbe
+
+    store = MetricStore()
+    probe = WeightNormProbe(store, GradNormConfig(every_n_steps=2, layers=("head",)))
+    network = Weights(NAMES)
+    head = next(p for p in network.weights if p.name == "head.weight")
+    probe.on_train_begin(params(0, network))
+    for step in (1, 2, 3, 4):
+        head.values = np.full(2, float(step), np.float32)  # the optimizer's update of this step
+        probe.on_step_end(step, None)
+    assert series(store, "mindspore_train_weight_norm") == {}  # nothing published yet
+    probe.on_step(at(2, np.float32(0.5), LayoutResolver()))  # head.weight (2, 2) at step 2, head.bias (1, 1)
+    assert series(store, "mindspore_train_weight_norm")["head"] == pytest.approx(math.sqrt(2 * 2.0**2 + 2))
+    probe.on_step(at(4, np.float32(0.5), LayoutResolver()))
+    assert series(store, "mindspore_train_weight_norm")["head"] == pytest.approx(math.sqrt(2 * 4.0**2 + 2))
