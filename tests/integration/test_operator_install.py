@@ -10,10 +10,12 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -213,8 +215,11 @@ def test_check_config(venv: OperatorVenv, tmp_path: Path) -> None:
 
 @pytest.fixture
 def captured_rank() -> Iterator[str]:
-    """A local endpoint that serves a /metrics page captured from a real rank (rank 1 at step 8)."""
-    page = CAPTURE.read_bytes()
+    """A local endpoint that serves a /metrics page captured from a real rank (rank 1 at step 8), its last step
+    moved to now: `top` shows the values of a rank whose last step is long past as stale."""
+    page = re.sub(
+        rb"(mindspore_train_last_step_timestamp_seconds\{[^}]*\}) \S+", rb"\1 %.3f" % time.time(), CAPTURE.read_bytes()
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # http.server's name
