@@ -95,7 +95,9 @@ COLUMNS = (
     _Column("TARGET", lambda row: row.target, left=True),
 )
 ALERTS_HEADER = "ALERTS"
-_ALERTS_MIN_WIDTH = 12
+# The alerts column keeps at least this many columns when others are dropped: an ended rank's "ended, straggler"
+# (16) whole; 12 cut it to "ended, strag~" when the other columns happened to fill the rest.
+_ALERTS_MIN_WIDTH = 18
 _GAP = "  "
 
 
