@@ -13,23 +13,10 @@ import numpy as np
 
 
 def measure(fingerprints: int, steps: int, every_n_steps: int = 100) -> dict[str, Any]:
-    import mindspore as ms
-    from mindspore.train import Callback
-
-    from ms_exporter.demo import BATCH, build_model, synthetic_dataset
+    from benchmarks.opt_in import trained
     from ms_exporter.features.fingerprint import fingerprint
 
-    ms.set_context(mode=ms.GRAPH_MODE)
-    model = build_model(grad_norm=False)
-    ends: list[float] = []
-
-    class StepEnds(Callback):
-        def on_train_step_end(self, run_context: Any) -> None:
-            run_context.original_args().net_outputs.asnumpy()  # GRAPH mode does not synchronise otherwise
-            ends.append(time.perf_counter())
-
-    model.train(1, synthetic_dataset(size=(steps + 10) * BATCH), callbacks=[StepEnds()], dataset_sink_mode=False)
-    step_ms = float(np.median(np.diff(ends[10:]))) * 1e3  # past compilation
+    model, step_ms = trained(2, 64, steps)
     parameters = list(model.train_network.trainable_params())
     times = []
     for _ in range(fingerprints):

@@ -22,7 +22,7 @@ import numpy as np
 Row = dict[str, Any]
 
 
-def _trained(layers: int, d_model: int, steps: int) -> tuple[Any, float]:
+def trained(layers: int, d_model: int, steps: int) -> tuple[Any, float]:
     """The demo model after `steps` GRAPH steps, and its median step time (ms) past compilation."""
     import mindspore as ms
     from mindspore.train import Callback
@@ -80,7 +80,7 @@ def measure(
     rows: list[Row] = []
     for layers, d_model in models:
         name = f"{layers} layers, d_model {d_model}"
-        model, step_ms = _trained(layers, d_model, steps)
+        model, step_ms = trained(layers, d_model, steps)
         cb = _InternalCallbackParam()
         cb.cur_step_num = 0
         cb.train_network = model.train_network
