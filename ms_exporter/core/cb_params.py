@@ -83,6 +83,15 @@ def optimizer_of(cb_params: Any) -> Any:
     return cb_params.get(OPTIMIZER)
 
 
+def trained_weights_of(cb_params: Any) -> list[Any]:
+    """The parameters the step trains: the train cell's `weights`, else the optimizer's `parameters`
+    (Model(GradNormTrainOneStepCell(...)) leaves cb_params.optimizer empty: the cell's weights are the same)."""
+    weights = getattr(train_network_of(cb_params), "weights", None)
+    if weights is None:
+        weights = getattr(optimizer_of(cb_params), "parameters", None)
+    return list(weights or [])
+
+
 def loss_scale_manager_of(cb_params: Any) -> Any:
     # Also the correct spelling: a script's own run_context (or a MindSpore that fixes it) may use it.
     return cb_params.get(LOSS_SCALE_MANAGER) or cb_params.get("loss_scale_manager")

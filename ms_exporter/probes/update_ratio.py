@@ -15,7 +15,7 @@ import numpy as np
 
 from ms_exporter.config import UpdateRatioConfig
 from ms_exporter.core import catalogue
-from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
+from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample, to_numpy
 from ms_exporter.core.store import MetricStore
@@ -51,11 +51,7 @@ class UpdateRatioProbe(Probe):
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        # Model(GradNormTrainOneStepCell(...)) leaves cb_params.optimizer empty: the cell's weights are the same.
-        weights = getattr(train_network_of(cb_params), "weights", None)
-        if weights is None:
-            weights = getattr(optimizer_of(cb_params), "parameters", None)
-        self._parameters = list(weights or [])
+        self._parameters = trained_weights_of(cb_params)
         self._index = LayerIndex(
             [p.name for p in self._parameters], self._config.layers, self._config.max_series - 2 * self._config.top_k
         )

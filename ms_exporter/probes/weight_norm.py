@@ -10,7 +10,7 @@ import numpy as np
 
 from ms_exporter.config import GradNormConfig
 from ms_exporter.core import catalogue
-from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
+from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample, to_numpy
 from ms_exporter.core.store import MetricStore
@@ -35,11 +35,7 @@ class WeightNormProbe(Probe):
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        # Model(GradNormTrainOneStepCell(...)) leaves cb_params.optimizer empty: the cell's weights are the same.
-        weights = getattr(train_network_of(cb_params), "weights", None)
-        if weights is None:
-            weights = getattr(optimizer_of(cb_params), "parameters", None)
-        parameters = list(weights or [])
+        parameters = trained_weights_of(cb_params)
         # The same watched layers as the gradient norms, under the same cap.
         index = LayerIndex(
             [p.name for p in parameters], self._config.layers, self._config.max_series - self._config.top_k

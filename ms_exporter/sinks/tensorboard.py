@@ -17,7 +17,7 @@ import numpy as np
 from ms_exporter.config.run_identity import run_folder_of
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MetricFamily
-from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
+from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.safe_files import append_whole, make_dir, open_regular
@@ -133,10 +133,8 @@ class TensorBoardWriter(QueuedStepWriter):
         self._histogram_mark = step_of(cb_params) // self._collect_freq - 1
         if self._histogram_regular is None:
             return
-        weights = getattr(train_network_of(cb_params), "weights", None)
-        if weights is None:
-            weights = getattr(optimizer_of(cb_params), "parameters", None)
-        chosen = [p for p in weights or [] if self._histogram_regular.match(str(getattr(p, "name", "")))]
+        weights = trained_weights_of(cb_params)
+        chosen = [p for p in weights if self._histogram_regular.match(str(getattr(p, "name", "")))]
         if not chosen:
             logger.warning(
                 "ms_exporter: tensorboard.histogram_regular %r matches no parameter of this model: no histograms",
