@@ -7,11 +7,9 @@ import gzip
 import html
 import json
 import math
-import statistics
 import threading
 import time
 import urllib.parse
-from collections import deque
 from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Protocol
@@ -21,6 +19,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ms_exporter.core.thresholds import STALL_CYCLES, STALL_FLOOR_SECONDS
 from ms_exporter.endpoint.basic_auth import BasicAuth
+from ms_exporter.endpoint.scrapers import ScraperLog
 
 if TYPE_CHECKING:
     from ms_exporter.endpoint.live_history import StepHistory
@@ -86,10 +85,9 @@ class MetricsPages:
         self._cache: dict[tuple[str, bool], tuple[float, Answer]] = {}
         self._series_cache: dict[int, tuple[float, Answer]] = {}  # since -> (perf_counter, answer)
         self._render_lock = threading.Lock()
-        # When /metrics was asked for (perf_counter), and when the newest page served was rendered: how a rank that
-        # ended knows the interval its scrapers keep and whether they have seen its last state.
-        self.metrics_requests: deque[float] = deque(maxlen=4)
-        self.served_renders: deque[float] = deque(maxlen=16)  # when each served /metrics page was rendered
+        # Who asked for /metrics, when, and when each page served to them was rendered: how a rank that ended knows
+        # its scrapers' intervals and whether each of them has read its last state.
+        self.scrapers = ScraperLog()
 
     def answer(
         self, method: str, target: str, headers: RequestHeaders, peer: str = "", authenticated: bool = False
@@ -116,19 +114,9 @@ class MetricsPages:
         if path in LIVE_PATHS:
             return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.
-        return self._metrics(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
-
-    def scrape_interval(self) -> float | None:
-        """The median gap between the last /metrics requests; None before two were seen."""
-        times = list(self.metrics_requests)
-        if len(times) < 2:
-            return None
-        return statistics.median(later - earlier for earlier, later in zip(times, times[1:], strict=False))
-
-    def _metrics(self, accept: str, accept_encoding: str) -> Answer:
-        self.metrics_requests.append(time.perf_counter())
-        rendered, answer = self._render(accept, accept_encoding)
-        self.served_renders.append(rendered)
+        requested = time.perf_counter()
+        rendered, answer = self._render(headers.get("Accept", ""), headers.get("Accept-Encoding", ""))
+        self.scrapers.record(peer, headers.get("User-Agent", ""), requested, rendered)
         return answer
 
     def _render(self, accept: str, accept_encoding: str) -> tuple[float, Answer]:

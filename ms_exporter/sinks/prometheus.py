@@ -26,11 +26,12 @@ from ms_exporter.endpoint.server import serve, tls_context
 
 logger = logging.getLogger("ms_exporter")
 
-# A rank that ended normally keeps serving at close until its scrapers have read `phase="ended"` (alerts tell a
-# finished rank from a dead one by it), for at most two of their intervals and never longer than this.
+# A rank that ended normally keeps serving at close until every scraper that scrapes it (an HA pair, an agent
+# beside Prometheus) has read `phase="ended"` (alerts tell a finished rank from a dead one by it), for at most two
+# intervals of the slowest of them and never longer than this.
 LINGER_MAX_SECONDS = 30.0
-# Scrapes of `ended` to wait for: a scrape the scraper gave up on (its timeout, on a loaded machine) was served
-# here but never stored there, so one served page is not yet an end that was seen.
+# Scrapes of `ended` each scraper is to be served: a scrape the scraper gave up on (its timeout, on a loaded
+# machine) was served here but never stored there, so one served page is not yet an end that was seen.
 LINGER_SCRAPES = 2
 
 
@@ -162,9 +163,9 @@ class PrometheusEndpoint(Sink):
             self._server = None
 
     def on_signal(self, signal_name: str, step: int) -> None:
-        """A signal that ends the process entered `ended` first: serve it until LINGER_SCRAPES scrapes read it
-        (bounded as at close), so that the rank's end is seen before its target leaves discovery (file_sd comes
-        after us)."""
+        """A signal that ends the process entered `ended` first: serve it until each scraper read it LINGER_SCRAPES
+        times (bounded as at close), so that the rank's end is seen before its target leaves discovery (file_sd
+        comes after us)."""
         if self._server is not None:
             self._linger()
 
@@ -176,18 +177,15 @@ class PrometheusEndpoint(Sink):
         return None
 
     def _linger(self) -> None:
-        """Wait until LINGER_SCRAPES pages rendered after training ended have been served, when someone scrapes
-        regularly: at most one scrape interval more than that many, never over LINGER_MAX_SECONDS."""
+        """Wait until every scraper still scraping has been served LINGER_SCRAPES pages rendered after training
+        ended: at most one interval of the slowest more than that many, never over LINGER_MAX_SECONDS."""
         ended = self._ended_since()
-        interval = self._server.pages.scrape_interval()
+        scrapers = self._server.pages.scrapers
+        interval = scrapers.slowest_interval(time.perf_counter())
         if ended is None or interval is None:
             return
-        renders = self._server.pages.served_renders
         deadline = time.perf_counter() + min((LINGER_SCRAPES + 1) * interval + 1.0, LINGER_MAX_SECONDS)
-        while (
-            sum(1 for rendered in list(renders) if rendered >= ended) < LINGER_SCRAPES
-            and time.perf_counter() < deadline
-        ):
+        while (now := time.perf_counter()) < deadline and scrapers.waiting(ended, now, LINGER_SCRAPES):
             time.sleep(0.05)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
+from ms_exporter.endpoint.scrapers import ACTIVE_INTERVALS
 from ms_exporter.sinks.prometheus import LINGER_MAX_SECONDS, PrometheusEndpoint
 
 
@@ -25,23 +27,33 @@ def ended_value(page: str) -> float | None:
 class Scraper:
     """Scrapes every `interval` seconds until the endpoint goes, keeping each page's `ended` value."""
 
-    def __init__(self, url: str, interval: float) -> None:
+    def __init__(self, url: str, interval: float, user_agent: str = "Prometheus/2.42.0") -> None:
         self.seen: list[float | None] = []
-        self._url, self._interval = url, interval
+        self.times: list[float] = []  # monotonic time each page arrived
+        self._request = urllib.request.Request(url, headers={"User-Agent": user_agent})
+        self._interval = interval
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
             try:
-                with urllib.request.urlopen(self._url, timeout=5) as response:
+                with urllib.request.urlopen(self._request, timeout=5) as response:
                     self.seen.append(ended_value(response.read().decode()))
+                    self.times.append(time.monotonic())
             except OSError:
                 return
             time.sleep(self._interval)
 
     def join(self) -> None:
-        self._thread.join(10)
+        self._thread.join(15)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def endpoint() -> tuple[PrometheusEndpoint, PhaseClock]:
@@ -84,3 +96,37 @@ def test_close_does_not_wait_when_nobody_scrapes_or_training_did_not_end() -> No
     served.close()
     scraper.join()
     assert len(scraper.seen) <= count + 1
+
+
+def test_close_waits_for_every_scraper_not_only_the_first() -> None:
+    """An HA Prometheus pair, or vmagent beside Prometheus: the slow scraper reads the end too. Training ends just
+    after the slow one scraped, so the fast one reads `ended` twice long before the slow one asks again: an end that
+    waited for any two scrapes would be gone when the slow scraper comes back."""
+    served, clock = endpoint()
+    clock.enter(catalogue.STEP_PHASE)
+    fast = Scraper(served.url, 0.2, "Prometheus/2.42.0")
+    slow = Scraper(served.url, 1.5, "vm_promscrape")
+    wait_for(lambda: len(slow.seen) >= 2)
+    count = len(slow.seen)
+    wait_for(lambda: len(slow.seen) > count)  # it just scraped: its next scrape is ~1.5 s away
+    clock.enter(catalogue.ENDED)
+    served.close()
+    fast.join()
+    slow.join()
+    assert slow.seen[-1] == 1.0 and fast.seen[-1] == 1.0, (slow.seen, fast.seen)
+    assert slow.seen.count(1.0) >= 2, slow.seen
+
+
+def test_a_scraper_that_stopped_is_not_waited_for() -> None:
+    """A replica shut down before the end: waiting for it would cost the whole linger (4.1 s at its 1 s interval)."""
+    served, clock = endpoint()
+    clock.enter(catalogue.STEP_PHASE)
+    gone = Scraper(served.url, 1.0, "Prometheus/2.42.0")
+    wait_for(lambda: len(gone.seen) >= 3)
+    gone._request = urllib.request.Request("http://127.0.0.1:1/")  # its next scrape fails and it stops
+    wait_for(lambda: not gone._thread.is_alive())
+    time.sleep(ACTIVE_INTERVALS * 1.0 + 1.5)  # the time that tells a scraper that stopped from one between scrapes
+    clock.enter(catalogue.ENDED)
+    began = time.monotonic()
+    served.close()
+    assert time.monotonic() - began < 2.5

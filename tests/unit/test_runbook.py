@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import yaml
 
 from ms_exporter import cli
 from ms_exporter.config import ConfigError, load_config
+from ms_exporter.core.thresholds import Thresholds
 from ms_exporter.generate.rules import heading_anchor, render_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,3 +87,19 @@ def test_every_alert_count_the_docs_state_is_the_rules_count() -> None:
             continue
         for stated in re.findall(r"\b(\d+) (?:alerts|alerting rules)\b", page.read_text()):
             assert int(stated) == count, f"{page.relative_to(ROOT)} says {stated} alerts; the rules have {count}"
+
+
+def test_every_alert_name_the_docs_state_is_an_alert_of_the_rules() -> None:
+    """A renamed or removed alert must not live on in a page: every `MindSporeTraining*` / `MindSporeExporter*` name
+    in README, deploy/ and docs/ is an alert the rules render (with every optional alert switched on)."""
+    optional = dataclasses.replace(Thresholds(), mfu_low=0.3)  # MindSporeTrainingMfuLow: only with flops.alert_below
+    names = set(alerts(render_rules(optional)))
+    pages = [
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        *sorted(ROOT.glob("deploy/**/*.md")),
+        *sorted(ROOT.glob("docs/*.md")),
+    ]
+    for page in pages:
+        for named in sorted(set(re.findall(r"\bMindSpore(?:Training|Exporter)[A-Za-z]+\b", page.read_text()))):
+            assert named in names, f"{page.relative_to(ROOT)} names {named}, which is not an alert of the rules"

@@ -12,7 +12,7 @@ from ms_exporter.generate.timing import Timing
 def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
     # A rank that reported: any process of it served its always-present step counter within the window.
     reported = f"max by (job, instance, project, rank) (last_over_time({c.STEPS.name}[{w.reported_window}]))"
-    # ...and one that ended normally: it served phase="ended" (it keeps serving until two scrapes read it).
+    # ...and one that ended normally: it served phase="ended" (it keeps serving until each scraper read it twice).
     ended = (
         f"on (job, instance, project, rank) "
         f'(last_over_time({c.PHASE.name}{{phase="{c.ENDED}"}}[{w.reported_window}]) == 1)'
