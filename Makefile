@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Workers started by msrun look for `python` on PATH: the venv's must come first.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway chromium tmux
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
 .PHONY: install demo test test-unit test-integration mindformers-venv lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 

@@ -3,8 +3,11 @@
     python -m benchmarks.detection [--output docs/detection.md] [--healthy-minutes 10]
 
 Starts a real Prometheus and a real Alertmanager with the shipped files (deploy/prometheus/prometheus.yml and its
-rules, deploy/alertmanager/alertmanager.yml). Only what a user must change is changed: where the target files
-are, the ports, and the webhook URLs, which point at a receiver here. Then runs one real training per failure of
+rules, deploy/alertmanager/alertmanager.yml), and beside them the remote-write path from its shipped files:
+vmagent (deploy/victoriametrics/vmagent.yml) -> VictoriaMetrics -> vmalert (the same rules file, unchanged) -> a
+second Alertmanager (tests/support/victoriametrics.py, the flags of deploy/victoriametrics/*.flags). Only what a
+user must change is changed: where the target files are, the ports, and the webhook URLs, which point at a
+receiver here (one per path). Then runs one real training per failure of
 docs/alerts.md's table at the same time (benchmarks/detection_job.py, small and paced so that they do not slow
 one another), each healthy at first and then with its fault, plus a healthy run that ends normally. It records
 the time from each fault to the first webhook POST of the alert that documents it, every other alert delivered
@@ -25,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from typing import Any
 import yaml
 
 from tests.support.servers import Servers
+from tests.support.victoriametrics import VMAGENT_CONFIG, VictoriaMetrics, routing_to
 from tests.support.waiting import free_port
 from tests.support.webhook import Webhook
 
@@ -107,9 +110,10 @@ class Job:
 
 
 class Stack:
-    """Prometheus and Alertmanager from the shipped files, their ports and paths moved into `scratch`."""
+    """Prometheus and Alertmanager from the shipped files, their ports and paths moved into `scratch` (and every
+    route's group_wait set to `group_wait` when given: tests that need not wait)."""
 
-    def __init__(self, scratch: Path, webhook: Webhook) -> None:
+    def __init__(self, scratch: Path, webhook: Webhook, group_wait: str | None = None) -> None:
         self.scratch = scratch
         self.targets = scratch / "targets"
         self.targets.mkdir()
@@ -121,10 +125,7 @@ class Stack:
         config["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(self.targets / "ms-exporter-*.json")]
         self.intervals = dict(config["global"])
         (scratch / "prometheus.yml").write_text(yaml.safe_dump(config))
-        routing = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
-        for receiver in routing["receivers"]:
-            for hook in receiver.get("webhook_configs", []):
-                hook["url"] = f"http://127.0.0.1:{webhook.port}{urllib.parse.urlparse(hook['url']).path}"
+        routing = routing_to(webhook, group_wait)
         (scratch / "alertmanager.yml").write_text(yaml.safe_dump(routing))
         self.routes = {
             route["matchers"][0]: route.get("group_wait", routing["route"]["group_wait"])
@@ -138,6 +139,39 @@ class Stack:
 
     def stop(self) -> None:
         self.servers.stop()
+
+
+class RemoteWrite:
+    """vmagent -> VictoriaMetrics -> vmalert -> Alertmanager from the shipped files, scraping the target files in
+    `targets`; the second Alertmanager (the shipped routing) delivers to `webhook`."""
+
+    def __init__(self, scratch: Path, webhook: Webhook, targets: Path) -> None:
+        self.scratch = scratch / "remote-write"
+        self.scratch.mkdir()
+        self.targets = targets
+        self.alertmanager_port = free_port()
+        (self.scratch / "alertmanager.yml").write_text(yaml.safe_dump(routing_to(webhook)))
+        self.servers = Servers(self.scratch)
+        self.vm = VictoriaMetrics(self.scratch)
+        self.scrape_interval = yaml.safe_load(VMAGENT_CONFIG.read_text())["global"]["scrape_interval"]
+
+    def start(self) -> None:
+        self.servers.alertmanager(self.alertmanager_port, self.scratch / "alertmanager.yml")
+        self.vm.store()
+        self.vm.vmagent(self.targets)
+        self.vm.vmalert(f"http://127.0.0.1:{self.alertmanager_port}")
+
+    def stop(self) -> None:
+        self.vm.stop()
+        self.servers.stop()
+
+
+def _package_version(package: str) -> str:
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{package} {out.stdout.strip()}" if out.returncode == 0 else "unknown"
 
 
 def _version(binary: str) -> str:
@@ -192,33 +226,39 @@ def alerts_for(webhook: Webhook, project: str, until: float | None) -> list[str]
     return sorted(seen, key=seen.__getitem__)
 
 
-def run(healthy_minutes: float) -> dict[str, Any]:
+def run(healthy_minutes: float, failures: tuple[Failure, ...] = FAILURES) -> dict[str, Any]:
     began = time.monotonic()
-    webhook = Webhook()
+    webhook, vm_webhook = Webhook(), Webhook()
     with tempfile.TemporaryDirectory(prefix="ms-detection-") as directory:
         scratch = Path(directory)
         stack = Stack(scratch, webhook)
+        remote = RemoteWrite(scratch, vm_webhook, stack.targets)
         stack.start()
+        remote.start()
         jobs: dict[str, Job] = {}
         try:
             healthy_seconds = healthy_minutes * 60
             jobs[HEALTHY] = start_job(scratch, f"detect-{HEALTHY}", "none", healthy_seconds, healthy_seconds)
-            for failure in FAILURES:
+            for failure in failures:
                 time.sleep(1)  # staggered: a dozen MindSpore imports at once would make the first steps crawl
                 jobs[failure.fault] = start_job(
                     scratch, f"detect-{failure.fault}", failure.fault, failure.healthy_seconds, 3600
                 )
             results = {}
-            waiting = {failure.fault: failure for failure in FAILURES}
+            waiting = {failure.fault: failure for failure in failures}
             while waiting:
                 for fault, failure in list(waiting.items()):
                     job = jobs[fault]
                     delivered = webhook.first_firing(job.project, failure.alert)
+                    through_vm = vm_webhook.first_firing(job.project, failure.alert)
                     late = job.fault_at is not None and time.time() > job.fault_at + max(3 * failure.target, 300)
                     gone = job.fault_at is None and job.process.poll() is not None
-                    if delivered is not None or late or gone:
+                    if (delivered is not None and through_vm is not None) or late or gone:
                         job.stop()  # the leak must not go on; a stopped job's own alerts are not counted
-                        results[fault] = _result(failure, job, delivered, webhook)
+                        results[fault] = {
+                            **_result(failure, job, delivered, webhook),
+                            "remote_write": _result(failure, job, through_vm, vm_webhook),
+                        }
                         del waiting[fault]
                 time.sleep(1)
             healthy = jobs[HEALTHY]
@@ -226,26 +266,32 @@ def run(healthy_minutes: float) -> dict[str, Any]:
             ended = time.time()
             time.sleep(WATCH_AFTER_END)
             healthy_pages = alerts_for(webhook, healthy.project, None)
+            healthy_vm_pages = alerts_for(vm_webhook, healthy.project, None)
         finally:
             for job in jobs.values():
                 job.stop()
+            remote.stop()
             stack.stop()
             webhook.close()
+            vm_webhook.close()
     return {
-        "results": [results[failure.fault] for failure in FAILURES],
+        "results": [results[failure.fault] for failure in failures],
         "healthy": {
             "minutes": healthy_minutes,
             "exit": healthy.process.returncode,
             "pages": healthy_pages,
+            "remote_write_pages": healthy_vm_pages,
             "watched_after_end": WATCH_AFTER_END,
             "ended": ended,
         },
         "intervals": stack.intervals,
+        "remote_write_scrape_interval": remote.scrape_interval,
         "group_wait": stack.routes,
         "seconds": time.monotonic() - began,
         "versions": {
             "prometheus": _version(shutil.which("prometheus") or "prometheus"),
             "alertmanager": _version(shutil.which("prometheus-alertmanager") or "prometheus-alertmanager"),
+            "victoria-metrics": _package_version("victoria-metrics"),
         },
     }
 
@@ -270,6 +316,7 @@ def render(measured: dict[str, Any]) -> str:
     today = datetime.date.today().isoformat()
     healthy = measured["healthy"]
     met = sum(result["met"] for result in measured["results"])
+    vm_met = sum(result.get("remote_write", {}).get("met", False) for result in measured["results"])
     lines = [
         "# Detection",
         "",
@@ -278,7 +325,7 @@ def render(measured: dict[str, Any]) -> str:
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {platform.platform()}; "
         f"Python {platform.python_version()}; {measured['versions']['prometheus']}; "
-        f"{measured['versions']['alertmanager']}.",
+        f"{measured['versions']['alertmanager']}; {measured['versions'].get('victoria-metrics', 'victoria-metrics')}.",
         "",
         "A real Prometheus and a real Alertmanager run with the shipped files: deploy/prometheus/prometheus.yml "
         f"(scrape every {measured['intervals']['scrape_interval']}, rules evaluated every 10 s as the rules file "
@@ -288,49 +335,68 @@ def render(measured: dict[str, Any]) -> str:
         "training (benchmarks/detection_job.py: a small classifier in PYNATIVE mode, 0.5 s per step, the "
         "monitor with its defaults), healthy first and then with its fault, all at the same time, with a healthy "
         "run beside them. The time is from the first faulty step to the first webhook POST that carries the "
-        "alert; the job is stopped then.",
+        "alert; the job is stopped once both paths delivered it.",
         "",
-        f"## Faults: {met} of {len(measured['results'])} within their target",
+        "The VictoriaMetrics column is the remote-write path of deploy/victoriametrics/README.md, watching the same "
+        "jobs from the same target files: vmagent with deploy/victoriametrics/vmagent.yml (scrape every "
+        f"{measured.get('remote_write_scrape_interval', '5s')}, target files re-read every 5 s) writing to "
+        "VictoriaMetrics single node, vmalert evaluating the same rules file unchanged, a second Alertmanager with "
+        "the same routing; every flag as deploy/victoriametrics/*.flags ship them, only ports and paths changed.",
         "",
-        "| failure | fault injected | alert | target | first POST after the fault | met | receiver | also "
-        "delivered for this job before it was stopped |",
-        "|---|---|---|---|---|---|---|---|",
+        f"## Faults: {met} of {len(measured['results'])} within their target through Prometheus, {vm_met} of "
+        f"{len(measured['results'])} through VictoriaMetrics",
+        "",
+        "| failure | fault injected | alert | target | Prometheus: first POST after the fault | met | "
+        "VictoriaMetrics: first POST after the fault | met | receiver | also delivered for this job before it was "
+        "stopped |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in measured["results"]:
-        latency = (
-            f"{result['latency']:.0f} s"
-            if result["latency"] is not None
-            else ("never" if result["fault_injected"] else "the fault never started")
-        )
+        remote = result.get("remote_write")
+        others = ", ".join(result["others"]) or "-"
+        if remote is not None and remote["others"] != result["others"]:
+            others += f" (through VictoriaMetrics: {', '.join(remote['others']) or '-'})"
         lines.append(
             f"| {result['fault']} | {result['what']} | {result['alert']} | {result['target']:.0f} s | "
-            f"{latency} | {'yes' if result['met'] else 'no'} | {result['receiver'] or '-'} | "
-            f"{', '.join(result['others']) or '-'} |"
+            f"{_latency(result)} | {'yes' if result['met'] else 'no'} | "
+            f"{_latency(remote) if remote else '-'} | {'yes' if remote and remote['met'] else 'no'} | "
+            f"{result['receiver'] or '-'} | {others} |"
         )
-    pages = healthy["pages"]
-    lines += [
-        "",
-        "## The healthy run",
-        "",
-        f"{healthy['minutes']:g} minutes of training that ends normally (exit code {healthy['exit']}), watched "
-        f"{healthy['watched_after_end']} s more after its end: **{len(pages)} alerts delivered**"
-        + (
-            f" ({', '.join(pages)})."
-            if pages
-            else ": no false page, and its end paged nothing (RankDown and "
-            "RankMissing stay quiet for a rank that ended normally)."
-        ),
-        "",
-    ]
+    lines += ["", "## The healthy run", ""]
+    for path, pages in (("Prometheus", healthy["pages"]), ("VictoriaMetrics", healthy.get("remote_write_pages"))):
+        if pages is None:
+            continue
+        lines += [
+            f"Through {path}: {healthy['minutes']:g} minutes of training that ends normally (exit code "
+            f"{healthy['exit']}), watched {healthy['watched_after_end']} s more after its end: "
+            f"**{len(pages)} alerts delivered**"
+            + (
+                f" ({', '.join(pages)})."
+                if pages
+                else ": no false page, and its end paged nothing (RankDown and "
+                "RankMissing stay quiet for a rank that ended normally)."
+            ),
+            "",
+        ]
     return "\n".join(lines)
+
+
+def _latency(result: dict[str, Any]) -> str:
+    if result["latency"] is not None:
+        return f"{result['latency']:.0f} s"
+    return "never" if result["fault_injected"] else "the fault never started"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default=str(ROOT / "docs/detection.md"))
     parser.add_argument("--healthy-minutes", type=float, default=10.0)
+    parser.add_argument(
+        "--faults", default=None, help="comma-separated faults to run (all by default; a shorter check run)"
+    )
     args = parser.parse_args()
-    measured = run(args.healthy_minutes)
+    chosen = args.faults.split(",") if args.faults else [failure.fault for failure in FAILURES]
+    measured = run(args.healthy_minutes, tuple(failure for failure in FAILURES if failure.fault in chosen))
     Path(args.output).write_text(render(measured), encoding="utf-8")
     print(render(measured))
 

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         ("larger model (6 layers, d_model 256), PYNATIVE", "pynative", larger, 3, 6, "all"),
     ]
     if quick:
-        plans = [("demo model (2 layers, d_model 64), GRAPH", "graph", demo, 2, 20, "quick")]
+        plans = [("demo model (2 layers, d_model 64), GRAPH", "graph", demo, 1, 20, "quick")]  # one round: a smoke run
     steps_tables = []
     for title, mode, (layers, d_model), rounds, steps, selection in plans:
         log(f"training: {title} ...", flush=True)

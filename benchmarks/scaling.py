@@ -1,17 +1,22 @@
 """Scale on paper: what one rank exposes, measured, and what 1,000 and 10,000 ranks cost Prometheus, computed.
 
     python -m benchmarks.scaling [--steps 300] [--output docs/scaling.md] [--load-ranks 1000] [--no-prometheus]
+                                 [--job-ranks 1000,10000] [--no-victoriametrics]
 
 Trains the demo Transformer for real with a default TrainingMonitor, counts what its /metrics serves (series,
 families, histogram buckets, bytes plain and gzip-compressed), repeats with the configuration that reaches the
 in-process bound on layer series, has a real Prometheus scrape the endpoint, and has a real Prometheus scrape
 `--load-ranks` replayed copies of the exposition (each with its own rank) to check the memory rule of thumb.
+Then `series_profile: large_job` (docs/scaling.md, "Very large jobs"): one training whose rank is a non-detail
+rank, its page counted, then the same rank's page as a detail rank; and jobs of `--job-ranks` replayed ranks (rank 0
+the detail page, every other the non-detail page) through a real Prometheus and through vmagent -> VictoriaMetrics.
 The figures replace the block between the measured markers of docs/scaling.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime
 import gzip
@@ -74,6 +79,18 @@ UPPER_BOUND = {
         "max_series": 20,
     },
 }
+# series_profile: large_job with the benchmark's own rank (0) outside detail_ranks: the non-detail page. The
+# endpoint's page cache is off so that the same rank, made a detail rank afterwards, is scraped anew.
+LARGE_JOB = {"series_profile": "large_job", "detail_ranks": [1], "web": {"cache_seconds": 0}}
+LARGE_JOB_LEAN = "large_job, a non-detail rank"
+LARGE_JOB_DETAIL = "large_job, a detail rank"
+# Replayed large jobs: (ranks, scrape interval). 10,000 targets on a small machine are scraped every 30 s.
+JOB_RANKS = ((1_000, 15.0), (10_000, 30.0))
+JOB_SCRAPES = 2  # scrapes of every target measured after each was scraped once
+SERIES_GOAL = 150_000  # Grafana Mimir's default per-tenant limit of in-memory series (max_global_series_per_user)
+VICTORIA_METRICS = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+VMAGENT = shutil.which("vmagent") or "/usr/bin/vmagent"
+
 # Memory is sampled every `interval` seconds and its growth series appear at the first sample after warm-up: at
 # the default 30 s a run of a few hundred steps would end before they exist. `interval` changes no series.
 MEASURE_INTERVAL = {"interval": 1.0}
@@ -208,14 +225,42 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
             raise RuntimeError("the monitor serves no /metrics")
         counts = count_exposition(url)
         seen = prometheus_check(url, prometheus_seconds) if prometheus_seconds > 0 else {}
+        layernorms = len(find_layernorm_scales(network))
+    return _figures(case.label, case.encoder_layers, steps, counts, layernorms, seen)
+
+
+def measure_large_job(steps: int) -> tuple[RankFigures, RankFigures]:
+    """series_profile: large_job, one real training: (the non-detail page, the same rank's page as a detail rank)."""
+    from ms_exporter.probes.layernorm import find_layernorm_scales
+    from ms_exporter.sinks import series_budget
+
+    case = Case(LARGE_JOB_LEAN, 2, LARGE_JOB)
+    with trained_monitor(case, steps) as (monitor, network):
+        url = monitor.url
+        if url is None:
+            raise RuntimeError("the monitor serves no /metrics")
+        lean = count_exposition(url)
+        # The same trained rank with itself in detail_ranks: what the monitor attaches at construction for rank 0.
+        series_budget.attach(monitor.store, "large_job", [0], 0)
+        detail = count_exposition(url)
+        layernorms = len(find_layernorm_scales(network))
+    return (
+        _figures(LARGE_JOB_LEAN, 2, steps, lean, layernorms, {}),
+        _figures(LARGE_JOB_DETAIL, 2, steps, detail, layernorms, {}),
+    )
+
+
+def _figures(
+    label: str, layers: int, steps: int, counts: dict[str, Any], layernorms: int, seen: dict[str, Any]
+) -> RankFigures:
     per_family = counts["per_family"]
 
     def series_of(*names: str) -> int:
         return sum(per_family.get(name, ("", 0))[1] for name in names)
 
     return RankFigures(
-        case=case.label,
-        encoder_layers=case.encoder_layers,
+        case=label,
+        encoder_layers=layers,
         steps=steps,
         series=counts["series"],
         families=counts["families"],
@@ -229,7 +274,7 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
             "mindspore_train_layernorm_scale_std",
             "mindspore_train_layernorm_scale_drift_ratio",
         ),
-        layernorms_in_model=len(find_layernorm_scales(network)),
+        layernorms_in_model=layernorms,
         bytes_openmetrics=counts["bytes_openmetrics"],
         bytes_gzip=counts["bytes_gzip"],
         bytes_text=counts["bytes_text"],
@@ -465,6 +510,237 @@ def prometheus_load(
     return result
 
 
+# -- a large job, replayed: series_profile: large_job -----------------------------------------------------------------
+
+
+def with_rank(exposition: str, rank: int) -> str:
+    """`exposition` (rank 0's) as rank `rank` serves it: the rank label replaced, local_rank left alone."""
+    label = re.compile(r'([{,])rank="0"')
+    if not label.search(exposition):
+        raise ValueError('the exposition has no rank="0" label to replace')
+    return label.sub(rf'\1rank="{rank}"', exposition)
+
+
+class JobReplay:
+    """A replayed job on one asyncio HTTP/1.1 server with keep-alive (10,000 targets on two cores): /metrics/<r>
+    serves rank 0 the detail page and every other rank the non-detail page, each with its own rank label, gzip-
+    compressed when asked (Prometheus and vmagent ask). Precomputed bytes; counts the requests and bytes served."""
+
+    _HEAD = "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n{}Content-Length: {}\r\n\r\n"
+
+    def __init__(self, detail: str, lean: str, ranks: int) -> None:
+        self.ranks = ranks
+        self.plain = [with_rank(detail if r == 0 else lean, r).encode() for r in range(ranks)]
+        self.gzipped = [gzip.compress(body, compresslevel=6) for body in self.plain]
+        self.requests = 0
+        self.bytes_served = 0
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.port = 0
+
+        async def serve() -> None:
+            server = await asyncio.start_server(self._answer, "127.0.0.1", 0, backlog=4096)
+            self.port = int(server.sockets[0].getsockname()[1])
+            started.set()
+            async with server:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await server.serve_forever()
+
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(serve(),), name="replay", daemon=True)
+        self.thread.start()
+        if not started.wait(30):
+            raise RuntimeError("the replay server did not start")
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode("latin-1")
+                try:
+                    rank = int(path.rsplit("/", 1)[1])
+                    gzipped = b"gzip" in head.lower()
+                    body = (self.gzipped if gzipped else self.plain)[rank]
+                except (ValueError, IndexError):
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                encoding = "Content-Encoding: gzip\r\n" if gzipped else ""
+                self.requests += 1  # before the write: the client may read the answer before this line runs
+                self.bytes_served += len(body)
+                writer.write(self._HEAD.format(encoding, len(body)).encode() + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.CancelledError):
+            pass  # the scraper hung up, or close() ends the connection
+        finally:
+            writer.close()
+
+    def targets(self) -> list[dict[str, Any]]:
+        """One target group per rank (Prometheus' static_configs and file_sd's shape), 8 ranks a node."""
+        return [
+            {
+                "targets": [f"127.0.0.1:{self.port}"],
+                "labels": {"__metrics_path__": f"/metrics/{r}", "instance": f"node{r // 8}:{19420 + r % 8}"},
+            }
+            for r in range(self.ranks)
+        ]
+
+    def counters(self) -> tuple[float, int, int]:
+        return time.monotonic(), self.requests, self.bytes_served
+
+    def close(self) -> None:
+        for task in asyncio.all_tasks(self.loop):
+            self.loop.call_soon_threadsafe(task.cancel)
+        self.thread.join(10)
+
+
+def _own_metric(url: str, name: str) -> float:
+    """The sum of `name`'s samples in a server's own /metrics (VictoriaMetrics' histograms use vmrange, which
+    prometheus_client's parser does not take, so the lines are read as text)."""
+    with urllib.request.urlopen(url, timeout=120) as response:  # a loaded 2-core machine answers slowly
+        text = response.read().decode()
+    values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, flags=re.MULTILINE)
+    if not values:
+        raise KeyError(name)
+    return sum(float(value) for value in values)
+
+
+def _rate(before: tuple[float, int, int], after: tuple[float, int, int]) -> tuple[float, float]:
+    """Scrapes per second and bytes per second the replay server served between two readings."""
+    seconds = after[0] - before[0]
+    return (after[1] - before[1]) / seconds, (after[2] - before[2]) / seconds
+
+
+def job_prometheus(replay: JobReplay, interval: float, scrapes: int) -> dict[str, Any]:
+    """A real Prometheus scraping the replayed job: its head series once every target was scraped, the samples it
+    appended per second and the bytes it was served per second over `scrapes` intervals, its RSS."""
+    every = f"{interval:g}s"
+    job = {"job_name": "mindspore", "scrape_timeout": f"{min(interval, 10.0):g}s", "static_configs": replay.targets()}
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+        server = PrometheusServer({"global": {"scrape_interval": every}, "scrape_configs": [job]}, scratch)
+        try:
+            began = time.monotonic()
+            _wait(
+                lambda: server.scalar('count(up{job="mindspore"} == 1)') == replay.ranks,
+                interval * 4 + 120,
+                "every replayed rank scraped once",
+                every=2.0,
+            )
+            own = f"{server.base}/metrics"
+            before, appended = replay.counters(), _own_metric(own, "prometheus_tsdb_head_samples_appended_total")
+            time.sleep(interval * scrapes)
+            after, appended_after = replay.counters(), _own_metric(own, "prometheus_tsdb_head_samples_appended_total")
+            window = f"[{int(interval * scrapes)}s]"
+            scrapes_per_second, bytes_per_second = _rate(before, after)
+            return {
+                "store": f"Prometheus {prometheus_version()}",
+                "ranks": replay.ranks,
+                "interval": interval,
+                "series": _own_metric(own, "prometheus_tsdb_head_series"),
+                "samples_per_second": (appended_after - appended) / (after[0] - before[0]),
+                "bytes_per_second": bytes_per_second,
+                "scrapes_per_second": scrapes_per_second,
+                "failed_scrapes": server.scalar(
+                    f'sum(count_over_time(up{{job="mindspore"}}{window}))'
+                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
+                ),
+                "rss": server.rss(),
+                "agent_rss": None,
+                "synthetic": len(SYNTHETIC),
+                "seconds": time.monotonic() - began,
+            }
+        finally:
+            server.close()
+
+
+def victoria_metrics_version() -> str:
+    """The Debian package's version (Debian's build prints an empty `-version`)."""
+    try:
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", "victoria-metrics"], capture_output=True, text=True, timeout=30
+        )
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def job_victoria_metrics(replay: JobReplay, interval: float, scrapes: int) -> dict[str, Any]:
+    """vmagent (the shipped flags and scrape config, file_sd pointed at the replayed job) remote-writing to
+    victoria-metrics (the shipped flags): the store's series once every target was scraped, the rows it inserted
+    per second and the bytes vmagent was served per second over `scrapes` intervals, the RSS of both."""
+    import psutil
+
+    from tests.support.victoriametrics import VictoriaMetrics
+
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+        targets = Path(scratch) / "targets"
+        targets.mkdir()
+        (targets / "ms-exporter-job.json").write_text(json.dumps(replay.targets()))
+        vm = VictoriaMetrics(Path(scratch))
+        try:
+            vm.store()
+            vm.vmagent(targets, scrape_interval=f"{interval:g}s")
+            began = time.monotonic()
+
+            def count(expr: str) -> float:
+                result = vm.query(expr)
+                return float(result[0]["value"][1]) if result else 0.0
+
+            _wait(
+                lambda: count('count(up{job="mindspore"} == 1)') == replay.ranks,
+                interval * 4 + 120,
+                "vmagent writing every replayed rank",
+                every=2.0,
+            )
+            metrics = f"{vm.store_url}/metrics"
+            before, rows = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
+            time.sleep(interval * scrapes)
+            after, rows_after = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
+            scrapes_per_second, bytes_per_second = _rate(before, after)
+            window = f"[{int(interval * scrapes)}s]"
+            rss = {p.name(): float(p.memory_info().rss) for p in psutil.Process().children()}
+            return {
+                "store": f"vmagent + VictoriaMetrics {victoria_metrics_version()}",
+                "ranks": replay.ranks,
+                "interval": interval,
+                # the store's series count (a query over every series would pass -search.maxUniqueTimeseries)
+                "series": _series_count(vm.store_url),
+                "samples_per_second": (rows_after - rows) / (after[0] - before[0]),
+                "bytes_per_second": bytes_per_second,
+                "scrapes_per_second": scrapes_per_second,
+                "failed_scrapes": count(
+                    f'sum(count_over_time(up{{job="mindspore"}}{window}))'
+                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
+                ),
+                "rss": rss.get("victoria-metrics", 0.0),
+                "agent_rss": rss.get("vmagent", 0.0),
+                "synthetic": len(SYNTHETIC) + 1,  # vmagent also writes scrape_timeout_seconds
+                "seconds": time.monotonic() - began,
+            }
+        finally:
+            vm.stop()
+
+
+def _series_count(store_url: str) -> float:
+    """VictoriaMetrics' /api/v1/series/count: every series in the store (a scratch store holds this job alone)."""
+    with urllib.request.urlopen(f"{store_url}/api/v1/series/count", timeout=60) as response:
+        return float(json.loads(response.read())["data"][0])
+
+
+def _attempt(run: Any, replay: JobReplay, interval: float, store: str) -> dict[str, Any]:
+    """One store's run of a replayed job; a run that fails is a row that says so (the others are still written)."""
+    try:
+        result: dict[str, Any] = run(replay, interval, JOB_SCRAPES)
+        return result
+    except Exception as exc:
+        print(f"    failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"store": store, "ranks": replay.ranks, "interval": interval, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def job_series(detail: RankFigures, lean: RankFigures, ranks: int, synthetic: int = len(SYNTHETIC)) -> int:
+    """Series of a large_job job of `ranks` ranks, computed: one detail rank, the rest non-detail, each with the
+    scraper's `synthetic` series per target (up, scrape_*)."""
+    return detail.series + (ranks - 1) * lean.series + ranks * synthetic
+
+
 # -- the doc's own configuration snippets ------------------------------------------------------------------------
 
 
@@ -642,6 +918,8 @@ def render(
     checked: list[str],
     command: str,
     seconds: float,
+    large: tuple[RankFigures, RankFigures] | None = None,
+    jobs: list[dict[str, Any]] | None = None,
 ) -> str:
     default, upper = figures[0], figures[1]
     out = [
@@ -846,6 +1124,8 @@ def render(
             ),
             "",
         ]
+    if large:
+        out += render_large_job(large[1], large[0], jobs or [])
     if checked:
         out += [
             f"`promtool check config` ({prometheus_version()}) accepted the {len(checked)} Prometheus "
@@ -854,6 +1134,157 @@ def render(
         ]
     out.append(END)
     return "\n".join(out)
+
+
+RULES_FILE = Path(__file__).resolve().parents[1] / "deploy/prometheus/rules/mindspore-training.rules.yml"
+_SERIES_NAME = re.compile(r"(?<![:\w])(mindspore_[a-z0-9_]+)(?![\w:])")
+_RECORDED = re.compile(r"(?<![\w:])([a-z_]+:mindspore_[a-z0-9_]+:[a-z0-9_]+)")
+
+
+def alert_families() -> dict[str, set[str]]:
+    """Each alert of the shipped rules file with the families it reads, through the recording rules it reads."""
+    from ms_exporter.core import catalogue
+
+    known = {family.name for family in catalogue.FAMILIES}
+
+    def families(expr: str) -> set[str]:
+        found = set()
+        for name in _SERIES_NAME.findall(expr):
+            found.add(
+                next(
+                    (name.removesuffix(s) for s in ("_sum", "_count", "_bucket") if name.removesuffix(s) in known), name
+                )
+            )
+        return found
+
+    rules = [rule for group in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in group["rules"]]
+    recorded: dict[str, set[str]] = {}
+    for rule in rules:  # recording rules read only earlier ones: one pass in file order
+        if "record" in rule:
+            recorded[rule["record"]] = families(rule["expr"]).union(
+                *(recorded.get(name, set()) for name in _RECORDED.findall(rule["expr"]))
+            )
+    return {
+        rule["alert"]: families(rule["expr"]).union(*(recorded.get(n, set()) for n in _RECORDED.findall(rule["expr"])))
+        for rule in rules
+        if "alert" in rule
+    }
+
+
+def _has(figures: RankFigures, family: str) -> bool:
+    # prometheus_client's parser names a counter family without _total
+    return figures.per_family.get(family.removesuffix("_total"), ("", 0))[1] > 0
+
+
+def alert_rows(lean: RankFigures, detail: RankFigures) -> list[dict[str, Any]]:
+    """Where each alert can fire under large_job, from what the measured pages hold: on every rank when a non-detail
+    rank has every family it reads that a detail rank has; on detail ranks only when not; not in this run when the
+    measured rank has none of them (a feature the demo training does not switch on)."""
+    rows = []
+    for alert, families in alert_families().items():
+        measured = sorted(f for f in families if _has(detail, f))
+        missing = [f for f in measured if not _has(lean, f)]
+        if not measured:
+            where = "not in this run (its series come with a feature the demo does not use)"
+        elif missing:
+            where = "detail ranks only (" + ", ".join(f"`{f}`" for f in missing) + ")"
+        else:
+            where = "every rank"
+        rows.append({"alert": f"`{alert}`", "where": where})
+    return rows
+
+
+def job_rows(jobs: list[dict[str, Any]], detail: RankFigures, lean: RankFigures) -> list[dict[str, Any]]:
+    rows = []
+    for job in jobs:
+        ranks = job["ranks"]
+        if "error" in job:
+            failed = f"**the run failed** ({job['error']})"
+            rows.append(
+                {"store": job["store"], "ranks": f"{ranks:,}", "interval": f"{job['interval']:g} s"}
+                | dict.fromkeys(("series", "per_rank", "computed", "goal", "samples", "bytes", "rss", "agent"), "-")
+                | {"failed": failed}
+            )
+            continue
+        rows.append(
+            {
+                "store": job["store"],
+                "ranks": f"{ranks:,}",
+                "interval": f"{job['interval']:g} s",
+                "series": f"{job['series']:,.0f}",
+                "per_rank": f"{job['series'] / ranks:.1f}",
+                "computed": f"{job_series(detail, lean, ranks, job['synthetic']):,}",
+                "goal": "under" if job["series"] < SERIES_GOAL * ranks / 10_000 else "**over**",
+                "samples": f"{job['samples_per_second']:,.0f}",
+                "bytes": _bytes_rate(job["bytes_per_second"]),
+                "failed": f"{job['failed_scrapes']:.0f}",
+                "rss": _bytes(job["rss"]),
+                "agent": _bytes(job["agent_rss"]) if job["agent_rss"] else "-",
+            }
+        )
+    return rows
+
+
+def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "### Very large jobs: `series_profile: large_job`, measured",
+        "",
+        f"The same real training ({lean.steps} steps of the 2-layer demo model) with `series_profile: large_job` "
+        "and the rank outside `detail_ranks`: its page is a non-detail rank's. Then the same trained rank with "
+        "itself in `detail_ranks`, scraped again: a detail rank's page (rank 0 by default).",
+        "",
+        per_rank_table([lean, detail]),
+        "",
+        "Series per family on a non-detail rank (histograms among them are `_sum` and `_count` only):",
+        "",
+        _table(
+            [
+                {"name": f"`{name}`", "type": kind, "series": count}
+                for name, (kind, count) in sorted(lean.per_family.items(), key=lambda item: (-item[1][1], item[0]))
+                if count
+            ],
+            [("name", "family"), ("type", "type"), ("series", "series")],
+        ),
+        "",
+        f"Where each alert of `{RULES_FILE.relative_to(RULES_FILE.parents[3])}` can fire under `large_job`, "
+        "from the families it reads (through the recording rules it reads) and the two pages above:",
+        "",
+        _table(alert_rows(lean, detail), [("alert", "alert"), ("where", "fires from")]),
+        "",
+    ]
+    if jobs:
+        out += [
+            "A replayed job: one HTTP server serves each rank's page (rank 0 the detail page, every other rank the "
+            "non-detail page, each with its own `rank` and `instance`), gzip-compressed, to a real Prometheus and "
+            "to vmagent writing to VictoriaMetrics (the shipped `deploy/victoriametrics` flags and scrape config). "
+            "Series per job are the store's (Prometheus's head series; VictoriaMetrics' series of the job), read "
+            f"once every target had been scraped; samples/s and bytes/s are measured over the next {JOB_SCRAPES} "
+            "scrape intervals (samples appended by Prometheus, rows inserted by VictoriaMetrics; bytes the replay "
+            'server sent); RSS is the server process\'s. "Computed" is one detail rank plus the non-detail ranks '
+            f"plus the scraper's synthetic series per target: Prometheus's {len(SYNTHETIC)} (`up`, `scrape_*`), "
+            "vmagent's one more (`scrape_timeout_seconds`). The goal is "
+            f"under {SERIES_GOAL:,} series per 10,000 ranks (Grafana Mimir's default per-tenant limit).",
+            "",
+            _table(
+                job_rows(jobs, detail, lean),
+                [
+                    ("store", "scraper and store"),
+                    ("ranks", "ranks"),
+                    ("interval", "scrape interval"),
+                    ("series", "series per job"),
+                    ("per_rank", "per rank"),
+                    ("computed", "computed"),
+                    ("goal", f"vs {SERIES_GOAL:,} per 10,000"),
+                    ("samples", "samples/s"),
+                    ("bytes", "bytes/s (gzip)"),
+                    ("failed", "failed scrapes"),
+                    ("rss", "store RSS"),
+                    ("agent", "vmagent RSS"),
+                ],
+            ),
+            "",
+        ]
+    return out
 
 
 def replace_block(document: str, block: str) -> str:
@@ -874,6 +1305,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-ranks", type=int, default=1000, help="replayed ranks for the memory check (0: skip)")
     parser.add_argument("--load-interval", type=float, default=15.0)
     parser.add_argument("--no-prometheus", action="store_true", help="no Prometheus at all")
+    parser.add_argument(
+        "--job-ranks",
+        default=",".join(str(ranks) for ranks, _ in JOB_RANKS),
+        help="replayed large_job jobs, comma-separated rank counts (empty: none)",
+    )
+    parser.add_argument("--no-victoriametrics", action="store_true", help="replay the large jobs to Prometheus only")
     args = parser.parse_args(argv)
     started = time.monotonic()
     output = Path(args.output)
@@ -892,11 +1329,29 @@ def main(argv: list[str] | None = None) -> int:
         if relabel:
             print("... and again through the page's relabeling ...", flush=True)
             relabeled = prometheus_load(figures[0].exposition, args.load_ranks, args.load_interval, 3, relabel)
+    print(f"training: {LARGE_JOB_LEAN} ({args.steps} steps) ...", flush=True)
+    large = measure_large_job(args.steps)
+    jobs: list[dict[str, Any]] = []
+    intervals = dict(JOB_RANKS)
+    for ranks in (int(word) for word in args.job_ranks.split(",") if word.strip()):
+        if args.no_prometheus:
+            break
+        interval = intervals.get(ranks, JOB_RANKS[-1][1])
+        replay = JobReplay(large[1].exposition, large[0].exposition, ranks)
+        try:
+            print(f"Prometheus scraping a large_job job of {ranks} replayed ranks every {interval:g} s ...", flush=True)
+            jobs.append(_attempt(job_prometheus, replay, interval, f"Prometheus {prometheus_version()}"))
+            if not args.no_victoriametrics:
+                print("... and vmagent -> VictoriaMetrics ...", flush=True)
+                store = f"vmagent + VictoriaMetrics {victoria_metrics_version()}"
+                jobs.append(_attempt(job_victoria_metrics, replay, interval, store))
+        finally:
+            replay.close()
     command = "python -m benchmarks.scaling" + ("" if argv is None or not argv else " " + " ".join(argv))
     if argv is None and len(sys.argv) > 1:
         command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:])
-    block = render(figures, load, relabeled, checked, command, time.monotonic() - started)
-    output.write_text(replace_block(document, block))
+    block = render(figures, load, relabeled, checked, command, time.monotonic() - started, large, jobs)
+    output.write_text(replace_block(output.read_text(), block))  # read again: the prose may have changed meanwhile
     print(per_rank_table(figures))
     print(f"wrote the measured block of {output} in {time.monotonic() - started:.0f} s")
     return 0

@@ -55,6 +55,7 @@ from ms_exporter.config.vocabulary import (
     LOG_LEVELS,
     RESERVED_LABELS,
     RUN_ID_CHARACTERS,
+    SERIES_PROFILES,
     WATCH_GROUP,
     WATCHABLE,
 )
@@ -179,6 +180,25 @@ def _jsonl_name(value: Any) -> str:
     return value
 
 
+# detail_ranks: at most this many ranks keep full detail under series_profile: large_job (one replica of a very large
+# job is far fewer ranks; a longer list is a job that wants `full`).
+MAX_DETAIL_RANKS = 4096
+MAX_RANK = 10**7
+
+
+def _detail_ranks(value: Any) -> tuple[int, ...]:
+    """A rank or a list of ranks (global ranks, 0 to MAX_RANK), sorted, each once."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if len(items) > MAX_DETAIL_RANKS or not all(
+        isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= MAX_RANK for item in items
+    ):
+        raise _Bad(
+            f"must be a global rank or a list of at most {MAX_DETAIL_RANKS} of them (integers from 0 to {MAX_RANK})",
+            value,
+        )
+    return tuple(sorted(set(items)))
+
+
 STRATEGY_KEYS = ("name", "config", "every_n_steps")
 
 
@@ -279,6 +299,10 @@ class MonitorConfig:
     wandb: WandbConfig = section(WandbConfig)
     hardware: HardwareConfig = section(HardwareConfig)
     data_quality: DataQualityConfig = section(DataQualityConfig)
+    # Which series a rank exposes (sinks/series_budget.py, docs/scaling.md "Very large jobs"): `large_job` keeps what
+    # the alerts and recording rules read on every rank, the per-layer and histogram detail on detail_ranks only.
+    series_profile: str = setting("full", check=choice(*SERIES_PROFILES))
+    detail_ranks: tuple[int, ...] = setting((0,), check=_detail_ranks)
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

@@ -35,5 +35,10 @@ EARLY_STOP_UNITS = ("epoch", "step")
 ROLLBACK_STORAGE = ("auto", "memory", "disk")
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 
+# series_profile: every series on every rank, or (large_job) the alerts' series on every rank and the per-layer and
+# histogram detail on detail_ranks only (ms_exporter/sinks/series_budget.py, docs/scaling.md "Very large jobs").
+FULL_PROFILE, LARGE_JOB_PROFILE = "full", "large_job"
+SERIES_PROFILES = (FULL_PROFILE, LARGE_JOB_PROFILE)
+
 # The characters of a run_id (it names the run's state file in save_dir); goodput derives ids from the same set.
 RUN_ID_CHARACTERS = "A-Za-z0-9_.:-"

@@ -7,8 +7,9 @@ import statistics
 import threading
 from collections import OrderedDict, deque
 
-# Scrapers remembered at once; past this the one heard from least recently is forgotten. Scrapers are told apart
-# by address and User-Agent: two Prometheus servers on two hosts, or vmagent and Prometheus on one, are two.
+# Scrapers remembered at once; past this a one-off reader, else the one heard from least recently, is forgotten.
+# Scrapers are told apart by address and User-Agent: two Prometheus servers on two hosts, or vmagent and Prometheus
+# on one, are two.
 MAX_SCRAPERS = 16
 # A scraper is still scraping while its last request is no older than this many of its intervals (plus a second).
 ACTIVE_INTERVALS = 2.0
@@ -40,8 +41,11 @@ class ScraperLog:
         with self._lock:
             scraper = self._scrapers.pop(key, None) or _Scraper()
             self._scrapers[key] = scraper  # most recently heard from last
-            while len(self._scrapers) > MAX_SCRAPERS:
-                self._scrapers.popitem(last=False)
+            if len(self._scrapers) > MAX_SCRAPERS:
+                # One-off readers (a person's curl, a test's read) go first, so that many of them never push a
+                # real scraper out; then the one heard from least recently.
+                once = [k for k, s in self._scrapers.items() if len(s.requests) < 2 and s is not scraper]
+                del self._scrapers[once[0] if once else next(iter(self._scrapers))]
             scraper.requests.append(requested)
             scraper.renders.append(rendered)
 

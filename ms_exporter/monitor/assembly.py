@@ -38,7 +38,7 @@ from ms_exporter.monitor.writer_fallback import WriterFallback
 from ms_exporter.probes import build_probes
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
 from ms_exporter.probes.memory import MemoryProbe
-from ms_exporter.sinks import build_sinks
+from ms_exporter.sinks import build_sinks, series_budget
 
 # What a caller may hand in for a probe or a sink: the part itself, or what builds it from the context.
 Given = Any
@@ -73,6 +73,7 @@ def assemble(
     errors = ErrorSink(store)
     breaker = Breaker(errors, store)
     context = PartContext(config, store, rank, phases, errors.absorb, breaker)
+    series_budget.attach(store, config.series_profile, config.detail_ranks, rank.rank)  # before any reader starts
     probes = [*build_probes(context), *_made(given_probes, context, Probe)]
     actions = ActionRunner(config, store, rank, announce, probes) if config.actions.any else None
     hang = _first(probes, HangDeadlineProbe)

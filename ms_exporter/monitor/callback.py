@@ -304,7 +304,8 @@ class TrainingMonitor(Callback):
     def _on_signal(self, signal_name: str, ending: bool) -> None:
         """Flush what is queued and let each part save what must outlive the process. When the signal ends the
         process (SIGTERM's default action), the rank ends as asked: it serves phase="ended" until two scrapes of
-        each scraper have read it (the endpoint's on_signal()) and only then leaves discovery, so a stopped job pages nobody."""
+        each scraper have read it (the endpoint's on_signal()) and only then leaves discovery, so a stopped job
+        pages nobody."""
         self._guard("callback", self._publisher.publish, None)
         if ending:
             self.phases.enter(ENDED)

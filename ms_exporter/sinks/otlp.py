@@ -45,7 +45,7 @@ from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.redaction import url_for_logs
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import Family, HistogramSeries, MetricStore, Series
-from ms_exporter.sinks import otel_sdk
+from ms_exporter.sinks import otel_sdk, series_budget
 
 logger = logging.getLogger("ms_exporter")
 
@@ -211,8 +211,9 @@ class StoreHistogramExporter(MetricExporter):
         now = time.time_ns()
         constant = dict(self._store.constant_labels)
         out = []
-        for family in self._store.families(lambda exc: self._on_error("otlp", exc)):
-            if family.kind != "histogram":
+        read = self._store.families(lambda exc: self._on_error("otlp", exc))
+        for family in series_budget.kept(self._store, read):  # a non-detail rank's histograms: sum and count
+            if family.kind not in ("histogram", series_budget.SUM_AND_COUNT):
                 continue
             points = []
             for child in family.children:
@@ -283,6 +284,8 @@ class OtlpExport(Sink):
             self._seen_version = self._store.version
             for family in self._store.families():
                 if family.kind == "histogram" or family.name in self._instrumented:
+                    continue
+                if not series_budget.of(self._store).keeps(family.name):  # series_profile: large_job
                     continue
                 live = self._store.get(family.name)
                 if live is None:

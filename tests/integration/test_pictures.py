@@ -21,6 +21,7 @@ import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -200,23 +201,21 @@ def last_row_age(now: dict[str, Any]) -> float:
     return float(now["now"] - now["rows"][-1][1]) if now["rows"] else float("inf")
 
 
-@pytest.fixture(scope="module")
-def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def watch_nan_run(tmp: Path) -> Run:
     """Healthy for HEALTHY_STEPS steps, then every loss NaN until the test has seen 10 and the run ends normally."""
     return watch(
-        tmp_path_factory.mktemp("nan-run"),
+        tmp,
         "nan-run",
         ("--fault", "nan", "--seconds", "300"),
         [Moment("nan-run", lambda now: len(now["nonfinite_loss_steps"]) >= 10, "10 NaN steps", stop=True)],
     )
 
 
-@pytest.fixture(scope="module")
-def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def watch_stalled_run(tmp: Path) -> Run:
     """Healthy, then one step whose callback hook stands still for 20 s (hang.min_seconds 5), then healthy again
     until the test has seen it so and the training ends normally: the page stalled, healthy again, and ended."""
     return watch(
-        tmp_path_factory.mktemp("stalled-run"),
+        tmp,
         "stalled-run",
         ("--fault", "pause", "--pause", "20", "--seconds", "300"),
         [
@@ -238,6 +237,26 @@ def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             Moment("ended-run", lambda now: now["phase"] == catalogue.ENDED, "the training's end"),
         ],
     )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """The NaN run and the stalled run side by side, each in its own process on its own port: the stalled run stands
+    still (sleeps) for 20 s, and each waits on its own page's moments."""
+    with ThreadPoolExecutor(2) as pool:
+        nan = pool.submit(watch_nan_run, tmp_path_factory.mktemp("nan-run"))
+        stalled = pool.submit(watch_stalled_run, tmp_path_factory.mktemp("stalled-run"))
+        return {"nan": nan.result(), "stalled": stalled.result()}
+
+
+@pytest.fixture(scope="module")
+def nan_run(runs: dict[str, Run]) -> Run:
+    return runs["nan"]
+
+
+@pytest.fixture(scope="module")
+def stalled_run(runs: dict[str, Run]) -> Run:
+    return runs["stalled"]
 
 
 def test_live_page_of_a_nan_run_shouts_and_marks_the_nan_steps(nan_run: Run) -> None:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ms_exporter.core import catalogue
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
-from ms_exporter.endpoint.scrapers import ACTIVE_INTERVALS
+from ms_exporter.endpoint.scrapers import ACTIVE_INTERVALS, MAX_SCRAPERS, ScraperLog
 from ms_exporter.sinks.prometheus import LINGER_MAX_SECONDS, PrometheusEndpoint
 
 
@@ -130,3 +130,13 @@ def test_a_scraper_that_stopped_is_not_waited_for() -> None:
     began = time.monotonic()
     served.close()
     assert time.monotonic() - began < 2.5
+
+
+def test_many_one_off_readers_do_not_push_the_scraper_out() -> None:
+    log = ScraperLog()
+    for second in range(5):
+        log.record("10.0.0.1", "Prometheus/2.42.0", float(second), float(second))
+    for reader in range(3 * MAX_SCRAPERS):
+        log.record("10.0.0.2", f"curl/{reader}", 4.5, 4.5)
+    assert log.slowest_interval(5.0) == 1.0  # the Prometheus that scrapes every second is still known
+    assert log.waiting(since=4.2, now=5.0, pages=2) == 1  # and still waited for: it read no page after 4.2
