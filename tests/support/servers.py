@@ -23,23 +23,34 @@ class Servers:
 
     def start(self, binary: str, port: int, *options: str, ready_within: float = 60) -> None:
         """Run `binary` listening on 127.0.0.1:port and wait until its /-/ready answers 200."""
+        command = [f"--web.listen-address=127.0.0.1:{port}", *options]
+        self.run(binary, command, f"http://127.0.0.1:{port}/-/ready", ready_within, every=0.5)
+
+    def run(
+        self,
+        binary: str,
+        command: list[str],
+        ready_url: str,
+        ready_within: float = 60,
+        every: float = 0.5,
+        cwd: Path | None = None,
+    ) -> None:
+        """Run `binary` with `command`, logging to `<scratch>/<binary>.log`, and wait until `ready_url` answers 200."""
         path = shutil.which(binary)
         if path is None:
             raise FileNotFoundError(f"{binary} is not installed (make test installs the Debian packages)")
         log = open(self.scratch / f"{binary}.log", "wb")  # noqa: SIM115 - closed in stop()
-        process = subprocess.Popen(
-            [path, f"--web.listen-address=127.0.0.1:{port}", *options], stdout=log, stderr=subprocess.STDOUT
-        )
+        process = subprocess.Popen([path, *command], stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         self._running.append((process, log))
 
         def ready() -> bool:
             if process.poll() is not None:
                 raise AssertionError(f"{binary} exited with {process.returncode}: see {log.name}")
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as response:
+            with urllib.request.urlopen(ready_url, timeout=2) as response:
                 return bool(response.status == 200)
 
         try:
-            wait_until(ready, ready_within, binary, every=0.5)
+            wait_until(ready, ready_within, binary, every=every)
         except BaseException:
             self.stop()  # the caller gets the failure, not servers left running
             raise

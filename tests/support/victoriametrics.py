@@ -16,16 +16,15 @@ file is whatever `rules` says: deploy/prometheus/rules/*.yml by default, as the 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
-from tests.support.waiting import free_port, wait_until
+from tests.support.servers import Servers
+from tests.support.waiting import free_port
 from tests.support.webhook import Webhook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,32 +74,15 @@ class VictoriaMetrics:
         self.store_port = free_port()
         self.vmagent_port = free_port()
         self.vmalert_port = free_port()
-        self._running: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
+        self._servers = Servers(scratch)
 
     @property
     def store_url(self) -> str:
         return f"http://127.0.0.1:{self.store_port}"
 
     def _start(self, binary: str, port: int, command: list[str], ready_within: float = 60) -> None:
-        path = shutil.which(binary)
-        if path is None:
-            raise FileNotFoundError(f"{binary} is not installed (make test installs the Debian packages)")
-        log = open(self.scratch / f"{binary}.log", "wb")  # noqa: SIM115 - closed in stop()
         # From the repository root: the shipped flags name deploy/ paths relative to it.
-        process = subprocess.Popen([path, *command], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self._running.append((process, log))
-
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"{binary} exited with {process.returncode}: see {log.name}")
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                return bool(response.status == 200)
-
-        try:
-            wait_until(ready, ready_within, binary, every=0.2)
-        except BaseException:
-            self.stop()
-            raise
+        self._servers.run(binary, command, f"http://127.0.0.1:{port}/health", ready_within, every=0.2, cwd=ROOT)
 
     def store(self) -> None:
         """victoria-metrics with the shipped flags, its data in the scratch directory."""
@@ -153,13 +135,4 @@ class VictoriaMetrics:
         return [{**rule, "group": group["name"]} for group in body["data"]["groups"] for rule in group["rules"]]
 
     def stop(self) -> None:
-        for process, _ in self._running:
-            process.terminate()
-        for process, log in self._running:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-            log.close()
-        self._running.clear()
+        self._servers.stop()
