@@ -1,14 +1,17 @@
 """Real Prometheus and Alertmanager (Debian packages) watching real training jobs with injected faults.
 
-One Prometheus and one Alertmanager for the module; each scenario starts a training job on a known port, and a
-small webhook receiver in this process records what Alertmanager delivers. The rules are rendered by the same
-renderer as the committed file, with thresholds and durations shrunk so that alerts fire in seconds.
+One Prometheus and one Alertmanager for the module; each scenario's training job has a known port (the six faults
+train at once, each on its own), and a small webhook receiver in this process records what Alertmanager delivers.
+The rules are rendered by the same renderer as the committed file, with thresholds and durations shrunk so that
+alerts fire in seconds.
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from tests.support.alert_stack import Stack
 from tests.support.waiting import wait_until
 from tests.support.webhook import Webhook
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -53,23 +56,39 @@ def test_healthy_run_is_quiet_and_every_dashboard_query_has_data(stack: Stack, w
         stop_job(job)
 
 
-@pytest.mark.parametrize(
-    ("fault", "alert", "path"),
-    [
-        ("nan", "MindSporeTrainingLossNonFinite", "/pager"),
-        ("loss", "MindSporeTrainingLossHigh", "/tickets"),
-        # Stalled fires too; the shipped routing mutes it while MindSporeTrainingHang names the rank.
-        ("stall", "MindSporeTrainingHang", "/pager"),
-        ("leak", "MindSporeTrainingMemoryGrowth", "/tickets"),
-        ("slow", "MindSporeTrainingThroughputLow", "/tickets"),
-        ("kill", "MindSporeTrainingRankDown", "/pager"),
-    ],
-)
+FAULTS = [
+    ("nan", "MindSporeTrainingLossNonFinite", "/pager"),
+    ("loss", "MindSporeTrainingLossHigh", "/tickets"),
+    # Stalled fires too; the shipped routing mutes it while MindSporeTrainingHang names the rank.
+    ("stall", "MindSporeTrainingHang", "/pager"),
+    ("leak", "MindSporeTrainingMemoryGrowth", "/tickets"),
+    ("slow", "MindSporeTrainingThroughputLow", "/tickets"),
+    ("kill", "MindSporeTrainingRankDown", "/pager"),
+]
+# The first port is the healthy run's and the demo's; each fault's job has its own, so that all of them train at once.
+ALERT_STACK_JOB_PORTS = 1 + len(FAULTS)
+
+
+@pytest.fixture(scope="module")
+def fault_jobs(stack: Stack) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """One training per fault, all started together (their alerts' waits overlap instead of adding up); each test
+    stops its own once its page arrived."""
+    ports = dict(zip((fault for fault, _, _ in FAULTS), stack.job_ports[1:], strict=True))
+    with ThreadPoolExecutor(len(FAULTS)) as pool:
+        started = pool.map(lambda fault: (fault, stack.run_job(f"fault-{fault}", fault, port=ports[fault])), ports)
+        jobs = dict(started)
+    yield jobs
+    for job in jobs.values():
+        if job.poll() is None:
+            stop_job(job)
+
+
+@pytest.mark.parametrize(("fault", "alert", "path"), FAULTS)
 def test_fault_reaches_the_webhook_through_alertmanager(
-    stack: Stack, webhook: Webhook, fault: str, alert: str, path: str
+    stack: Stack, webhook: Webhook, fault_jobs: dict[str, subprocess.Popen[str]], fault: str, alert: str, path: str
 ) -> None:
     project = f"fault-{fault}"
-    job = stack.run_job(project, fault)
+    job = fault_jobs[fault]
     if fault == "kill":  # a rank that was reporting dies mid-training (SIGKILL: no chance to say anything)
         wait_until(
             lambda: stack.query(f'mindspore_train_global_step{{project="{project}"}} > 30'),

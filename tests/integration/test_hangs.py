@@ -23,7 +23,7 @@ from tests.support.distributed import distributed_job
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 
@@ -163,11 +163,11 @@ def test_the_rank_whose_data_iterator_blocks_is_named_live_and_afterwards(tmp_pa
 # pause, so a pause counted as data wait or step would page. `make hangs-healthy` runs the same for 10+ minutes.
 # 21 steps an epoch: 8 epochs hold one pause and one evaluation (make hangs-healthy runs 70: 9 pauses). Not fewer: the
 # learned deadline is refreshed every 16 step cycles, and from 112 cycles on its 99th percentile is the second-longest
-# cycle, not the longest. The suite's pause is 30 s (a 5 s scrape still sees it past the 20 s deadline); the long
-# run's pauses are 40 s.
+# cycle, not the longest. The pause is 45 s: the learned step deadline must stay under it for the test to mean
+# anything, and the slow first cycles (the first collective waits for the slowest rank's compile, an evaluation
+# compiles) lift that deadline above hang.min_seconds on a busy machine: 24-34 s seen on 2 cores after 100 cycles.
 HEALTHY_EPOCHS = int(os.environ.get("HANGS_HEALTHY_EPOCHS", "8"))
-PAUSE_EVERY, MIN_SECONDS = 150, 20
-PAUSE_SECONDS = 40 if "HANGS_HEALTHY_EPOCHS" in os.environ else 30
+PAUSE_EVERY, MIN_SECONDS, PAUSE_SECONDS = 150, 20, 45
 
 
 def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp_path: Path) -> None:
@@ -219,9 +219,10 @@ def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp
             f'mindspore_train_phase{{phase="checkpoint"}} == 1){window[:-1]}:5s])'
         )
         assert len(held) == WORKERS and min(held.values()) > MIN_SECONDS, held
-        assert set(job.by_rank(f"min_over_time(mindspore_train_hang_deadline_seconds{window})").values()) == {
-            float(MIN_SECONDS)
-        }
+        # The learned step deadline went under the pause: the pause would have paged had it been taken for a step.
+        lowest = job.by_rank(f"min_over_time(mindspore_train_hang_deadline_seconds{window})")
+        assert set(lowest) == set(held) and min(lowest.values()) >= MIN_SECONDS, lowest
+        assert max(lowest.values()) < PAUSE_SECONDS, lowest
         assert set(job.by_rank('mindspore_train_eval_metric{name="accuracy"}')) == {"0", "1", "2"}
     assert list(saves.rglob("hang-*.txt")) == []
     for rank in range(WORKERS):

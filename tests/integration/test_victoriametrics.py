@@ -28,7 +28,7 @@ from tests.support.victoriametrics import VictoriaMetrics, routing_to
 from tests.support.waiting import free_port, wait_until
 from tests.support.webhook import Webhook
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 RULES = sorted((ROOT / "deploy/prometheus/rules").glob("*.yml"))
 JOB = ROOT / "tests" / "integration" / "fault_job.py"
@@ -66,6 +66,26 @@ def _firing(webhook: Webhook, project: str, alert: str) -> dict[str, Any] | None
     return None
 
 
+def _what_each_path_saw(project: str, prometheus: PrometheusStack, vm: VictoriaMetrics) -> str:
+    """For a page that did not come: what each store holds of the project's targets and alerts."""
+    lines = []
+    for expr in (
+        'up{job=~".*mindspore.*"}',
+        f'ALERTS{{project="{project}"}}',
+        f'mindspore_train_phase{{project="{project}"}} == 1',
+    ):
+        for name, ask in (
+            ("prometheus", lambda e: query(prometheus.prometheus_port, e)),
+            ("victoriametrics", vm.query),
+        ):
+            try:
+                found = [(row["metric"], row["value"][1]) for row in ask(expr)]
+            except OSError as exc:
+                found = [({"error": str(exc)}, "")]
+            lines.append(f"{name}: {expr} -> {found}")
+    return "\n".join(lines)
+
+
 @pytest.fixture(scope="module")
 def paths() -> Iterator[Paths]:
     with tempfile.TemporaryDirectory(prefix="ms-vm-") as directory:
@@ -92,15 +112,19 @@ def paths() -> Iterator[Paths]:
             jobs["kill"].kill()
             pages = {}
             for fault, alert in FAULTS.items():
-                pages[fault] = wait_until(
-                    lambda p=f"vm-{fault}", a=alert: (
-                        ((one := _firing(prometheus_webhook, p, a)) and (other := _firing(vm_webhook, p, a)))
-                        and (one, other)
-                    ),
-                    150,
-                    f"{alert} for vm-{fault} through both paths",
-                    every=0.5,
-                )
+                project = f"vm-{fault}"
+                try:
+                    pages[fault] = wait_until(
+                        lambda p=project, a=alert: (
+                            ((one := _firing(prometheus_webhook, p, a)) and (other := _firing(vm_webhook, p, a)))
+                            and (one, other)
+                        ),
+                        150,
+                        f"{alert} for {project} through both paths",
+                        every=0.5,
+                    )
+                except AssertionError as missed:
+                    raise AssertionError(f"{missed}\n{_what_each_path_saw(project, prometheus, vm)}") from None
             yield Paths(vm, prometheus, vm_webhook, prometheus_webhook, pages)
         finally:
             for job in jobs.values():
