@@ -3,17 +3,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
-# Tests in two passes: what times nothing runs two at a time (pytest-xdist, a test file per worker), then the tests
-# marked `serial` (wall-clock verdicts: alerts, hangs, scrape timing; the MindSpore Transformers runs) one at a time
-# with the machine to themselves. The second venv is built (or found current) in the background during the first
-# pass: only serial tests use it. Both passes run; either failing fails the target. $(call two_passes,<paths>)
-two_passes = status=0; \
-	$(BIN)/python -m tests.support.mindformers_venv & venv=$$!; \
-	$(PYTEST) -n 2 --dist loadfile --durations=15 -m "not serial" $(1) || status=1; \
-	wait $$venv; \
-	$(PYTEST) --durations=25 -m serial $(1) || status=1; \
-	exit $$status
 # Workers started by msrun look for `python` on PATH: the venv's must come first.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
@@ -40,22 +29,21 @@ debian-packages:
 	fi
 
 # The second venv (MindSpore Transformers 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is
-# built beside the first pass; tests/integration/test_mindformers.py runs in it and skips, saying why, where it cannot
-# be built.
-test: install debian-packages lint
-	@$(call two_passes,tests)
+# built first; tests/integration/test_mindformers.py runs in it and skips, saying why, where it cannot be built.
+test: install debian-packages lint mindformers-venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
 
 mindformers-venv: install
 	$(BIN)/python -m tests.support.mindformers_venv
 
-# The unit tests alone, two at a time: no Prometheus, no browser, no training process (about 2 minutes on 2 cores).
+# The unit tests alone: no Prometheus, no browser, no training process (about 30 s, most of it importing MindSpore).
 test-unit: install
-	$(PYTEST) -n 2 tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 # The integration tests alone: real training, real Prometheus, Alertmanager and Pushgateway, headless Chromium (most
 # of `make test`'s time); the Debian packages and the MindSpore Transformers venv first, as for `make test`.
-test-integration: install debian-packages
-	@$(call two_passes,tests/integration)
+test-integration: install debian-packages mindformers-venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/integration
 
 # ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
 lint: install

@@ -72,7 +72,7 @@ FAILURES = (
         "slow",
         "MindSporeTrainingThroughputDrop",
         300,
-        "each step cycle twice as long as the healthy ones (tokens/s halved)",
+        "each step cycle twice the healthy mean (tokens/s halved)",
         healthy_seconds=210.0,
     ),
     Failure("kill", "MindSporeTrainingRankDown", 60, "the process is killed (SIGKILL): its target stays"),

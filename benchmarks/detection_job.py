@@ -78,7 +78,8 @@ class Fault(Callback):
         self.healthy_seconds, self.seconds = healthy_seconds, seconds
         self.fault_at: float | None = None
         self.previous_end = time.monotonic()
-        self.healthy_cycle = CYCLE  # the mean cycle before the fault (more than CYCLE when the host is busy)
+        # Every healthy cycle (more than CYCLE when the host is busy): their mean paces the slow fault.
+        self.healthy_time, self.healthy_steps = 0.0, 0
         self.leak: list[np.ndarray] = []
         self.rising = 0.0
 
@@ -111,13 +112,19 @@ class Fault(Callback):
             raise RuntimeError("detection benchmark: a rank fails")
 
     def on_train_step_end(self, run_context: Any) -> None:
-        rest = CYCLE - (time.monotonic() - self.previous_end)
+        pace = CYCLE
+        if self.fault == "slow" and self.fault_at is not None:
+            # Every cycle twice the healthy period's mean: tokens/s half of the healthy average, so at most half of
+            # the best 5-minute average ThroughputDrop compares with, however the host's load moves. (Adding one
+            # healthy cycle's sleep, as before, is less than a halving once the load falls: a healthy cycle of 1 s
+            # on a busy host plus a paced 0.5 s is 0.67 of the healthy rate, over the rule's 0.6.)
+            pace = 2 * (self.healthy_time / self.healthy_steps if self.healthy_steps else CYCLE)
+        rest = pace - (time.monotonic() - self.previous_end)
         if rest > 0:
             time.sleep(rest)
         if self.fault_at is None:
-            self.healthy_cycle = 0.9 * self.healthy_cycle + 0.1 * (time.monotonic() - self.previous_end)
-        elif self.fault == "slow":  # every cycle twice as long as the healthy ones, however busy the host is
-            time.sleep(self.healthy_cycle)
+            self.healthy_time += time.monotonic() - self.previous_end
+            self.healthy_steps += 1
         self.previous_end = time.monotonic()
         if time.monotonic() - self.started > self.seconds:
             run_context.request_stop()

@@ -21,7 +21,7 @@ from tests.support.alert_stack import Stack
 from tests.support.waiting import wait_until
 from tests.support.webhook import Webhook
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 

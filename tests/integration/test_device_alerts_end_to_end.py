@@ -16,7 +16,7 @@ from tests.support.alert_stack import Stack
 from tests.support.fake_npu_smi import FAKE_DIR, SCENARIO_VARIABLE, chip
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ALERT_STACK_JOB_PORTS = 2
 DEVICE_ALERTS = 'ALERTS{alertstate="firing", alertname=~"MindSporeTrainingDevice.*"}'
 

@@ -14,7 +14,7 @@ from tests.support.distributed import distributed_job
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 STEPS = 64  # 1024 samples / batch 16 / 2 shards = 32 steps per epoch, 2 epochs
 
 

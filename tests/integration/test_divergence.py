@@ -21,7 +21,7 @@ from tests.support.distributed import DistributedJob, distributed_job
 from tests.support.top_table import table_rows
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 STEPS_PER_EPOCH = 21

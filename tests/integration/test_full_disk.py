@@ -17,7 +17,7 @@ from tests.support.cb_params import context
 from tests.support.disks import fill, small_disk
 from tests.support.jsonl import records, steps_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 DROPPED = 'mindspore_exporter_dropped_samples_total{sink="local"}'
 
 

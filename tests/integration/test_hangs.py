@@ -23,7 +23,7 @@ from tests.support.distributed import distributed_job
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 

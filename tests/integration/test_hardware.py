@@ -26,7 +26,7 @@ from tests.support.otlp_receiver import GrpcReceiver
 from tests.support.scrape import Scrape, scrape
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 STEPS = 30
 

@@ -19,7 +19,7 @@ from ms_exporter.core import catalogue as c
 from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.browser import dom, screenshot
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 STEPS = 40
 NAN_STEP = 25

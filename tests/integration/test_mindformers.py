@@ -20,7 +20,7 @@ from tests.support import mindformers_venv, mindspore_users
 from tests.support.mindspore_users import unit_modules_reaching_mindspore
 from tests.support.scrape import Scrape
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
 RUN_YAML = HERE / "data" / "mindformers_llama2_tiny.yaml"

@@ -22,7 +22,7 @@ from tests.support.scrape import scrape
 from tests.support.waiting import free_port, wait_until
 from tests.support.webhook import Webhook
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("end_job.py")
 PAGES = ("MindSporeTrainingRankMissing", "MindSporeTrainingRankDown")

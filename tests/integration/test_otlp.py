@@ -20,7 +20,7 @@ from ms_exporter.sinks.otlp import otlp_name
 from tests.support.otlp_receiver import GrpcReceiver, HttpReceiver, Point, free_port
 from tests.support.scrape import Scrape, scrape
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 BATCH = 8
 STEPS = 24

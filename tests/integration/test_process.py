@@ -16,7 +16,7 @@ import yaml
 
 from tests.support.scrape import scrape
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -34,7 +34,7 @@ from tests.support.scrape import Scrape, scrape
 from tests.support.servers import Servers
 from tests.support.waiting import free_port, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "mindspore_training"
 BATCH = 8

@@ -24,7 +24,7 @@ from ms_exporter.demo import build_network, synthetic_dataset
 from tests.support.scrape import scrape
 from tests.support.top_table import table_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 BATCH = 8
 STEPS = {0: 6, 1: 4}  # different step counts and data per rank, so that a row cannot show the other rank's numbers

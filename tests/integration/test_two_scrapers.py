@@ -29,7 +29,7 @@ from tests.support.servers import Servers, query
 from tests.support.victoriametrics import VictoriaMetrics
 from tests.support.waiting import free_port, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/rules/mindspore-training.rules.yml"
 PROJECT = "two-scrapers"

@@ -28,7 +28,7 @@ from tests.support.victoriametrics import VictoriaMetrics, routing_to
 from tests.support.waiting import free_port, wait_until
 from tests.support.webhook import Webhook
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 RULES = sorted((ROOT / "deploy/prometheus/rules").glob("*.yml"))
 JOB = ROOT / "tests" / "integration" / "fault_job.py"

@@ -28,7 +28,7 @@ from ms_exporter.endpoint import basic_auth
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from tests.support.scrape import Scrape
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 SHA_PASSWORD = "scrape-me"
 BCRYPT_PASSWORD = "correct horse"
