@@ -75,12 +75,15 @@ def fault_jobs(stack: Stack) -> Iterator[dict[str, subprocess.Popen[str]]]:
     stops its own once its page arrived."""
     ports = dict(zip((fault for fault, _, _ in FAULTS), stack.job_ports[1:], strict=True))
     with ThreadPoolExecutor(len(FAULTS)) as pool:
-        started = pool.map(lambda fault: (fault, stack.run_job(f"fault-{fault}", fault, port=ports[fault])), ports)
-        jobs = dict(started)
-    yield jobs
-    for job in jobs.values():
-        if job.poll() is None:
-            stop_job(job)
+        starting = {fault: pool.submit(stack.run_job, f"fault-{fault}", fault, port) for fault, port in ports.items()}
+    jobs = {fault: future.result() for fault, future in starting.items() if future.exception() is None}
+    try:
+        assert len(jobs) == len(FAULTS), {fault: f.exception() for fault, f in starting.items() if f.exception()}
+        yield jobs
+    finally:  # the stalled job sleeps an hour: none is left behind, even when another failed to start
+        for job in jobs.values():
+            if job.poll() is None:
+                stop_job(job)
 
 
 @pytest.mark.parametrize(("fault", "alert", "path"), FAULTS)
