@@ -5,13 +5,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Workers started by msrun look for `python` on PATH: the venv's must come first.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# Python writes the bytecode of what it imports, once: where the environment sets PYTHONDONTWRITEBYTECODE (this
+# machine's does), every process would compile MindSpore's ~2,000 modules from source again (7.5 s an import
+# here, 3.4 s from bytecode), and the suite starts a few hundred such processes. .gitignore keeps __pycache__ out.
+export PYTHONDONTWRITEBYTECODE :=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
-.PHONY: install demo test test-unit test-integration mindformers-venv lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration test-long mindformers-venv lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
-# --no-compile: Python compiles what is imported on first use; byte-compiling all of MindSpore up front costs CI ~30 s.
+# --no-compile: Python compiles what is imported on first use (see PYTHONDONTWRITEBYTECODE above); byte-compiling all
+# of MindSpore up front costs CI ~30 s.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -30,8 +35,9 @@ debian-packages:
 
 # The second venv (MindSpore Transformers 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is
 # built first; tests/integration/test_mindformers.py runs in it and skips, saying why, where it cannot be built.
+# The long scenarios (marked `long`: docs/development.md#the-suite-and-the-long-scenarios) are left to `make test-long`.
 test: install debian-packages lint mindformers-venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m "not long" tests
 
 mindformers-venv: install
 	$(BIN)/python -m tests.support.mindformers_venv
@@ -43,7 +49,12 @@ test-unit: install
 # The integration tests alone: real training, real Prometheus, Alertmanager and Pushgateway, headless Chromium (most
 # of `make test`'s time); the Debian packages and the MindSpore Transformers venv first, as for `make test`.
 test-integration: install debian-packages mindformers-venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/integration
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m "not long" tests/integration
+
+# About 15 minutes: the long scenarios and the repeats that `make test` leaves out, each with the short version the
+# suite keeps named in docs/development.md#the-suite-and-the-long-scenarios.
+test-long: install debian-packages mindformers-venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m long tests
 
 # ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
 lint: install

@@ -118,6 +118,8 @@ def test_fault_reaches_the_webhook_through_alertmanager(
     assert firing["annotations"]["runbook_url"].endswith("#" + alert.lower())
 
 
+# Long (make test-long): the suite's short version is the nan fault above, the same injection through fault_job.py.
+@pytest.mark.long
 def test_the_demo_turns_faulty_on_request_and_the_page_arrives(stack: Stack, webhook: Webhook, tmp_path: Path) -> None:
     """README's recipe, its product half: `ms-exporter demo --inject nan` trains healthily, says when it injects,
     and the NaN loss pages through the shipped routing (the recipe itself, with the Debian servers on their fixed

@@ -102,6 +102,9 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         assert diverged == ["2"], table
 
 
+# Long (make test-long; make divergence-clean for 2,016 steps): the suite's short version is the named-rank test above,
+# whose two other ranks agree at every comparison.
+@pytest.mark.long
 def test_a_clean_run_has_equal_fingerprints_at_every_comparison(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

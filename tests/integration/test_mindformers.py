@@ -136,6 +136,9 @@ print("BUILT", type(monitor).__module__, type(monitor).__name__, "ms_exporter" i
     assert "BUILT ms_exporter.monitor.callback TrainingMonitor True" in done.stdout, done.stdout + done.stderr
 
 
+# Long (make test-long): the suite's short version is the two tests above, real MindSpore Transformers training and
+# registration under MindSpore 2.7.2.
+@pytest.mark.long
 def test_unit_suite_passes_on_mindspore_2_7(unit_suite: Background) -> None:
     """The supported range's other end: every unit test module that reaches MindSpore, under MindSpore 2.7.2."""
     # The rule keeps every module that imports MindSpore itself (and those that reach it through this repository's).

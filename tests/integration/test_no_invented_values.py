@@ -59,8 +59,16 @@ def _present(page: Scrape) -> set[catalogue.MetricFamily]:
     return {family for family in catalogue.FAMILIES if family.name in names or family.sum in names}
 
 
-@pytest.mark.parametrize("actions", [False, True], ids=["no-actions", "actions"])
-@pytest.mark.parametrize("cell", ["plain", "grad_norm", "loss_scale"])
+# The suite runs each cell once (plain without actions, the other two with them); `make test-long` runs all six.
+@pytest.mark.parametrize(
+    ("cell", "actions"),
+    [
+        pytest.param(cell, actions, id=f"{cell}-{'actions' if actions else 'no-actions'}", marks=marks)
+        for cell in ("plain", "grad_norm", "loss_scale")
+        for actions in (False, True)
+        for marks in [() if actions == (cell != "plain") else (pytest.mark.long,)]
+    ],
+)
 def test_only_measured_quantities_are_exported(cell: str, actions: bool, tmp_path: Any) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     monitor = TrainingMonitor(
