@@ -33,18 +33,20 @@ debian-packages:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# The second venv (MindSpore Transformers 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is
-# built first; tests/integration/test_mindformers.py runs in it and skips, saying why, where it cannot be built.
-# The long scenarios (marked `long`: docs/development.md#the-suite-and-the-long-scenarios) are left to `make test-long`.
-test: install debian-packages lint mindformers-venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m "not long" tests
+# Under `make -j2 test` (.ci/run) the Debian packages install beside pip, then the second venv (MindSpore Transformers
+# 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is built beside lint and the unit tests; the
+# integration tests run last (tests/integration/test_mindformers.py runs in the second venv and skips, saying why,
+# where it cannot be built). The long scenarios (marked `long`: docs/development.md#the-suite-and-the-long-scenarios)
+# are left to `make test-long`.
+test: debian-packages lint test-unit mindformers-venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m "not long" tests/integration
 
 mindformers-venv: install
 	$(BIN)/python -m tests.support.mindformers_venv
 
-# The unit tests alone: no Prometheus, no browser, no training process (about 30 s, most of it importing MindSpore).
+# The unit tests alone: no Prometheus, no browser (about 3 minutes on 2 cores; a few start processes of their own).
 test-unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "not long" tests/unit
 
 # The integration tests alone: real training, real Prometheus, Alertmanager and Pushgateway, headless Chromium (most
 # of `make test`'s time); the Debian packages and the MindSpore Transformers venv first, as for `make test`.

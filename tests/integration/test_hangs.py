@@ -170,6 +170,9 @@ HEALTHY_EPOCHS = int(os.environ.get("HANGS_HEALTHY_EPOCHS", "8"))
 PAUSE_EVERY, MIN_SECONDS, PAUSE_SECONDS = 150, 20, 45
 
 
+# Long (make test-long; make hangs-healthy for 10+ minutes): the suite's short version is test_training's checkpoint
+# and callbacks phases, test_alerting's quiet healthy run and the hang-deadline unit tests.
+@pytest.mark.long
 def test_a_healthy_run_with_checkpoints_pauses_and_evaluations_pages_nothing(tmp_path: Path) -> None:
     saves = tmp_path / "save"
     steps = HEALTHY_EPOCHS * 21

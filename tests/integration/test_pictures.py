@@ -39,7 +39,9 @@ from tests.support.browser import dom, screenshot
 from tests.support.samples import sample
 from tests.support.waiting import free_port, wait_until
 
-pytestmark = pytest.mark.integration
+# Long (make test-long): the suite's short version is test_live_page.py (a real run's live page, a NaN step among its
+# points, in headless Chromium) and test_report.py (a NaN run's report).
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 ROOT = Path(__file__).resolve().parents[2]
 STEP_CHARTS = ("loss", "loss_smoothed", "learning_rate", "throughput", "step_time", "grad_norm")
 # fault_job.py's main, whose training also stops at the step after a line on stdin (the test ends it once it has

@@ -23,7 +23,9 @@ import pytest
 
 from ms_exporter.tools.triage import Rules, Verdict, triage
 
-pytestmark = pytest.mark.integration
+# Long (make test-long): the suite's short version is tests/unit/test_triage.py, the same verdicts over JSON Lines
+# and TensorBoard files written for it.
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 150
 NAN_FROM = 80  # the head's weights are NaN from this step on
