@@ -60,13 +60,20 @@ def _present(page: Scrape) -> set[catalogue.MetricFamily]:
 
 
 # The suite runs each cell once (plain without actions, the other two with them); `make test-long` runs all six.
+IN_THE_SUITE = {("plain", False), ("grad_norm", True), ("loss_scale", True)}
+
+
 @pytest.mark.parametrize(
     ("cell", "actions"),
     [
-        pytest.param(cell, actions, id=f"{cell}-{'actions' if actions else 'no-actions'}", marks=marks)
+        pytest.param(
+            cell,
+            actions,
+            id=f"{cell}-{'actions' if actions else 'no-actions'}",
+            marks=() if (cell, actions) in IN_THE_SUITE else pytest.mark.long,
+        )
         for cell in ("plain", "grad_norm", "loss_scale")
         for actions in (False, True)
-        for marks in [() if actions == (cell != "plain") else (pytest.mark.long,)]
     ],
 )
 def test_only_measured_quantities_are_exported(cell: str, actions: bool, tmp_path: Any) -> None:
