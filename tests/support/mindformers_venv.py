@@ -1,9 +1,9 @@
 """The second virtual environment: MindSpore Transformers 1.8.0 (which pins MindSpore 2.7.2) and ms_exporter.
 
 Built once at .venv-mindformers and kept while what it was built from is unchanged (a stamp holds a digest of the
-requirements and pyproject.toml). `make test` builds it before the tests (`python -m tests.support.mindformers_venv`);
-the tests that run in it call `ensure()` and are skipped, with pip's own words, only where it cannot be built (no
-package index, say). docs/mindformers.md says what runs in it.
+requirements and pyproject.toml). `make test` builds it beside the unit tests, before the integration tests (`python -m
+tests.support.mindformers_venv`); the tests that run in it call `ensure()` and are skipped, with pip's own words, only
+where it cannot be built (no package index, say). docs/mindformers.md says what runs in it.
 """
 
 from __future__ import annotations
