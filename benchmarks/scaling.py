@@ -521,17 +521,37 @@ def with_rank(exposition: str, rank: int) -> str:
     return label.sub(rf'\1rank="{rank}"', exposition)
 
 
+# What a healthy step moves: the steps, time and work counters and every summary's or histogram's sum and count.
+# Not the counters of trouble (non-finite losses, the monitor's errors, breaches): those would page.
+_COUNTED = re.compile(
+    r"^((?:\w+(?:_sum|_count)|mindspore_train_(?:steps|run_time_seconds|samples|tokens)_total)(?:\{[^}]*\})? )"
+    r"(\S+)$",
+    flags=re.MULTILINE,
+)
+
+
+def advanced(exposition: str) -> str:
+    """`exposition` one healthy step later: the steps, time and work counters and every `_sum` and `_count` one
+    higher, so that rate() over two scrapes is a number (a rule's 0/0 is NaN, and VictoriaMetrics stores no NaN
+    sample: its `rank:` results would be lost)."""
+    return _COUNTED.sub(lambda match: f"{match.group(1)}{float(match.group(2)) + 1:g}", exposition)
+
+
 class JobReplay:
     """A replayed job on one asyncio HTTP/1.1 server with keep-alive (10,000 targets on two cores): /metrics/<r>
     serves rank 0 the detail page and every other rank the non-detail page, each with its own rank label, gzip-
-    compressed when asked (Prometheus and vmagent ask). Precomputed bytes; counts the requests and bytes served."""
+    compressed when asked (Prometheus and vmagent ask), the page one step later (`advanced`) from a rank's second
+    scrape on. Precomputed bytes; counts the requests and bytes served."""
 
     _HEAD = "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n{}Content-Length: {}\r\n\r\n"
 
     def __init__(self, detail: str, lean: str, ranks: int) -> None:
         self.ranks = ranks
-        self.plain = [with_rank(detail if r == 0 else lean, r).encode() for r in range(ranks)]
-        self.gzipped = [gzip.compress(body, compresslevel=6) for body in self.plain]
+        pages = [with_rank(detail if r == 0 else lean, r) for r in range(ranks)]
+        # (first scrape, later scrapes) of each rank
+        self.plain = [[page.encode() for page in pages], [advanced(page).encode() for page in pages]]
+        self.gzipped = [[gzip.compress(body, compresslevel=6) for body in bodies] for bodies in self.plain]
+        self.scraped = bytearray(ranks)  # 1 once a rank was served
         self.requests = 0
         self.bytes_served = 0
         self.loop = asyncio.new_event_loop()
@@ -559,7 +579,8 @@ class JobReplay:
                 try:
                     rank = int(path.rsplit("/", 1)[1])
                     gzipped = b"gzip" in head.lower()
-                    body = (self.gzipped if gzipped else self.plain)[rank]
+                    body = (self.gzipped if gzipped else self.plain)[self.scraped[rank]][rank]
+                    self.scraped[rank] = 1
                 except (ValueError, IndexError):
                     writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
                     continue
@@ -582,6 +603,10 @@ class JobReplay:
             }
             for r in range(self.ranks)
         ]
+
+    def rewind(self) -> None:
+        """Every rank's next scrape is its first again (each store's run begins with the first page)."""
+        self.scraped = bytearray(self.ranks)
 
     def counters(self) -> tuple[float, int, int]:
         return time.monotonic(), self.requests, self.bytes_served
@@ -719,6 +744,103 @@ def job_victoria_metrics(replay: JobReplay, interval: float, scrapes: int) -> di
             vm.stop()
 
 
+JOB_PROMETHEUS = Path(__file__).resolve().parents[1] / "deploy/prometheus/prometheus-job.yml"
+# What the shared store holds of a forwarded job, by kind (every series there is one of these).
+FORWARDED_KINDS = {
+    "project": '{__name__=~"project:.+"}',
+    "rank": '{__name__=~"rank:.+"}',
+    "rank0": '{rank="0", __name__!~".+:.+|ALERTS"}',
+    "alerts": '{__name__="ALERTS"}',
+}
+
+
+def forwarding_config(replay: JobReplay, interval: float, store_url: str) -> dict[str, Any]:
+    """deploy/prometheus/prometheus-job.yml for the replayed job: its rules file and remote_write (pointed at
+    `store_url`), the replayed targets instead of file_sd, no Alertmanager (nothing listens here)."""
+    shipped = yaml.safe_load(JOB_PROMETHEUS.read_text(encoding="utf-8"))
+    job = {"job_name": "mindspore", "scrape_timeout": f"{min(interval, 10.0):g}s", "static_configs": replay.targets()}
+    return {
+        "global": {
+            "scrape_interval": f"{interval:g}s",
+            "evaluation_interval": shipped["global"]["evaluation_interval"],
+        },
+        "rule_files": [str(RULES_FILE)],
+        "scrape_configs": [job],
+        "remote_write": [{**write, "url": f"{store_url}/api/v1/write"} for write in shipped["remote_write"]],
+    }
+
+
+def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str, Any]:
+    """The job's own Prometheus (deploy/prometheus/prometheus-job.yml: the shipped rules evaluated over every rank)
+    forwarding to VictoriaMetrics, the shared store: the store's series once they stopped growing, by kind, and
+    the rows it inserted per second over `scrapes` intervals; the job's Prometheus's head series and RSS."""
+    import psutil
+
+    from tests.support.victoriametrics import VictoriaMetrics
+
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+        vm = VictoriaMetrics(Path(scratch))
+        server = None
+        try:
+            vm.store()
+            server = PrometheusServer(forwarding_config(replay, interval, vm.store_url), scratch)
+            began = time.monotonic()
+            _wait(
+                lambda: server.scalar('count(up{job="mindspore"} == 1)') == replay.ranks,
+                interval * 4 + 120,
+                "every replayed rank scraped once",
+                every=2.0,
+            )
+            metrics = f"{vm.store_url}/metrics"
+            before, rows = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
+            time.sleep(interval * scrapes)
+            after, rows_after = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
+            scrapes_per_second, bytes_per_second = _rate(before, after)
+            window = f"[{int(interval * scrapes)}s]"
+            # The rank: rules need two scrapes of a rank (rate()); each evaluation forwards its results.
+            counts: list[float] = []
+
+            def settled() -> bool:
+                counts.append(_series_count(vm.store_url))
+                return len(counts) > 1 and counts[-1] == counts[-2] > 0
+
+            # Compared one scrape and one rule evaluation apart: the rules file's groups evaluate every 10 s.
+            groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+            evaluation = max(float(group["interval"].removesuffix("s")) for group in groups)
+            every = max(interval, evaluation) + 1.0
+            _wait(settled, every * 6 + 120, "the shared store's series to stop growing", every=every)
+
+            rss = {p.name(): float(p.memory_info().rss) for p in psutil.Process().children()}
+
+            def count(expr: str) -> float:
+                result = vm.query(f"count({expr})")
+                return float(result[0]["value"][1]) if result else 0.0
+
+            return {
+                "store": f"the job's Prometheus {prometheus_version()} -> VictoriaMetrics {victoria_metrics_version()}",
+                "ranks": replay.ranks,
+                "interval": interval,
+                "series": counts[-1],
+                "kinds": {kind: count(expr) for kind, expr in FORWARDED_KINDS.items()},
+                "job_series": _own_metric(f"{server.base}/metrics", "prometheus_tsdb_head_series"),
+                "samples_per_second": (rows_after - rows) / (after[0] - before[0]),
+                "bytes_per_second": bytes_per_second,
+                "scrapes_per_second": scrapes_per_second,
+                "failed_scrapes": server.scalar(
+                    f'sum(count_over_time(up{{job="mindspore"}}{window}))'
+                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
+                ),
+                "rss": rss.get("victoria-metrics", 0.0),
+                "agent_rss": server.rss(),
+                "synthetic": 0,
+                "seconds": time.monotonic() - began,
+            }
+        finally:
+            if server is not None:
+                server.close()
+            vm.stop()
+
+
 def _series_count(store_url: str) -> float:
     """VictoriaMetrics' /api/v1/series/count: every series in the store (a scratch store holds this job alone)."""
     with urllib.request.urlopen(f"{store_url}/api/v1/series/count", timeout=60) as response:
@@ -727,6 +849,7 @@ def _series_count(store_url: str) -> float:
 
 def _attempt(run: Any, replay: JobReplay, interval: float, store: str) -> dict[str, Any]:
     """One store's run of a replayed job; a run that fails is a row that says so (the others are still written)."""
+    replay.rewind()  # a store that saw only the later page would compute no rate from it
     try:
         result: dict[str, Any] = run(replay, interval, JOB_SCRAPES)
         return result
@@ -1213,7 +1336,8 @@ def job_rows(jobs: list[dict[str, Any]], detail: RankFigures, lean: RankFigures)
                 "interval": f"{job['interval']:g} s",
                 "series": f"{job['series']:,.0f}",
                 "per_rank": f"{job['series'] / ranks:.1f}",
-                "computed": f"{job_series(detail, lean, ranks, job['synthetic']):,}",
+                # a forwarded job's store holds aggregates, not pages: its breakdown follows the table
+                "computed": "-" if "kinds" in job else f"{job_series(detail, lean, ranks, job['synthetic']):,}",
                 "goal": "under" if job["series"] < SERIES_GOAL * ranks / 10_000 else "**over**",
                 "samples": f"{job['samples_per_second']:,.0f}",
                 "bytes": _bytes_rate(job["bytes_per_second"]),
@@ -1262,7 +1386,10 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
             "scrape intervals (samples appended by Prometheus, rows inserted by VictoriaMetrics; bytes the replay "
             'server sent); RSS is the server process\'s. "Computed" is one detail rank plus the non-detail ranks '
             f"plus the scraper's synthetic series per target: Prometheus's {len(SYNTHETIC)} (`up`, `scrape_*`), "
-            "vmagent's one more (`scrape_timeout_seconds`). The goal is "
+            "vmagent's one more (`scrape_timeout_seconds`). The third run of each size is the job's own "
+            "Prometheus (`deploy/prometheus/prometheus-job.yml`: the shipped rules over all ranks) forwarding to "
+            "VictoriaMetrics only the rules' `project:` and `rank:` results, `ALERTS` and rank 0's page: its series "
+            "per job are the shared store's. The goal is "
             f"under {SERIES_GOAL:,} series per 10,000 ranks (Grafana Mimir's default per-tenant limit).",
             "",
             _table(
@@ -1279,9 +1406,31 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
                     ("bytes", "bytes/s (gzip)"),
                     ("failed", "failed scrapes"),
                     ("rss", "store RSS"),
-                    ("agent", "vmagent RSS"),
+                    ("agent", "scraper RSS (vmagent, the job's Prometheus)"),
                 ],
             ),
+            "",
+        ]
+        out += forwarded_lines(jobs)
+    return out
+
+
+def forwarded_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """What the shared store holds of each forwarded job, by kind, against the job's own Prometheus."""
+    out = []
+    for job in jobs:
+        if "kinds" not in job:
+            continue
+        kinds = job["kinds"]
+        rest = job["series"] - sum(kinds.values())
+        out += [
+            f"Forwarded, {job['ranks']:,} ranks: of the shared store's {job['series']:,.0f} series, "
+            f"{kinds['project']:,.0f} are `project:` results, {kinds['rank']:,.0f} `rank:` results "
+            f"({kinds['rank'] / job['ranks']:.1f} per rank), {kinds['rank0']:,.0f} rank 0's page and "
+            f"{kinds['alerts']:,.0f} `ALERTS`"
+            + (f", {rest:,.0f} other" if rest else "")
+            + f"; the job's own Prometheus held {job['job_series']:,.0f} head series and evaluated every alert "
+            "over all ranks.",
             "",
         ]
     return out
@@ -1345,6 +1494,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("... and vmagent -> VictoriaMetrics ...", flush=True)
                 store = f"vmagent + VictoriaMetrics {victoria_metrics_version()}"
                 jobs.append(_attempt(job_victoria_metrics, replay, interval, store))
+                print("... and the job's own Prometheus forwarding to VictoriaMetrics ...", flush=True)
+                store = f"the job's Prometheus {prometheus_version()} -> VictoriaMetrics {victoria_metrics_version()}"
+                jobs.append(_attempt(job_forwarded, replay, interval, store))
         finally:
             replay.close()
     command = "python -m benchmarks.scaling" + ("" if argv is None or not argv else " " + " ".join(argv))

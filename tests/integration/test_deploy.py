@@ -239,8 +239,9 @@ def test_alertmanager_mutes_warnings_of_a_rank_with_a_critical_alert() -> None:
     assert routing["route"]["group_by"] == ["project", "alertname"]
 
 
-def test_static_prometheus_config_is_valid() -> None:
-    checked = run("promtool", "check", "config", "deploy/prometheus/prometheus-static.yml")
+@pytest.mark.parametrize("config", ["prometheus-static.yml", "prometheus-job.yml"])
+def test_the_other_prometheus_configs_are_valid(config: str) -> None:
+    checked = run("promtool", "check", "config", f"deploy/prometheus/{config}")
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 

@@ -16,8 +16,10 @@ from benchmarks.scaling import (
     SYNTHETIC,
     UPPER_BOUND,
     JobReplay,
+    advanced,
     alert_families,
     doc_relabeling,
+    job_forwarded,
     measure,
     prometheus_configs,
     prometheus_load,
@@ -157,21 +159,32 @@ def _table_after(block: str, heading_line: str) -> list[list[str]]:
     return rows
 
 
-def test_the_large_job_block_names_every_alert_and_measures_both_stores_at_both_sizes() -> None:
+def test_the_large_job_block_names_every_alert_and_measures_every_store_at_both_sizes() -> None:
     """series_profile: large_job in the committed block (written by `make scaling`): every alert of the rules file
     has a row saying where it fires, and each replayed job was measured through Prometheus and through vmagent +
-    VictoriaMetrics with no failed scrape and the series the per-rank pages add up to."""
+    VictoriaMetrics with no failed scrape and the series the per-rank pages add up to, and through the job's own
+    Prometheus forwarding to VictoriaMetrics under the goal."""
     block = DOC.read_text().split(BEGIN, 1)[1].split(END, 1)[0]
     assert "### Very large jobs: `series_profile: large_job`, measured" in block
     alerts = _table_after(block, "Where each alert of")
     assert sorted(row[0].strip("`") for row in alerts) == sorted(alert_families())
     assert {row[1] for row in alerts} >= {"every rank"}
     jobs = _table_after(block, "A replayed job:")
-    measured = {(row[0].split()[0], int(row[1].replace(",", ""))) for row in jobs}
-    assert measured == {(store, ranks) for store in ("Prometheus", "vmagent") for ranks, _ in JOB_RANKS}
+
+    def kind(store: str) -> str:
+        return "forwarded" if store.startswith("the job's Prometheus") else store.split()[0]
+
+    measured = {(kind(row[0]), int(row[1].replace(",", ""))) for row in jobs}
+    stores = ("Prometheus", "vmagent", "forwarded")
+    assert measured == {(store, ranks) for store in stores for ranks, _ in JOB_RANKS}
     for row in jobs:
-        series, computed, failed = (float(row[i].replace(",", "")) for i in (3, 5, 9))
-        assert failed == 0, row
+        assert float(row[9]) == 0, row  # failed scrapes
+        if kind(row[0]) == "forwarded":
+            # the shared store's series: under the goal (150,000 per 10,000 ranks), with every alert evaluated
+            assert row[6] == "under" and float(row[3].replace(",", "")) < 15 * int(row[1].replace(",", "")), row
+            assert f"Forwarded, {row[1]} ranks: of the shared store's {row[3]} series" in block
+            continue
+        series, computed = (float(row[i].replace(",", "")) for i in (3, 5))
         # the store holds what the pages add up to; vmagent's own synthetic series per target are 5 or 6
         # (scrape_timeout_seconds, counted in "computed", was not always in the store), 1/61 of a rank's
         assert abs(series - computed) <= (0.01 if row[0].startswith("Prometheus") else 0.02) * computed, row
@@ -197,5 +210,59 @@ def test_the_job_replay_serves_rank_0_the_detail_page_and_the_others_the_lean_on
             b'a{rank="1",project="p"} 1\n',
         ]
         assert replay.requests == 3 and replay.bytes_served > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{replay.port}/metrics/2", timeout=10) as response:
+            assert response.read() == b'a{rank="2",project="p"} 1\n'  # a gauge: the same a scrape later
+        counted = JobReplay('c_count{rank="0"} 1\n', 'c_count{rank="0"} 1\n', 2)
+        try:
+            url = f"http://127.0.0.1:{counted.port}/metrics/1"
+            served = []
+            for rewind in (False, False, True):
+                if rewind:
+                    counted.rewind()  # the next store's run begins with the first page again
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    served.append(response.read())
+            assert served == [b'c_count{rank="1"} 1\n', b'c_count{rank="1"} 2\n', b'c_count{rank="1"} 1\n']
+        finally:
+            counted.close()
     finally:
         replay.close()
+
+
+def test_a_replayed_rank_s_counters_advance_from_its_second_scrape_on() -> None:
+    page = (
+        'mindspore_train_steps_total{rank="0"} 3\ny_seconds_sum{rank="0"} 1.5\ny_seconds_count{rank="0"} 2\n'
+        'z{rank="0"} 7\nmindspore_train_nonfinite_loss_total{rank="0"} 0\nmindspore_exporter_errors_total 0\n'
+    )
+    assert advanced(page) == (
+        'mindspore_train_steps_total{rank="0"} 4\ny_seconds_sum{rank="0"} 2.5\ny_seconds_count{rank="0"} 3\n'
+        'z{rank="0"} 7\nmindspore_train_nonfinite_loss_total{rank="0"} 0\nmindspore_exporter_errors_total 0\n'
+    )  # a healthy step: nothing that pages moves
+
+
+# A rank's page, enough for project: rules (loss, world size) and rank: rules (step time) to have results.
+FORWARDED_PAGE = """# TYPE mindspore_train_loss gauge
+mindspore_train_loss{project="p",rank="0"} 2.5
+# TYPE mindspore_train_steps counter
+mindspore_train_steps_total{project="p",rank="0"} 10
+# TYPE mindspore_train_step_duration_seconds summary
+mindspore_train_step_duration_seconds_sum{project="p",rank="0"} 5
+mindspore_train_step_duration_seconds_count{project="p",rank="0"} 10
+# TYPE mindspore_train_world_size gauge
+mindspore_train_world_size{project="p",rank="0"} 6
+"""
+
+
+def test_a_job_s_own_prometheus_forwards_the_aggregates_and_rank_0_and_nothing_else() -> None:
+    # make scaling's third run, on 6 ranks: deploy/prometheus/prometheus-job.yml's rules and remote_write, for real.
+    replay = JobReplay(FORWARDED_PAGE, FORWARDED_PAGE, 6)
+    try:
+        job = job_forwarded(replay, 1.0, 2)
+    finally:
+        replay.close()
+    kinds = job["kinds"]
+    assert kinds["rank0"] == 5  # rank 0's whole page, without up or scrape_*
+    assert kinds["rank"] == 6  # the step-time mean of every rank
+    assert kinds["project"] >= 3  # loss mean, min and max at least
+    assert kinds["alerts"] == 0  # a healthy job: a replayed step moves nothing that pages
+    assert job["series"] == sum(kinds.values())  # nothing else: no other rank's page, no up
+    assert job["job_series"] > 6 * 5 + job["series"]  # the job's server keeps every rank's page
