@@ -634,6 +634,35 @@ def _rate(before: tuple[float, int, int], after: tuple[float, int, int]) -> tupl
     return (after[1] - before[1]) / seconds, (after[2] - before[2]) / seconds
 
 
+def _all_scraped(scalar: Any, replay: JobReplay, interval: float, what: str) -> None:
+    """Wait until `scalar` (a store's instant query) counts every replayed rank up."""
+    _wait(lambda: scalar('count(up{job="mindspore"} == 1)') == replay.ranks, interval * 4 + 120, what, every=2.0)
+
+
+def _over_scrapes(replay: JobReplay, interval: float, scrapes: int, metrics_url: str, counter: str) -> dict[str, float]:
+    """Over `scrapes` intervals: the store's own `counter` (samples appended, rows inserted) per second, and the
+    scrapes and bytes per second the replay server served."""
+    before, start = replay.counters(), _own_metric(metrics_url, counter)
+    time.sleep(interval * scrapes)
+    after, end = replay.counters(), _own_metric(metrics_url, counter)
+    scrapes_per_second, bytes_per_second = _rate(before, after)
+    return {
+        "samples_per_second": (end - start) / (after[0] - before[0]),
+        "bytes_per_second": bytes_per_second,
+        "scrapes_per_second": scrapes_per_second,
+    }
+
+
+def _failed_scrapes(scalar: Any, interval: float, scrapes: int) -> float:
+    """Scrapes of the last `scrapes` intervals that failed (up == 0), by a store's instant query `scalar`."""
+    window = f"[{int(interval * scrapes)}s]"
+    return float(
+        scalar(
+            f'sum(count_over_time(up{{job="mindspore"}}{window})) - sum(sum_over_time(up{{job="mindspore"}}{window}))'
+        )
+    )
+
+
 def job_prometheus(replay: JobReplay, interval: float, scrapes: int) -> dict[str, Any]:
     """A real Prometheus scraping the replayed job: its head series once every target was scraped, the samples it
     appended per second and the bytes it was served per second over `scrapes` intervals, its RSS."""
@@ -643,30 +672,16 @@ def job_prometheus(replay: JobReplay, interval: float, scrapes: int) -> dict[str
         server = PrometheusServer({"global": {"scrape_interval": every}, "scrape_configs": [job]}, scratch)
         try:
             began = time.monotonic()
-            _wait(
-                lambda: server.scalar('count(up{job="mindspore"} == 1)') == replay.ranks,
-                interval * 4 + 120,
-                "every replayed rank scraped once",
-                every=2.0,
-            )
+            _all_scraped(server.scalar, replay, interval, "every replayed rank scraped once")
             own = f"{server.base}/metrics"
-            before, appended = replay.counters(), _own_metric(own, "prometheus_tsdb_head_samples_appended_total")
-            time.sleep(interval * scrapes)
-            after, appended_after = replay.counters(), _own_metric(own, "prometheus_tsdb_head_samples_appended_total")
-            window = f"[{int(interval * scrapes)}s]"
-            scrapes_per_second, bytes_per_second = _rate(before, after)
+            measured = _over_scrapes(replay, interval, scrapes, own, "prometheus_tsdb_head_samples_appended_total")
             return {
                 "store": f"Prometheus {prometheus_version()}",
                 "ranks": replay.ranks,
                 "interval": interval,
                 "series": _own_metric(own, "prometheus_tsdb_head_series"),
-                "samples_per_second": (appended_after - appended) / (after[0] - before[0]),
-                "bytes_per_second": bytes_per_second,
-                "scrapes_per_second": scrapes_per_second,
-                "failed_scrapes": server.scalar(
-                    f'sum(count_over_time(up{{job="mindspore"}}{window}))'
-                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
-                ),
+                **measured,
+                "failed_scrapes": _failed_scrapes(server.scalar, interval, scrapes),
                 "rss": server.rss(),
                 "agent_rss": None,
                 "synthetic": len(SYNTHETIC),
@@ -709,18 +724,8 @@ def job_victoria_metrics(replay: JobReplay, interval: float, scrapes: int) -> di
                 result = vm.query(expr)
                 return float(result[0]["value"][1]) if result else 0.0
 
-            _wait(
-                lambda: count('count(up{job="mindspore"} == 1)') == replay.ranks,
-                interval * 4 + 120,
-                "vmagent writing every replayed rank",
-                every=2.0,
-            )
-            metrics = f"{vm.store_url}/metrics"
-            before, rows = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
-            time.sleep(interval * scrapes)
-            after, rows_after = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
-            scrapes_per_second, bytes_per_second = _rate(before, after)
-            window = f"[{int(interval * scrapes)}s]"
+            _all_scraped(count, replay, interval, "vmagent writing every replayed rank")
+            measured = _over_scrapes(replay, interval, scrapes, f"{vm.store_url}/metrics", "vm_rows_inserted_total")
             rss = {p.name(): float(p.memory_info().rss) for p in psutil.Process().children()}
             return {
                 "store": f"vmagent + VictoriaMetrics {victoria_metrics_version()}",
@@ -728,13 +733,8 @@ def job_victoria_metrics(replay: JobReplay, interval: float, scrapes: int) -> di
                 "interval": interval,
                 # the store's series count (a query over every series would pass -search.maxUniqueTimeseries)
                 "series": _series_count(vm.store_url),
-                "samples_per_second": (rows_after - rows) / (after[0] - before[0]),
-                "bytes_per_second": bytes_per_second,
-                "scrapes_per_second": scrapes_per_second,
-                "failed_scrapes": count(
-                    f'sum(count_over_time(up{{job="mindspore"}}{window}))'
-                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
-                ),
+                **measured,
+                "failed_scrapes": _failed_scrapes(count, interval, scrapes),
                 "rss": rss.get("victoria-metrics", 0.0),
                 "agent_rss": rss.get("vmagent", 0.0),
                 "synthetic": len(SYNTHETIC) + 1,  # vmagent also writes scrape_timeout_seconds
@@ -785,18 +785,8 @@ def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str,
             vm.store()
             server = PrometheusServer(forwarding_config(replay, interval, vm.store_url), scratch)
             began = time.monotonic()
-            _wait(
-                lambda: server.scalar('count(up{job="mindspore"} == 1)') == replay.ranks,
-                interval * 4 + 120,
-                "every replayed rank scraped once",
-                every=2.0,
-            )
-            metrics = f"{vm.store_url}/metrics"
-            before, rows = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
-            time.sleep(interval * scrapes)
-            after, rows_after = replay.counters(), _own_metric(metrics, "vm_rows_inserted_total")
-            scrapes_per_second, bytes_per_second = _rate(before, after)
-            window = f"[{int(interval * scrapes)}s]"
+            _all_scraped(server.scalar, replay, interval, "every replayed rank scraped once")
+            measured = _over_scrapes(replay, interval, scrapes, f"{vm.store_url}/metrics", "vm_rows_inserted_total")
             # The rank: rules need two scrapes of a rank (rate()); each evaluation forwards its results.
             counts: list[float] = []
 
@@ -823,13 +813,8 @@ def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str,
                 "series": counts[-1],
                 "kinds": {kind: count(expr) for kind, expr in FORWARDED_KINDS.items()},
                 "job_series": _own_metric(f"{server.base}/metrics", "prometheus_tsdb_head_series"),
-                "samples_per_second": (rows_after - rows) / (after[0] - before[0]),
-                "bytes_per_second": bytes_per_second,
-                "scrapes_per_second": scrapes_per_second,
-                "failed_scrapes": server.scalar(
-                    f'sum(count_over_time(up{{job="mindspore"}}{window}))'
-                    f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
-                ),
+                **measured,
+                "failed_scrapes": _failed_scrapes(server.scalar, interval, scrapes),
                 "rss": rss.get("victoria-metrics", 0.0),
                 "agent_rss": server.rss(),
                 "synthetic": 0,
