@@ -51,7 +51,8 @@ def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps
 
     model.train(1, synthetic_dataset(size=(steps + 10) * BATCH), callbacks=[StepEnds()], dataset_sink_mode=False)
     step_ms = float(np.median(np.diff(ends[10:]))) * 1e3
-    scratch = Path(tempfile.mkdtemp(prefix="ms_exporter_bench_"))
+    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_bench_")  # removed when this returns
+    scratch = Path(workspace.name)
     states = GoodStates("memory", math.inf, scratch, 1)
     states.bind(model.train_network)
     capture_ms = _median_ms(lambda: states.capture(1), captures)

@@ -6,6 +6,7 @@ the target is judged on."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from typing import Any
 
@@ -32,6 +33,7 @@ def measure(steps: int) -> list[dict[str, Any]]:
     from ms_exporter.core.sample import read_loss
 
     rows = []
+    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_bench_")  # removed when measure returns
     cases = [
         ("default settings", "scalar", {}),
         ("grad norm every 10 steps, 7-tuple outputs", "tuple", {"grad_norm": {"every_n_steps": 10}}),
@@ -41,7 +43,7 @@ def measure(steps: int) -> list[dict[str, Any]]:
             "tuple",
             {
                 "backend": ["prometheus", "local"],
-                "save_dir": "/tmp/ms_exporter_bench",
+                "save_dir": workspace.name,
                 "weight_norm": True,
                 "grad_norm": {"every_n_steps": 1, "layers": ["block.1.*"]},
             },

@@ -176,7 +176,8 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
     from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    scratch = tempfile.mkdtemp(prefix="ms_exporter_paired_")
+    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_paired_")  # removed when this returns
+    scratch = workspace.name
 
     def model(cell: bool) -> Any:
         ms.set_seed(0)

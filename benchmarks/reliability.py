@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hostile-only",
         action="store_true",
-        help="measure the hostile clients and a tampered save_dir again; replace only their section",
+        help="measure the hostile clients, a tampered save_dir and the adversary cases again; replace only those",
     )
     args = parser.parse_args(argv)
     command = "make reliability" if not args.quick else "python -m benchmarks.reliability --quick"
@@ -357,11 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     # Blocks of 30 steps (~0.4 s): a stopped wrk's kept-alive connections stay under the endpoint's 1 s idle limit.
     passes, blocks, block_steps = (1, 2, 20) if args.quick else (2, 20, 30)
     if args.hostile_only:
+        from benchmarks.adversary import adversary, render_adversary
         from benchmarks.hostile import hostile, render_hostile, replace_section
         from benchmarks.tampered import render_tampered, tampered
 
         rows_attacked = hostile(passes, blocks, block_steps)
-        tampered_section = render_tampered(tampered())
+        tampered_section = render_tampered(tampered()) + "\n" + render_adversary(adversary())
         note = (
             f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
             f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
@@ -382,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.tampered import render_tampered, tampered
 
     attacked += "\n" + render_tampered(tampered())
+    print("adversary cases ...", flush=True)
+    from benchmarks.adversary import adversary, render_adversary
+
+    attacked += "\n" + render_adversary(adversary())
     print("soak ...", flush=True)
     soaked = soak(500 if args.quick else 20_000, 100 if args.quick else 1000)
     block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes, attacked)

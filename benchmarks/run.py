@@ -83,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "make bench" if not quick else "python -m benchmarks.run --quick"
     started = time.monotonic()
     load_before = os.getloadavg()
-    scratch = tempfile.mkdtemp(prefix="ms_exporter_bench_")
+    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_bench_")  # removed when main returns
+    scratch = workspace.name
+    # The monitors measured without a save_dir (the hot path's, the scrape's) keep their run state here, not in
+    # ./monitor_output of the checkout the benchmarks run from.
+    os.environ.setdefault("MS_EXPORTER_SAVE_DIR", scratch)
     log = print if not quick else (lambda *a, **k: None)
 
     log("hot path ...", flush=True)

@@ -157,7 +157,8 @@ def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, selec
     from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    scratch = tempfile.mkdtemp(prefix="ms_exporter_bench_")
+    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_bench_")  # removed when measure returns
+    scratch = workspace.name
     models: dict[str, Any] = {}
     runs = []
     for case in cases(selection):

@@ -109,7 +109,7 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
         choices=("nan", "stall", "slow", "leak", "crash"),
         default=None,
         help="after a healthy start, turn faulty: a NaN loss, a stall, slow steps, a memory leak or a SIGKILL "
-        "(each leads to an alert: README.md, 'See a page')",
+        "(each leads to an alert: README.md, 'Alerts and dashboards')",
     )
     demo.add_argument(
         "--inject-after",
@@ -333,7 +333,7 @@ def _report_arguments(report: argparse.ArgumentParser) -> None:
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ms_exporter.config import HangConfig
-    from ms_exporter.tools.report import ReportError, summary, write_report
+    from ms_exporter.tools.report import ReportError, holds, summary, write_report
 
     try:
         hang = HangConfig() if args.hang_min_seconds is None else HangConfig(min_seconds=args.hang_min_seconds)
@@ -341,6 +341,8 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (ReportError, OSError) as exc:
         print(f"ms-exporter report: {exc}", file=sys.stderr)
         return 1
+    for line in holds(runs):
+        print(line)
     for run in runs:
         facts = summary(run, hang)
         stalled = "".join(f", stalled {stall['seconds']:.0f} s at step {stall['step']}" for stall in facts["stalls"])
@@ -358,9 +360,13 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             else ""
         )
         mfu = f", MFU p50 {100 * facts['mfu_p50']:.1f}%" if facts["mfu_p50"] is not None else ""
+        early = facts["early_stop"]
+        stopped = ""
+        if early is not None:
+            stopped = f", stopped on purpose by early stop at step {early['step']} ({early['reason']})"
         print(
             f"{run.label}: {facts['steps']} steps, final loss {facts['final_loss']}, min loss {facts['min_loss']}"
-            f"{mfu}{goodput}{stalled}{lost}{unreadable}"
+            f"{mfu}{goodput}{stopped}{stalled}{lost}{unreadable}"
         )
     print(f"wrote {args.output}")
     return 0

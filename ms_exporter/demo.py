@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -230,6 +233,7 @@ def run_demo(
     (`injector`)."""
     import mindspore as ms
 
+    from ms_exporter.config.run_identity import run_id_of
     from ms_exporter.monitor.callback import TrainingMonitor
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -245,7 +249,9 @@ def run_demo(
 
         peak = measure_matmul_flops()
         overrides["flops"] = {**DEMO_CONFIG["flops"], "peak_flops_per_device": peak}
-    monitor = TrainingMonitor(config if config is not None else DEMO_CONFIG, **overrides)
+    # Each demo run is a run of its own: the built-in configuration gives it its own run id and folder (file-level
+    # settings, so that MS_EXPORTER_SAVE_DIR, MS_EXPORTER_RUN_ID and --save-dir still win); a --config file decides.
+    monitor = TrainingMonitor(config if config is not None else {**DEMO_CONFIG, **demo_run()}, **overrides)
     url = monitor.url
     if url:  # first: scripts and tests read the URL from the first line
         print(f"metrics: {url}\nlive page: {url.removesuffix('metrics')}", flush=True)
@@ -256,7 +262,7 @@ def run_demo(
             flush=True,
         )
     if monitor.jsonl_path:
-        print(f"JSON Lines: {monitor.jsonl_path}", flush=True)
+        print(f"JSON Lines: {monitor.jsonl_path} (run {run_id_of(monitor.config)})", flush=True)
     limit = f"{steps} steps" + (f" (at most {seconds:.0f} s)" if seconds else "")
     print(f"training a {mode.upper()}-mode Transformer classifier for {limit} ...", flush=True)
     model = build_model(decay_steps=steps)
@@ -283,16 +289,47 @@ def _time_spent(monitor: Any) -> str:
     return f"time: {100 * spent.get(c.PRODUCTIVE, 0.0) / total:.0f}% of {total:.0f} s productive ({parts})"
 
 
-def _next_steps(url: str | None, jsonl_path: str | None) -> None:
-    """What to try next with what the run left behind."""
+def demo_run(now: float | None = None) -> dict[str, str]:
+    """The run id and save_dir of one demo run: `demo-<UTC time>-<pid>` in ./monitor_output/, so that runs one
+    after another neither share a JSON Lines file nor a run id (one run's goodput ledger, one report per run)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    run_id = f"demo-{stamp}-{os.getpid()}"
+    return {"run_id": run_id, "save_dir": os.path.join("monitor_output", run_id)}
+
+
+def command_name() -> str:
+    """How to spell `ms-exporter` so that the line printed runs as written from here: the script beside this
+    Python (a venv's bin/), relative when it is below the working directory (`.venv/bin/ms-exporter` in a
+    checkout, whose shell has no venv on PATH: `make` puts it there only for its own commands), else bare where
+    PATH finds that same script, else its whole path; `python -m ms_exporter` where there is no script."""
+    script = Path(sys.executable).parent / "ms-exporter"
+    if not script.is_file():
+        return f"{sys.executable} -m ms_exporter"
+    try:
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        pass
+    found = shutil.which("ms-exporter")
+    if found is not None and Path(found).resolve() == script.resolve() and "MAKELEVEL" not in os.environ:
+        return "ms-exporter"
+    return str(script.absolute())
+
+
+def next_steps(url: str | None, jsonl_path: str | None) -> list[str]:
+    """What to try next with what the run left behind: commands that run as written from the working directory."""
+    command = command_name()
     lines = ["next:"]
     if jsonl_path:
-        lines.append(f"  ms-exporter report {jsonl_path} -o report.html   # the run as one HTML page")
+        lines.append(f"  {command} report {jsonl_path} -o report.html   # this run as one HTML page")
     if url:
         endpoint = url.removeprefix("http://").removeprefix("https://").removesuffix("/metrics")
-        lines.append(f"  ms-exporter top {endpoint}   # a live table of the ranks (run it beside the next demo)")
+        lines.append(f"  {command} top {endpoint}   # a live table of the ranks (run it beside the next demo)")
     lines.append("  Prometheus, Alertmanager and the dashboard: README.md, 'Alerts and dashboards'")
-    print("\n".join(lines), flush=True)
+    return lines
+
+
+def _next_steps(url: str | None, jsonl_path: str | None) -> None:
+    print("\n".join(next_steps(url, jsonl_path)), flush=True)
 
 
 # -- faults to inject (`ms-exporter demo --inject`): a newcomer sees the alert each causes arrive ---------------------
@@ -300,7 +337,7 @@ def _next_steps(url: str | None, jsonl_path: str | None) -> None:
 # | fault | what the job does from then on | the alert it leads to (docs/alerts.md) |
 # |---|---|---|
 # | nan | the head's bias becomes NaN: every loss is NaN | MindSporeTrainingLossNonFinite (critical) |
-# | stall | the next step never begins (the process sleeps) | MindSporeTrainingStalled (critical), then Hang |
+# | stall | the next step never begins (the process sleeps) | MindSporeTrainingHang (critical; it mutes Stalled) |
 # | slow | each step waits 0.25 s first (a starved data loader) | MindSporeTrainingThroughputDrop (warning) |
 # | leak | each step keeps 4 MiB more host memory | MindSporeTrainingMemoryGrowth (warning) |
 # | crash | the process kills itself with SIGKILL, as the OOM killer would | MindSporeTrainingRankDown (critical) |
@@ -309,6 +346,10 @@ FAULTS = ("nan", "stall", "slow", "leak", "crash")
 SLOW_SECONDS = 0.25
 LEAK_BYTES = 4 * 2**20
 STALL_SECONDS = 24 * 3600.0  # longer than anyone watches: the user stops the demo (Ctrl-C)
+STALL_STOP = (
+    "the job now stands still until you stop it: Ctrl-C here, or `kill {pid}` from another terminal "
+    "(MindSporeTrainingHang pages once the hang deadline has passed: at least 2 minutes)"
+)
 
 
 def injector(fault: str, after_seconds: float) -> Any:
@@ -335,6 +376,8 @@ def injector(fault: str, after_seconds: float) -> Any:
                 self.began = True
                 step = run_context.original_args().cur_step_num
                 print(f"injecting '{fault}' at step {step} ({after_seconds:.0f} s after the start)", flush=True)
+                if fault == "stall":
+                    print(STALL_STOP.format(pid=os.getpid()), flush=True)
                 if fault == "nan":
                     network = run_context.original_args().train_network
                     bias = next(p for p in network.trainable_params() if p.name.endswith("head.bias"))

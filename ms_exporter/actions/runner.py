@@ -68,6 +68,7 @@ class ActionRunner(Part):
         self._store = store
         self._grad_threshold = config.grad_norm.threshold if config.grad_norm.enable else None
         self._snapshot_dir = Path(config.save_dir) / SNAPSHOT_DIR
+        self._announce = announce or _unheard
         family = store.register(catalogue.ACTIONS_TAKEN)
         self._counts = {
             name: family.series(action=name)
@@ -258,6 +259,9 @@ class ActionRunner(Part):
         run_context.request_stop()
         self._counts["early_stop"].value += 1
         logger.warning("ms_exporter: early_stop at step %d: %s; training stops after this step", step, reason)
+        # The run's records say it was stopped on purpose: `ms-exporter triage` and `report` read this event, and
+        # without it a run cut short by early stop reads as one that failed.
+        self._announce(step, "early_stop", {"reason": reason})
 
     def _scale_lr(self, step: int, scale: float, reason: str) -> None:
         if self._scaler is not None:

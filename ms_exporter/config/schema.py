@@ -61,7 +61,7 @@ from ms_exporter.config.vocabulary import (
 )
 from ms_exporter.config.walker import shown_value
 from ms_exporter.core import registry
-from ms_exporter.core.import_path import load_object
+from ms_exporter.core.import_path import load_class
 from ms_exporter.core.redaction import REDACTED, url_for_logs
 
 # Outside the 9100-9999 range that the Prometheus project hands out to exporters (9100 node, 9400 DCGM,
@@ -230,11 +230,9 @@ def _strategies(value: Any) -> tuple[dict[str, Any], ...]:
                 spec,
             )
         try:
-            found = load_object(name)
-        except Exception as exc:
-            raise _Bad(f"item {index}: cannot import {shown_value(name)} ({type(exc).__name__}: {exc})", spec) from None
-        if not callable(found):
-            raise _Bad(f"item {index}: {shown_value(name)} is not a class", spec)
+            load_class(name, "on_step_end")  # imported, never run: core/import_path.py says what a path may name
+        except ValueError as exc:
+            raise _Bad(f"item {index}: {shown_value(name)}: {exc}", spec) from None
         specs.append({"name": name, "config": dict(config), "every_n_steps": every})
     return tuple(specs)
 

@@ -493,7 +493,9 @@ class HardwareConfig:
     interval: float = setting(10.0, check=at_least(0.5, MAX_SECONDS))
     # A reader that has not answered after this long is counted (TimeoutError) and asked again once it answers.
     timeout: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
-    npu_smi: str = setting("npu-smi", check=text())  # the npu-smi command (a name on PATH or a path)
+    # The npu-smi command: a name, looked for in trusted directories only (features/hardware/command.py), or an
+    # absolute path.
+    npu_smi: str = setting("npu-smi", check=text())
     # Ascend's RoCE link state (often /usr/local/Ascend/driver/tools/hccn_tool); null: no link series.
     hccn_tool: str | None = setting("hccn_tool", check=optional(text()))
 

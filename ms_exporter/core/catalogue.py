@@ -612,6 +612,14 @@ STRATEGY_SECONDS = MetricFamily(
     "seconds",
     ("strategy",),
 )
+STRATEGY_DROPPED = MetricFamily(
+    "mindspore_exporter_strategy_dropped_total",
+    "counter",
+    'Values a strategy of the user\'s returned that were not exported: reason="keys" (a key past its bound of '
+    'keys), reason="value" (not a number, or beyond a float\'s range) (docs/strategies.md).',
+    "values",
+    ("strategy", "reason"),
+)
 
 # -- hardware (features/hardware/; docs/hardware.md) --------------------------------------------------------------
 # `device`: gpu<N>, npu<N> as this rank sees them, or host. Each quantity exists only where the device's interface
@@ -678,7 +686,9 @@ DEVICE_LINK_UP = MetricFamily(
 DEVICE_HEALTHY = MetricFamily(
     "mindspore_train_device_healthy", "gauge", "1 while the device's interface calls it healthy.", "1", ("device",)
 )
-# The join to the device exporters: their own label names (docs/hardware.md), empty where they do not apply.
+# The join to the device exporters: their labels in snake_case (dcgm-exporter's UUID, modelName and Hostname as
+# uuid, model_name and hostname; the recording rules rename theirs with label_replace; docs/hardware.md), empty where
+# they do not apply.
 DEVICE_INFO = MetricFamily(
     "mindspore_train_device_info",
     "gauge",
@@ -686,11 +696,10 @@ DEVICE_INFO = MetricFamily(
     "1",
     (
         "device",
-        "Hostname",
+        "hostname",
         "gpu",
-        "UUID",
+        "uuid",
         "pci_bus_id",
-        "modelName",
         "id",
         "vdie_id",
         "pcie_bus_info",

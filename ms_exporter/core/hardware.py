@@ -5,9 +5,10 @@ hardware monitor's own thread, never on the step path. It fills the fields its i
 others None: a quantity a device does not report is no series, never a 0.
 
 `device` names the device as this rank sees it: `gpu0`, `npu3`, `host`. `DeviceIdentity` carries the labels the
-device exporters put on their own series, spelled as they spell them (dcgm-exporter: `gpu`, `UUID`, `pci_bus_id`,
-`modelName`, `Hostname`; npu-exporter: `id`, `vdie_id`, `pcie_bus_info`, `model_name`), so that a rank's
-`mindspore_train_device_info` joins their series without relabelling (docs/hardware.md).
+device exporters put on their own series, in snake_case (dcgm-exporter's `gpu`, `UUID` as `uuid`, `pci_bus_id`,
+`modelName` as `model_name`, `Hostname` as `hostname`; npu-exporter's `id`, `vdie_id`, `pcie_bus_info`,
+`model_name`), so that a rank's `mindspore_train_device_info` joins their series; the recording rules rename the
+exporters' camelCase labels to these with label_replace (docs/hardware.md).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class DeviceIdentity:
     """Who a device is, in the device exporters' own label names (empty where unknown)."""
 
     device: str  # gpu0, npu3, host
-    labels: dict[str, str] = field(default_factory=dict)  # e.g. {"gpu": "0", "UUID": "GPU-...", "modelName": ...}
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. {"gpu": "0", "uuid": "GPU-...", "model_name": ...}
 
 
 class HardwareReader:

@@ -167,6 +167,18 @@ def _holder(path: Path) -> str:
         return "a process that did not say which"
 
 
+def _after_fork_in_child() -> None:
+    """A forked child shares the parent's lock (flock belongs to the open file, which fork shares): its copies are
+    closed, so the lock ends with the parent, and the child's exit (its finalizers) never removes the parent's
+    lock file. A monitor the child builds claims anew and is told the parent owns the files."""
+    for held in _HELD.values():
+        with contextlib.suppress(OSError):
+            os.close(held.fd)
+    _HELD.clear()
+    global _GUARD
+    _GUARD = threading.Lock()  # a lock a parent's thread held at the fork stays held in the child
+
+
 def _release(key: Path) -> None:
     with _GUARD:
         held = _HELD.get(key)
@@ -180,3 +192,6 @@ def _release(key: Path) -> None:
             if _same_file(held.fd, held.path):  # removed while locked: the next process creates it anew
                 os.unlink(held.path)
         os.close(held.fd)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

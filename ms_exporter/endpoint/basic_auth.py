@@ -15,8 +15,18 @@ times a second take every one and a client with the right password never gets it
   is not checked right away is refused (401) without a check; the claim stays queued and its answer is
   remembered, so the client's next try is answered from memory. A client with the right password is in after
   at most one turn of every other address asking (PEER_CHECK_SECONDS apart for one other address, 1 /
-  CHECKS_PER_SECOND for more) plus its own next try, whatever they send. IPv6 clients count by their /64
-  network, which one host usually holds whole;
+  CHECKS_PER_SECOND for more) plus its own next try, whatever they send, once its claim is queued (_PEERS
+  claims at most: past that a new address's claim waits for room). IPv6 clients count by their /64 network,
+  which one host usually holds whole;
+- addresses whose claim passed are trusted (the scrapers this rank has served, TRUSTED_PEERS at most): their
+  claims are checked before any other address's, still under the ration and one per PEER_CHECK_SECONDS each,
+  and an address whose check fails is trusted no more. Turns alone give every address the same share, so a flood
+  from many addresses (any 127.x.y.z is this host's; a /16 is cheap elsewhere) pushes a scraper that must be
+  checked again, after a restart most of all, behind one turn of each of them: 2 s per address, half an hour for
+  a thousand. What tells the scraper apart is that it passed before, so the addresses (never a password or
+  anything derived from one) are kept in a small file (TrustedPeersFile) that a restarted rank reads: its
+  scrapers are checked first, within a turn, however many addresses ask. A flood reaches the trusted ones only
+  by a trusted address, and then for one check: it fails and the address loses its place;
 - an unknown user's claim is checked against a decoy hash of the same cost and takes its address's turn like
   any other. Keeping unknown users out of the ration would be visible (a second address would see whether a
   name spends the shared ration), so names cannot be told apart by time nor by turns; the turns are what keep
@@ -35,18 +45,25 @@ import hashlib
 import hmac
 import ipaddress
 import itertools
+import json
 import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import NamedTuple
+
+from ms_exporter.core.errors import OnError
+from ms_exporter.core.safe_files import make_dir, read_small, replace_file
 
 CHECKS_PER_SECOND = 0.5  # bcrypt checks for all peers together (one costs ~60 ms of CPU at cost 10, more above)
 PEER_CHECK_SECONDS = 2.0  # one check per peer address this often: one peer cannot take all of them
 _BURST = 2.0  # checks that may run back to back after a quiet while
 _REMEMBERED = 256  # passed and failed pairs kept (each set); past it the oldest are forgotten
 _PEERS = 1024  # peers whose last check, and peers whose claim, are remembered
+TRUSTED_PEERS = 16  # addresses whose claim passed, checked first; past it the one that passed longest ago goes
+_TRUSTED_FILE_BYTES = 4096  # a trusted peers file larger than this is not read
 
 
 def password_matches(password: str, hashed: str) -> bool:
@@ -104,6 +121,8 @@ class BasicAuth:
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self._peer_checked: OrderedDict[str, float] = OrderedDict()
         self._claims: dict[str, _Claim] = {}  # peer key -> its queued claim
+        self._trusted: OrderedDict[str, None] = OrderedDict()  # peer keys whose claim passed, latest last
+        self._on_trusted: Callable[[list[str]], None] | None = None
         self._order = itertools.count()
         self._tokens = _BURST
         self._updated = clock()
@@ -111,6 +130,19 @@ class BasicAuth:
 
     def __bool__(self) -> bool:
         return bool(self._users)
+
+    def trust(self, peers: Iterable[str], on_change: Callable[[list[str]], None] | None = None) -> None:
+        """Trust `peers` (the addresses an earlier process of this rank trusted) and tell `on_change` the trusted
+        addresses whenever one is added or dropped (it is called from an answer thread, after a bcrypt check)."""
+        with self._lock:
+            for peer in list(peers)[-TRUSTED_PEERS:]:
+                self._trusted[peer_key(peer)] = None
+            self._on_trusted = on_change
+
+    @property
+    def trusted(self) -> list[str]:
+        with self._lock:
+            return list(self._trusted)
 
     def allows(self, header: str, peer: str = "", checks: bool = True) -> bool | None:
         """Whether `header` passes. With checks=False, None where a bcrypt check is due to run now (the caller
@@ -124,7 +156,8 @@ class BasicAuth:
                 if verdict is not None:
                     return verdict
                 key = peer_key(peer)
-                if key not in self._claims and len(self._claims) < _PEERS:
+                # A trusted address's claim is queued however many others wait (there are TRUSTED_PEERS at most).
+                if key not in self._claims and (len(self._claims) < _PEERS or key in self._trusted):
                     self._claims[key] = claim._replace(order=next(self._order))
                 if not checks:
                     return None if self._due() is not None else False
@@ -150,7 +183,27 @@ class BasicAuth:
                 if len(self._peer_checked) > _PEERS:
                     self._peer_checked.popitem(last=False)
             # The check itself runs without the lock: bcrypt releases the GIL, other requests go on meanwhile.
-            self._remember(claim.fingerprint, self._check(claim.password, claim.against) and claim.known)
+            matched = self._check(claim.password, claim.against) and claim.known
+            self._remember(claim.fingerprint, matched)
+            trusted = self._learn(key, matched)
+            if trusted is not None and self._on_trusted is not None:
+                self._on_trusted(trusted)
+
+    def _learn(self, key: str, matched: bool) -> list[str] | None:
+        """Trust an address whose claim passed, drop one whose claim failed; the trusted addresses if that changed
+        them, else None."""
+        with self._lock:
+            if matched:
+                known = key in self._trusted
+                self._trusted[key] = None
+                self._trusted.move_to_end(key)
+                if len(self._trusted) > TRUSTED_PEERS:
+                    self._trusted.popitem(last=False)
+                return None if known else list(self._trusted)
+            if key in self._trusted:
+                del self._trusted[key]
+                return list(self._trusted)
+            return None
 
     def _claim(self, header: str) -> _Claim | None:
         scheme, _, encoded = header.partition(" ")
@@ -191,4 +244,40 @@ class BasicAuth:
         ready = [key for key in self._claims if now - self._peer_checked.get(key, -math.inf) >= PEER_CHECK_SECONDS]
         if not ready:
             return None
-        return min(ready, key=lambda key: (self._peer_checked.get(key, -math.inf), self._claims[key].order))
+        return min(
+            ready,
+            key=lambda key: (key not in self._trusted, self._peer_checked.get(key, -math.inf), self._claims[key].order),
+        )
+
+
+class TrustedPeersFile:
+    """Where a rank keeps its trusted addresses (save_dir/ms_exporter-scrapers-rank<r>.json), so that its next
+    process checks its scrapers' passwords first. Addresses only: nothing in it helps to guess a password. Read
+    and written through core/safe_files.py (no link followed, a bounded read); a file that cannot be read or
+    written is counted under `prometheus` and the endpoint goes on without it."""
+
+    def __init__(self, path: Path, on_error: OnError) -> None:
+        self.path = path
+        self._on_error = on_error
+
+    def load(self) -> list[str]:
+        try:
+            data = json.loads(read_small(self.path, _TRUSTED_FILE_BYTES))
+            peers = data["trusted"] if isinstance(data, dict) else None
+            if not isinstance(peers, list) or not all(isinstance(peer, str) for peer in peers):
+                raise ValueError(f"{self.path} holds no list of addresses under 'trusted'")
+            for peer in peers:  # an address or an IPv6 /64, as peer_key() writes them
+                ipaddress.ip_network(peer, strict=False)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:  # unreadable, a link, too large, not JSON, not addresses
+            self._on_error("prometheus", exc)
+            return []
+        return list(peers)
+
+    def save(self, peers: list[str]) -> None:
+        try:
+            make_dir(self.path.parent)
+            replace_file(self.path, json.dumps({"trusted": peers}).encode())
+        except OSError as exc:
+            self._on_error("prometheus", exc)

@@ -33,6 +33,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import h11
@@ -40,6 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from ms_exporter.config import WebConfig
 from ms_exporter.core.errors import OnError
+from ms_exporter.endpoint.basic_auth import TrustedPeersFile
 from ms_exporter.endpoint.pages import (
     METRICS_PATH,
     UNAUTHORIZED,
@@ -454,13 +456,18 @@ def serve(
     history: StepHistory | None = None,
     labels: Mapping[str, str] | None = None,
     stacks: Stacks | None = None,
+    trusted_file: Path | None = None,
 ) -> tuple[EndpointServer, Any]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
 
-    `on_error(component, exc)` counts a request that could not be answered (a render that raised, say)."""
+    `on_error(component, exc)` counts a request that could not be answered (a render that raised, say).
+    `trusted_file` keeps the addresses whose password passed for the rank's next process (basic_auth.py)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     listener = socket.create_server((address, port), family=family, backlog=128, reuse_port=False)
     pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels, stacks)
+    if pages.auth and trusted_file is not None:
+        trusted = TrustedPeersFile(trusted_file, on_error)
+        pages.auth.trust(trusted.load(), trusted.save)
     budget = RequestBudget(web.max_requests_per_second) if web.max_requests_per_second else None
     server = EndpointServer(listener, pages, on_error, budget, context)
     thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)

@@ -26,7 +26,8 @@ class DeviceExporter:
     where it has none). Each series is read as the catalogue's unit: `percent` series are divided by 100."""
 
     name: str
-    key: str  # the label both its series and mindspore_train_device_info carry, unique to one device cluster-wide
+    key: str  # the label of its series that names one device cluster-wide
+    joins_as: str  # that label's name on mindspore_train_device_info (ours are snake_case; the rules rename theirs)
     labels: tuple[str, ...]  # every label it puts on a device series (Prometheus adds job and instance)
     temperature: str | None = None  # °C
     power: str | None = None  # W
@@ -36,12 +37,13 @@ class DeviceExporter:
     link_status: str | None = None  # LINK_UP while the device's network link is up
 
 
-# dcgm-exporter: `UUID` is the GPU's own (GPU-...), the same on every host. Its `gpu` is DCGM's GPU id and its
-# `Hostname` the NODE_NAME it was given, else its container's host name: a rank's gethostname() in a pod is the pod's
-# name, so (Hostname, gpu) joins nothing in Kubernetes and a bare GPU index repeats on every host.
+# dcgm-exporter: `UUID` is the GPU's own (GPU-...), the same on every host (our `uuid`). Its `gpu` is DCGM's GPU id
+# and its `Hostname` the NODE_NAME it was given, else its container's host name: a rank's gethostname() in a pod is
+# the pod's name, so (Hostname, gpu) joins nothing in Kubernetes and a bare GPU index repeats on every host.
 DCGM = DeviceExporter(
     name="dcgm-exporter",
     key="UUID",
+    joins_as="uuid",
     labels=(
         "gpu",
         "UUID",
@@ -66,6 +68,7 @@ DCGM = DeviceExporter(
 NPU = DeviceExporter(
     name="npu-exporter",
     key="vdie_id",
+    joins_as="vdie_id",
     labels=("id", "model_name", "vdie_id", "pcie_bus_info", "namespace", "pod_name", "container_name"),
     temperature="npu_chip_info_temperature",
     power="npu_chip_info_power",

@@ -178,13 +178,17 @@ def _ours_else_theirs(
 ) -> str:
     """`ours` (labelled project, rank, device), and for each device it leaves out each exporter's reading (`series`,
     then `scale`), given to the ranks whose mindspore_train_device_info names the same device in the exporter's key
-    label. One reading per device first, so that ranks sharing a device, or an exporter scraped twice, still join."""
+    label (renamed to ours where the exporter spells it in camelCase). One reading per device first, so that ranks
+    sharing a device, or an exporter scraped twice, still join. A device the rank has no reading of (its reader is
+    off, and its series left the page) takes the exporter's."""
     parts = [ours]
     for exporter in EXPORTERS:
         expr = series(exporter)
         if not expr:
             continue
-        key = exporter.key
+        key = exporter.joins_as
+        if exporter.key != key:
+            expr = f'label_replace({expr}, "{key}", "$1", "{exporter.key}", "(.*)")'
         device = f"({aggregation} by ({key}) ({expr}){scale})"
         ranks = f'max by ({key}, {_RANK_DEVICE}) ({c.DEVICE_INFO.name}{{{key}!=""}})'
         parts.append(f"{aggregation} by ({_RANK_DEVICE}) ({ranks} * on ({key}) group_left () {device})")

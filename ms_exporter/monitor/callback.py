@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -35,9 +37,21 @@ from ms_exporter.core.store import HistogramSeries, MetricStore
 from ms_exporter.features.callback_timer import CallbackTimer
 from ms_exporter.features.signals import SignalRelay
 from ms_exporter.monitor.assembly import assemble
+from ms_exporter.monitor.isolation import Isolation
 from ms_exporter.monitor.publisher import StepRecord
 
 logger = logging.getLogger("ms_exporter")
+
+# Every monitor of this process. A forked child (a data-loader worker, a multiprocessing pool, a script's own fork)
+# inherits them with their files, port and state, but none of the threads: it owns none of it. Each monitor is off in
+# the child, so neither its hooks nor its close() at the child's exit touch the parent's target, lock or records.
+_MONITORS: weakref.WeakSet[TrainingMonitor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for monitor in list(_MONITORS):
+        monitor._enabled = False
+
 
 _PartType = TypeVar("_PartType")
 
@@ -66,6 +80,7 @@ class TrainingMonitor(Callback):
         self._enabled = self.config.enable
         self._parts: list[Part] = []
         self._closed = False
+        self._pid = os.getpid()  # the process that owns the parts: a forked child owns none of them
         if not self._enabled:
             return
         _configure_logging(self.config.log_level)
@@ -91,10 +106,13 @@ class TrainingMonitor(Callback):
         self._batch = built.batch
         self._hook_cost = built.hook_cost
         self._signals = SignalRelay(self._on_signal, lambda exc: self._errors.absorb("callback", exc))
+        self._isolation = self._publisher.isolation  # a part's BaseException is its own unless a signal raised it
+        self._isolation.watch(self._signals)
         self._wants_signals = any(part.needs_signals for part in self._parts)
         if self._wants_signals:  # from now until close: a SIGTERM between or after train calls counts too
             self._signals.install()
         self._reset_step_state()
+        _MONITORS.add(self)
         atexit.register(self.close)
 
     def _reset_step_state(self) -> None:
@@ -126,7 +144,8 @@ class TrainingMonitor(Callback):
 
     def close(self) -> None:
         """Stop the threads, flush the JSONL file and stop serving. Safe to call twice; runs at exit."""
-        if self._closed or not self._enabled:
+        # The pid too: a fork made by native code runs no Python at-fork hook, and its child may still exit Python.
+        if self._closed or not self._enabled or os.getpid() != self._pid:
             return
         self._closed = True
         if "SIGINT" in self._signals.received and self.phases.phase != ENDED:
@@ -220,9 +239,12 @@ class TrainingMonitor(Callback):
             kept = self._kept if self._kept is not None else self._batch.keep(cb_params.get(TRAIN_DATASET_ELEMENT))
             step = cb_params[CUR_STEP_NUM]
             for part in self._step_end:  # before the phase changes: goodput asks whether the wait ahead is redo
+                mark = self._isolation.mark()
                 try:
                     part.on_step_end(step, outputs)
-                except Exception as exc:
+                except BaseException as exc:
+                    if self._isolation.passes(exc, mark):
+                        raise
                     self._errors.absorb(part.name, exc)
             publisher = self._publisher
             # Other callbacks' time inside the step is not the step's: its begin moves later by as much.
@@ -326,21 +348,27 @@ class TrainingMonitor(Callback):
             return
         self._batch_calls += 1
         for part in self._batch_parts:
+            mark = self._isolation.mark()
             try:
                 part.on_batch(step, element, self._batch_names)
-            except Exception as exc:
+            except BaseException as exc:
+                if self._isolation.passes(exc, mark):
+                    raise
                 if self._breaker.failed(part.name, exc, self._batch_calls, "the other parts get the batches"):
                     self._batch_parts = [other for other in self._batch_parts if other is not part]
                     self._batches_on = bool(self._batch_parts)
 
     def _guard(self, component: str, func: Callable[..., Any], *args: Any) -> None:
+        mark = self._isolation.mark()
         try:
             func(*args)
-        except Exception as exc:
+        except BaseException as exc:  # a part's own, whatever its kind; a signal's reaches the training
+            if self._isolation.passes(exc, mark):
+                raise
             self._errors.absorb(component, exc)
 
     def _cost(self, hook: str, component: str) -> _HookTimer:
-        return _HookTimer(self._hook_cost[hook], self._errors, component)
+        return _HookTimer(self._hook_cost[hook], self._errors, component, self._isolation)
 
 
 def _column_names(dataset: Any) -> tuple[str, ...]:
@@ -363,18 +391,24 @@ def _configure_logging(level: str) -> None:
 
 
 class _HookTimer:
-    """Times a non-step hook into the cost histogram and absorbs anything it raises."""
+    """Times a non-step hook into the cost histogram and absorbs anything it raises but a signal's."""
 
-    def __init__(self, histogram: HistogramSeries, errors: ErrorSink, component: str) -> None:
+    def __init__(self, histogram: HistogramSeries, errors: ErrorSink, component: str, isolation: Isolation) -> None:
         self._histogram = histogram
         self._errors = errors
         self._component = component
+        self._isolation = isolation
 
     def __enter__(self) -> None:
+        self._mark = self._isolation.mark()
         self._began = time.perf_counter()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         self._histogram.observe(time.perf_counter() - self._began)
-        if isinstance(exc, Exception):
-            self._errors.absorb(self._component, exc)
-        return isinstance(exc, Exception)
+        if exc is None or self._isolation.passes(exc, self._mark):
+            return False
+        self._errors.absorb(self._component, exc)
+        return True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -16,6 +16,7 @@ from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import BatchCounter, StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.features.breach_watch import ThresholdWatcher
+from ms_exporter.monitor.isolation import Isolation
 
 # Steps are published to the probes in batches at most this often (every step when steps take longer): one
 # loop over many recorded steps costs a fraction of as many hook calls, whose code is cold after each training
@@ -70,6 +71,9 @@ class StepPublisher:
         self._batch = batch
         self._errors = errors
         self._breaker = breaker
+        # What a probe, an action or a sink raises is its own failure, a BaseException too, unless a signal raised it
+        # through them (a Ctrl-C): that one reaches the training. The monitor hands this its signal relay.
+        self.isolation = Isolation()
         self.layouts = LayoutResolver()
         self._lock = threading.Lock()
         self.reset(0)
@@ -105,16 +109,20 @@ class StepPublisher:
         try:
             wall_offset = time.time() - time.perf_counter()  # the hook keeps perf_counter times only
             pending = self.pending
+            isolation = self.isolation
             while pending:
                 record = pending.popleft()
+                mark = isolation.mark()
                 try:
-                    self._publish_step(record, wall_offset, run_context)
-                except Exception as exc:  # one unreadable record costs that record, not the others
+                    self._publish_step(record, wall_offset, run_context, mark)
+                except BaseException as exc:  # one unreadable record costs that record, not the others
+                    if isolation.passes(exc, mark):
+                        raise
                     self._errors.absorb("callback", exc)
         finally:
             self._lock.release()
 
-    def _publish_step(self, record: StepRecord, wall_offset: float, run_context: Any) -> None:
+    def _publish_step(self, record: StepRecord, wall_offset: float, run_context: Any, mark: int) -> None:
         step, ended, outputs = int(record.step), record.ended, record.outputs
         steps = step - self.last_step if step > self.last_step else 1
         self.last_step = step
@@ -135,20 +143,27 @@ class StepPublisher:
             self.layouts.resolve(outputs),
             squares,
         )
+        isolation = self.isolation
         for probe in self.probes:
             try:
                 probe.on_step(sample)
-            except Exception as exc:
+            except BaseException as exc:
+                if isolation.passes(exc, mark):
+                    raise
                 if self._breaker.failed(probe.name, exc, self.steps_done):
                     self.probes = [p for p in self.probes if p is not probe]
         self._thresholds.check_step(self.steps_done)
         if run_context is not None and self._actions is not None and "actions" not in self._breaker.disabled:
             try:
                 self._actions.act(sample, run_context)
-            except Exception as exc:
+            except BaseException as exc:
+                if isolation.passes(exc, mark):
+                    raise
                 self._breaker.failed("actions", exc, self.steps_done)
         for sink in self._step_sinks:
             try:
                 sink.on_step(sample)
-            except Exception as exc:
+            except BaseException as exc:
+                if isolation.passes(exc, mark):
+                    raise
                 self._errors.absorb(sink.name, exc)

@@ -20,7 +20,10 @@ class TransformersMonitorCallback(TrainingMonitor):
     def __init__(self, strategies: Sequence[Any] = (), config: Any = None, **overrides: Any) -> None:
         if isinstance(strategies, (str, bytes)) or not isinstance(strategies, Sequence):
             raise ConfigError([f"strategies: must be a list of strategy objects, got {type(strategies).__name__}"])
-        lacking = [type(item).__name__ for item in strategies if not callable(getattr(item, "on_step_end", None))]
+        try:  # the user's objects: a __getattr__ of theirs may raise anything
+            lacking = [type(item).__name__ for item in strategies if not callable(getattr(item, "on_step_end", None))]
+        except BaseException as exc:
+            raise ConfigError([f"strategies: cannot be read: {type(exc).__name__}: {exc!s:.300}"]) from exc
         if lacking:
             raise ConfigError(
                 [f"strategies: {', '.join(lacking)} has no on_step_end(metrics, cb_params) (docs/strategies.md)"]

@@ -12,11 +12,16 @@ and its time is counted in mindspore_exporter_strategy_seconds_total{strategy}. 
 a key that names one of its declared `families` is written there, any other key `k` to
 `mindspore_train_user_<name>_<k>` (catalogue.USER_PREFIX; `name` is the strategy's `name`, by default its class name in
 snake case without a trailing "Strategy"). Its gauges are per-step columns too, so they reach TensorBoard and W&B
-as well as /metrics, OTLP and JSON Lines.
+as well as /metrics, OTLP and JSON Lines. What it may add is bounded: MAX_KEYS keys of its own, numbers only; the
+rest is dropped and counted (StrategyProbe). Whatever it raises, a BaseException included, is its failure unless a
+signal raised it (monitor/isolation.py); whatever its construction raises is a ConfigError.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import operator
 import re
 import time
 from collections.abc import Mapping
@@ -25,13 +30,31 @@ from typing import Any
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MetricFamily
-from ms_exporter.core.import_path import load_object
+from ms_exporter.core.import_path import load_class
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import Series
 
+logger = logging.getLogger("ms_exporter")
+
 _NOT_A_NAME = re.compile(r"[^a-z0-9_]+")
+
+# A strategy's own keys get a series each up to this many (its declared `families` besides): a strategy whose keys
+# change every step would otherwise add series, step columns and JSON Lines bytes without end (50 new keys a step
+# made 14,650 series and 61 MB by step 300, and slowed each step with every column so far).
+MAX_KEYS = 32
+MAX_KEY_LENGTH = 100  # characters of a key: the metric name is built from it
+MAX_EVERY = 10**9
+# mindspore_exporter_strategy_dropped_total's reasons, and what each means for the log.
+KEYS = "keys"
+VALUE = "value"
+_WHY = {
+    KEYS: f"a strategy exports at most {MAX_KEYS} keys of its own (the first it returns), each at most "
+    f"{MAX_KEY_LENGTH} characters; declare the families it needs or split it",
+    VALUE: "only numbers are exported (not text, lists or complex numbers; not an integer beyond a float's range)",
+}
+_NUMERIC_KINDS = ("b", "i", "u", "f")  # numpy dtype kinds that are numbers
 
 
 class Strategy:
@@ -73,20 +96,38 @@ def _metric_part(text: str) -> str:
 
 
 class StrategyProbe(Probe):
-    """One strategy as a probe (module docstring)."""
+    """One strategy as a probe (module docstring).
+
+    Its series are bounded: the first MAX_KEYS keys it returns (besides its declared `families`) get a gauge and a
+    step column each, a later new key is dropped; only numbers are exported. What is dropped is counted in
+    mindspore_exporter_strategy_dropped_total{strategy, reason} and logged once per reason.
+    """
 
     def __init__(self, strategy: Any, context: PartContext, every_n_steps: int | None = None) -> None:
-        if not callable(getattr(strategy, "on_step_end", None)):
-            raise TypeError(f"{type(strategy).__name__} has no on_step_end(metrics, cb_params)")
+        try:  # the user's object: a property or a __getattr__ of its own may raise anything
+            if not callable(getattr(strategy, "on_step_end", None)):
+                kind = type(strategy).__name__
+                raise ConfigError([f"strategies: {kind} has no on_step_end(metrics, cb_params) (docs/strategies.md)"])
+            label = strategy_name(strategy)
+            every = every_n_steps if every_n_steps is not None else getattr(strategy, "every_n_steps", 1)
+            declared = {family.name: family for family in getattr(strategy, "families", ()) or ()}
+        except ConfigError:
+            raise
+        except BaseException as exc:
+            raise ConfigError(
+                [f"strategies: {type(strategy).__name__} cannot be read: {type(exc).__name__}: {exc}"]
+            ) from exc
         self.strategy = strategy
-        self.label = strategy_name(strategy)
-        self.name = f"strategy.{self.label}"
-        every = every_n_steps if every_n_steps is not None else getattr(strategy, "every_n_steps", 1)
-        self._every = max(1, int(every))
+        self.label = label
+        self.name = f"strategy.{label}"
+        self._every = _every(every, strategy)
         self._store = context.store
-        self._declared = {family.name: family for family in getattr(strategy, "families", ()) or ()}
+        self._declared = declared
         self._gauges: dict[str, Series] = {}
-        self._seconds = context.store.register(catalogue.STRATEGY_SECONDS).series(strategy=self.label)
+        self._own_keys = 0  # keys with a gauge of their own (not a declared family): at most MAX_KEYS
+        self._seconds = context.store.register(catalogue.STRATEGY_SECONDS).series(strategy=label)
+        self._dropped = context.store.register(catalogue.STRATEGY_DROPPED)
+        self._warned: set[str] = set()
         self._cb_params: Any = None
 
     def on_train_begin(self, cb_params: Any) -> None:
@@ -118,8 +159,15 @@ class StrategyProbe(Probe):
             )
         for key, value in returned.items():
             number = _number(value)
-            if number is not None:
-                self._gauge(str(key)).value = number
+            if number is None:
+                self._drop(VALUE, f"{key!s:.100}={type(value).__name__}")
+                continue
+            name = key if isinstance(key, str) else str(key)
+            gauge = self._gauges.get(name)
+            if gauge is None and (gauge := self._gauge(name)) is None:
+                self._drop(KEYS, f"{name:.100}")
+                continue
+            gauge.value = number
 
     def on_train_end(self, step: int, completed: bool) -> None:
         end = getattr(self.strategy, "on_train_end", None)
@@ -133,40 +181,93 @@ class StrategyProbe(Probe):
         finally:
             self._seconds.value += time.perf_counter() - began
 
-    def _gauge(self, key: str) -> Series:
-        gauge = self._gauges.get(key)
-        if gauge is None:
-            family = self._declared.get(key) or MetricFamily(
+    def _gauge(self, key: str) -> Series | None:
+        """A new key's gauge and step column; None when the key is over the bound (MAX_KEYS, MAX_KEY_LENGTH)."""
+        family = self._declared.get(key)
+        if family is None:
+            if self._own_keys >= MAX_KEYS or len(key) > MAX_KEY_LENGTH:
+                return None
+            self._own_keys += 1
+            family = MetricFamily(
                 f"{catalogue.USER_PREFIX}{self.label}_{_metric_part(key)}",
                 "gauge",
                 f"{key!r} as {type(self.strategy).__name__}.on_step_end returned it (docs/strategies.md).",
                 "1",
             )
-            gauge = self._gauges[key] = self._store.register(family).series()
-            self._store.add_step_column(family)
+        gauge = self._gauges[key] = self._store.register(family).series()
+        self._store.add_step_column(family)
         return gauge
+
+    def _drop(self, reason: str, what: str) -> None:
+        self._dropped.series(strategy=self.label, reason=reason).value += 1
+        if reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning(
+                "ms_exporter: strategy %s returned %s, which is not exported: %s (counted in %s{reason=%r} from now "
+                "on, without further warnings; docs/strategies.md)",
+                self.label,
+                what,
+                _WHY[reason],
+                catalogue.STRATEGY_DROPPED.name,
+                reason,
+            )
+
+
+def _every(value: Any, strategy: Any) -> int:
+    """every_n_steps as a whole number of steps from 1; ConfigError for anything else (nan, 0, "10", True)."""
+    if value is None:
+        return 1
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    try:
+        every = operator.index(value) if not isinstance(value, bool) else 0
+    except TypeError:
+        every = 0
+    if not 1 <= every <= MAX_EVERY:
+        raise ConfigError(
+            [
+                f"strategies: {type(strategy).__name__}.every_n_steps must be a whole number of steps from 1 to "
+                f"{MAX_EVERY}, got {value!r:.100}"
+            ]
+        )
+    return every
 
 
 def _number(value: Any) -> float | None:
-    """A returned value as a float; None for what is not a number (a string, a list): those are not exported."""
+    """A returned value as a float; None for what is not a number (a string, a list, a complex) and for a number
+    beyond a float's range (10**400): those are dropped, each on its own."""
+    if type(value) is float:  # the common case first: no attribute lookups on the way
+        return value
     if isinstance(value, bool):
         return float(value)
+    if isinstance(value, (str, bytes, bytearray)):
+        return None  # float("1.5") would read text as a number: the docs promise numbers only
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if isinstance(kind, str) and kind not in _NUMERIC_KINDS:
+        return None  # a numpy value of text, objects, dates or complex numbers
     try:
-        number = float(value)  # int, float, numpy scalars, 0-d arrays and Tensors
-    except (TypeError, ValueError):
+        return float(value)  # int, float, numpy scalars, 0-d arrays and Tensors; a NaN stays NaN
+    except (TypeError, ValueError, OverflowError):
         return None
-    return number  # a NaN stays NaN: the strategy said the number is not a number
 
 
 def build(context: PartContext) -> list[Probe]:
     """The configured strategies (`monitor_config.strategies` entries with an import path), each its own probe."""
     probes: list[Probe] = []
     for index, spec in enumerate(context.config.strategies):
+        where = f"monitor_config.strategies[{index}]"
         try:
-            strategy = load_object(spec["name"])(dict(spec.get("config") or {}))
-            probes.append(StrategyProbe(strategy, context, spec.get("every_n_steps")))
-        except Exception as exc:  # the user's class, built from the user's config: a configuration problem
+            kind = load_class(spec["name"], "on_step_end")
+        except ValueError as exc:  # checked when the config was read; the module may have changed since
+            raise ConfigError([f"{where}: {exc}"]) from None
+        try:
+            strategy = kind(dict(spec.get("config") or {}))
+        except BaseException as exc:  # the user's class, built from the user's config: a configuration problem
             raise ConfigError(
-                [f"monitor_config.strategies[{index}]: {spec['name']}(config) failed: {type(exc).__name__}: {exc}"]
+                [f"{where}: {spec['name']}(config) failed: {type(exc).__name__}: {str(exc)[:300]}"]
             ) from exc
+        try:
+            probes.append(StrategyProbe(strategy, context, spec.get("every_n_steps")))
+        except ConfigError as exc:
+            raise ConfigError([f"{where}: {problem}" for problem in exc.problems]) from None
     return probes

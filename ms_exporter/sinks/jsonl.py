@@ -18,7 +18,7 @@ from ms_exporter.config import ConfigError
 from ms_exporter.config.run_identity import run_id_of
 from ms_exporter.core import catalogue, run_lock
 from ms_exporter.core.cb_params import step_of
-from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.errors import OnError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.safe_files import UnsafeFile, append_whole, make_dir, open_append
 from ms_exporter.core.sample import StepSample
@@ -34,6 +34,12 @@ FLUSH_AT = 5_000  # a backlog this long wakes the writer before its interval: bo
 # at most these seconds of records. The snapshot line still comes every `interval`. The writer thread does the
 # writing; the step path only appends to the queue, as before.
 MAX_UNWRITTEN_SECONDS = 5.0
+# After a failed write (a full disk, a link planted at the name) the writer thread tries again after its usual
+# pause (min(interval, MAX_UNWRITTEN_SECONDS)), doubled at each failure in a row up to RETRY_MAX_SECONDS: a disk that
+# was full for an hour costs a few dozen cheap failed writes, and the file is written again within a minute of space
+# coming back. The writer is never switched off: what it could not write is counted in
+# mindspore_exporter_dropped_samples_total{sink="local"}.
+RETRY_MAX_SECONDS = 60.0
 STEP_FIELDS = ("step", "epoch", "steps", "loss", "duration", "data_wait", "samples", "tokens", "wall_time")
 _FIELD_NAMES = {"duration": catalogue.STEP_DURATION.short, "data_wait": catalogue.DATA_WAIT.short, "wall_time": "time"}
 
@@ -47,10 +53,6 @@ def _json_number(value: float | int | None) -> float | int | str | None:
 
 def series_key(family_name: str, series: Series | HistogramSeries) -> str:
     return catalogue.jsonl_key(family_name, series.labels)
-
-
-def _ignore(*args: Any, **kwargs: Any) -> None:
-    pass
 
 
 # The JSON Lines files open writers of this process hold: two monitors appending to one file would interleave
@@ -78,11 +80,17 @@ def _release(path: Path) -> None:
 
 
 class JsonlWriter(Sink):
-    """Hot path: `on_step()` appends to a bounded deque. The thread drains it every `interval` seconds.
+    """Hot path: `on_step()` appends to a bounded deque. The thread drains it every `interval` seconds (at least
+    every MAX_UNWRITTEN_SECONDS).
 
     Lines: {"type": "step", ...} per step, with the sample's own fields and the catalogue's JSONL_STEP_COLUMNS
     (one key per series, e.g. `learning_rate`, `learning_rate{group="1"}`); {"type": "snapshot", "metrics": {...}}
     with every series at each flush; {"type": "event", "event": ...} for train begin/end, evaluations, signals.
+
+    A batch that cannot be written (a full disk) is counted, record by record, in
+    `mindspore_exporter_dropped_samples_total{sink="local"}` and as one error of `local`; the thread tries again
+    after a back-off (its usual pause, doubling up to RETRY_MAX_SECONDS) with what was queued meanwhile, so the
+    file picks up again once the disk has room. Queue overflow is counted the same way.
     """
 
     name = "local"
@@ -98,7 +106,6 @@ class JsonlWriter(Sink):
         max_file_mb: float,
         max_files: int,
         on_error: OnError,
-        breaker: Breaker | None = None,
         name: str = "metrics",
         run: str | None = None,
     ) -> None:
@@ -121,9 +128,9 @@ class JsonlWriter(Sink):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._on_error = on_error
-        self._breaker = breaker
-        self._flushes = 0
-        self._off = False
+        self._failures = 0  # failed writes in a row
+        self._lost_while_failing = 0  # records counted as lost since the last write that worked
+        self._retry_at = 0.0  # monotonic time before which the writer thread does not try again
         self._columns = StepColumns(store)
 
     @property
@@ -164,11 +171,13 @@ class JsonlWriter(Sink):
         if backlog >= FLUSH_AT:
             if backlog == QUEUE_CAP:
                 self._dropped.value += 1
-            if not self._wake.is_set():
+            if not self._failures and not self._wake.is_set():  # a failing writer waits for its retry time
                 self._wake.set()
         queue.append(("step", (sample, keys, values)))
 
     def record_event(self, event: str, **fields: Any) -> None:
+        if len(self._queue) == QUEUE_CAP:
+            self._dropped.value += 1
         self._queue.append(("event", {"event": event, "time": time.time(), **fields}))
 
     # -- the writer thread ----------------------------------------------------------------------------
@@ -207,21 +216,25 @@ class JsonlWriter(Sink):
     def _run(self) -> None:
         next_snapshot = time.monotonic() + self._interval
         while True:
-            self._wake.wait(min(self._interval, MAX_UNWRITTEN_SECONDS))
+            wait = min(self._interval, MAX_UNWRITTEN_SECONDS)
+            if self._failures:
+                wait = max(self._retry_at - time.monotonic(), 0.0)
+            self._wake.wait(wait)
             self._wake.clear()
             if self._stopping:
                 return  # stop() flushes once more itself
             now = time.monotonic()
-            snapshot = now >= next_snapshot
+            if self._failures and now < self._retry_at:
+                continue  # woken early while backing off: the records wait in the (bounded) queue
+            snapshot = now >= next_snapshot or self._failures > 0  # a retry always writes: the snapshot, at least
             if snapshot:
                 next_snapshot = now + self._interval
             self.flush(snapshot)
 
     def flush(self, snapshot: bool = True) -> None:
-        """Write everything queued (plus a snapshot line), then flush the file to the OS."""
+        """Write everything queued (plus a snapshot line), then flush the file to the OS. Called from train end,
+        a signal or close() it tries even while the writer thread backs off: it may be the last chance."""
         with self._lock:
-            if self._off:
-                return
             items = self._drain()
             if not items and not snapshot:
                 return
@@ -230,23 +243,32 @@ class JsonlWriter(Sink):
                 if snapshot:
                     lines.append(self._snapshot_line())
                 self._write("".join(lines).encode("utf-8"))
-            except Exception as exc:  # a full disk must not reach training: counted, logged once, dropped
-                self._dropped.value += len(items)  # none of this batch is in the file (see _write)
-                self._flushes += 1
-                if self._breaker is None:
-                    self._on_error("local", exc)
-                elif self._breaker.failed("local", exc, self._flushes):
-                    self._switch_off()
+            except Exception as exc:  # a full disk must not reach training: counted, logged once, tried again later
+                self._failed(exc, len(items))  # none of this batch is in the file (see _write)
             else:
-                self._flushes += 1
+                self._written()
 
-    def _switch_off(self) -> None:
-        """Stop queueing: an instance attribute shadows the methods, so the training thread pays nothing."""
-        self._off = True
-        self.on_step = _ignore  # type: ignore[method-assign]
-        self.record_step = _ignore  # type: ignore[method-assign]
-        self.record_event = _ignore  # type: ignore[method-assign]
-        self._queue.clear()
+    def _failed(self, exc: Exception, records: int) -> None:
+        self._dropped.value += records
+        self._lost_while_failing += records
+        self._failures += 1
+        pause = min(self._interval, MAX_UNWRITTEN_SECONDS)
+        backoff = min(pause * 2 ** min(self._failures - 1, 16), RETRY_MAX_SECONDS)
+        self._retry_at = time.monotonic() + backoff
+        self._on_error("local", exc)
+
+    def _written(self) -> None:
+        if self._failures:
+            logger.warning(
+                "ms_exporter: %s is written again after %d failed writes; %d records were lost meanwhile (counted "
+                "in %s)",
+                self.path,
+                self._failures,
+                self._lost_while_failing,
+                catalogue.DROPPED_RECORDS.name,
+            )
+        self._failures = 0
+        self._lost_while_failing = 0
 
     def _drain(self) -> list[tuple[str, Any]]:
         items = []
@@ -341,7 +363,6 @@ def build(context: PartContext) -> list[Sink]:
             config.max_file_mb,
             config.max_files,
             context.on_error,
-            context.breaker,
             config.jsonl_name,
             run_id_of(config),
         )

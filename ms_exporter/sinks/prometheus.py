@@ -8,6 +8,7 @@ import math
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -93,8 +94,10 @@ class PrometheusEndpoint(Sink):
         web: WebConfig | None = None,
         history: StepHistory | None = None,
         stacks: Stacks | None = None,
+        trusted_file: Path | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        self._trusted_file = trusted_file
         self._stacks = stacks
         self.collector = StoreCollector(store, on_error)
         self.registry.register(self.collector)
@@ -123,7 +126,16 @@ class PrometheusEndpoint(Sink):
 
     def _serve(self, address: str, port: int) -> Any:
         return serve(
-            self.registry, self.web, address, port, self._on_error, self._tls, self._history, self._labels, self._stacks
+            self.registry,
+            self.web,
+            address,
+            port,
+            self._on_error,
+            self._tls,
+            self._history,
+            self._labels,
+            self._stacks,
+            self._trusted_file,
         )
 
     def _start(self, address: str, port: int) -> int:
@@ -199,7 +211,15 @@ def build(context: PartContext) -> list[Sink]:
     port = config.port + context.rank.local_rank if config.port else 0
     try:
         endpoint = PrometheusEndpoint(
-            context.store, config.bind_address, port, context.on_error, config.web, history, context.stacks
+            context.store,
+            config.bind_address,
+            port,
+            context.on_error,
+            config.web,
+            history,
+            context.stacks,
+            # The addresses whose password passed: the rank's next process checks them first (basic_auth.py).
+            Path(config.save_dir) / f"ms_exporter-scrapers-rank{context.rank.rank}.json",
         )
     except OSError as exc:
         context.on_error("prometheus", exc)

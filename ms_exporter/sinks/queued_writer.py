@@ -17,6 +17,7 @@ from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
+from ms_exporter.sinks.jsonl import MAX_UNWRITTEN_SECONDS
 from ms_exporter.sinks.step_columns import StepColumns
 
 logger = logging.getLogger("ms_exporter")
@@ -41,7 +42,8 @@ class QueuedStepWriter(Sink):
     `eval/<name>`.
 
     The training thread only queues. Only the writer thread calls the writer (the library), every `interval`
-    seconds and when asked: train end, SIGTERM/SIGINT and close() wake it and wait for it at most WAIT_SECONDS,
+    seconds but at least every MAX_UNWRITTEN_SECONDS (a `kill -9` loses no more than JSON Lines does), and when
+    asked: train end, SIGTERM/SIGINT and close() wake it and wait for it at most WAIT_SECONDS,
     without taking a lock (a signal handler may interrupt the training thread anywhere). A writer that keeps
     failing is switched off by the breaker; one that does not return within WAIT_SECONDS is switched off at once;
     either way its records are counted in `mindspore_exporter_dropped_samples_total{sink}`.
@@ -225,7 +227,7 @@ class QueuedStepWriter(Sink):
                 if self._closing:
                     self._close_on_this_thread()
                     return
-                poller.poll(self._interval * 1000)
+                poller.poll(min(self._interval, MAX_UNWRITTEN_SECONDS) * 1000)
                 with contextlib.suppress(OSError):
                     os.read(self._wake_read, 4096)
         except Exception as exc:  # the last guard of the thread; a waiter then sees it gone and gives up

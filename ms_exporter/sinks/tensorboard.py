@@ -230,7 +230,8 @@ class TensorBoardWriter(QueuedStepWriter):
 
 def build(context: PartContext) -> list[Sink]:
     """TensorBoard event files on rank 0 (every rank with tensorboard.all_ranks). A read-only or full save_dir, a
-    link planted at the event file: counted and logged once, and training goes on without it."""
+    link planted at the event file, a tensorboardX that breaks on import (not a missing one: that is the extra's
+    ConfigError): counted and logged once, the run falls back to JSON Lines, and training goes on."""
     config, rank = context.config, context.rank
     if rank.rank != 0 and not config.tensorboard.all_ranks:
         return []
@@ -249,8 +250,12 @@ def build(context: PartContext) -> list[Sink]:
         )
         writer.fall_back = context.fall_back
         return [writer]
-    except OSError as exc:
+    except ImportError:
+        raise
+    except Exception as exc:
         context.on_error("tensorboard", exc)
+        if context.fall_back is not None:
+            context.fall_back("tensorboard")
         return []
 
 

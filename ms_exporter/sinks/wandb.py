@@ -97,6 +97,7 @@ class WandbWriter(QueuedStepWriter):
                 self._off = True
                 self._on_error(self.name, exc)
                 logger.error("ms_exporter: the wandb run did not start (%s); training continues without it", exc)
+                self._ask_for_json_lines()
             else:
                 logger.info(
                     "ms_exporter: wandb run %s (%s) in %s", self._init["name"], self._init["mode"], self.run_dir
@@ -150,21 +151,30 @@ class WandbWriter(QueuedStepWriter):
 
 
 def build(context: PartContext) -> list[Sink]:
-    """A W&B run on rank 0 (every rank with wandb.all_ranks)."""
+    """A W&B run on rank 0 (every rank with wandb.all_ranks). A wandb that breaks on import or setup (not a missing
+    one: that is the extra's ConfigError) is counted and logged once, and the run falls back to JSON Lines."""
     config, rank = context.config, context.rank
     if rank.rank != 0 and not config.wandb.all_ranks:
         return []
-    writer = WandbWriter(
-        context.store,
-        Path(config.save_dir),
-        config.wandb,
-        config.project,
-        config.run_id or config.project,
-        rank,
-        config.tags,
-        config.interval,
-        context.on_error,
-        context.breaker,
-    )
+    try:
+        writer = WandbWriter(
+            context.store,
+            Path(config.save_dir),
+            config.wandb,
+            config.project,
+            config.run_id or config.project,
+            rank,
+            config.tags,
+            config.interval,
+            context.on_error,
+            context.breaker,
+        )
+    except ImportError:
+        raise
+    except Exception as exc:
+        context.on_error("wandb", exc)
+        if context.fall_back is not None:
+            context.fall_back("wandb")
+        return []
     writer.fall_back = context.fall_back
     return [writer]

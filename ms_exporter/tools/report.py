@@ -1,11 +1,13 @@
 """`ms-exporter report`: a finished run's JSON Lines rendered into one static HTML file with a summary.
 
 Several files (ranks, or separate runs) share each chart's axes, one colour each. Rotated pieces of one rank's
-file (`metrics-rank0.jsonl.1`, `.2` ...) given together are read as one run.
+file (`metrics-rank0.jsonl.1`, `.2` ...) given together are read as one run. A file that holds several runs (run ids
+that shared a save_dir, or one run id trained again from the start after a normal end) gives one run each.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 import math
@@ -44,6 +46,7 @@ PLOTTED = (
     "time",
 )
 _LOSS, _SMOOTHED = catalogue.LOSS.short, catalogue.LOSS_SMOOTHED.short
+EARLY_STOP = "early_stop"  # the action (catalogue.ACTIONS) whose event marks a stop on purpose
 _DROPPED = catalogue.jsonl_key(catalogue.DROPPED_RECORDS.name, (("sink", "local"),))
 # The ledger (docs/goodput.md): the run's totals over all its processes, else this process's (goodput off: none).
 _LEDGER_KEYS = [
@@ -102,6 +105,10 @@ class Run:
     project: str = ""
     run: str = ""  # the records' `run` (empty in files written before issue #34)
     rank: str = ""
+    # 1, or the n-th training under this run id that began again below the steps the earlier ones reached after they
+    # had ended normally: a run id used again for a new run (load_runs), which the report shows apart.
+    attempt: int = 1
+    began: float | None = None  # the wall-clock time of its first train_begin event
     skipped_lines: int = 0  # lines that were no record: cut off mid-write, not JSON, not UTF-8, too long ...
     first_skipped: str = ""  # where the first was, and why
 
@@ -195,8 +202,10 @@ def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
     first line is not JSON is the wrong file: ReportError. `nofollow`: a file that is a symlink or no regular file
     is refused (OSError), as `core/safe_files.py` opens the monitor's own files (`ms-exporter triage` walking
     directories)."""
-    runs: dict[tuple[str, str], Run] = {}
-    last_steps: dict[tuple[str, str], int] = {}
+    runs: dict[tuple[str, str, int], Run] = {}
+    last_steps: dict[tuple[str, str, int], int] = {}
+    attempts: dict[tuple[str, str], int] = {}  # (project, run) -> the attempt its records belong to now
+    ended: set[tuple[str, str]] = set()  # (project, run) whose last training ended normally
     skipped: list[tuple[int, str]] = []  # lines that belong to no run: counted on the first run
     for path in files:
         with os.fdopen(open_regular(path, os.O_RDONLY), "rb") if nofollow else path.open("rb") as handle:
@@ -212,11 +221,26 @@ def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
                     skipped.append((number, f"line {number} of {path.name}: {exc}"))
                     continue
                 project = str(record.get("project", ""))[:_MAX_LABEL]
-                key = (project, str(record.get("run", ""))[:_MAX_LABEL])
+                name = (project, str(record.get("run", ""))[:_MAX_LABEL])
+                event = record.get("event") if record["type"] == "event" else None
+                attempt = attempts.setdefault(name, 1)
+                if event == "train_begin" and name in ended and _begins_below(record, last_steps[(*name, attempt)]):
+                    # A training that ended normally, then one that starts over its steps under the same run id:
+                    # the monitor's run state started a new run (docs/goodput.md), so the report does too.
+                    attempt = attempts[name] = attempt + 1
+                if event == "train_begin":
+                    ended.discard(name)
+                elif event == "train_end":
+                    ended.add(name)
+                key = (*name, attempt)
                 run = runs.get(key)
                 if run is None:
-                    run = runs[key] = Run(label="", files=[str(f) for f in files], project=project, run=key[1])
+                    run = runs[key] = Run(
+                        label="", files=[str(f) for f in files], project=project, run=name[1], attempt=attempt
+                    )
                     last_steps[key] = 0
+                if event == "train_begin" and run.began is None:
+                    run.began = _number(record.get("time"))
                 run.rank = str(record.get("rank", run.rank))[:_MAX_LABEL]
                 last_steps[key] = _add_record(run, record, last_steps[key])
     found = [run for run in runs.values() if run.steps["step"]]
@@ -226,6 +250,32 @@ def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
     if skipped:
         found[0].skipped_lines, found[0].first_skipped = len(skipped), skipped[0][1]
     return found
+
+
+def _begins_below(record: dict[str, Any], last_step: int) -> bool:
+    step = _number(record.get("step"))
+    return step is not None and step < last_step
+
+
+def holds(runs: list[Run]) -> list[str]:
+    """What the report says about a file that holds more than one run: how many, and that each is summarised on
+    its own (a run id used again for a new run, with how to keep runs apart)."""
+    by_file: dict[str, list[Run]] = {}
+    for run in runs:
+        by_file.setdefault(run.files[-1], []).append(run)
+    lines = []
+    for file, found in by_file.items():
+        if len(found) < 2:
+            continue
+        again = sorted({r.run or r.project for r in found if r.attempt > 1})
+        reused = (
+            f"; run id {', '.join(again)} was used again after a normal end (a run of its own each time: give each "
+            "run its own run_id or save_dir)"
+            if again
+            else ""
+        )
+        lines.append(f"{file} holds {len(found)} runs, each summarised on its own line below{reused}")
+    return lines
 
 
 def load_run(files: list[Path]) -> Run:
@@ -316,6 +366,7 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "breaches": counters("threshold_breaches_total", "metric"),
         "actions": counters("actions_total", "action"),
         "events": [e.get("event") for e in run.events],
+        "early_stop": early_stop_of(run),
         "stalls": stalls(run, hang),
         # Records the writer could not write (it fell behind, or the disk was full): counted by the monitor.
         "dropped_records": int(_number(snapshot.get(_DROPPED)) or 0),
@@ -325,6 +376,19 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "time": ledger(snapshot),
         "restarts": int(_number(snapshot.get(_RESTARTS)) or 0),
     }
+
+
+def early_stop_of(run: Run) -> dict[str, Any] | None:
+    """The early stop (actions.early_stop) that ended the run's last training call, as its JSON Lines event says:
+    {"step", "reason"}; None where the monitor did not stop it. A stop on purpose, not a failure."""
+    found: dict[str, Any] | None = None
+    for event in run.events:
+        if event.get("event") == "train_begin":
+            found = None
+        elif event.get("event") == "action" and event.get("action") == EARLY_STOP:
+            step = _number(event.get("step"))
+            found = {"step": int(step) if step is not None else None, "reason": str(event.get("reason", ""))}
+    return found
 
 
 def ledger(snapshot: dict[str, Any]) -> dict[str, float]:
@@ -386,6 +450,10 @@ def _percentile(values: list[float], q: float) -> float | None:
     return nearest_rank(values, q * 100) if values else None
 
 
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def render(runs: list[Run], hang: HangConfig | None = None) -> str:
     projects = [r.project for r in runs]
     # A project with two runs (two run_ids in one save_dir) names the run too.
@@ -395,6 +463,10 @@ def render(runs: list[Run], hang: HangConfig | None = None) -> str:
         + f" rank {r.rank}"
         for r in runs
     ]
+    for index, run in enumerate(runs):
+        if any(other.attempt > 1 for other in runs if (other.project, other.run) == (run.project, run.run)):
+            began = f", began {_utc(run.began)}" if run.began is not None else ""
+            labels[index] += f" (training {run.attempt} under this run id{began})"
     for index, run in enumerate(runs):
         duplicate = labels.count(labels[index]) > 1
         run.label = labels[index] + (f" ({Path(run.files[-1]).name}, run {index + 1})" if duplicate else "")

@@ -25,13 +25,14 @@ from typing import Any
 
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
-from ms_exporter.core.safe_files import UnsafeFile, open_regular
+from ms_exporter.core.safe_files import open_regular
 from ms_exporter.tools.report import (
     PLOTTED,
     ReportError,
     Run,
     add_record,
     deadline_after,
+    early_stop_of,
     group_files,
     load_runs,
     summary,
@@ -75,7 +76,8 @@ class Found:
     sources: list[str]  # "json lines", "tensorboard"
     ranks: list[str]
     ended: bool | None  # an end recorded after the last step; None: TensorBoard files, which record none
-    end: str = ""  # how it ended: "train_end", "signal SIGTERM"
+    end: str = ""  # how it ended: "train_end", "signal SIGTERM", "early stop at step 40: <reason>"
+    on_purpose: bool = False  # the monitor's early stop ended it: short of its plan on purpose, not failed
     planned: int | None = None  # the global step its training call was planned to end at
     latest: float | None = None  # the newest time its files show (records, modification times)
     nonfinite: list[int] = field(default_factory=list)  # steps with a non-finite loss, any rank
@@ -271,12 +273,16 @@ def _found(save_dir: Path, name: str, ranks: list[tuple[Run, str]]) -> Found:
                     latest.append(os.lstat(file).st_mtime)
     ended: bool | None = None
     end = ""
+    early = None
     if "json lines" in readings:
         last = run.steps["step"][-1]
         ends = [e for e in run.events if e.get("event") in _ENDS and _step_of(e.get("step"), last) >= last]
         ended = bool(ends)
         if ends:
             end = str(ends[-1]["event"]) + (f" {ends[-1].get('signal')}" if ends[-1].get("event") == "signal" else "")
+        early = early_stop_of(run) if ended else None
+        if early is not None:
+            end = f"early stop at step {early['step']}: {early['reason']}"
     planned = _number(run.last_snapshot.get(_PLANNED))
     return Found(
         name=name,
@@ -286,6 +292,7 @@ def _found(save_dir: Path, name: str, ranks: list[tuple[Run, str]]) -> Found:
         ranks=order,
         ended=ended,
         end=end,
+        on_purpose=early is not None,
         planned=int(planned) if planned is not None and planned >= 1 else None,
         latest=max(latest) if latest else None,
         nonfinite=nonfinite,
@@ -352,35 +359,20 @@ def _as_written(value: float) -> float | str:
 
 
 def read_scalars(path: Path) -> dict[str, dict[int, tuple[float, float]]]:
-    """tag -> step -> (wall time, value) of an event file's scalars: through TensorBoard's own EventAccumulator
-    where `tensorboard` is installed, else through tensorboardX's Event records (`backend: tensorboard`'s library,
-    which has no reader). The file must be a regular file reached without a symlink, and the one read."""
-    fd = open_regular(path, os.O_RDONLY)  # O_NOFOLLOW: a link planted at the name is refused, never followed
-    try:
-        opened = os.fstat(fd)
+    """tag -> step -> (wall time, value) of an event file's scalars (the summary values with a `simple_value`, which
+    are what TensorBoard's EventAccumulator calls scalars). The file must be a regular file reached without a
+    symlink, and its records are read through the descriptor that was checked: TensorBoard's readers take a path
+    and open it again, and whoever can write a swept directory could put a link to a FIFO at the name in between
+    and hang the triage for ever. The Event message and its checksum come from `tensorboard` where it is
+    installed, else from tensorboardX (`backend: tensorboard`'s library, which has no reader of its own)."""
+    # O_NOFOLLOW and a regular file only: a link planted at the name is refused, a FIFO never opened.
+    with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as handle:
         try:
-            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
         except ImportError:
-            with os.fdopen(os.dup(fd), "rb") as handle:
-                return _scalars_with_tensorboardx(handle)
-        found = _scalars_with_tensorboard(EventAccumulator, path)
-        now = os.stat(path)
-        if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):  # EventAccumulator opens by name
-            raise UnsafeFile(f"{path} was replaced while it was read")
-        return found
-    finally:
-        os.close(fd)
-
-
-def _scalars_with_tensorboard(accumulator: Any, path: Path) -> dict[str, dict[int, tuple[float, float]]]:
-    # size_guidance 0: every scalar (its default keeps a sample of 10,000); purge_orphaned_data off: the steps as
-    # written, also those a rollback wrote again.
-    reader = accumulator(str(path), size_guidance={"scalars": 0}, purge_orphaned_data=False)
-    reader.Reload()
-    return {
-        tag: {int(event.step): (float(event.wall_time), float(event.value)) for event in reader.Scalars(tag)}
-        for tag in reader.Tags().get("scalars", [])
-    }
+            return _scalars_with_tensorboardx(handle)
+        return _scalars_of(handle, Event, masked_crc32c)
 
 
 def _scalars_with_tensorboardx(handle: Any) -> dict[str, dict[int, tuple[float, float]]]:
@@ -389,9 +381,13 @@ def _scalars_with_tensorboardx(handle: Any) -> dict[str, dict[int, tuple[float, 
         from tensorboardX.record_writer import masked_crc32c
     except ImportError:
         raise ReportError("neither tensorboard nor tensorboardX is installed to read it") from None
+    return _scalars_of(handle, Event, masked_crc32c)
+
+
+def _scalars_of(handle: Any, event_type: Any, crc: Callable[[bytes], int]) -> dict[str, dict[int, tuple[float, float]]]:
     found: dict[str, dict[int, tuple[float, float]]] = {}
-    for data in _records(handle, masked_crc32c):
-        event = Event.FromString(data)
+    for data in _records(handle, crc):
+        event = event_type.FromString(data)
         for value in event.summary.value:
             if value.WhichOneof("value") == "simple_value":
                 found.setdefault(value.tag, {})[int(event.step)] = (float(event.wall_time), float(value.simple_value))
@@ -524,7 +520,7 @@ def _failed(verdict: Verdict, others: list[Verdict], stalled: bool, rules: Rules
             "failed",
             f"non-finite loss at {len(found.nonfinite)} of {records} steps, first at step {found.nonfinite[0]}{last}",
         )
-    if found.ended or stalled:  # a run still going has not stopped early
+    if (found.ended or stalled) and not found.on_purpose:  # a run still going, or stopped on purpose, did not fail
         how = f" ({found.end})" if found.end.startswith("signal") else ""
         if found.planned is not None:
             if verdict.steps < found.planned:

@@ -137,7 +137,9 @@ def test_the_memory_sampler_is_switched_off_alone(caplog: pytest.LogCaptureFixtu
         monitor.close()
 
 
-def test_a_jsonl_file_that_cannot_be_written_is_switched_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_jsonl_file_that_cannot_be_written_is_counted_and_retried_never_switched_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     monitor = TrainingMonitor(
         port=0, backend=["prometheus", "local"], save_dir=str(tmp_path), interval=0.05, **EVERYTHING
     )
@@ -145,11 +147,11 @@ def test_a_jsonl_file_that_cannot_be_written_is_switched_off(tmp_path: Path, cap
         writer = monitor.part_of(JsonlWriter)
         assert writer is not None
         writer._write = injected  # type: ignore[method-assign]  # a full disk
-        train(monitor, steps=40)
+        train(monitor, steps=40)  # train end tries once more, and fails: counted too
         page = scrape(monitor.url)
-        assert page.value("mindspore_exporter_errors_total", component="local") == 3
-        assert page.value("mindspore_exporter_component_disabled", component="local") == 1
-        assert len(writer._queue) == 0  # nothing piles up behind a dead writer
+        assert page.value("mindspore_exporter_errors_total", component="local") >= 1
+        assert not page.has("mindspore_exporter_component_disabled", component="local")  # a disk may get room again
+        assert page.value("mindspore_exporter_dropped_samples_total", sink="local") >= 40  # every step, counted
         assert page.value("mindspore_train_steps_total") == 40
     finally:
         monitor.close()

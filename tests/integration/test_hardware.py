@@ -78,7 +78,7 @@ def test_the_host_reader_in_a_real_training(tmp_path: Path) -> None:
     assert bool(temperature) == has_cpu_sensor  # a machine without a sensor shows none, never a 0
     assert 'device_utilization_ratio{device="host"}' in snapshot
     [identity] = page.labels_of("mindspore_train_info")
-    assert page.value("mindspore_train_device_info", device="host", Hostname=identity["node"]) == 1
+    assert page.value("mindspore_train_device_info", device="host", hostname=identity["node"]) == 1
     assert page.value("mindspore_exporter_errors_total", component="hardware.host") == 0
 
 
@@ -95,7 +95,7 @@ def test_a_scripted_gpu_on_every_sink_with_its_join_labels(tmp_path: Path, monke
     assert page.value("mindspore_train_device_throttled", device="gpu0", reason="hw_thermal_slowdown") == 1
     assert (
         page.value(
-            "mindspore_train_device_info", device="gpu0", gpu="0", UUID=gpu.uuid, pod="training-0", namespace="ml"
+            "mindspore_train_device_info", device="gpu0", gpu="0", uuid=gpu.uuid, pod="training-0", namespace="ml"
         )
         == 1
     )

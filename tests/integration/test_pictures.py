@@ -2,7 +2,8 @@
 that stalled, of the same run healthy again and of it ended.
 
 Real trainings (tests/integration/fault_job.py, held open after training so that the page of a rank that ended can be
-read), the pages rendered by headless Chromium; the screenshots go to test-artifacts/ (live-nan-run.png,
+read), the pages rendered by headless Chromium; the screenshots go to test-artifacts/ in pytest's temporary
+directory (/tmp/pytest-of-<user>/pytest-<n>/test-artifacts: tests/support/browser.py) (live-nan-run.png,
 report-nan-run.png, live-stalled-run.png, live-healthy-run.png, live-ended-run.png, report-stalled-run.png,
 live-stalling.png) for a reviewer, and the assertions check what the pages say: their state, banners, classes and
 text. A stall within its deadline (amber) is read from a page served a real StepHistory's answer at a moment the

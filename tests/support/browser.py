@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+# Screenshots are kept for a human to look at, outside the checkout: tests/conftest.py names a folder in the
+# session's temporary directory; run alone, the system's temporary directory.
+ARTIFACTS_VARIABLE = "TESTS_ARTIFACTS_DIR"
+
+
+def artifacts() -> Path:
+    return Path(os.environ.get(ARTIFACTS_VARIABLE) or Path(tempfile.gettempdir()) / "ms_exporter_test_artifacts")
+
+
 # What the machine's closed network needs: without the background-networking flags Chromium keeps trying to reach
 # Google's hosts; a fresh profile per call keeps runs independent.
 FLAGS = [
@@ -51,9 +60,10 @@ def dom(url: str, budget_ms: int = 3000) -> str:
 
 
 def screenshot(url: str, name: str, width: int, height: int, budget_ms: int = 3000) -> Path:
-    """A PNG of the page under test-artifacts/ (kept for a human to look at)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / name
+    """A PNG of the page in artifacts() (kept for a human to look at; the path is returned)."""
+    folder = artifacts()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
     done = _run(url, [f"--screenshot={path}", f"--window-size={width},{height}"], budget_ms)
     if done.returncode != 0 or not path.exists():
         raise RuntimeError(f"chromium --screenshot failed ({done.returncode}): {done.stderr[-1000:]}")

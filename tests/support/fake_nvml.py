@@ -2,10 +2,11 @@
 
 `FakeNvml(gpus).module()` is the module object. It has the names the NVML reader calls, spelled, shaped and in the
 units of the real binding (milliwatts, percent, MHz, KB/s, bytes; NVMLError subclasses per error), and like NVML it
-answers NVMLError_Uninitialized before nvmlInit and after the matching nvmlShutdown. A GPU can answer
-NVMLError_NotSupported for a function, raise any exception, or hang until `release()`; the module can lack names (an
-older binding) or answer NVMLError_FunctionNotFound for them (an older driver). tests/unit/test_hardware_nvml.py holds
-these names and signatures to the real binding where it is installed.
+answers NVMLError_Uninitialized before nvmlInit and after the matching nvmlShutdown (which can be made to hang until
+`release()`, as on a sick GPU). A GPU can answer NVMLError_NotSupported for a function, raise any exception, or hang
+until `release()`; the module can lack names (an older binding) or answer NVMLError_FunctionNotFound for them (an
+older driver). tests/unit/test_hardware_nvml.py holds these names and signatures to the real binding where it is
+installed.
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ class FakeNvml:
         *,
         init_error: BaseException | None = None,
         init_hangs: bool = False,
+        shutdown_hangs: bool = False,
         binding_lacks: Iterable[str] = (),
         driver_lacks: Iterable[str] = (),
     ) -> None:
         self.gpus = list(gpus)
         self.init_error = init_error
         self.init_hangs = init_hangs
+        self.shutdown_hangs = shutdown_hangs  # nvmlShutdown waits until release(), as on a sick GPU
         self.binding_lacks = set(binding_lacks)
         self.driver_lacks = set(driver_lacks)
         self.init_calls = 0
@@ -144,6 +147,8 @@ class FakeNvml:
             self._refcount += 1
 
     def nvmlShutdown(self) -> None:
+        if self.shutdown_hangs:
+            self._released.wait(HANG_LIMIT_SECONDS)
         with self._lock:
             if self._refcount == 0:
                 raise Uninitialized()

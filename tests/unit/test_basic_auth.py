@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import bcrypt
 import pytest
@@ -115,3 +116,58 @@ def test_round2_finding_11_addresses_take_turns_and_ipv6_counts_by_network() -> 
     assert len(checked) <= 2 + 4 / basic_auth.PEER_CHECK_SECONDS
     assert basic_auth.peer_key("::ffff:10.0.0.1") == "10.0.0.1"
     assert basic_auth.peer_key("2001:db8::1") == basic_auth.peer_key("2001:db8::ffff") == "2001:db8::/64"
+
+
+def test_a_trusted_address_is_checked_before_a_thousand_new_ones_and_loses_its_place_when_it_fails() -> None:
+    clock = Clock()
+    auth, checked = counted_auth(clock)
+    saved: list[list[str]] = []
+    auth.trust(["10.9.9.9"], saved.append)  # the address an earlier process of this rank served
+    for index in range(basic_auth._PEERS + 100):  # a new address each: the claim queue is full
+        auth.allows(header("grafana", f"guess-{index}"), peer=f"10.1.{index // 250}.{index % 250}", checks=False)
+    auth.run_due()  # the flood spends the burst
+    burst = len(checked)
+    assert auth.allows(header("grafana", PASSWORD), peer="10.9.9.9", checks=False) is False  # no check may run
+    clock.now += 1 / basic_auth.CHECKS_PER_SECOND
+    auth.run_due()  # the next check goes to the trusted address, not to the thousand that asked first
+    assert len(checked) == burst + 1
+    assert auth.allows(header("grafana", PASSWORD), peer="10.9.9.9", checks=False) is True
+    assert saved == []  # already trusted: nothing to write
+    clock.now += basic_auth.PEER_CHECK_SECONDS
+    auth.allows(header("grafana", "a wrong one"), peer="10.9.9.9", checks=False)
+    auth.run_due()
+    assert len(checked) == burst + 2 and auth.trusted == [] and saved == [[]]  # it failed: trusted no more
+
+
+def test_an_address_whose_password_passed_is_trusted_and_written(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+    kept = basic_auth.TrustedPeersFile(tmp_path / "sub" / "scrapers.json", lambda component, exc: errors.append(exc))
+    assert kept.load() == []  # no file yet: nothing trusted, nothing counted
+    auth = BasicAuth({"grafana": HASH, "loki": bcrypt.hashpw(b"another", bcrypt.gensalt(4)).decode()})
+    auth.trust(kept.load(), kept.save)
+    assert auth.allows(header("grafana", PASSWORD), peer="::ffff:10.0.0.7") is True
+    assert auth.allows(header("loki", "another"), peer="2001:db8::1") is True  # a pair not remembered: a check
+    assert kept.load() == ["10.0.0.7", "2001:db8::/64"] and errors == []
+    assert PASSWORD not in kept.path.read_text()
+
+
+@pytest.mark.parametrize(
+    "content", ['{"trusted": ["10.0.0.1", "not an address"]}', "[1, 2]", "{", '{"trusted": "10.0.0.1"}', "x" * 5000]
+)
+def test_a_trusted_peers_file_that_is_not_a_list_of_addresses_trusts_nobody_and_is_counted(
+    tmp_path: Path, content: str
+) -> None:
+    errors: list[BaseException] = []
+    path = tmp_path / "scrapers.json"
+    path.write_text(content)
+    assert basic_auth.TrustedPeersFile(path, lambda component, exc: errors.append(exc)).load() == []
+    assert len(errors) == 1
+
+
+def test_a_trusted_peers_file_reached_through_a_link_is_not_read(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+    real = tmp_path / "elsewhere.json"
+    real.write_text('{"trusted": ["10.0.0.1"]}')
+    (tmp_path / "scrapers.json").symlink_to(real)
+    assert basic_auth.TrustedPeersFile(tmp_path / "scrapers.json", lambda c, exc: errors.append(exc)).load() == []
+    assert len(errors) == 1

@@ -33,7 +33,7 @@ class ScriptedReader(HardwareReader):
         self.calls = 0
 
     def devices(self) -> list[DeviceIdentity]:
-        return [DeviceIdentity("gpu0", {"gpu": "0", "UUID": "GPU-1234", "modelName": "Test GPU"})]
+        return [DeviceIdentity("gpu0", {"gpu": "0", "uuid": "GPU-1234", "model_name": "Test GPU"})]
 
     def read(self) -> Any:
         self.calls += 1
@@ -94,7 +94,7 @@ def test_readings_land_in_the_device_families_with_the_join_labels() -> None:
     assert store.series_of(c.DEVICE_POWER_LIMIT) == ()  # not reported: no series, never a 0
     [info] = store.series_of(c.DEVICE_INFO)
     labels = dict(info.labels)
-    assert (labels["device"], labels["gpu"], labels["UUID"], labels["Hostname"]) == ("gpu0", "0", "GPU-1234", "node-a")
+    assert (labels["device"], labels["gpu"], labels["uuid"], labels["hostname"]) == ("gpu0", "0", "GPU-1234", "node-a")
     assert labels["id"] == "" and info.value == 1.0  # npu-exporter's labels: empty on a GPU
 
 
@@ -128,19 +128,48 @@ def test_a_reader_that_fails_is_counted_switched_off_after_three_and_never_raise
     assert {dict(s.labels)["component"] for s in store.series_of(c.COMPONENT_DISABLED)} == {"hardware.scripted"}
 
 
-def test_a_reader_that_hangs_costs_the_caller_nothing_and_is_counted_once() -> None:
+def _disabled(store: MetricStore) -> set[str]:
+    return {dict(s.labels)["component"] for s in store.series_of(c.COMPONENT_DISABLED)}
+
+
+def test_a_reader_that_hangs_for_good_is_switched_off_after_three_timeouts_and_costs_the_caller_nothing() -> None:
     reader = ScriptedReader([HOT])
-    reader.mode = "hang"
     monitor, store, _ = _monitor(reader, timeout=0.2)
     try:
-        began = time.monotonic()
         monitor.sample()
-        time.sleep(0.5)  # past the timeout
-        for _ in range(3):
+        _wait_idle(monitor)
+        reader.mode = "hang"
+        slowest = 0.0
+
+        def sample() -> set[str]:
+            nonlocal slowest
+            began = time.monotonic()
             monitor.sample()
-        assert time.monotonic() - began < 5  # sample() never waited on the reader
-        assert _errors(store, "hardware.scripted") == 1  # once per hang, not once per round
-        assert reader.calls == 1  # not asked again while it hangs
+            slowest = max(slowest, time.monotonic() - began)
+            return _disabled(store)
+
+        wait_until(sample, 20, "the hung reader to be switched off", every=0.05)
+        assert slowest < 1.0  # sample() never waited on the reader
+        assert _errors(store, "hardware.scripted") == 3  # one per timeout it stayed busy
+        assert reader.calls == 2  # not asked again while it hangs
+        reader.mode = "ok"
+        reader.release.set()  # it answers at last, after it was switched off
+        _wait_idle(monitor)
+        monitor.sample()
+    finally:
+        monitor.close()
+    assert reader.calls == 2
+    assert _values(store, c.DEVICE_TEMPERATURE) == {}  # its late answer does not bring its readings back
+    assert len(store.series_of(c.DEVICE_INFO)) == 1  # the device is still the rank's: the rules join through it
+
+
+def test_a_reader_late_once_is_counted_and_asked_again_when_it_answers() -> None:
+    reader = ScriptedReader([HOT])
+    reader.mode = "hang"
+    monitor, store, _ = _monitor(reader, timeout=1.0)
+    try:
+        monitor.sample()
+        wait_until(lambda: (monitor.sample(), _errors(store, "hardware.scripted"))[1], 20, "the late reading counted")
         reader.mode = "ok"
         reader.release.set()
         _wait_idle(monitor)
@@ -149,7 +178,53 @@ def test_a_reader_that_hangs_costs_the_caller_nothing_and_is_counted_once() -> N
     finally:
         monitor.close()
     assert reader.calls == 2
+    assert _disabled(store) == set()
     assert _values(store, c.DEVICE_TEMPERATURE) == {(("device", "gpu0"),): 91.0}
+
+
+@pytest.mark.parametrize("mode", ["raise", "garbage", "hang"])
+def test_a_switched_off_readers_last_values_leave_the_page(mode: str) -> None:
+    reader = ScriptedReader([HOT])
+    monitor, store, _ = _monitor(reader, timeout=0.2)
+    try:
+        monitor.sample()
+        _wait_idle(monitor)
+        assert _values(store, c.DEVICE_TEMPERATURE) == {(("device", "gpu0"),): 91.0}
+        reader.mode = mode
+        wait_until(lambda: (monitor.sample(), _disabled(store))[1], 20, "the reader to be switched off", every=0.05)
+    finally:
+        reader.release.set()
+        monitor.close()
+    for family in (c.DEVICE_TEMPERATURE, c.DEVICE_POWER, c.DEVICE_LINK_UP, c.DEVICE_THROTTLED, c.DEVICE_PCIE):
+        assert store.series_of(family) == (), family.name  # no frozen 91 C, no frozen link_up 1
+    assert len(store.series_of(c.DEVICE_INFO)) == 1
+
+
+class _SickShutdown(ScriptedReader):
+    """A reader whose close() hangs, as nvmlShutdown on a sick GPU; it says which thread closed it."""
+
+    def __init__(self) -> None:
+        super().__init__([HOT])
+        self.closed_on: str | None = None
+
+    def close(self) -> None:
+        self.closed_on = threading.current_thread().name
+        self.release.wait(30)
+
+
+def test_close_gives_up_on_a_reader_whose_close_hangs_after_the_timeout() -> None:
+    reader = _SickShutdown()
+    monitor, _, _ = _monitor(reader, timeout=0.5)
+    monitor.sample()
+    _wait_idle(monitor)
+    began = time.monotonic()
+    try:
+        monitor.close()
+        took = time.monotonic() - began
+    finally:
+        reader.release.set()
+    assert took < 10  # bounded by hardware.timeout, not by the driver
+    assert reader.closed_on == "ms_exporter-hardware.scripted"  # on the reader's thread, never the caller's
 
 
 class _Temperature(SimpleNamespace):
@@ -180,16 +255,16 @@ def test_the_host_reader_reads_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_join_labels_come_from_the_node_and_the_downward_api() -> None:
-    assert join_labels("node-a", {}) == {"Hostname": "node-a"}
+    assert join_labels("node-a", {}) == {"hostname": "node-a"}
     environ = {"POD_NAME": "job-0", "POD_NAMESPACE": "training", "CONTAINER_NAME": "trainer"}
     assert join_labels("node-a", environ) == {
-        "Hostname": "node-a",
+        "hostname": "node-a",
         "pod": "job-0",
         "namespace": "training",
         "container": "trainer",
     }
-    assert join_labels("node-a", {"CONTAINER_NAME": "set by a runtime"}) == {"Hostname": "node-a"}  # not a pod
-    assert join_labels("job-0", {**environ, "NODE_NAME": "gpu-node-7"})["Hostname"] == "gpu-node-7"
+    assert join_labels("node-a", {"CONTAINER_NAME": "set by a runtime"}) == {"hostname": "node-a"}  # not a pod
+    assert join_labels("job-0", {**environ, "NODE_NAME": "gpu-node-7"})["hostname"] == "gpu-node-7"
 
 
 def test_the_hardware_section_and_the_articles_switch() -> None:

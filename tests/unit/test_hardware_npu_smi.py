@@ -15,7 +15,7 @@ from ms_exporter.core import catalogue as c
 from ms_exporter.core.errors import Breaker, ErrorSink
 from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.store import MetricStore
-from ms_exporter.features.hardware.command import CommandError, CommandTimeout
+from ms_exporter.features.hardware.command import CommandError, CommandTimeout, trusted_command
 from ms_exporter.features.hardware.npu_smi import NpuSmiReader, build, parse_table
 from tests.support.fake_npu_smi import FakeNpuSmi, chip
 from tests.support.waiting import wait_until
@@ -363,37 +363,86 @@ def test_the_monitor_records_the_readings_and_the_join_labels_of_the_ranks_npu(
 
 
 @families
-def test_a_hung_npu_smi_costs_the_monitor_nothing_and_is_counted(
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for a parent that does not reap it has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def test_a_hung_npu_smi_is_switched_off_after_three_timeouts_and_leaves_no_process_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeNpuSmi(tmp_path, monkeypatch)
-    npu = reader(timeout=3.0)
+    npu = reader(timeout=3.0)  # one hardware.timeout, as build() gives the reader and the monitor alike
     npu.devices()
-    fake.fail("info", "hang", seconds=60)
-    monitor, store = monitored([npu], timeout=0.3)
+    monitor, store = monitored([npu], timeout=3.0)
     slowest = 0.0
 
-    def sample() -> None:
+    def sample() -> bool:
         nonlocal slowest
         began = time.monotonic()
         monitor.sample()
         slowest = max(slowest, time.monotonic() - began)
+        return any(dict(s.labels)["component"] == "hardware.npu_smi" for s in store.series_of(c.COMPONENT_DISABLED))
 
     try:
-        started = time.monotonic()
-        wait_until(lambda: (sample(), npu_errors(store))[1] >= 1, 10, "the overdue reading to be counted")
-        assert time.monotonic() - started < 3.0  # counted by the monitor while npu-smi still hangs
-        assert "hardware.npu_smi did not answer within 0.3 s" in caplog.text
+        wait_until(lambda: (sample(), values(store, c.DEVICE_TEMPERATURE))[1], 30, "a first reading")
+        fake.fail("info", "hang", seconds=120, orphan=True)  # each npu-smi leaves a setsid child, then hangs
+        wait_until(sample, 90, "npu-smi to be switched off", every=0.05)
+        assert npu_errors(store) == 3
         assert slowest < 0.5  # the caller never waited on npu-smi
-
-        wait_until(lambda: npu_errors(store) >= 2, 10, "the reader's own timeout to end the hung npu-smi")
-        hung = next(call["pid"] for call in fake.calls() if call["args"] == ["info"])
-        with pytest.raises(ProcessLookupError):
-            os.kill(hung, 0)
-
-        fake.heal()
-        wait_until(lambda: (sample(), store.series_of(c.DEVICE_HEALTHY))[1], 30, "a reading once npu-smi answers")
-        assert values(store, c.DEVICE_TEMPERATURE) == {"npu0": 45.0}
-        assert slowest < 0.5
+        assert "hardware.npu_smi failed 3 times in a row and is switched off" in caplog.text
+        hung = len([call for call in fake.calls() if call["args"] == ["info"]])
+        for _ in range(5):
+            sample()
+        assert len([call for call in fake.calls() if call["args"] == ["info"]]) == hung  # never asked again
+        assert values(store, c.DEVICE_TEMPERATURE) == {}  # its last reading is not shown as current
+        assert len(store.series_of(c.DEVICE_INFO)) == 1
     finally:
         monitor.close()
+    started = [call["pid"] for call in fake.calls() if call["args"] == ["info"] or call["tool"] == "orphan"]
+    orphans = [call["pid"] for call in fake.calls() if call["tool"] == "orphan"]
+    assert len(orphans) >= 3
+    wait_until(lambda: not any(alive(pid) for pid in started), 10, "every npu-smi and every child it left to end")
+
+
+# -- which file runs -------------------------------------------------------------------------------------------------
+def _tool(directory: Path, name: str = "npu-smi", mode: int = 0o755) -> Path:
+    directory.mkdir(exist_ok=True)
+    tool = directory / name
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(mode)
+    return tool
+
+
+def test_device_tools_are_found_only_in_directories_no_other_user_can_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared, group, own, work = (tmp_path / name for name in ("shared", "group", "own", "work"))
+    _tool(shared).parent.chmod(0o1777)  # like /tmp: sticky, but anyone may add a file
+    _tool(group).parent.chmod(0o775)
+    os.chown(group, -1, 4242)  # a group other than root's
+    _tool(work)
+    trusted = _tool(own)
+    monkeypatch.chdir(work)
+    monkeypatch.setattr("ms_exporter.features.hardware.command.KNOWN_LOCATIONS", ())
+    path = os.pathsep.join([str(shared), "", ".", "work", str(group), str(own)])
+    assert trusted_command("npu-smi", {"PATH": path}) == str(trusted)
+    assert trusted_command("npu-smi", {"PATH": os.pathsep.join([str(shared), "", str(group)])}) is None
+    for why in ("is writable by every user", "an empty PATH entry", "the relative PATH entry '.'", "by group 4242"):
+        assert why in caplog.text
+    _tool(own, mode=0o777)  # a trusted directory, but a file anyone may rewrite
+    assert trusted_command("npu-smi", {"PATH": str(own)}) is None
+    assert trusted_command("./work/npu-smi", {"PATH": str(own)}) is None  # relative: refused
+    assert trusted_command(str(shared / "npu-smi"), {"PATH": ""}) == str(shared / "npu-smi")  # the config named it
+
+
+def test_a_device_tool_off_path_is_found_where_the_driver_installs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = _tool(tmp_path / "Ascend-driver-tools", "hccn_tool")
+    monkeypatch.setattr("ms_exporter.features.hardware.command.KNOWN_LOCATIONS", (str(installed.parent),))
+    assert trusted_command("hccn_tool", {"PATH": "/nonexistent"}) == str(installed)

@@ -104,9 +104,9 @@ def test_the_identity_carries_dcgm_exporters_labels(monkeypatch: pytest.MonkeyPa
     assert [identity.device for identity in identities] == ["gpu0", "gpu1"]
     assert identities[1].labels == {
         "gpu": "1",
-        "UUID": UUIDS[1],
+        "uuid": UUIDS[1],
         "pci_bus_id": "00000000:1C:00.0",  # NVML_DEVICE_PCI_BUS_ID_FMT, as dcgm-exporter shows it
-        "modelName": "NVIDIA H100 80GB HBM3",
+        "model_name": "NVIDIA H100 80GB HBM3",
     }
 
 
@@ -139,7 +139,7 @@ def test_what_the_gpu_does_not_support_is_none(monkeypatch: pytest.MonkeyPatch) 
     assert reading.device == "gpu0"
     values = {name: getattr(reading, name) for name in reading.__slots__ if name != "device"}
     assert values == dict.fromkeys(values)  # every field None, no 0 in its place
-    assert reader.devices()[0].labels["UUID"] == UUIDS[0]
+    assert reader.devices()[0].labels["uuid"] == UUIDS[0]
 
 
 def test_one_unsupported_quantity_leaves_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,7 +322,7 @@ def test_the_monitor_writes_nvml_readings_into_the_store(monkeypatch: pytest.Mon
     assert _value(store, catalogue.DEVICE_PCIE, device="gpu1", direction="rx") == 1500 * 1024.0
     assert _value(store, catalogue.DEVICE_ECC_UNCORRECTED, device="gpu1") is None  # not supported: no series
     assert _value(store, catalogue.DEVICE_TEMPERATURE, device="gpu0") is None  # not this rank's GPU
-    info = _value(store, catalogue.DEVICE_INFO, device="gpu1", gpu="1", UUID=UUIDS[1], pci_bus_id="00000000:1B:00.0")
+    info = _value(store, catalogue.DEVICE_INFO, device="gpu1", gpu="1", uuid=UUIDS[1], pci_bus_id="00000000:1B:00.0")
     assert info == 1.0
     monitor.close()
     assert fake.shutdown_calls == 1

@@ -426,6 +426,14 @@ def test_tensorboard_fills_in_where_json_lines_lost_records(tmp_path: Path) -> N
 def test_both_event_readers_agree_and_stop_at_a_torn_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_events(tmp_path, "run", [0.5, math.nan, 0.25], start=1000.0)
     with_tensorboard = t.read_scalars(path)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reference = EventAccumulator(str(path), size_guidance={"scalars": 0}, purge_orphaned_data=False)
+    reference.Reload()  # TensorBoard's own reader (by name, which the triage must not do) holds ours to the format
+    assert sorted(reference.Tags()["scalars"]) == sorted(with_tensorboard)
+    assert [(e.step, e.wall_time) for e in reference.Scalars("loss")] == [
+        (step, wall) for step, (wall, _) in sorted(with_tensorboard["loss"].items())
+    ]
     import builtins
 
     real_import = builtins.__import__
@@ -449,7 +457,9 @@ def test_both_event_readers_agree_and_stop_at_a_torn_record(tmp_path: Path, monk
         out.write(b"\x10\x00\x00\x00\x00\x00\x00\x00torn")  # a writer killed mid-record
     assert t.read_scalars(path)["loss"][3][1] == 0.25 and len(calls) == 2
     monkeypatch.undo()
-    assert t.read_scalars(path)["loss"][3][1] == 0.25  # TensorBoard's reader stops there too
+    assert t.read_scalars(path)["loss"][3][1] == 0.25
+    reference.Reload()  # TensorBoard's reader stops at the torn record too
+    assert [e.step for e in reference.Scalars("loss")] == [1, 2, 3]
 
 
 def test_an_event_file_reached_through_a_link_is_refused(tmp_path: Path) -> None:

@@ -27,14 +27,20 @@ import logging
 import math
 import os
 import re
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
-from ms_exporter.features.hardware.command import CommandError, CommandTimeout, Deadline, Runner, excerpt
+from ms_exporter.features.hardware.command import (
+    CommandError,
+    CommandTimeout,
+    Deadline,
+    Runner,
+    excerpt,
+    trusted_command,
+)
 
 logger = logging.getLogger("ms_exporter")
 
@@ -153,7 +159,7 @@ class NpuSmiReader(HardwareReader):
         listed = parse_mapping(self._npu_smi(deadline, ["info", "-m"]))
         chips = chosen_chips(listed, os.environ if self._environ is None else self._environ)
         identities = [self._identity(deadline, chip) for chip in chips]
-        self._hccn_path = shutil.which(self._hccn_tool) if self._hccn_tool else None
+        self._hccn_path = trusted_command(self._hccn_tool, self._environ, "hccn_tool") if self._hccn_tool else None
         for chip in chips:
             if self._answers(chip, "ecc", partial(self._query, deadline, "ecc", chip, ECC_FIELDS)):
                 self._with_ecc.add(chip.logic_id)
@@ -210,9 +216,10 @@ class NpuSmiReader(HardwareReader):
 
 
 def build(config: Any) -> list[HardwareReader]:
-    """One reader for this rank's NPUs; [] when the npu-smi command (`config.npu_smi`) is not on PATH. Which NPUs
-    are found only on the hardware thread, in devices(): build() runs no command."""
-    command = shutil.which(str(getattr(config, "npu_smi", NPU_SMI)))
+    """One reader for this rank's NPUs; [] when the npu-smi command (`config.npu_smi`) is in no trusted directory
+    (command.trusted_command: never the working directory, nor one other users can write). Which NPUs are found only
+    on the hardware thread, in devices(): build() runs no command."""
+    command = trusted_command(str(getattr(config, "npu_smi", NPU_SMI)), what="npu-smi")
     if command is None:
         return []
     hccn_tool = getattr(config, "hccn_tool", HCCN_TOOL)

@@ -87,10 +87,10 @@ class NvmlReader(HardwareReader):
         pci = self._ask("nvmlDeviceGetPciInfo", handle)
         return {
             "gpu": str(index),
-            "UUID": _text(self._ask("nvmlDeviceGetUUID", handle)),
+            "uuid": _text(self._ask("nvmlDeviceGetUUID", handle)),
             # NVML's busId format (NVML_DEVICE_PCI_BUS_ID_FMT), the one dcgm-exporter passes on: 00000000:1B:00.0
             "pci_bus_id": f"{pci.domain:08X}:{pci.bus:02X}:{pci.device:02X}.0" if pci is not None else "",
-            "modelName": _text(self._ask("nvmlDeviceGetName", handle)),
+            "model_name": _text(self._ask("nvmlDeviceGetName", handle)),
         }
 
     def _reading(self, index: int, handle: Any) -> DeviceReading:
