@@ -14,6 +14,7 @@ from typing import Any
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
@@ -298,6 +299,15 @@ class QueuedStepWriter(Sink):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._wake_read = self._wake_write = -1
+
+
+def writer_could_not_start(context: PartContext, component: str, exc: Exception) -> list[Sink]:
+    """A tracker's writer that cannot start (a read-only save_dir, a library that breaks on setup): counted under its
+    component, and the run's step records go to JSON Lines instead (monitor/writer_fallback.py). No sink is built."""
+    context.on_error(component, exc)
+    if context.fall_back is not None:
+        context.fall_back(component)
+    return []
 
 
 def _step_scalars(sample: StepSample, keys: tuple[str, ...], values: tuple[float, ...]) -> Iterator[tuple[str, float]]:

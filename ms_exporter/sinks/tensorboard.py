@@ -24,7 +24,7 @@ from ms_exporter.core.safe_files import append_whole, make_dir, open_regular
 from ms_exporter.core.sample import StepSample, to_numpy
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
-from ms_exporter.sinks.queued_writer import QueuedStepWriter
+from ms_exporter.sinks.queued_writer import QueuedStepWriter, writer_could_not_start
 from ms_exporter.sinks.step_columns import StepColumns, jsonl_key_of
 
 logger = logging.getLogger("ms_exporter")
@@ -253,10 +253,7 @@ def build(context: PartContext) -> list[Sink]:
     except ImportError:
         raise
     except Exception as exc:
-        context.on_error("tensorboard", exc)
-        if context.fall_back is not None:
-            context.fall_back("tensorboard")
-        return []
+        return writer_could_not_start(context, "tensorboard", exc)
 
 
 def _copy(value: Any) -> np.ndarray | None:

@@ -16,7 +16,7 @@ from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
-from ms_exporter.sinks.queued_writer import QueuedStepWriter
+from ms_exporter.sinks.queued_writer import QueuedStepWriter, writer_could_not_start
 
 logger = logging.getLogger("ms_exporter")
 
@@ -172,9 +172,6 @@ def build(context: PartContext) -> list[Sink]:
     except ImportError:
         raise
     except Exception as exc:
-        context.on_error("wandb", exc)
-        if context.fall_back is not None:
-            context.fall_back("wandb")
-        return []
+        return writer_could_not_start(context, "wandb", exc)
     writer.fall_back = context.fall_back
     return [writer]
