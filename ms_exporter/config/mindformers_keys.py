@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The names TrainingMonitor is registered under in its callback registry: ours, and the third source article's
+# `callback.type` (ms_exporter/mindformers.py, mindformers_register/).
+CALLBACK_NAMES = ("TrainingMonitor", "MindSporeTransformersMonitor")
+
 # Its settings that ms_exporter has no counterpart for (local and device-local norms and losses, optimizer and weight
 # state, stable rank, attention logits, structure printing, linearity against a baseline, the spike count that
 # makes MindSpore Transformers skip data).
