@@ -206,3 +206,22 @@ def test_no_progress_line_where_log_level_hides_it_or_on_another_rank(
     caplog.set_level(logging.DEBUG, logger="ms_exporter")
     _steps(TrainingMonitor(port=0, interval=3600))
     assert _lines(caplog) == []
+
+
+def test_the_third_articles_block_in_a_mindformers_run_yaml_says_where_it_goes(tmp_path: Path) -> None:
+    """MindSpore Transformers refuses its monitor_config there before any callback exists (the integration test
+    test_mindformers.py shows 1.8 doing so); check-config and the monitor say which keys and where they go."""
+    block = yaml.safe_load(THIRD.read_text())["monitor_config"]
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"trainer": {"type": "CausalLanguageModelingTrainer"}, "monitor_config": block}))
+    with pytest.raises(ConfigError) as raised:
+        load_config(run)
+    (problem,) = raised.value.problems
+    held = problem.split("holds ", 1)[1].split(", which", 1)[0].split(", ")
+    assert sorted(held) == sorted(block)  # every key of the article's block, each one of ours, none of its
+    assert f"unexpected key: {held[0]}" in problem and "config: monitor.yaml" in problem
+    (tmp_path / "monitor.yaml").write_text(yaml.safe_dump({"monitor_config": block}))
+    assert load_config(tmp_path / "monitor.yaml").backend == ("local", "tensorboard")  # where it goes: read whole
+    own = {"trainer": {"type": "x"}, "monitor_config": {"monitor_on": True, "step_interval": 2}}
+    run.write_text(yaml.safe_dump(own))
+    assert load_config(run).grad_norm.every_n_steps == 2  # its own keys stay fine there
