@@ -89,7 +89,7 @@ def params_alone(source: Any, backend: Any, interval: float, save_dir: str) -> s
     if not isinstance(source, Mapping) or not source:
         return None
     keys = sorted(map(str, source))
-    if not set(keys) <= CALLBACK_PARAMS:
+    if set(keys) != CALLBACK_PARAMS:  # both, as the article writes them: a dict of one is as likely a user's own
         return None
     backends = ", ".join(backend) if isinstance(backend, (list, tuple)) else str(backend)
     return (

@@ -225,3 +225,10 @@ def test_the_third_articles_block_in_a_mindformers_run_yaml_says_where_it_goes(t
     own = {"trainer": {"type": "x"}, "monitor_config": {"monitor_on": True, "step_interval": 2}}
     run.write_text(yaml.safe_dump(own))
     assert load_config(run).grad_norm.every_n_steps == 2  # its own keys stay fine there
+
+
+def test_a_dict_of_ones_own_with_only_a_log_level_is_no_article_params(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ms_exporter")
+    TrainingMonitor({"log_level": "INFO"}, port=0).close()
+    TrainingMonitor({"log_level": "INFO", "warn_on_value": {"loss": 9.0}, "port": 0}).close()
+    assert not _messages(caplog, logging.WARNING, "callback.params alone")
