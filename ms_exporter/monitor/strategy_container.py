@@ -27,8 +27,9 @@ class TransformersMonitorCallback(TrainingMonitor):
     def __init__(self, strategies: Sequence[Any] = (), config: Any = None, **overrides: Any) -> None:
         if isinstance(strategies, (str, bytes)) or not isinstance(strategies, Sequence):
             raise ConfigError([f"strategies: must be a list of strategy objects, got {type(strategies).__name__}"])
-        builtin = [item for item in strategies if isinstance(item, ArticleStrategy)]
-        strategies = [item for item in strategies if not isinstance(item, ArticleStrategy)]
+        # type(), not isinstance: a user's object may answer __class__ with anything, or raise.
+        builtin = [item for item in strategies if issubclass(type(item), ArticleStrategy)]
+        strategies = [item for item in strategies if not issubclass(type(item), ArticleStrategy)]
         if builtin:
             settings, problems = settings_of(builtin)
             problems += _clashes(settings, overrides, "")
