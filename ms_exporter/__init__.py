@@ -10,6 +10,13 @@ from ms_exporter.config import ConfigError, MonitorConfig, load_config
 
 if TYPE_CHECKING:
     from ms_exporter.cells.train_cells import GradNormTrainOneStepCell, LossScaleTrainOneStepCell
+    from ms_exporter.config.article_strategies import (
+        DataQualityStrategy,
+        EarlyStoppingStrategy,
+        GradNormStrategy,
+        HardwareHealthStrategy,
+        LossMonitorStrategy,
+    )
     from ms_exporter.monitor.callback import TrainingMonitor
     from ms_exporter.monitor.strategy_container import TransformersMonitorCallback
     from ms_exporter.probes.strategies import Strategy
@@ -18,7 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError",
+    "DataQualityStrategy",
+    "EarlyStoppingStrategy",
+    "GradNormStrategy",
     "GradNormTrainOneStepCell",
+    "HardwareHealthStrategy",
+    "LossMonitorStrategy",
     "LossScaleTrainOneStepCell",
     "MindSporeTransformersMonitor",
     "MissingDependencyError",
@@ -33,6 +45,15 @@ __all__ = [
 # What the `mindspore` extra installs (pyproject.toml); the base install serves only the operator commands.
 _TRAINING_SIDE = {"mindspore": "MindSpore", "numpy": "numpy", "psutil": "psutil"}
 _TRAINING_INSTALL = "pip install 'ms-exporter[mindspore]' (or pip install mindspore 'numpy<2' psutil)"
+
+
+_ARTICLE_STRATEGIES = (
+    "LossMonitorStrategy",
+    "GradNormStrategy",
+    "EarlyStoppingStrategy",
+    "HardwareHealthStrategy",
+    "DataQualityStrategy",
+)
 
 
 class MissingDependencyError(ImportError):
@@ -69,6 +90,10 @@ def __getattr__(name: str) -> Any:
         from ms_exporter.probes.strategies import Strategy
 
         return Strategy
+    if name in _ARTICLE_STRATEGIES:  # the first source article's built-in strategy classes: our settings by name
+        from ms_exporter.config import article_strategies
+
+        return getattr(article_strategies, name)
     if name in ("GradNormTrainOneStepCell", "LossScaleTrainOneStepCell"):
         _require_training_side(name)
         from ms_exporter.cells import train_cells

@@ -1,6 +1,7 @@
 """MindSpore Transformers' callback registry: `{type: TrainingMonitor, ...}` in a run YAML's `callbacks:` list.
 
-Importing this module registers TrainingMonitor when MindSpore Transformers is installed and does nothing when it is
+Importing this module registers TrainingMonitor (also under the third source article's name for it,
+MindSporeTransformersMonitor) when MindSpore Transformers is installed and does nothing when it is
 not (docs/mindformers.md). MindSpore Transformers resolves a YAML `type:` through its registry only, so a launcher
 of one's own imports this module once before building its Trainer. MindSpore Transformers' run_mindformer.py imports
 nothing of ours: there the YAML entry says `auto_register: ms_exporter_callback.TrainingMonitor` and
@@ -13,7 +14,9 @@ import importlib.util
 import logging
 from pathlib import Path
 
-CALLBACK_NAME = "TrainingMonitor"
+from ms_exporter.config.mindformers_keys import CALLBACK_NAMES
+
+CALLBACK_NAME = CALLBACK_NAMES[0]
 # The directory holding ms_exporter_callback.py, the file run_mindformer.py's auto_register loads by path.
 REGISTER_PATH = Path(__file__).resolve().parent / "mindformers_register"
 
@@ -26,7 +29,8 @@ def available() -> bool:
 
 
 def register() -> bool:
-    """Put TrainingMonitor in MindSpore Transformers' callback registry; False (and nothing done) without it.
+    """Put TrainingMonitor in MindSpore Transformers' callback registry under CALLBACK_NAMES; False (and nothing
+    done) without it.
 
     Callbacks carry no legacy/new-model name prefix in that registry, so one entry serves both model families."""
     if not available():
@@ -36,8 +40,9 @@ def register() -> bool:
     from ms_exporter.monitor.callback import TrainingMonitor
 
     # Registering again replaces the entry with the same class: importing twice is harmless.
-    MindFormerRegister.register_cls(TrainingMonitor, MindFormerModuleType.CALLBACK, alias=CALLBACK_NAME)
-    _log.debug("registered %s in MindSpore Transformers' callback registry", CALLBACK_NAME)
+    for name in CALLBACK_NAMES:
+        MindFormerRegister.register_cls(TrainingMonitor, MindFormerModuleType.CALLBACK, alias=name)
+    _log.debug("registered %s in MindSpore Transformers' callback registry", " and ".join(CALLBACK_NAMES))
     return True
 
 

@@ -48,6 +48,10 @@ STRATEGIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 }
 # Top-level keys of the articles that are one of ours under another name.
 RENAMED = {"enable_hardware_monitor": "hardware.enable"}
+# The third article's `callback.params`, and the keys of the block around them. Its build_monitor_callbacks hands
+# the class the params alone, so whatever the block says beyond them never reaches the monitor.
+CALLBACK_PARAMS = frozenset({"log_level", "warn_on_value"})
+BLOCK_KEYS = ("enable", "backend", "project", "interval", "save_dir", "tensorboard", "metrics")
 
 
 @dataclass
@@ -75,6 +79,26 @@ def translate(raw: dict[str, Any]) -> ArticleReading:
     _log_path(raw, reading)
     _strategies(raw, reading)
     return reading
+
+
+def params_alone(source: Any, backend: Any, interval: float, save_dir: str) -> str | None:
+    """What to tell the user when `source`, the settings a monitor was given, is the third article's
+    `callback.params` without its block (`MindSporeTransformersMonitor(cfg["callback"]["params"])`, as its
+    build_monitor_callbacks writes it); None for anything else. The block's other keys cannot be seen from here,
+    only named: the message says which defaults apply instead and how to hand the whole block over."""
+    if not isinstance(source, Mapping) or not source:
+        return None
+    keys = sorted(map(str, source))
+    if set(keys) != CALLBACK_PARAMS:  # both, as the article writes them: a dict of one is as likely a user's own
+        return None
+    backends = ", ".join(backend) if isinstance(backend, (list, tuple)) else str(backend)
+    return (
+        f"the settings given hold only {', '.join(keys)}: this looks like the third source article's "
+        f"callback.params alone. The block's other keys ({', '.join(BLOCK_KEYS)}) were not given, so the "
+        f"monitor runs with backend: {backends}, interval: {interval:g} s, save_dir: {save_dir}, whatever the "
+        "block says. Pass the whole block: MindSporeTransformersMonitor(cfg) (or the YAML file's path); its "
+        "callback entry is read as well (docs/articles.md)"
+    )
 
 
 def _callback(raw: dict[str, Any], reading: ArticleReading) -> None:

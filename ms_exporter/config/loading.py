@@ -117,5 +117,7 @@ def _unwrap(data: Any, where: str, problems: list[str]) -> dict[str, Any]:
         if not isinstance(inner, Mapping):
             problems.append(f"{where}: monitor_config must be a mapping, got {type(inner).__name__}")
             return {}
+        if run_config:
+            problems.extend(mindformers_keys.refused(inner, where))
         return {str(k): v for k, v in inner.items()}
     return {str(k): v for k, v in data.items()}

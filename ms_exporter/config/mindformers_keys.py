@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The names TrainingMonitor is registered under in its callback registry: ours, and the third source article's
+# `callback.type` (ms_exporter/mindformers.py, mindformers_register/).
+CALLBACK_NAMES = ("TrainingMonitor", "MindSporeTransformersMonitor")
+
 # Its settings that ms_exporter has no counterpart for (local and device-local norms and losses, optimizer and weight
 # state, stable rank, attention logits, structure printing, linearity against a baseline, the spike count that
 # makes MindSpore Transformers skip data).
@@ -99,3 +103,20 @@ def translate(raw: dict[str, Any]) -> Translation:
         raw[section] = {**block, name: value}
         done.read[key] = ours
     return done
+
+
+def refused(block: Mapping[str, Any], where: str) -> list[str]:
+    """A run YAML's own monitor_config holding keys MindSpore Transformers does not know: it stops loading the file
+    at the first (`KeyError: The config 'monitor_config' gets an unexpected key: enable`), before any callback of
+    ours exists, so that message cannot be ours. Said here instead, for check-config and for a script that hands
+    the run YAML to the monitor, with where the keys go."""
+    foreign = [str(key) for key in block if str(key) not in MINDFORMERS_KEYS]
+    if not foreign:
+        return []
+    return [
+        f"{where}: this MindSpore Transformers run YAML's monitor_config holds {', '.join(foreign)}, which MindSpore "
+        "Transformers refuses there (it stops loading the file: KeyError: The config 'monitor_config' gets an "
+        f"unexpected key: {foreign[0]}). Move those keys into the monitor's entry under callbacks: "
+        "(- type: MindSporeTransformersMonitor, with them beside type), or into a file of their own that the entry "
+        "names: config: monitor.yaml (docs/articles.md)"
+    ]

@@ -38,7 +38,7 @@ from ms_exporter.monitor.writer_fallback import WriterFallback
 from ms_exporter.probes import build_probes
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
 from ms_exporter.probes.memory import MemoryProbe
-from ms_exporter.sinks import build_sinks, series_budget
+from ms_exporter.sinks import build_sinks, console, series_budget
 
 # What a caller may hand in for a probe or a sink: the part itself, or what builds it from the context.
 Given = Any
@@ -127,6 +127,8 @@ def assemble(
                 goodput.close()
         raise
     errors.expect(sink.name for sink in sinks)
+    # After the expected ones: a run that did not ask for the line gets no error series for it until it fails.
+    sinks += console.progress_line(context)
     publisher = StepPublisher(step_probes, thresholds, actions, sinks, batch, errors, breaker)
     fingerprints = Fingerprints(store, config.divergence, rank, publisher.layouts) if config.divergence.enable else None
     sampler = None

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 from mindspore.train import Callback
 
 from ms_exporter.config import MonitorConfig, read_config
+from ms_exporter.config.article_keys import BLOCK_KEYS, params_alone
+from ms_exporter.config.environment import ENV_PREFIX
 from ms_exporter.core.catalogue import COMPILE, DATA_WAIT_PHASE, ENDED, EVAL_PHASE, STEP_PHASE
 from ms_exporter.core.cb_params import (
     CUR_EPOCH_NUM,
@@ -81,11 +83,19 @@ class TrainingMonitor(Callback):
         self._parts: list[Part] = []
         self._closed = False
         self._pid = os.getpid()  # the process that owns the parts: a forked child owns none of them
-        if not self._enabled:
-            return
         _configure_logging(self.config.log_level)
+        if not self._enabled:
+            # A switch left off after an experiment is the first thing to rule out when nothing shows up.
+            logger.info(
+                "ms_exporter: the monitor is off (%s): it serves, writes and watches nothing",
+                _off_by(config, overrides),
+            )
+            return
         for note in notes:
             logger.info("ms_exporter: %s", note)
+        alone = params_alone(config, self.config.backend, self.config.interval, self.config.save_dir)
+        if alone is not None and not set(BLOCK_KEYS) & set(overrides):  # keywords that stand in for the block
+            logger.warning("ms_exporter: %s", alone)
         self.rank: RankInfo = detect_rank()
         self.store = MetricStore((("rank", str(self.rank.rank)), ("project", self.config.project)))
         self.phases = PhaseClock(self.store)
@@ -369,6 +379,19 @@ class TrainingMonitor(Callback):
 
     def _cost(self, hook: str, component: str) -> _HookTimer:
         return _HookTimer(self._hook_cost[hook], self._errors, component, self._isolation)
+
+
+def _off_by(config: Any, overrides: dict[str, Any]) -> str:
+    """Where `enable: false` came from, the last source first (keywords < environment < file, reversed)."""
+    if "enable" in overrides:
+        return "keyword argument enable=False"
+    if f"{ENV_PREFIX}ENABLE" in os.environ:
+        return f"environment variable {ENV_PREFIX}ENABLE"
+    if isinstance(config, MonitorConfig):
+        return "the MonitorConfig given has enable=False"
+    if isinstance(config, (str, os.PathLike)):
+        return f"enable: false in {os.fspath(config)}"
+    return "enable: false in the settings given"
 
 
 def _column_names(dataset: Any) -> tuple[str, ...]:

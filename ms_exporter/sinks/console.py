@@ -1,6 +1,10 @@
 """backend: console: one progress line through logging every `interval` seconds (the third source article's minimal
 monitor prints the step, the loss and the learning rate; its first article keeps print() off the step path).
 
+The same line comes without `backend: console` too, on rank 0, whenever `log_level` lets INFO through: the third
+article's check that the monitor works is this line in the training's output, and the other backends (Prometheus,
+OTLP, JSON Lines, TensorBoard, W&B) write nowhere a person reading the training's output looks (`progress_line`).
+
 The line is an INFO record of the `ms_exporter` logger, written when a step is published (on the training thread,
 at most once per `interval`): `step 1200 epoch 3 loss 2.314 lr 0.0001 tokens/s 10240 step 21.3 ms`. A quantity the
 run does not measure is left out of the line.
@@ -51,3 +55,14 @@ class ConsoleLine(Sink):
 
 def build(context: PartContext) -> list[Sink]:
     return [ConsoleLine(context.store, context.config.interval)]
+
+
+def progress_line(context: PartContext) -> list[Sink]:
+    """The line for a run that did not list `console`: on rank 0 only (the articles print their summary from the
+    main rank; 1,000 ranks' lines would bury it), and only where log_level shows INFO lines."""
+    config = context.config
+    if "console" in config.backend or context.rank.rank != 0:
+        return []
+    if logging.getLevelName(config.log_level.upper()) > logging.INFO:
+        return []
+    return [ConsoleLine(context.store, config.interval)]

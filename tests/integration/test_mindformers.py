@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import mindformers_venv, mindspore_users
 from tests.support.mindspore_users import unit_modules_reaching_mindspore
@@ -134,6 +135,73 @@ print("BUILT", type(monitor).__module__, type(monitor).__name__, "ms_exporter" i
         env={**_environment(), "REGISTER_PATH": register_path},
     )
     assert "BUILT ms_exporter.monitor.callback TrainingMonitor True" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("how", ["import", "register_path"])
+def test_the_third_articles_class_name_is_in_mindformers_callback_registry(
+    python: Path, tmp_path: Path, how: str
+) -> None:
+    """`type: MindSporeTransformersMonitor`, the third article's `callback.type`, builds the monitor both ways in."""
+    entry = {"type": "MindSporeTransformersMonitor", "enable": False}
+    if how == "import":
+        setup = "import ms_exporter.mindformers\n"
+    else:
+        setup = ""
+        entry["auto_register"] = "ms_exporter_callback.TrainingMonitor"
+    script = f"""
+import sys
+{setup}from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+monitor = MindFormerRegister.get_instance_from_cfg({entry!r}, MindFormerModuleType.CALLBACK)
+print("BUILT", type(monitor).__module__, type(monitor).__name__)
+"""
+    register_path = subprocess.run(
+        [str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    done = subprocess.run(
+        [str(python), "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_environment(), "REGISTER_PATH": register_path},
+    )
+    assert "BUILT ms_exporter.monitor.callback TrainingMonitor" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_third_articles_block_in_a_run_yamls_monitor_config_is_refused_by_mindformers(
+    python: Path, tmp_path: Path
+) -> None:
+    """What MindSpore Transformers 1.8 does with the article's block where the article puts it (docs/articles.md
+    says so and where the block goes instead): it refuses the first key it does not know while loading the file,
+    before any callback of ours exists; the same block named by the monitor's `callbacks:` entry is read."""
+    run = yaml.safe_load(RUN_YAML.read_text())
+    article = yaml.safe_load((HERE / "data" / "articles" / "third_article_monitor_config.yaml").read_text())
+    refused = tmp_path / "refused.yaml"
+    refused.write_text(yaml.safe_dump({**run, "monitor_config": article["monitor_config"]}))
+    script = f"""
+from mindformers import MindFormerConfig
+try:
+    MindFormerConfig({str(refused)!r})
+except KeyError as exc:
+    print("REFUSED", exc)
+"""
+    done = subprocess.run(
+        [str(python), "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environment()
+    )
+    assert "REFUSED" in done.stdout and "gets an unexpected key: " in done.stdout, done.stdout + done.stderr
+    (tmp_path / "monitor.yaml").write_text(yaml.safe_dump(article))
+    script = """
+import ms_exporter.mindformers
+from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+entry = {"type": "MindSporeTransformersMonitor", "config": "monitor.yaml", "port": 0}
+monitor = MindFormerRegister.get_instance_from_cfg(entry, MindFormerModuleType.CALLBACK)
+print("READ", monitor.config.backend, monitor.config.interval)
+monitor.close()
+"""
+    done = subprocess.run(
+        [str(python), "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environment()
+    )
+    assert "READ ('local', 'tensorboard') 30.0" in done.stdout, done.stdout + done.stderr
 
 
 # Long (make test-long): the suite's short version is the two tests above, real MindSpore Transformers training and
