@@ -123,17 +123,7 @@ entry = {"type": "TrainingMonitor", "auto_register": "ms_exporter_callback.Train
 monitor = MindFormerRegister.get_instance_from_cfg(entry, MindFormerModuleType.CALLBACK)
 print("BUILT", type(monitor).__module__, type(monitor).__name__, "ms_exporter" in sys.modules)
 """
-    register_path = subprocess.run(
-        [str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    done = subprocess.run(
-        [str(python), "-c", script],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**_environment(), "REGISTER_PATH": register_path},
-    )
+    done = _run_with_register_path(python, tmp_path, script)
     assert "BUILT ms_exporter.monitor.callback TrainingMonitor True" in done.stdout, done.stdout + done.stderr
 
 
@@ -154,17 +144,7 @@ import sys
 monitor = MindFormerRegister.get_instance_from_cfg({entry!r}, MindFormerModuleType.CALLBACK)
 print("BUILT", type(monitor).__module__, type(monitor).__name__)
 """
-    register_path = subprocess.run(
-        [str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    done = subprocess.run(
-        [str(python), "-c", script],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**_environment(), "REGISTER_PATH": register_path},
-    )
+    done = _run_with_register_path(python, tmp_path, script)
     assert "BUILT ms_exporter.monitor.callback TrainingMonitor" in done.stdout, done.stdout + done.stderr
 
 
@@ -224,3 +204,19 @@ def test_unit_suite_passes_on_mindspore_2_7(unit_suite: Background) -> None:
 
 def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MS_EXPORTER_")}
+
+
+def _run_with_register_path(python: Path, cwd: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """`script` in the MindSpore Transformers venv, with REGISTER_PATH set to what `python -m ms_exporter.mindformers`
+    prints (the folder run_mindformer.py's --register_path takes)."""
+    register_path = subprocess.run(
+        [str(python), "-m", "ms_exporter.mindformers"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_environment(), "REGISTER_PATH": register_path},
+    )
