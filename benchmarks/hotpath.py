@@ -6,6 +6,7 @@ the target is judged on."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from typing import Any
@@ -26,6 +27,57 @@ def _time_hook(monitor: Any, run: SyntheticRun, steps: int) -> list[float]:
         monitor.on_train_step_end(context)
         times.append(time.perf_counter() - began)
     return times
+
+
+def _time_loop(monitor: Any, run: SyntheticRun, steps: int, grads: Any) -> list[float]:
+    """The loop API on the same step: from one step_end's return to the next, which holds the iterator's next()
+    (the step's begin) and step_end; the batches themselves cost nothing here."""
+    batch = tuple(run.cb_params.train_dataset_element)
+    times = []
+    began = time.perf_counter()
+    for _ in monitor.steps(itertools.repeat(batch, steps), optimizer=run.cb_params.optimizer):
+        monitor.step_end(0.5, grads=grads)
+        now = time.perf_counter()
+        times.append(now - began)
+        began = now
+    return times
+
+
+def _row(label: str, times: np.ndarray, steps: int) -> dict[str, Any]:
+    return {
+        "case": label,
+        "mean_us": float(np.mean(times)),
+        "median_us": float(np.median(times)),
+        "p90_us": float(np.percentile(times, 90)),
+        "p99_us": float(np.percentile(times, 99)),
+        "n": steps,
+    }
+
+
+def measure_loop(steps: int) -> list[dict[str, Any]]:
+    """The loop API's cost per step beside the Callback's, on the same synthetic step."""
+    from ms_exporter import TrainingMonitor
+
+    rows = []
+    cases = [
+        ("loop API: steps() + step_end(loss), default settings", {}, False),
+        (
+            "loop API: step_end(loss, grads=40 tensors), grad norm every 10 steps",
+            {"grad_norm": {"every_n_steps": 10}},
+            True,
+        ),
+    ]
+    for label, options, with_grads in cases:
+        run = SyntheticRun()
+        grads = tuple(parameter * 0.01 for parameter in run.params) if with_grads else None
+        monitor = TrainingMonitor(port=0, **options)
+        try:
+            _time_loop(monitor, run, 200, grads)  # warm-up: tables, series creation
+            times = np.asarray(_time_loop(monitor, run, steps, grads)) * 1e6
+        finally:
+            monitor.close()
+        rows.append(_row(label, times, steps))
+    return rows
 
 
 def measure(steps: int) -> list[dict[str, Any]]:
@@ -58,16 +110,7 @@ def measure(steps: int) -> list[dict[str, Any]]:
             monitor.on_train_end(run.run_context)
         finally:
             monitor.close()
-        rows.append(
-            {
-                "case": label,
-                "mean_us": float(np.mean(times)),
-                "median_us": float(np.median(times)),
-                "p90_us": float(np.percentile(times, 90)),
-                "p99_us": float(np.percentile(times, 99)),
-                "n": steps,
-            }
-        )
+        rows.append(_row(label, times, steps))
     run = SyntheticRun()
     reads = []
     for _ in range(steps):
@@ -75,14 +118,5 @@ def measure(steps: int) -> list[dict[str, Any]]:
         read_loss(run.loss_tensor)
         reads.append(time.perf_counter() - began)
     times = np.asarray(reads) * 1e6
-    rows.append(
-        {
-            "case": "the loss's device-to-host read alone (read_loss on a Tensor; excluded above)",
-            "mean_us": float(np.mean(times)),
-            "median_us": float(np.median(times)),
-            "p90_us": float(np.percentile(times, 90)),
-            "p99_us": float(np.percentile(times, 99)),
-            "n": steps,
-        }
-    )
+    rows.append(_row("the loss's device-to-host read alone (read_loss on a Tensor; excluded above)", times, steps))
     return rows

@@ -106,7 +106,7 @@ class Publications:
     def __init__(self, monitor: Any) -> None:
         self.steps: list[int] = []
         self.seconds: list[float] = []
-        publish = monitor._publisher.publish
+        publish = monitor.core.publisher.publish
 
         def timed(run_context: Any, wait: bool = False) -> None:
             began = time.perf_counter()
@@ -115,7 +115,7 @@ class Publications:
                 self.seconds.append(time.perf_counter() - began)
                 self.steps.append(int(run_context.original_args()["cur_step_num"]))
 
-        monitor._publisher.publish = timed
+        monitor.core.publisher.publish = timed
 
     def clear(self) -> None:
         self.steps.clear()

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     log = print if not quick else (lambda *a, **k: None)
 
     log("hot path ...", flush=True)
-    hot = hotpath.measure(500 if quick else 20_000)
+    hot = hotpath.measure(500 if quick else 20_000) + hotpath.measure_loop(500 if quick else 20_000)
     log("scrape latency ...", flush=True)
     latency = scrape.latency(50 if quick else 2_000)
     log("memory ...", flush=True)
@@ -380,7 +380,10 @@ def render(
         ),
         "",
         "With 7-tuple outputs (MindSpore Transformers' shape) the overflow flag is read every step; at sampled",
-        "steps the norms are moved to the host and turned into layer series.",
+        "steps the norms are moved to the host and turned into layer series. The loop API rows drive the same step",
+        "through `monitor.steps()` (the step's begin) and `monitor.step_end()`, from one step_end's return to the",
+        "next; with `grads=` the 40 gradients' norms are taken on the device at the sampled steps and read in one",
+        "transfer.",
         "",
         "## Scrape cost",
         "",

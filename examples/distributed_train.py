@@ -12,6 +12,9 @@ for it in every step's all-reduce, and MindSporeTrainingStraggler names rank 1. 
 MindSporeTrainingHang names rank 1.
 `--diverge-rank 2 --diverge-at 300` moves one weight of rank 2 by 1e-3 after step 300, as silent data corruption
 would: its parameter fingerprint leaves those of its replicas, and MindSporeTrainingReplicaDivergence names rank 2.
+`--loop` trains with a functional loop of the script's own instead of `Model.train` (MindSpore 2.x's way:
+`value_and_grad`, `nn.DistributedGradReducer`, an optimizer call, a compiled step) and hands the monitor each step
+through the loop API (`monitor.steps()`, `monitor.step_end(loss, grads=grads)`); the loader options work the same.
 `--checkpoint-every 100 --pause-every 200 --pause-seconds 40 --eval-every 5` is a healthy job with the slow
 parts a real one has: each rank saves a checkpoint (ModelCheckpoint, in its save_dir) every 100 steps, a
 checkpoint-like callback (an upload, say) holds every rank for 40 s every 200 steps, and an evaluation pass over a
@@ -35,7 +38,7 @@ from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Callback, CheckpointConfig, ModelCheckpoint
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.demo import BATCH, PaddedTokens, build_model, synthetic_dataset
+from ms_exporter.demo import BATCH, PaddedTokens, build_model, build_network, synthetic_dataset
 
 
 class SlowSamples:
@@ -146,6 +149,29 @@ class Perturb(Callback):
         print(f"rank {get_rank()}: {parameter.name}[0] moved by {self._delta} after step {self._at}", flush=True)
 
 
+def train_in_a_loop(monitor: TrainingMonitor, dataset: Any, epochs: int) -> None:
+    """The demo network trained data-parallel by a functional loop: the gradients all-reduced by
+    DistributedGradReducer in a compiled step, each step handed to the monitor through the loop API."""
+    from mindspore import nn
+
+    network = build_network()
+    optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=nn.CosineDecayLR(1e-4, 1e-3, 2000))
+    grad_fn = ms.value_and_grad(network, None, optimizer.parameters)
+    reducer = nn.DistributedGradReducer(optimizer.parameters)
+
+    @ms.jit
+    def train_step(input_ids: Any, attention_mask: Any, label: Any) -> Any:
+        loss, grads = grad_fn(input_ids, attention_mask, label)
+        grads = reducer(grads)
+        optimizer(grads)
+        return loss, grads
+
+    for _ in range(epochs):
+        for batch in monitor.steps(dataset.create_tuple_iterator(), network=network, optimizer=optimizer):
+            loss, grads = train_step(*batch)
+            monitor.step_end(loss, grads=grads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=19420, help="base port; rank r serves on port + local rank")
@@ -173,11 +199,14 @@ def main() -> None:
     parser.add_argument("--diverge-rank", type=int, default=None, help="this rank's weights leave its replicas")
     parser.add_argument("--diverge-at", type=int, default=300, help="... at the end of this step")
     parser.add_argument("--samples", type=int, default=None, help="samples in the dataset (1024; 6144 with a block)")
+    parser.add_argument("--loop", action="store_true", help="a functional loop with the loop API, not Model.train")
     args = parser.parse_args()
     if args.checkpoint_every and not args.save_dir:
         parser.error("--checkpoint-every needs --save-dir (each rank saves into its own save_dir)")
+    if args.loop and (args.checkpoint_every or args.pause_every or args.eval_every or args.diverge_rank is not None):
+        parser.error("--loop takes the loader options only (--slow-rank, --block-rank)")
 
-    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_context(mode=ms.PYNATIVE_MODE if args.loop else ms.GRAPH_MODE)  # a loop compiles its step with @ms.jit
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     options: dict[str, Any] = {}
@@ -195,12 +224,17 @@ def main() -> None:
         Path(args.file_sd_dir, f"pid-rank{get_rank()}").write_text(str(os.getpid()))
     print(f"rank {get_rank()} of {get_group_size()}: {monitor.url}", flush=True)
     ms.set_seed(0)
-    model = build_model(evaluate=args.eval_every > 0)
     slow = args.slow_seconds if args.slow_rank == get_rank() else 0.0
     blocked = args.block_rank == get_rank()
     mark = Path(args.save_dir, "blocked-at") if blocked and args.save_dir else None
     samples = args.samples or (1024 if args.block_rank is None else 6144)
     dataset = dataset_for_this_rank(samples, slow, args.block_after if blocked else None, mark)
+    if args.loop:
+        train_in_a_loop(monitor, dataset, args.epochs)
+        time.sleep(args.linger)
+        monitor.close()
+        return
+    model = build_model(evaluate=args.eval_every > 0)
     callbacks: list[Any] = [monitor]
     if args.checkpoint_every:
         callbacks.append(

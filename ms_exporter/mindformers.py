@@ -2,10 +2,13 @@
 
 Importing this module registers TrainingMonitor (also under the third source article's name for it,
 MindSporeTransformersMonitor) when MindSpore Transformers is installed and does nothing when it is
-not (docs/mindformers.md). MindSpore Transformers resolves a YAML `type:` through its registry only, so a launcher
-of one's own imports this module once before building its Trainer. MindSpore Transformers' run_mindformer.py imports
-nothing of ours: there the YAML entry says `auto_register: ms_exporter_callback.TrainingMonitor` and
-`--register_path` is REGISTER_PATH, which `python -m ms_exporter.mindformers` prints.
+not (docs/mindformers.md). With 2.x it also registers PyNativeTrainingMonitor, the callback of 2.x's PyNative
+Trainer, whose callbacks are not MindSpore's (monitor/mindformers_trainer.py): both Trainers build `callbacks:`
+through the one registry, so each has its own name. MindSpore Transformers resolves a YAML `type:` through its
+registry only, so a launcher of one's own imports this module once before building its Trainer. MindSpore
+Transformers' run_mindformer.py imports nothing of ours: there the YAML entry says `auto_register:
+ms_exporter_callback.TrainingMonitor` (or `.PyNativeTrainingMonitor`) and `--register_path` is REGISTER_PATH, which
+`python -m ms_exporter.mindformers` prints.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ def available() -> bool:
 
 
 def register() -> bool:
-    """Put TrainingMonitor in MindSpore Transformers' callback registry under CALLBACK_NAMES; False (and nothing
-    done) without it.
+    """Put TrainingMonitor in MindSpore Transformers' callback registry under CALLBACK_NAMES, and with 2.x
+    PyNativeTrainingMonitor under its name; False (and nothing done) without MindSpore Transformers.
 
     Callbacks carry no legacy/new-model name prefix in that registry, so one entry serves both model families."""
     if not available():
@@ -42,7 +45,14 @@ def register() -> bool:
     # Registering again replaces the entry with the same class: importing twice is harmless.
     for name in CALLBACK_NAMES:
         MindFormerRegister.register_cls(TrainingMonitor, MindFormerModuleType.CALLBACK, alias=name)
-    _log.debug("registered %s in MindSpore Transformers' callback registry", " and ".join(CALLBACK_NAMES))
+    names = list(CALLBACK_NAMES)
+    if importlib.util.find_spec("mindformers.pynative") is not None:  # 2.x
+        from ms_exporter.monitor.mindformers_trainer import PyNativeTrainingMonitor
+
+        # Under its class's own name, as `auto_register: ms_exporter_callback.PyNativeTrainingMonitor` registers it.
+        MindFormerRegister.register_cls(PyNativeTrainingMonitor, MindFormerModuleType.CALLBACK)
+        names.append(PyNativeTrainingMonitor.__name__)
+    _log.debug("registered %s in MindSpore Transformers' callback registry", ", ".join(names))
     return True
 
 

@@ -69,17 +69,20 @@ class GoodStates:
         self._taken = 0
         self._prefix = f"good-{owner}-pid"
 
-    def bind(self, train_network: Any, leave_out: tuple[Any, ...] = ()) -> None:
-        """Every Parameter of the network once (a shared one is listed once), less `leave_out` (the optimizer's
-        fixed learning rate, which lr_backoff owns) and the monitor's own (named ms_exporter_*)."""
+    def bind(self, train_network: Any, leave_out: tuple[Any, ...] = (), optimizer: Any = None) -> None:
+        """Every Parameter of the network once (a shared one is listed once), then the optimizer's that the network
+        does not hold (a loop of the script's own hands both; a train cell holds its optimizer), less `leave_out`
+        (the optimizer's fixed learning rate, which lr_backoff owns) and the monitor's own (named ms_exporter_*)."""
         seen: set[int] = {id(p) for p in leave_out}
         self._parameters, self.names = [], []
-        for name, parameter in train_network.parameters_and_names():
-            if id(parameter) in seen or parameter.name.startswith("ms_exporter_"):
-                continue
-            seen.add(id(parameter))
-            self._parameters.append(parameter)
-            self.names.append(name)
+        holders = [train_network, *([optimizer] if optimizer is not None else [])]
+        for holder in holders:
+            for name, parameter in holder.parameters_and_names():
+                if id(parameter) in seen or parameter.name.startswith("ms_exporter_"):
+                    continue
+                seen.add(id(parameter))
+                self._parameters.append(parameter)
+                self.names.append(name)
         self._forget()
 
     @property

@@ -161,7 +161,7 @@ class Rollback:
         )
         if network is not self._network:  # another train call on the same network keeps its good states
             self._network = network
-            self._states.bind(network, leave_out=fixed_lr)
+            self._states.bind(network, leave_out=fixed_lr, optimizer=optimizer)
         if not self._tidied:
             self._tidied = True
             self._remove_leftovers()

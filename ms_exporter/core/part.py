@@ -1,12 +1,15 @@
 """The one lifecycle every part of the monitor follows: probes, sinks, actions and whole features alike.
 
-The callback holds one ordered list of parts and calls each hook on each part in turn, each call guarded: a part
-that raises is counted in `mindspore_exporter_errors_total{component=<name>}` and the others still run. A part
-overrides only the hooks it needs; the callback skips a per-step hook that a part does not override.
+The monitor core (monitor/core.py) holds one ordered list of parts and calls each hook on each part in turn, each call
+guarded: a part that raises is counted in `mindspore_exporter_errors_total{component=<name>}` and the others still run.
+A part overrides only the hooks it needs; the core skips a per-step hook that a part does not override. Whichever
+driver feeds the core (the Model.train Callback, the loop API, a trainer's callback), the parts see the same hooks:
+`cb_params` is the run's view under MindSpore's cb_params keys (core/cb_params.py reads it), MindSpore's own or the
+loop's, and `run_context` answers `original_args()` and `request_stop()` for either.
 
 | hook | when |
 |---|---|
-| on_train_begin(cb_params) | every `Model.train` call begins (threads start, what is fixed for the run is read) |
+| on_train_begin(cb_params) | a run begins (a `Model.train` call, a loop's first `steps()`): threads start |
 | on_batch(step, columns, names) | step begin, on the training thread, for parts that override it: the batch |
 | on_step_end(step, outputs) | every step, on the training thread, as the step ends: keep it cheap |
 | on_step(sample) | each published step record (about once a second, in order); probes and sinks |

@@ -98,6 +98,15 @@ def _bfloat16() -> Any:
 UNCOUNTABLE = object()  # keep()'s answer for a batch that is not a list of tensors
 
 
+@dataclass(frozen=True)
+class Counted:
+    """Samples and tokens a driver counted itself (the loop API's samples=, tokens=), over what keep() kept."""
+
+    samples: int | None  # None: as the batch says
+    tokens: int | None
+    kept: Any
+
+
 class BatchCounter:
     """Samples and non-padding tokens of a batch, resolved once against the dataset's column names; with a
     `lengths_column`, also the sum of its sequences' lengths squared (for the FLOPs of attention)."""
@@ -177,6 +186,11 @@ class BatchCounter:
             return batch * steps, batch * per_sample * steps, squares
         if kept is UNCOUNTABLE:
             return 0, 0, 0
+        if isinstance(kept, Counted):
+            samples, tokens, squares = self.count(kept.kept, steps) if kept.kept is not None else (0, 0, 0)
+            if kept.tokens is not None:
+                tokens, squares = int(kept.tokens) * steps, 0
+            return (samples if kept.samples is None else int(kept.samples) * steps), tokens, squares
         shape, mask, lengths = kept
         samples = int(shape[0]) if shape else 1
         row_lengths: np.ndarray | None = None

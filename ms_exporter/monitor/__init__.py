@@ -1,1 +1,1 @@
-"""The MindSpore hooks and the wiring: TrainingMonitor forwards each hook to its parts; the assembly builds them."""
+"""The drivers and the wiring: the Callback and the loop API feed one core; the assembly builds the parts it drives."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.core.errors import Breaker, ErrorSink
-from ms_exporter.core.output_layout import LayoutResolver
+from ms_exporter.core.output_layout import LayoutResolver, OutputLayout
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import BatchCounter, StepSample
 from ms_exporter.core.sink import Sink
@@ -42,6 +42,7 @@ class StepRecord:
     data_wait: float | None  # seconds from the previous step's end to this step's begin (None for the first)
     kept: Any  # what BatchCounter.keep() kept of the batch (None in sink mode)
     outputs: tuple[Any, ...] | list[Any] | None  # net_outputs when a tuple/list (the probes read more of it)
+    layout: OutputLayout | None = None  # what the driver says the outputs hold; None: told from cell and length
 
 
 class StepPublisher:
@@ -140,7 +141,7 @@ class StepPublisher:
             ended + wall_offset,
             ended,
             outputs,
-            self.layouts.resolve(outputs),
+            record.layout if record.layout is not None else self.layouts.resolve(outputs),
             squares,
         )
         isolation = self.isolation

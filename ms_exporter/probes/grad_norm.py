@@ -174,7 +174,8 @@ class GradNormProbe(Probe):
                 logger.warning(
                     "ms_exporter: the train cell reports no gradient norm, so %s is not exported. Build the model as "
                     "Model(ms_exporter.GradNormTrainOneStepCell(nn.WithLossCell(network, loss_fn), optimizer)) to "
-                    "get it (docs/getting-started.md, 'Gradient norms'); grad_norm.enable: false silences this",
+                    "get it (docs/getting-started.md, 'Gradient norms'), or in a loop of your own hand the gradients "
+                    "over: monitor.step_end(loss, grads=grads); grad_norm.enable: false silences this",
                     catalogue.GRAD_NORM.name,
                 )
             return

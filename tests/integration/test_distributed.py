@@ -94,3 +94,28 @@ def test_a_rank_with_a_slow_data_loader_is_the_straggler(tmp_path: Path) -> None
             if a["labels"]["alertname"] == "MindSporeTrainingStraggler" and a["state"] == "firing"
         ]
         assert alert["annotations"]["description"].startswith("The job waits for rank 1 of project dist: ")
+
+
+def test_a_functional_loop_compares_replica_fingerprints_and_names_its_slow_rank(tmp_path: Path) -> None:
+    """The same job written as MindSpore 2.x's functional loop (value_and_grad, DistributedGradReducer, an @ms.jit
+    step) through the loop API: the replicas' fingerprints agree, and rank 1's slow loader makes it the straggler."""
+    arguments = ("--loop", "--slow-rank", "1", "--slow-seconds", "0.25", "--epochs", "6")
+    with distributed_job(tmp_path, *arguments) as job:
+        firing = wait_until(
+            lambda: job.query('ALERTS{alertname="MindSporeTrainingStraggler", project="dist", alertstate="firing"}'),
+            240,
+            "MindSporeTrainingStraggler firing",
+        )
+        assert [a["metric"]["rank"] for a in firing] == ["1"]
+        wait_until(
+            lambda: job.by_rank('mindspore_train_param_fingerprint_step{project="dist"}') == {"0": 100.0, "1": 100.0},
+            240,
+            "both ranks' fingerprints of step 100",
+        )
+        fingerprints = job.by_rank('mindspore_train_param_fingerprint{project="dist"}')
+        assert set(fingerprints) == {"0", "1"} and fingerprints["0"] == fingerprints["1"], fingerprints
+        assert job.query('ALERTS{alertname="MindSporeTrainingReplicaDivergence"}') == []
+        grad_norms = job.by_rank('mindspore_train_grad_norm{project="dist"}')
+        assert set(grad_norms) == {"0", "1"}  # from the grads the loop handed in, reduced on each rank's device
+        tokens = job.by_rank('mindspore_train_tokens_total{project="dist"}')  # the batches' masks, counted
+        assert set(tokens) == {"0", "1"} and min(tokens.values()) > 0, tokens

@@ -64,7 +64,7 @@ def switched_off_logs(caplog: pytest.LogCaptureFixture, component: str) -> list[
 def test_every_probe_is_listed() -> None:
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
-        assert sorted(p.name for p in monitor._publisher.probes) == sorted(PROBES)
+        assert sorted(p.name for p in monitor.core.publisher.probes) == sorted(PROBES)
     finally:
         monitor.close()
 
@@ -83,7 +83,7 @@ def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(
     caplog.set_level(logging.INFO, logger="ms_exporter")
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
-        probe = next(p for p in monitor._publisher.probes if p.name == probe_name)
+        probe = next(p for p in monitor.core.publisher.probes if p.name == probe_name)
         probe.on_step = injected  # type: ignore[method-assign]
         train(monitor)
         page = scrape(monitor.url)
@@ -91,7 +91,7 @@ def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(
         assert page.value("mindspore_exporter_errors_total", component=probe_name) == 3
         assert page.value("mindspore_exporter_component_disabled", component=probe_name) == 1
         assert len(switched_off_logs(caplog, probe_name)) == 1
-        assert probe not in monitor._publisher.probes
+        assert probe not in monitor.core.publisher.probes
         # The others kept measuring to the end.
         assert page.value("mindspore_train_global_step") == STEPS or probe_name == "progress"
         for other in set(PROBES) - {probe_name}:
@@ -103,7 +103,7 @@ def test_a_failing_probe_is_switched_off_and_the_rest_keep_working(
 def test_failures_that_are_not_in_a_row_do_not_switch_off(caplog: pytest.LogCaptureFixture) -> None:
     monitor = TrainingMonitor(port=0, **EVERYTHING)
     try:
-        probe = next(p for p in monitor._publisher.probes if p.name == "throughput")
+        probe = next(p for p in monitor.core.publisher.probes if p.name == "throughput")
         real = probe.on_step
         calls = {"n": 0}
 
@@ -118,7 +118,7 @@ def test_failures_that_are_not_in_a_row_do_not_switch_off(caplog: pytest.LogCapt
         page = scrape(monitor.url)
         assert page.value("mindspore_exporter_errors_total", component="throughput") == STEPS // 2
         assert not page.has("mindspore_exporter_component_disabled", component="throughput")
-        assert probe in monitor._publisher.probes
+        assert probe in monitor.core.publisher.probes
     finally:
         monitor.close()
 

@@ -351,3 +351,34 @@ def test_round2_finding_9_a_corrupt_list_leaves_the_rollback_counted_announced_a
     [aside] = tmp_path.glob("skipped-batches.json.unusable-*-corrupt")
     assert aside.read_text() == '{"version": 1, "batches": ['
     assert any("moved aside" in r.getMessage() for r in caplog.records)
+
+
+def test_a_functional_loop_is_rolled_back_through_the_network_and_optimizer_it_handed_in(tmp_path: Path) -> None:
+    """The same poisoned batch in MindSpore's functional loop (value_and_grad, an optimizer call) driven through the
+    loop API: the good state is kept from the network and optimizer given to steps(), and restored into them."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    steps = 70
+    net = network()
+    loss_fn = nn.MSELoss()
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=0.01)
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
+    fixed = Tensor(np.random.default_rng(1).normal(size=(BATCH, FEATURES)).astype(np.float32))
+    data = ds.GeneratorDataset(Source(steps, {POISON_STEP}), ["x", "y"], shuffle=False).batch(BATCH)
+    rollback = {"enable": True, "good_every": GOOD_EVERY, "quiet_steps": QUIET}
+    outputs: dict[int, np.ndarray] = {}
+    optimizer_steps: dict[int, int] = {}
+    with TrainingMonitor(
+        port=0, backend=["prometheus"], save_dir=str(tmp_path), actions={"rollback": rollback}
+    ) as monitor:
+        for step, (x, y) in enumerate(monitor.steps(data.create_tuple_iterator(), network=net, optimizer=optimizer), 1):
+            loss, grads = grad_fn(x, y)
+            optimizer(grads)
+            monitor.step_end(loss)
+            outputs[step] = net(fixed).asnumpy().copy()
+            optimizer_steps[step] = int(optimizer.global_step.asnumpy().reshape(-1)[0])
+    good = 40
+    assert counted(monitor, "rollback") == 1
+    assert monitor.store.value_of(c.ROLLBACK_LOST_STEPS) == POISON_STEP - good
+    np.testing.assert_array_equal(outputs[POISON_STEP], outputs[good])
+    assert optimizer_steps[POISON_STEP] == optimizer_steps[good]
+    assert len(outputs) == steps

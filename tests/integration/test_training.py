@@ -124,7 +124,7 @@ def test_a_failing_probe_is_counted_and_training_finishes() -> None:
     model = small_graph_model()
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})
     try:
-        loss_probe = next(p for p in monitor._publisher.probes if p.name == "loss")
+        loss_probe = next(p for p in monitor.core.publisher.probes if p.name == "loss")
 
         def broken(sample: Any) -> None:
             raise RuntimeError("injected probe failure")

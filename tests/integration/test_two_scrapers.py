@@ -52,7 +52,7 @@ class StopWhenAsked(Callback):
 
 
 def pages_of(monitor: TrainingMonitor) -> MetricsPages:
-    endpoint = next(sink for sink in monitor._parts if isinstance(sink, PrometheusEndpoint))
+    endpoint = next(sink for sink in monitor.parts if isinstance(sink, PrometheusEndpoint))
     assert endpoint._server is not None
     return endpoint._server.pages
 

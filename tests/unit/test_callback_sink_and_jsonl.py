@@ -239,7 +239,7 @@ def test_close_takes_the_monitor_out_of_the_signal_path(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     monitor = TrainingMonitor(port=0, backend="local", save_dir=str(tmp_path), interval=3600)
     monitor.on_train_begin(context(0, 0.0))  # training that never reached its end
-    assert signal.getsignal(signal.SIGTERM) == monitor._signals._handle
+    assert signal.getsignal(signal.SIGTERM) == monitor.core.signals._handle
     monitor.close()
     assert signal.getsignal(signal.SIGTERM) == before
 

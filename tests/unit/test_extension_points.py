@@ -64,7 +64,7 @@ def test_a_handed_in_sink_gets_every_hook_in_order() -> None:
         eval_context = context(3, 0.0)
         eval_context.original_args().eval_results = {"accuracy": 0.5}
         monitor.on_eval_end(eval_context)
-        monitor._on_signal("SIGTERM", False)
+        monitor.core._on_signal("SIGTERM", False)
         monitor.on_train_end(context(3, 0.0))
     finally:
         monitor.close()

@@ -56,7 +56,7 @@ def test_only_the_training_thread_publishes_even_when_records_wait() -> None:
     # deadlock, so records left waiting (training busy in a long step) wait for the training thread.
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, interval=0.05)  # the sampler thread runs
     threads: set[int] = set()
-    probe = monitor._publisher.probes[0]
+    probe = monitor.core.publisher.probes[0]
     original = probe.on_step
     probe.on_step = lambda sample: (threads.add(threading.get_ident()), original(sample))  # type: ignore[method-assign]
     try:

@@ -40,7 +40,7 @@ class Capture(Callback):
             with urllib.request.urlopen(self.monitor.url, timeout=10) as response:
                 (HERE / f"top_rank1_step{step}.prom").write_bytes(response.read())
         if step == 4:
-            probe = next(p for p in self.monitor._publisher.probes if p.name == "throughput")
+            probe = next(p for p in self.monitor.core.publisher.probes if p.name == "throughput")
 
             def broken(sample: Any) -> None:
                 raise RuntimeError("injected failure")
