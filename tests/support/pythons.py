@@ -33,8 +33,6 @@ DASHBOARD_SDK = Need(
 OTLP = Need((3, 10), "the otlp extra (OpenTelemetry exporters >= 1.42) needs Python >= 3.10")
 # The test extra's wandb: 0.31 brought `wandb leet inspect`, the reader the tests check the sink's files with.
 WANDB = Need((3, 10), "wandb >= 0.31 (the W&B sink's tested range and its file reader) needs Python >= 3.10")
-# prometheus-operator's CRD schemas for the Kubernetes objects come in cloudcoil's models.
-OPERATOR_SCHEMAS = Need((3, 10), "cloudcoil's prometheus-operator models (the CRD schemas) need Python >= 3.10")
 
 
 def below(need: Need) -> bool:
