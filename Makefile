@@ -84,12 +84,12 @@ OTHER_PYTHON_TESTS := tests/unit tests/integration/test_training.py \
 	touch $@
 
 test-py39: .venv-py39/.installed
-	PATH=$(CURDIR)/.venv-py39/bin:$$PATH .venv-py39/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
+	PATH=$(CURDIR)/.venv-py39/bin:$$PATH .venv-py39/bin/python -m pytest -q -p no:cacheprovider --durations=10 -rs \
 		-m "not long" $(OTHER_PYTHON_TESTS)
 	.venv-py39/bin/mypy --python-version 3.9 --ignore-missing-imports --exclude 'ms_exporter/sinks/(otlp|otel_sdk)\.py'
 
 test-py312: .venv-py312/.installed
-	PATH=$(CURDIR)/.venv-py312/bin:$$PATH .venv-py312/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
+	PATH=$(CURDIR)/.venv-py312/bin:$$PATH .venv-py312/bin/python -m pytest -q -p no:cacheprovider --durations=10 -rs \
 		-m "not long" $(OTHER_PYTHON_TESTS)
 
 # ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
