@@ -17,6 +17,7 @@ from typing import NamedTuple
 import pytest
 
 from ms_exporter.cli import DASHBOARD_SDK_PYTHON
+from ms_exporter.core.registry import BACKENDS
 
 
 class Need(NamedTuple):
@@ -24,15 +25,16 @@ class Need(NamedTuple):
     why: str
 
 
+def _need(python: tuple[int, int], what: str) -> Need:
+    return Need(python, f"{what} needs Python >= {python[0]}.{python[1]}")
+
+
 # The dashboard generator (`ms-exporter dashboard`, `kubernetes`) is built with it; pyproject marks it so.
-DASHBOARD_SDK = Need(
-    DASHBOARD_SDK_PYTHON,
-    "the Grafana Foundation SDK (the dashboard generator) needs Python >= {}.{}".format(*DASHBOARD_SDK_PYTHON),
-)
+DASHBOARD_SDK = _need(DASHBOARD_SDK_PYTHON, "the Grafana Foundation SDK (the dashboard generator)")
 # The otlp extra's tested range (sinks/otel_sdk.py): its exporters are served for 3.10 on only.
-OTLP = Need((3, 10), "the otlp extra (OpenTelemetry exporters >= 1.42) needs Python >= 3.10")
+OTLP = _need(BACKENDS["otlp"].python, "the otlp extra (OpenTelemetry exporters >= 1.42)")
 # The test extra's wandb: 0.31 brought `wandb leet inspect`, the reader the tests check the sink's files with.
-WANDB = Need((3, 10), "wandb >= 0.31 (the W&B sink's tested range and its file reader) needs Python >= 3.10")
+WANDB = _need(BACKENDS["wandb"].python, "wandb >= 0.31 (the W&B sink's tested range and its file reader)")
 
 
 def below(need: Need) -> bool:

@@ -12,6 +12,7 @@ import pytest
 import ms_exporter
 from ms_exporter.core import compat
 from ms_exporter.core.output_layout import OutputLayout
+from ms_exporter.core.registry import BackendEntry, MissingExtra
 from ms_exporter.core.sample import StepSample
 from ms_exporter.monitor.publisher import StepRecord
 from tests.support.pythons import DASHBOARD_SDK, OTLP, below
@@ -61,3 +62,22 @@ def test_every_module_imports_on_this_python() -> None:
             failed[name] = repr(exc)
     assert failed == {}
     assert len(modules) > 100
+
+
+def _not_installed(context: object) -> list[object]:
+    raise ImportError("No module named 'somelib'", name="somelib")
+
+
+def test_a_missing_extra_that_this_python_cannot_install_says_which_python_it_needs() -> None:
+    floor = (sys.version_info[0], sys.version_info[1] + 1)
+    here = ".".join(map(str, sys.version_info[:3]))
+    with pytest.raises(MissingExtra) as unserved:
+        BackendEntry("x", _not_installed, extra="x", python=floor).build(None)
+    assert str(unserved.value).endswith(
+        f"pip install 'ms-exporter[x]' on Python >= {floor[0]}.{floor[1]} (its packages are not served for {here})"
+    )
+    with pytest.raises(MissingExtra) as served:
+        BackendEntry("x", _not_installed, extra="x").build(None)
+    assert str(served.value).endswith(
+        "needs somelib, which is not installed; install it with: pip install 'ms-exporter[x]'"
+    )
