@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE :=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
-.PHONY: install demo test test-unit test-integration test-long mindformers-venv mindformers2 lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
@@ -34,11 +34,13 @@ debian-packages:
 	fi
 
 # Under `make -j2 test` (.ci/run) the Debian packages install beside pip, then the second venv (MindSpore Transformers
-# 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is built beside lint and the unit tests; the
-# integration tests run last (tests/integration/test_mindformers.py runs in the second venv and skips, saying why,
+# 1.8.0 with MindSpore 2.7.2, about 90 s the first time, then cached) is built beside lint and the unit tests, and the
+# other Pythons' venvs and their short sets (OTHER_PYTHON_CI: the unit suite and one real training per driver on
+# Python 3.9 + MindSpore 2.7.2 and 3.12 + 2.10) run two at a time with those; the integration tests run last (tests/integration/test_mindformers.py runs in the second venv and skips, saying why,
 # where it cannot be built). The long scenarios (marked `long`: docs/development.md#the-suite-and-the-long-scenarios)
 # are left to `make test-long`.
-test: debian-packages lint test-unit mindformers-venv mindformers2
+test: OTHER_PYTHON_TESTS = $(OTHER_PYTHON_CI)
+test: debian-packages lint test-unit mindformers-venv mindformers2 test-py39 test-py312
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m "not long" tests/integration
 
 mindformers-venv: install
@@ -64,6 +66,45 @@ test-integration: install debian-packages mindformers-venv mindformers2
 # suite keeps named in docs/development.md#the-suite-and-the-long-scenarios.
 test-long: install debian-packages mindformers-venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m long tests
+
+# The training side on the oldest and the newest Python it supports, each in a venv of its own (about 2.8 GB; built
+# once, then kept while pyproject.toml is unchanged): pyenv's 3.9.18 with MindSpore 2.7.2 (the 2.7 line is what
+# MindSpore serves 3.9 with) and pyenv's 3.12.1 with MindSpore 2.10.0. Each runs the unit suite, real Model.train runs
+# scraped over HTTP (test_training.py) and the endpoint's TLS (its handshake is done by hand before 3.11:
+# core/compat.py); on 3.9, mypy 1.x checks the package against 3.9's standard library too (mypy 2 cannot target it).
+# docs/development.md#other-pythons says what skips there and why.
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHON_39 := 3.9.18
+MINDSPORE_39 := 2.7.2
+EXTRAS_39 := mindspore,test
+PYTHON_312 := 3.12.1
+MINDSPORE_312 := 2.10.0
+EXTRAS_312 := mindspore,test,otlp
+TLS_TESTS := tests/integration/test_web_access.py::test_tls_serves_https_and_plain_http_fails \
+	tests/integration/test_web_access.py::test_keep_alive_over_tls
+OTHER_PYTHON_TESTS := tests/unit tests/integration/test_training.py \
+	tests/integration/test_loop_api.py::test_the_quick_start_loop_serves_what_it_computed $(TLS_TESTS)
+# What `make test` (CI) runs there, to stay inside its time: the unit suite, one real training of each driver (a
+# Model.train scraped over HTTP, MindSpore's quick start loop with @ms.jit) and the TLS.
+OTHER_PYTHON_CI := tests/unit 'tests/integration/test_training.py::test_real_training_is_reported_step_by_step[graph]' \
+	'tests/integration/test_loop_api.py::test_the_quick_start_loop_serves_what_it_computed[jit]' $(TLS_TESTS)
+
+.venv-py%/.installed: pyproject.toml
+	@test -x $(PYENV_ROOT)/versions/$(PYTHON_$*)/bin/python3 || \
+		(echo "needs pyenv's Python $(PYTHON_$*) in $(PYENV_ROOT)/versions: pyenv install $(PYTHON_$*)" >&2; exit 1)
+	test -x $(@D)/bin/python || $(PYENV_ROOT)/versions/$(PYTHON_$*)/bin/python3 -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --upgrade pip
+	$(@D)/bin/python -m pip install --quiet --no-compile -e '.[$(EXTRAS_$*)]' 'mindspore==$(MINDSPORE_$*)' 'numpy<2'
+	touch $@
+
+test-py39: .venv-py39/.installed
+	PATH=$(CURDIR)/.venv-py39/bin:$$PATH .venv-py39/bin/python -m pytest -q -p no:cacheprovider --durations=10 -rs \
+		-m "not long" $(OTHER_PYTHON_TESTS)
+	.venv-py39/bin/mypy --python-version 3.9 --ignore-missing-imports --exclude 'ms_exporter/sinks/(otlp|otel_sdk)\.py'
+
+test-py312: .venv-py312/.installed
+	PATH=$(CURDIR)/.venv-py312/bin:$$PATH .venv-py312/bin/python -m pytest -q -p no:cacheprovider --durations=10 -rs \
+		-m "not long" $(OTHER_PYTHON_TESTS)
 
 # ruff, and mypy with the settings in pyproject.toml ([tool.mypy]): zero errors.
 lint: install
@@ -123,4 +164,4 @@ reliability: install debian-packages
 	$(BIN)/python -m benchmarks.reliability --output docs/reliability.md
 
 clean:
-	rm -rf $(VENV) .venv-mindformers .mindformers2 monitor_output .pytest_cache
+	rm -rf $(VENV) .venv-mindformers .mindformers2 .venv-py39 .venv-py312 monitor_output .pytest_cache

@@ -43,6 +43,13 @@ def _time_loop(monitor: Any, run: SyntheticRun, steps: int, grads: Any) -> list[
     return times
 
 
+def _gradients(count: int, shape: tuple[int, int]) -> tuple[Any, ...]:
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(0)
+    return tuple(Tensor(rng.normal(0, 0.01, shape).astype(np.float32)) for _ in range(count))
+
+
 def _row(label: str, times: np.ndarray, steps: int) -> dict[str, Any]:
     return {
         "case": label,
@@ -60,16 +67,21 @@ def measure_loop(steps: int) -> list[dict[str, Any]]:
 
     rows = []
     cases = [
-        ("loop API: steps() + step_end(loss), default settings", {}, False),
+        ("loop API: steps() + step_end(loss), default settings", {}, None),
         (
-            "loop API: step_end(loss, grads=40 tensors), grad norm every 10 steps",
+            "loop API: step_end(loss, grads=40 tensors of 4 x 4), grad norm every 10 steps",
             {"grad_norm": {"every_n_steps": 10}},
-            True,
+            (4, 4),
+        ),
+        (
+            "loop API: step_end(loss, grads=40 tensors of 512 x 512), grad norm every 10 steps",
+            {"grad_norm": {"every_n_steps": 10}},
+            (512, 512),
         ),
     ]
-    for label, options, with_grads in cases:
+    for label, options, shape in cases:
         run = SyntheticRun()
-        grads = tuple(parameter * 0.01 for parameter in run.params) if with_grads else None
+        grads = _gradients(len(run.params), shape) if shape is not None else None
         monitor = TrainingMonitor(port=0, **options)
         try:
             _time_loop(monitor, run, 200, grads)  # warm-up: tables, series creation
@@ -120,3 +132,14 @@ def measure(steps: int) -> list[dict[str, Any]]:
     times = np.asarray(reads) * 1e6
     rows.append(_row("the loss's device-to-host read alone (read_loss on a Tensor; excluded above)", times, steps))
     return rows
+
+
+if __name__ == "__main__":
+    # The section make bench writes into docs/benchmarks.md, on its own (about 3 minutes).
+    import os
+
+    from benchmarks.run import _hot_path_section
+
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_bench_") as scratch:
+        os.environ.setdefault("MS_EXPORTER_SAVE_DIR", scratch)
+        print("\n".join(_hot_path_section(measure(20_000) + measure_loop(20_000))))

@@ -4,6 +4,7 @@ demo."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from ms_exporter.tools.triage import DEFAULT_SLOW_BELOW, DEFAULT_WINDOW
 # time limit) lets the LR schedule decay over the run and the dashboard's ETA be right; here, not in demo.py, so
 # that the command line parses without numpy (an operator-only install).
 DEMO_STEPS = 8000
+# The Grafana Foundation SDK, which builds the dashboard (`dashboard`, `kubernetes`), supports Python 3.11 on, and
+# pyproject.toml installs it there only; everything else runs on 3.9.
+DASHBOARD_SDK_PYTHON = (3, 11)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class _Command:
     run: Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     description: str | None = None
     training_side: bool = False  # needs MindSpore and numpy, which an operator-only install lacks
+    dashboard: bool = False  # builds the Grafana dashboard: needs the Grafana Foundation SDK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +57,30 @@ def main(argv: list[str] | None = None) -> int:
         except MissingDependencyError as exc:  # an operator-only install: say what to add, not a traceback
             print(exc, file=sys.stderr)
             return 1
+    if command.dashboard:
+        problem = _dashboard_sdk_problem(f"ms-exporter {args.command}")
+        if problem:  # Python 3.9 or 3.10: say why, not a traceback
+            print(problem, file=sys.stderr)
+            return 1
     return command.run(args, parsers[args.command])
+
+
+def _dashboard_sdk_problem(user: str) -> str | None:
+    """Why `user` cannot build the dashboard here, or None when it can."""
+    if sys.version_info < DASHBOARD_SDK_PYTHON:
+        need = ".".join(map(str, DASHBOARD_SDK_PYTHON))
+        here = ".".join(map(str, sys.version_info[:3]))
+        return (
+            f"{user} needs Python >= {need}: the dashboard is built with the Grafana Foundation SDK "
+            f"(grafana-foundation-sdk), which supports Python {need} and later, and this is Python {here}. "
+            f"Run it under Python >= {need}; the repository's deploy/ holds what it writes with the default thresholds."
+        )
+    if importlib.util.find_spec("grafana_foundation_sdk") is None:
+        return (
+            f"{user} needs the Grafana Foundation SDK, which is not installed here: pip install ms-exporter again "
+            "(it depends on grafana-foundation-sdk on Python >= 3.11)"
+        )
+    return None
 
 
 # -- check-config ----------------------------------------------------------------------------------------------------
@@ -468,11 +496,12 @@ COMMANDS: dict[str, _Command] = {
     ),
     "demo": _Command("train a small Transformer with the monitor on", _demo_arguments, _demo, training_side=True),
     "rules": _Command("print the Prometheus recording and alerting rules", _rules_arguments, _rules),
-    "dashboard": _Command("print the Grafana dashboard JSON", _dashboard_arguments, _dashboard),
+    "dashboard": _Command("print the Grafana dashboard JSON", _dashboard_arguments, _dashboard, dashboard=True),
     "kubernetes": _Command(
         "write the generated Kubernetes manifests (PrometheusRule, Grafana dashboard ConfigMap)",
         _kubernetes_arguments,
         _kubernetes,
+        dashboard=True,
     ),
     "top": _Command(
         "a live table of every rank's /metrics (step, loss, speed, alerts)",

@@ -13,9 +13,11 @@ import pytest
 from tests.support.browser import ARTIFACTS_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
-# Folders of the checkout the suite does not watch: version control, the virtual environments and the caches that
-# the tools keep on purpose (bytecode, ruff, mypy, pytest's own when its cache plugin is on).
-_NOT_WATCHED = {".git", ".venv", ".venv-mindformers", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+# Folders of the checkout the suite does not watch: version control, the environments `make test` builds (under -j2,
+# beside a running suite) and the caches that the tools keep on purpose (bytecode, ruff, mypy, pytest's own when its
+# cache plugin is on).
+_ENVIRONMENTS = {".venv", ".venv-mindformers", ".mindformers2", ".venv-py39", ".venv-py312"}
+_NOT_WATCHED = {".git", *_ENVIRONMENTS, "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 # The demo's file_sd directory is a shared place every ms_exporter job on the machine registers in
 # (deploy/prometheus/prometheus.yml reads it), not something a test owns.
 _SHARED_IN_TMP = {"ms-exporter-targets"}

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.safe_files import make_dir, new_temporary, open_regular
 
 logger = logging.getLogger("ms_exporter")
@@ -168,7 +169,7 @@ class GoodStates:
             arrays = [np.asarray(saved[f"p{i}"]) for i in range(len(self._parameters))]
             if len(saved.files) != len(arrays):
                 raise ValueError(f"{len(saved.files)} arrays for {len(arrays)} parameters")
-        for array, parameter in zip(arrays, self._parameters, strict=True):
+        for array, parameter in zip_strict(arrays, self._parameters):
             if tuple(array.shape) != tuple(parameter.shape):
                 raise ValueError(f"an array of shape {array.shape} for {parameter.name} of shape {parameter.shape}")
         return arrays
@@ -176,7 +177,7 @@ class GoodStates:
     def _assign(self, arrays: list[np.ndarray]) -> None:
         from mindspore import Tensor, ops
 
-        for parameter, array in zip(self._parameters, arrays, strict=True):
+        for parameter, array in zip_strict(self._parameters, arrays):
             value = Tensor(array)
             if value.dtype != parameter.dtype:
                 value = value.astype(parameter.dtype)

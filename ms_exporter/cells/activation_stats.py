@@ -18,6 +18,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from ms_exporter.core.compat import zip_strict
+
 # The statistics vector, by position. COUNT is the number of values: 0 means the layer was not measured.
 COUNT, MEAN, STD, ABS_MAX, ZERO_RATIO, NONFINITE_RATIO = range(6)
 SIZE = 6
@@ -206,7 +208,7 @@ class MeasuredGraph:
     def disarm(self) -> None:
         if self._saved is None:
             return
-        for top, phase in zip(self._tops, self._saved, strict=True):
+        for top, phase in zip_strict(self._tops, self._saved):
             top.phase = phase
         for wrapper in self._wrappers:
             wrapper.ms_exporter_active = False

@@ -6,12 +6,13 @@ import dataclasses
 import math
 import reprlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ms_exporter.config.checks import _UNSHOWN, _Bad, _close
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+    from typing_extensions import TypeGuard  # typing's own from Python 3.10
 
 
 _SHOWN = reprlib.Repr()

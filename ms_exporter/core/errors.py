@@ -22,7 +22,9 @@ OnPartError = Callable[[BaseException], None]
 
 def described(exc: BaseException) -> str:
     """The error and its traceback for the log, with any password in a URL (user:password@host) hidden."""
-    return hide_url_passwords(repr(exc) + "\n" + "".join(traceback.format_exception(exc)).rstrip())
+    return hide_url_passwords(
+        repr(exc) + "\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    )
 
 
 class ErrorSink:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ms_exporter.core.compat import SLOTS
+
 HOST = "host"  # the `device` label of the host's own reading (features/hardware/host.py)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class DeviceReading:
     """One device's quantities at one moment; None where the interface does not say."""
 
@@ -40,7 +42,7 @@ class DeviceReading:
     healthy: bool | None = None  # the interface's own health verdict
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class DeviceIdentity:
     """Who a device is, in the device exporters' own label names (empty where unknown)."""
 

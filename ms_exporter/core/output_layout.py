@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ms_exporter.core.compat import SLOTS
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, **SLOTS)
 class OutputLayout:
     """Index of each item in the outputs tuple, or None when the cell does not report it."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from ms_exporter.core.compat import zip_strict
+
 WINDOW_SECONDS = 10.0
 WINDOW_POINTS = 1024  # and at most this many step ends, so that very fast steps cannot grow the window's memory
 
@@ -27,9 +29,9 @@ class RateWindow:
         points = self._points
         if not points:
             # The first call has no earlier point: its own begin is the window's start.
-            points.append((began, tuple(total - part for total, part in zip(totals, added, strict=True))))
+            points.append((began, tuple(total - part for total, part in zip_strict(totals, added))))
         points.append((now, totals))
         while len(points) > 2 and now - points[1][0] >= WINDOW_SECONDS:
             points.popleft()
         start, first = points[0]
-        return now - start, tuple(total - old for total, old in zip(totals, first, strict=True))
+        return now - start, tuple(total - old for total, old in zip_strict(totals, first))

@@ -14,6 +14,7 @@ list: nothing for this configuration, e.g. its section is off).
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ class BackendEntry:
     builder: str | Builder  # "module:function" or a callable(PartContext) -> list of sinks
     extra: str | None = None  # the pip extra that installs its optional library (`ms-exporter[<extra>]`)
     selectable: bool = True
+    python: tuple[int, int] = (3, 9)  # the oldest Python the extra's packages are served for
 
     def build(self, context: Any) -> list[Any]:
         """The sinks for this configuration; a missing optional library raises MissingExtra naming the extra."""
@@ -46,7 +48,7 @@ class BackendEntry:
         except ImportError as exc:
             if self.extra is None:
                 raise
-            raise MissingExtra(self.name, self.extra, exc.name or str(exc)) from exc
+            raise MissingExtra(self.name, self.extra, exc.name or str(exc), self.python) from exc
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,14 @@ class ReaderEntry:
 class MissingExtra(ImportError):
     """A configured backend needs an optional library that is not installed."""
 
-    def __init__(self, backend: str, extra: str, missing: str) -> None:
+    def __init__(self, backend: str, extra: str, missing: str, python: tuple[int, int] = (3, 9)) -> None:
+        where = ""
+        if sys.version_info < python:  # pip would only say that it finds no such version
+            here = ".".join(map(str, sys.version_info[:3]))
+            where = f" on Python >= {python[0]}.{python[1]} (its packages are not served for {here})"
         super().__init__(
             f"monitor_config.backend: {backend} needs {missing}, which is not installed; "
-            f"install it with: pip install 'ms-exporter[{extra}]'"
+            f"install it with: pip install 'ms-exporter[{extra}]'{where}"
         )
         self.backend, self.extra, self.missing = backend, extra, missing
 
@@ -181,10 +187,10 @@ for _entry in (
 # -- the built-in sinks: the backends in the order `backend:` lists them by default, then the ones a setting adds --
 for _backend in (
     BackendEntry("prometheus", "ms_exporter.sinks.prometheus:build"),
-    BackendEntry("otlp", "ms_exporter.sinks.otlp:build", extra="otlp"),
+    BackendEntry("otlp", "ms_exporter.sinks.otlp:build", extra="otlp", python=(3, 10)),
     BackendEntry("local", "ms_exporter.sinks.jsonl:build"),
     BackendEntry("tensorboard", "ms_exporter.sinks.tensorboard:build", extra="tensorboard"),
-    BackendEntry("wandb", "ms_exporter.sinks.wandb:build", extra="wandb"),
+    BackendEntry("wandb", "ms_exporter.sinks.wandb:build", extra="wandb", python=(3, 10)),
     BackendEntry("console", "ms_exporter.sinks.console:build"),
     BackendEntry("file_sd", "ms_exporter.sinks.file_sd:build", selectable=False),
     BackendEntry("pushgateway", "ms_exporter.sinks.pushgateway:build", selectable=False),

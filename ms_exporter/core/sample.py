@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ms_exporter.core.compat import SLOTS
 from ms_exporter.core.output_layout import SCALAR, OutputLayout
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class StepSample:
     """What one call of the step-end hook saw. In sink mode one call covers `steps` steps."""
 

@@ -66,7 +66,7 @@ class HistogramSeries:
         counts = list(self.counts)
         total = 0
         buckets = []
-        for bound, count in zip((*self.bounds, math.inf), counts, strict=False):
+        for bound, count in zip((*self.bounds, math.inf), counts):
             total += count
             buckets.append((bound, total))
         return buckets, total, self.sum

@@ -26,7 +26,7 @@ class _Scraper:
         times = list(self.requests)
         if len(times) < 2:
             return None
-        return statistics.median(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+        return statistics.median(later - earlier for earlier, later in zip(times, times[1:]))
 
 
 class ScraperLog:

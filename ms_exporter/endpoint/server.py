@@ -40,6 +40,7 @@ import h11
 from prometheus_client import CollectorRegistry
 
 from ms_exporter.config import WebConfig
+from ms_exporter.core.compat import start_tls
 from ms_exporter.core.errors import OnError
 from ms_exporter.endpoint.basic_auth import TrustedPeersFile
 from ms_exporter.endpoint.pages import (
@@ -209,7 +210,7 @@ class EndpointServer:
         try:
             if self._context is not None:
                 await self._wait_for_budget()  # a handshake costs more CPU than a request: it counts as one
-                await writer.start_tls(self._context, ssl_handshake_timeout=REQUEST_SECONDS)
+                await start_tls(writer, self._context, REQUEST_SECONDS)
                 connection.transport = writer.transport
             await self._exchange(reader, writer, connection)
         except (

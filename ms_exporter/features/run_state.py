@@ -34,6 +34,7 @@ from typing import Any
 
 from ms_exporter.core import catalogue as c
 from ms_exporter.core import safe_files
+from ms_exporter.core.compat import zip_strict
 
 logger = logging.getLogger("ms_exporter")
 
@@ -116,7 +117,7 @@ class RunState:
             same_process = previous.pid == os.getpid()
             self.earlier = [
                 earlier + (0.0 if same_process else seconds)
-                for earlier, seconds in zip(previous.earlier, previous.seconds, strict=True)
+                for earlier, seconds in zip_strict(previous.earlier, previous.seconds)
             ]
             self.restarts = previous.restarts + (0 if same_process else 1)
             self.redo_until = max(previous.highest, mark)
@@ -202,8 +203,8 @@ class RunState:
             "highest_step": self.highest,
             "saved": now,
             "finished": finished,
-            "earlier_seconds": dict(zip(c.TIME_BUCKETS, self.earlier, strict=True)),
-            "process": {"pid": os.getpid(), "seconds": dict(zip(c.TIME_BUCKETS, seconds, strict=True))},
+            "earlier_seconds": dict(zip_strict(c.TIME_BUCKETS, self.earlier)),
+            "process": {"pid": os.getpid(), "seconds": dict(zip_strict(c.TIME_BUCKETS, seconds))},
         }
         safe_files.replace_file(self.path, (json.dumps(state, indent=1, allow_nan=False) + "\n").encode("utf-8"))
         self.saved_at = now
@@ -263,7 +264,7 @@ def _seconds(fields: dict[str, Any], name: str, bound: float) -> float:
     value = fields.get(name)
     if (
         isinstance(value, bool)
-        or not isinstance(value, int | float)
+        or not isinstance(value, (int, float))
         or not math.isfinite(value)
         or not 0 <= value <= bound
     ):

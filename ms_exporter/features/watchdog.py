@@ -112,7 +112,7 @@ class HangWatchdog(ThreadPart):
             self._suspected.value = value
 
     def _dump(self, phase: str, seconds: float, deadline: float) -> None:
-        now = datetime.datetime.now(datetime.UTC)
+        now = datetime.datetime.now(datetime.timezone.utc)
         text = render_dump(
             self._rank,
             self._project,

@@ -20,6 +20,7 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.thresholds import DEFAULTS, Thresholds
 from ms_exporter.generate.panels import rows
 from ms_exporter.generate.panels.panel import SELECTOR, Panel, PhaseTimeline, Query, Stat, TimeSeries
@@ -74,13 +75,12 @@ def render_dashboard(thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
 
 
 def _build(panel: Panel) -> Any:
-    match panel:
-        case TimeSeries():
-            return _timeseries(panel)
-        case Stat():
-            return _stat(panel)
-        case PhaseTimeline():
-            return _phase_timeline(panel)
+    # isinstance, not `match`: the package, this module included, compiles on Python 3.9.
+    if isinstance(panel, TimeSeries):
+        return _timeseries(panel)
+    if isinstance(panel, Stat):
+        return _stat(panel)
+    return _phase_timeline(panel)
 
 
 def _targets(panel: Any, queries: tuple[Query, ...]) -> Any:
@@ -132,7 +132,7 @@ def _phase_timeline(record: PhaseTimeline) -> Any:
     colours = ("purple", "orange", "green", "blue", "yellow", "red", "text")
     mappings: list[dm.ValueMapping] = [
         dm.ValueMap(options={str(index): dm.ValueMappingResult(text=name, color=colour, index=index - 1)})
-        for index, (name, colour) in enumerate(zip(c.PHASES, colours, strict=True), start=1)
+        for index, (name, colour) in enumerate(zip_strict(c.PHASES, colours), start=1)
     ]
     panel = (
         statetimeline.Panel()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ms_exporter.actions.runner import ActionRunner
+from ms_exporter.core.compat import SLOTS
 from ms_exporter.core.errors import Breaker, ErrorSink
 from ms_exporter.core.output_layout import LayoutResolver, OutputLayout
 from ms_exporter.core.probe import Probe
@@ -26,7 +27,7 @@ PUBLISH_SECONDS = 1.0
 MAX_PENDING_STEPS = 1024  # and at least every this many steps, so that very fast steps cannot pile up
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class StepRecord:
     """What the step-end hook keeps of one call until it is published: raw readings, nothing derived yet.
 

@@ -10,6 +10,7 @@ from typing import Any
 from ms_exporter.config.sections import ActivationsConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import NETWORK, batch_of, sink_mode_of, step_of, train_network_of
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import _warn_if_nothing_matches
@@ -140,7 +141,7 @@ class ActivationsProbe(Probe):
         if patterns:
             compiled = [re.compile(pattern) for pattern in patterns]
             names: dict[str, list[int]] = {name: [] for name, _ in named}
-            for pattern, regex in zip(patterns, compiled, strict=True):
+            for pattern, regex in zip_strict(patterns, compiled):
                 _warn_if_nothing_matches(pattern, regex, names, [], setting="activations.layers")
             chosen = [(name, cell) for name, cell in named if any(regex.match(name) for regex in compiled)]
         else:

@@ -13,6 +13,7 @@ import numpy as np
 from ms_exporter.config import GradNormConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample, read_scalar, to_numpy
 from ms_exporter.core.store import MetricStore, Series
@@ -66,7 +67,7 @@ class LayerIndex:
             self._layer_of_parameter[members] = position
         compiled = [re.compile(p) for p in patterns]
         if parameter_names:
-            for pattern, regex in zip(patterns, compiled, strict=True):
+            for pattern, regex in zip_strict(patterns, compiled):
                 _warn_if_nothing_matches(pattern, regex, self.layers, parameter_names)
         watched = [
             layer
@@ -198,7 +199,7 @@ class GradNormProbe(Probe):
         return norms
 
     def _export_layers(self, index: LayerIndex, norms: np.ndarray) -> None:
-        for layer, value in zip(index.watched, norms[index.watched_positions].tolist(), strict=True):
+        for layer, value in zip_strict(index.watched, norms[index.watched_positions].tolist()):
             self._layer_norm.series(layer=layer).value = value
             if value == 0.0:
                 self._layer_zero.series(layer=layer).value += 1
@@ -207,7 +208,7 @@ class GradNormProbe(Probe):
         if k:
             others = norms[index.other_positions]
             best = index.other_positions[np.argpartition(others, len(others) - k)[-k:]]
-            for position, value in zip(best.tolist(), norms[best].tolist(), strict=True):
+            for position, value in zip_strict(best.tolist(), norms[best].tolist()):
                 layer = index.layer_names[position]
                 top.add(layer)
                 self._layer_norm.series(layer=layer).value = value

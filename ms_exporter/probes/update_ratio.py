@@ -16,6 +16,7 @@ import numpy as np
 from ms_exporter.config import UpdateRatioConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample, to_numpy
 from ms_exporter.core.store import MetricStore
@@ -72,7 +73,7 @@ class UpdateRatioProbe(Probe):
             return  # the first sample: nothing to compare with yet
         moved = np.zeros(len(now))
         size = np.zeros(len(now))
-        for position, (new, old) in enumerate(zip(now, before, strict=True)):
+        for position, (new, old) in enumerate(zip_strict(now, before)):
             if new is None or old is None or new.shape != old.shape:
                 continue
             moved[position] = _norm(new - old)
@@ -90,7 +91,7 @@ class UpdateRatioProbe(Probe):
         ratios = np.divide(moved, size, out=np.zeros_like(moved), where=known)
         if known.any():
             self._median.series().value = float(np.median(ratios[known]))
-        for layer, position in zip(index.watched, index.watched_positions.tolist(), strict=True):
+        for layer, position in zip_strict(index.watched, index.watched_positions.tolist()):
             if known[position]:
                 self._ratio.series(layer=layer).value = float(ratios[position])
         others = index.other_positions[known[index.other_positions]]

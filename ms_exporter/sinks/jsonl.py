@@ -18,6 +18,7 @@ from ms_exporter.config import ConfigError
 from ms_exporter.config.run_identity import run_id_of
 from ms_exporter.core import catalogue, run_lock
 from ms_exporter.core.cb_params import step_of
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.errors import OnError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.safe_files import UnsafeFile, append_whole, make_dir, open_append
@@ -283,7 +284,7 @@ class JsonlWriter(Sink):
             record: dict[str, Any] = {"type": "step", **self._identity}
             for name in STEP_FIELDS:
                 record[_FIELD_NAMES.get(name, name)] = _json_number(getattr(sample, name))
-            for key, value in zip(keys, values, strict=True):
+            for key, value in zip_strict(keys, values):
                 record[key] = _json_number(value)
         else:
             record = {"type": kind, **self._identity, **payload}

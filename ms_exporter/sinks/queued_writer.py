@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.sample import StepSample
@@ -315,7 +316,7 @@ def _step_scalars(sample: StepSample, keys: tuple[str, ...], values: tuple[float
         value = getattr(sample, attribute)
         if value is not None:
             yield key, value
-    yield from zip(keys, values, strict=True)
+    yield from zip_strict(keys, values)
 
 
 def _eval_scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:

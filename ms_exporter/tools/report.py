@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.learned_deadline import LearnedDeadline, nearest_rank
 from ms_exporter.core.safe_files import open_regular
 from ms_exporter.core.thresholds import DEFAULTS
@@ -224,7 +225,7 @@ def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
                 name = (project, str(record.get("run", ""))[:_MAX_LABEL])
                 event = record.get("event") if record["type"] == "event" else None
                 attempt = attempts.setdefault(name, 1)
-                if event == "train_begin" and name in ended and _begins_below(record, last_steps[(*name, attempt)]):
+                if event == "train_begin" and name in ended and _begins_below(record, last_steps[name + (attempt,)]):
                     # A training that ended normally, then one that starts over its steps under the same run id:
                     # the monitor's run state started a new run (docs/goodput.md), so the report does too.
                     attempt = attempts[name] = attempt + 1
@@ -352,7 +353,7 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "final_loss": run.last_loss if isinstance(run.last_loss, (int, float, str)) else None,
         "last_finite_loss": next((v for v in reversed(run.steps["loss"]) if v is not None), None),
         "last_finite_step": next(
-            (s for s, v in zip(reversed(run.steps["step"]), reversed(run.steps["loss"]), strict=True) if v is not None),
+            (s for s, v in zip_strict(reversed(run.steps["step"]), reversed(run.steps["loss"])) if v is not None),
             None,
         ),
         "min_loss": min(losses) if losses else None,
@@ -451,7 +452,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _utc(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def render(runs: list[Run], hang: HangConfig | None = None) -> str:

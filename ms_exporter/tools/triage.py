@@ -25,6 +25,7 @@ from typing import Any
 
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.safe_files import open_regular
 from ms_exporter.tools.report import (
     PLOTTED,
@@ -603,7 +604,7 @@ def render_table(verdicts: list[Verdict]) -> str:
     def line(row: tuple[str, ...]) -> str:
         cells = [
             row[0].ljust(widths[0]),
-            *(cell.rjust(width) for cell, width in zip(row[1:-1], widths[1:], strict=True)),
+            *(cell.rjust(width) for cell, width in zip_strict(row[1:-1], widths[1:])),
         ]
         return "  ".join([*cells, row[-1]])
 
@@ -684,7 +685,7 @@ def render_html(verdicts: list[Verdict], notes: list[str], rules: Rules, dirs: l
 def _sparkline(run: Run, window: int, width: int = 220, height: int = 40) -> str:
     """The run's loss as an inline SVG line: the last `window` steps shaded, non-finite steps as red ticks."""
     steps = run.steps["step"]
-    points = [(s, v) for s, v in zip(steps, run.steps[_LOSS], strict=True) if v is not None]
+    points = [(s, v) for s, v in zip_strict(steps, run.steps[_LOSS]) if v is not None]
     if not steps:
         return "-"
     first, last = int(steps[0]), int(steps[-1])

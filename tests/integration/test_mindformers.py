@@ -50,8 +50,8 @@ class Background:
 
 @pytest.fixture(scope="module")
 def unit_suite(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
-    """The unit test modules that reach MindSpore (tests/support/mindspore_users.py) under MindSpore 2.7.2, started
-    first: they run beside the YAML trainer's job. The others reach no MindSpore API: the main environment runs them."""
+    """The unit test modules that reach MindSpore (tests/support/mindspore_users.py) under MindSpore 2.7.2 with Python
+    3.11 (the long run's; `make test` runs the whole unit suite under 2.7.2 on Python 3.9: make test-py39)."""
     output = tmp_path_factory.mktemp("unit-suite") / "output.txt"
     modules = [str(path.relative_to(mindformers_venv.REPO)) for path in unit_modules_reaching_mindspore()]
     with output.open("wb") as sink:
@@ -68,7 +68,7 @@ def unit_suite(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def run(python: Path, unit_suite: Background, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+def run(python: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     work = tmp_path_factory.mktemp("mindformers")
     done = subprocess.run(
         [str(python), str(HERE / "mindformers_job.py"), str(RUN_YAML), str(work)],
@@ -185,7 +185,7 @@ monitor.close()
 
 
 # Long (make test-long): the suite's short version is the two tests above, real MindSpore Transformers training and
-# registration under MindSpore 2.7.2.
+# registration under MindSpore 2.7.2, and `make test`'s unit suite under MindSpore 2.7.2 on Python 3.9.
 @pytest.mark.long
 def test_unit_suite_passes_on_mindspore_2_7(unit_suite: Background) -> None:
     """The supported range's other end: every unit test module that reaches MindSpore, under MindSpore 2.7.2."""

@@ -87,7 +87,7 @@ def test_real_training_is_reported_step_by_step(mode: int, sink: bool) -> None:
             lr = metrics.value("mindspore_train_learning_rate")
             assert lr == pytest.approx(exponential_lr(step - 1), rel=1e-5), f"step {step}"
             lrs.append(lr)
-        assert all(later < earlier for earlier, later in zip(lrs, lrs[1:], strict=False))  # the schedule really decays
+        assert all(later < earlier for earlier, later in zip(lrs, lrs[1:]))  # the schedule really decays
 
         final = scrape(monitor.url)
         source = PaddedTokens(size=DATA_SIZE, seq_len=32)

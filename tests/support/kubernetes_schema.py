@@ -39,6 +39,6 @@ def _dropped(given: Any, kept: Any, path: str = "") -> list[str]:
         ]
     if isinstance(given, list) and isinstance(kept, list):
         lost = [f"{path}[{i}]" for i in range(len(kept), len(given))]
-        pairs = enumerate(zip(given, kept, strict=False))
+        pairs = enumerate(zip(given, kept))
         return lost + [p for i, (a, b) in pairs for p in _dropped(a, b, f"{path}[{i}]")]
     return []

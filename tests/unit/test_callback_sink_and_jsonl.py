@@ -18,6 +18,7 @@ import pytest
 
 from ms_exporter import TrainingMonitor
 from tests.support.cb_params import context
+from tests.support.pythons import OTLP, needs
 from tests.support.scrape import scrape
 
 
@@ -269,6 +270,7 @@ def test_otlp_without_the_sdk_names_the_extra_to_install(monkeypatch: pytest.Mon
         TrainingMonitor(port=0, backend=["otlp"])
 
 
+@needs(OTLP)
 def test_an_otlp_setting_the_sdk_rejects_is_counted_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "udp")  # not checked by monitor_config: the SDK's variable
     monitor = TrainingMonitor(port=0, backend=["prometheus", "otlp"])

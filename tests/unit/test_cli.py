@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from ms_exporter import cli
@@ -51,3 +54,23 @@ def test_a_bad_argument_found_after_parsing_is_the_subcommands_usage_error(capsy
         cli.main(["hangs", "/nonexistent-target-dir"])
     assert exited.value.code == 2
     assert "ms-exporter hangs: error: '/nonexistent-target-dir'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [name for name, command in cli.COMMANDS.items() if command.dashboard])
+def test_a_dashboard_command_below_the_sdks_python_says_which_python_it_needs(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The floor one minor above the running Python: on 3.9 and 3.10 the real case, on 3.11 on the same path.
+    floor = (sys.version_info[0], sys.version_info[1] + 1)
+    monkeypatch.setattr(cli, "DASHBOARD_SDK_PYTHON", floor)
+    out = tmp_path / "out"
+    assert cli.main([name, "-o" if name == "dashboard" else "--output-dir", str(out)]) == 1
+    said = capsys.readouterr()
+    need = f"{floor[0]}.{floor[1]}"
+    assert said.err.startswith(f"ms-exporter {name} needs Python >= {need}: the dashboard is built with the Grafana")
+    assert f"this is Python {sys.version_info[0]}.{sys.version_info[1]}." in said.err
+    assert not out.exists() and said.out == ""
+
+
+def test_only_the_dashboard_commands_need_the_dashboard_sdk() -> None:
+    assert {name for name, command in cli.COMMANDS.items() if command.dashboard} == {"dashboard", "kubernetes"}

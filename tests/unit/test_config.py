@@ -33,6 +33,7 @@ from ms_exporter.config import (
     text,
     url,
 )
+from ms_exporter.core.compat import zip_strict
 from tests.support.config_fields import leaves
 
 PINNED_EXAMPLE = """
@@ -348,7 +349,7 @@ def test_the_declared_constraint_is_what_rejects_a_bad_value(path: str, check: A
     with pytest.raises(ConfigError) as info:
         load_config(nested(path, bad))
     assert len(info.value.problems) == len(declared.value.problems)
-    for problem, (message, _) in zip(info.value.problems, declared.value.problems, strict=True):
+    for problem, (message, _) in zip_strict(info.value.problems, declared.value.problems):
         assert problem.startswith(f"monitor_config.{path}: {message}, got ")
         assert problem.endswith(" (from monitor_config)")
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter.config import KEYS, SECTIONS, ConfigError, MonitorConfig, _Bad, hide_url_passwords, load_config
+from ms_exporter.core.compat import zip_strict
 from tests.support.config_fields import leaves
 
 SUB_KEYS = {name: [f for f in kind.__dataclass_fields__] for name, kind in SECTIONS.items()}
@@ -174,7 +175,7 @@ def test_each_key_is_judged_by_the_constraint_declared_beside_it(leaf: tuple[str
         except ConfigError as exc:
             said = [problem for problem in exc.problems if problem.startswith(f"monitor_config.{path}: ")]
             assert len(said) == len(bad.problems)
-            for problem, (message, _) in zip(said, bad.problems, strict=True):
+            for problem, (message, _) in zip_strict(said, bad.problems):
                 # Errors hide anything shaped like a URL's password (`:x@`), the value's echo in them too.
                 assert problem.startswith(f"monitor_config.{path}: {hide_url_passwords(message)}")
             return

@@ -6,6 +6,12 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
+
+from tests.support.pythons import DASHBOARD_SDK, below
+
+if below(DASHBOARD_SDK):
+    pytest.skip(DASHBOARD_SDK.why, allow_module_level=True)
 from grafana_foundation_sdk.models import dashboard as sdk_model
 
 from ms_exporter.generate import dashboard

@@ -13,6 +13,7 @@ import pytest
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.config.run_identity import derived_run_id
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.ledger import INDEX, TimeLedger, process_started
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
@@ -22,9 +23,7 @@ from ms_exporter.features.run_state import RunState, RunStateTaken
 
 
 def booked(ledger: TimeLedger) -> dict[str, float]:
-    return {
-        bucket: round(seconds, 9) for bucket, seconds in zip(c.TIME_BUCKETS, ledger.seconds(), strict=True) if seconds
-    }
+    return {bucket: round(seconds, 9) for bucket, seconds in zip_strict(c.TIME_BUCKETS, ledger.seconds()) if seconds}
 
 
 # A 3 s deadline in step and data_wait, none elsewhere (as the hang deadline is NaN before training).
@@ -87,7 +86,7 @@ def test_the_series_read_the_open_segment_and_never_go_back_while_phases_change(
         for _ in range(2000):
             before = time.perf_counter()
             now = [series.value for series in store.series_of(c.TIME_SECONDS)]
-            assert all(b >= a for a, b in zip(last, now, strict=True)), (last, now)
+            assert all(b >= a for a, b in zip_strict(last, now)), (last, now)
             assert sum(now) >= before - started - 0.05  # each series is read at its own moment: sum ~ age
             last = now
     finally:

@@ -10,6 +10,7 @@ import pytest
 from mindspore.train.callback import _InternalCallbackParam
 
 from ms_exporter.config import GradNormConfig, LayerNormConfig
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
@@ -60,7 +61,7 @@ def test_layer_grouping_and_watch_patterns() -> None:
     index = LayerIndex(NAMES, ("block\\.1", "head"), max_watched=5)
     assert index.watched == ["block.1.attn", "head"]
     assert index.layers["block.0.attn"] == [1, 2]
-    norms = dict(zip(index.layer_names, index.layer_norms(np.array([1.0, 3.0, 4.0, 0.0, 6.0, 8.0])), strict=True))
+    norms = dict(zip_strict(index.layer_names, index.layer_norms(np.array([1.0, 3.0, 4.0, 0.0, 6.0, 8.0]))))
     assert norms == {"embed": 1.0, "block.0.attn": 5.0, "block.1.attn": 0.0, "head": 10.0}
 
 

@@ -4,12 +4,17 @@ hooks, the documented make targets, and `python -m` modules in the Makefile that
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from pathlib import Path
 
 import yaml
 
 from ms_exporter import __version__
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library (pytest brings it there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,3 +84,22 @@ def test_every_module_the_makefile_runs_exists() -> None:
     assert "tests.support.mindformers_venv" in modules
     missing = [m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).is_file()]
     assert missing == []
+
+
+def test_python_3_9_is_the_floor_that_ruff_and_mypy_check_and_the_dashboard_sdk_is_installed_where_it_runs() -> None:
+    from packaging.requirements import Requirement
+
+    from ms_exporter.cli import DASHBOARD_SDK_PYTHON
+
+    pyproject = _pyproject()
+    assert pyproject["project"]["requires-python"] == ">=3.9"
+    assert pyproject["tool"]["ruff"]["target-version"] == "py39"
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    floor_check = makefile[makefile.index("\ntest-py39:") :].split("\n\n")[0]
+    assert "mypy --python-version 3.9" in floor_check and "PYTHON_39 := 3.9." in makefile
+    sdk = next(Requirement(r) for r in pyproject["project"]["dependencies"] if r.startswith("grafana-foundation-sdk"))
+    # Installed exactly where `ms-exporter dashboard` does not refuse to run.
+    floor = "{}.{}".format(*DASHBOARD_SDK_PYTHON)
+    below = f"{DASHBOARD_SDK_PYTHON[0]}.{DASHBOARD_SDK_PYTHON[1] - 1}"
+    assert sdk.marker is not None
+    assert sdk.marker.evaluate({"python_version": floor}) and not sdk.marker.evaluate({"python_version": below})

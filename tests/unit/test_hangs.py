@@ -98,7 +98,7 @@ def write_dump(directory: Path, rank: int, phase: str, seconds: float, when: dat
 
 
 def test_dumps_left_in_save_dirs_give_the_verdict_after_the_processes_died(tmp_path: Path) -> None:
-    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.UTC)
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
     dirs = [tmp_path / f"rank{r}" for r in range(3)]
     for directory in dirs:
         directory.mkdir()
@@ -140,7 +140,7 @@ def test_live_endpoints_are_read_with_their_stacks(tmp_path: Path) -> None:
         return "\n".join(lines) + "\n"
 
     dump = render_dump(
-        1, "demo", "data_wait", 9.0, 5.0, datetime.datetime.now(datetime.UTC), threading.get_ident(), None
+        1, "demo", "data_wait", 9.0, 5.0, datetime.datetime.now(datetime.timezone.utc), threading.get_ident(), None
     )
 
     def fetcher(url: str, access: Access) -> str:
@@ -182,7 +182,7 @@ def run_hangs(*targets: Path, limit_bytes: int | None = None) -> subprocess.Comp
 
 
 def test_round2_finding_13_hangs_refuses_a_dump_that_is_a_fifo_without_waiting(tmp_path: Path) -> None:
-    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.UTC)
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
     os.mkfifo(tmp_path / "hang-rank0-20261201T060000Z.txt")  # nothing ever writes to it
     write_dump(tmp_path, 1, "data_wait", 6.5, day)
     done = run_hangs(tmp_path)
@@ -197,7 +197,7 @@ def test_round2_finding_13_hangs_refuses_a_dump_that_is_a_fifo_without_waiting(t
 
 def test_round2_finding_13_hangs_reads_the_head_of_a_huge_dump_not_all_of_it(tmp_path: Path) -> None:
     """A 1 GB dump (sparse) is read in a process that may not hold 512 MB: only its first lines are read."""
-    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.UTC)
+    day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
     path = write_dump(tmp_path, 3, "checkpoint", 1900.0, day)
     with path.open("r+b") as dump:
         dump.truncate(1024 * 1024 * 1024)

@@ -6,6 +6,7 @@ binding (nvidia-ml-py) is installed, every name the reader and the fake use is h
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import sys
@@ -137,7 +138,7 @@ def test_what_the_gpu_does_not_support_is_none(monkeypatch: pytest.MonkeyPatch) 
     reader = _reader(monkeypatch, FakeNvml([gpu]))
     (reading,) = reader.read()
     assert reading.device == "gpu0"
-    values = {name: getattr(reading, name) for name in reading.__slots__ if name != "device"}
+    values = {f.name: getattr(reading, f.name) for f in dataclasses.fields(reading) if f.name != "device"}
     assert values == dict.fromkeys(values)  # every field None, no 0 in its place
     assert reader.devices()[0].labels["uuid"] == UUIDS[0]
 

@@ -17,6 +17,7 @@ import yaml
 from ms_exporter.config import HangConfig, MonitorConfig, load_config
 from ms_exporter.config.thresholds_of import thresholds_of
 from ms_exporter.core import catalogue
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.learned_deadline import MIN_CYCLES, nearest_rank
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.sample import StepSample
@@ -232,8 +233,8 @@ def _documented() -> dict[str, str]:
         keys = [key if "." in key or not section else f"{section}.{key}" for key in keys]
         default = match.group(2).strip()
         parts = [part.strip() for part in default.split(", ")]
-        for key, cell in zip(
-            keys, parts if len(keys) > 1 and len(parts) == len(keys) else [default] * len(keys), strict=True
+        for key, cell in zip_strict(
+            keys, parts if len(keys) > 1 and len(parts) == len(keys) else [default] * len(keys)
         ):
             assert key not in found, f"docs/configuration.md documents {key} twice"
             found[key] = cell

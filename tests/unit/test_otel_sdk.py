@@ -5,11 +5,17 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import sys
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.pythons import OTLP, below
+
+if below(OTLP):
+    pytest.skip(OTLP.why, allow_module_level=True)
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 from opentelemetry.metrics import Observation
@@ -42,7 +48,7 @@ def test_every_sdk_name_the_adapter_needs_is_where_it_expects() -> None:
 
 
 def test_the_otlp_extra_pins_the_tested_range_and_the_installed_sdk_is_in_it() -> None:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")  # tomli: the same, before
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
     extra = pyproject["project"]["optional-dependencies"]["otlp"]
     assert sorted(extra) == sorted(f"{package}{otel_sdk.TESTED_VERSIONS}" for package in SDK_PACKAGES)

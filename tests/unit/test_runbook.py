@@ -13,6 +13,7 @@ from ms_exporter import cli
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core.thresholds import Thresholds
 from ms_exporter.generate.rules import heading_anchor, render_rules
+from tests.support.pythons import DASHBOARD_SDK, needs
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "https://github.com/example/ms_exporter/blob/main/docs/alerts.md"
@@ -45,7 +46,7 @@ def test_with_a_base_every_runbook_url_is_absolute_and_names_a_section_of_the_ru
         assert page == BASE and anchor in headings, (name, url)
 
 
-def test_rules_and_kubernetes_take_the_url_from_the_flag_or_the_config(tmp_path: Path) -> None:
+def test_rules_take_the_url_from_the_flag_or_the_config(tmp_path: Path) -> None:
     config = tmp_path / "monitor.yaml"
     config.write_text(f"monitor_config:\n  runbook_url: {BASE}\n")
     assert cli.main(["rules", "--config", str(config), "-o", str(tmp_path / "rules.yml")]) == 0
@@ -55,11 +56,17 @@ def test_rules_and_kubernetes_take_the_url_from_the_flag_or_the_config(tmp_path:
     other = "https://runbooks.example.org/ms_exporter/alerts.md"
     assert cli.main(["rules", "--config", str(config), "--runbook-url", other, "-o", str(tmp_path / "r2.yml")]) == 0
     assert f"runbook_url: {other}#mindsporetraininghang" in (tmp_path / "r2.yml").read_text()
+    assert cli.main(["rules", "-o", str(tmp_path / "default.yml")]) == 0  # no base: the repository-relative path
+    assert "runbook_url: docs/alerts.md#mindsporetraininghang" in (tmp_path / "default.yml").read_text()
+
+
+@needs(DASHBOARD_SDK)  # `kubernetes` writes the dashboard's ConfigMap too
+def test_kubernetes_takes_the_url_from_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "monitor.yaml"
+    config.write_text(f"monitor_config:\n  runbook_url: {BASE}\n")
     assert cli.main(["kubernetes", "--config", str(config), "-o", str(tmp_path / "k8s")]) == 0
     manifest = (tmp_path / "k8s" / "prometheusrule.yaml").read_text()
     assert re.findall(r"runbook_url: (\S+)#", manifest) and set(re.findall(r"runbook_url: (\S+)#", manifest)) == {BASE}
-    assert cli.main(["rules", "-o", str(tmp_path / "default.yml")]) == 0  # no base: the repository-relative path
-    assert "runbook_url: docs/alerts.md#mindsporetraininghang" in (tmp_path / "default.yml").read_text()
 
 
 @pytest.mark.parametrize("command", ["rules", "kubernetes"])

@@ -19,6 +19,7 @@ from ms_exporter.core import catalogue
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks import series_budget
 from ms_exporter.sinks.prometheus import StoreCollector
+from tests.support.pythons import OTLP, needs
 from tests.support.scrape import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,8 +151,8 @@ def test_the_monitor_serves_the_budget_its_config_names(tmp_path: Path) -> None:
     assert sorted(lean - names) == []
 
 
+@needs(OTLP)
 def test_otlp_exports_a_non_detail_ranks_histograms_without_buckets() -> None:
-    pytest.importorskip("opentelemetry.sdk")
     from ms_exporter.sinks.otlp import StoreHistogramExporter
 
     store = filled_store()

@@ -13,6 +13,7 @@ import pytest
 
 from ms_exporter.core import run_lock
 from ms_exporter.features.signals import SignalRelay
+from tests.support.waiting import wait_until
 
 
 def test_a_forked_child_gets_the_replaced_handlers_back_even_under_two_relays() -> None:
@@ -87,6 +88,8 @@ def test_a_handler_that_chains_back_to_the_relay_ends_in_the_default_action() ->
 def test_one_watcher_serves_every_relay_until_the_last_leaves() -> None:
     """Closing the monitor whose relay came first leaves the other's signals watched, and its own handler out of
     the chain once the other leaves too."""
+    # A watcher stopped by an earlier test ends on its own thread, woken by a byte: let it finish before counting.
+    wait_until(lambda: _watchers() == 0, 10, "earlier tests' signal watchers to end")
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     first, second = SignalRelay(lambda name, ending: None, print), SignalRelay(lambda name, ending: None, print)
     first.install()
@@ -96,7 +99,7 @@ def test_one_watcher_serves_every_relay_until_the_last_leaves() -> None:
         watching = signal.set_wakeup_fd(-1)
         signal.set_wakeup_fd(watching)
         assert watching != -1  # still watched for the second
-        assert [t.name for t in threading.enumerate()].count("ms_exporter-signals") == 1
+        assert _watchers() == 1
     finally:
         second.restore()
     assert signal.set_wakeup_fd(-1) == -1  # the last relay left: the wakeup fd is no longer ours
@@ -149,3 +152,7 @@ def test_a_forked_child_closing_the_monitor_leaves_the_parents_target_and_lock(t
     finally:
         monitor.close()
     assert not target.exists() and not lock.exists()
+
+
+def _watchers() -> int:
+    return [thread.name for thread in threading.enumerate()].count("ms_exporter-signals")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ms_exporter import load_config
 from ms_exporter.config.thresholds_of import thresholds_of
 from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_straggler
-from ms_exporter.generate.dashboard import render_dashboard
 from ms_exporter.generate.rules import render_rules
+from tests.support.pythons import DASHBOARD_SDK, needs
 
 
 def _alerts(thresholds: Thresholds) -> dict[str, str]:
@@ -26,7 +26,10 @@ def test_the_config_defaults_are_the_alert_defaults() -> None:
     assert DEFAULTS.grad_norm_exploding == DEFAULTS.grad_norm_high * EXPLODING_FACTOR
 
 
+@needs(DASHBOARD_SDK)
 def test_a_changed_default_moves_rules_and_dashboard_together() -> None:
+    from ms_exporter.generate.dashboard import render_dashboard
+
     moved = Thresholds(loss_high=7.5, grad_norm_high=2.5)
     assert _alerts(moved)["MindSporeTrainingLossHigh"].endswith("> 7.5")
     assert _alerts(moved)["MindSporeTrainingGradNormHigh"].endswith("> 2.5")

@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import pytest
 
@@ -19,7 +19,7 @@ from ms_exporter.core import catalogue
 from ms_exporter.tools import triage as t
 
 STEPS = 200
-Loss = Callable[[int], float | str]
+Loss = Callable[[int], Union[float, str]]  # typing.Union: evaluated at import, on Python 3.9 too
 
 
 def falling(seed: int, noise: float = 0.03) -> Loss:

@@ -14,6 +14,7 @@ from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.wandb import WandbWriter
+from tests.support.pythons import WANDB, needs
 from tests.support.sinks import sinks_of as tensorboard_sinks_of
 
 
@@ -21,6 +22,7 @@ def sinks_of(rank: int, tmp_path: Path, **options: object) -> list[str]:
     return tensorboard_sinks_of(rank, tmp_path, "wandb", **options)  # never started: no run, no wandb service
 
 
+@needs(WANDB)
 def test_rank_0_logs_by_default_and_every_rank_with_all_ranks(tmp_path: Path) -> None:
     assert sinks_of(0, tmp_path) == ["wandb"]
     assert sinks_of(1, tmp_path) == []
@@ -71,6 +73,7 @@ def sample(step: int) -> StepSample:
     return StepSample(step, 1, 1, 0.5, 0.01, 0.0, 8, 64, 1e9 + step, float(step))
 
 
+@needs(WANDB)
 def test_a_run_that_cannot_start_is_counted_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,6 +92,7 @@ def test_a_run_that_cannot_start_is_counted_and_training_goes_on(
     assert counted["wandb"] == 1
 
 
+@needs(WANDB)
 def test_a_run_that_fails_to_log_costs_its_records_never_the_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,6 +111,7 @@ def test_a_run_that_fails_to_log_costs_its_records_never_the_training(
     assert disabled["wandb"] == 1
 
 
+@needs(WANDB)
 def test_each_step_is_one_log_call_at_its_global_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = MetricStore()
     errors = ErrorSink(store, ("callback", "wandb"))

@@ -130,7 +130,7 @@ def test_debug_stacks_serves_the_latest_dump_behind_the_endpoint() -> None:
 def test_a_dump_says_which_stacks_it_has() -> None:
     import datetime
 
-    now = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    now = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
     native = render_dump(0, "p", "step", 200.0, 120.0, now, threading.get_ident(), "Thread 1 (idle): native frames\n")
     assert "stacks: Python frames, and native frames from py-spy below" in native and "py-spy dump --native:" in native
     refused = render_dump(

@@ -13,6 +13,7 @@ from ms_exporter import TrainingMonitor
 from ms_exporter.core import catalogue
 from ms_exporter.sinks.tensorboard import TensorBoardWriter
 from tests.support.cb_params import context
+from tests.support.pythons import WANDB, needs
 from tests.support.waiting import wait_until
 
 
@@ -129,6 +130,7 @@ def test_a_tracker_library_that_breaks_on_import_costs_the_backend_not_the_const
     assert [r["step"] for r in records if r["type"] == "step"] == [1]
 
 
+@needs(WANDB)
 def test_a_wandb_run_that_cannot_start_falls_back_to_json_lines(tmp_path: Path) -> None:
     (tmp_path / "wandb").write_text("a file where wandb's directory goes")
     monitor = TrainingMonitor(port=0, backend=["prometheus", "wandb"], save_dir=str(tmp_path), interval=3600)

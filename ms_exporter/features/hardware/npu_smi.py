@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from ms_exporter.core.compat import SLOTS, zip_strict
 from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.features.hardware.command import (
     CommandError,
@@ -65,7 +66,7 @@ BOARD_FIELDS = ("Chip Name", "Chip Type", "Chip Version", "VDie ID", "PCIe Bus I
 LINK_FIELDS = ("link status",)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class Chip:
     """One NPU chip as `npu-smi info -m` lists it."""
 
@@ -278,8 +279,7 @@ def _in_container(chips: list[Chip], ids: list[int | None]) -> list[Chip]:
         return _named(chips, ids)
     if len(known) == len(ids) == len(chips) and len(set(known)) == len(known):
         return [
-            chip if chip.phy_id is not None else replace(chip, phy_id=phy)
-            for chip, phy in zip(chips, known, strict=True)
+            chip if chip.phy_id is not None else replace(chip, phy_id=phy) for chip, phy in zip_strict(chips, known)
         ]
     return _named(chips, ids)
 
@@ -334,7 +334,7 @@ def parse_table(text: str) -> dict[tuple[int, int], dict[str, str]]:
             break
         body.append(cells)
     table: dict[tuple[int, int], dict[str, str]] = {}
-    for upper, lower in zip(body[0::2], body[1::2], strict=False):
+    for upper, lower in zip(body[0::2], body[1::2]):
         row = {**_columns(upper_names, upper), **_columns(lower_names, lower)}
         npu_id, chip_id = row.get("NPU", ""), row.get("Chip", "")
         if npu_id.isdigit() and chip_id.isdigit():
@@ -353,8 +353,8 @@ def _columns(names: list[list[str]], cells: list[str]) -> dict[str, str]:
     if len(cells) != len(names):
         return {}
     values: dict[str, str] = {}
-    for cell_names, cell in zip(names, cells, strict=True):
-        values.update(zip(cell_names, re.sub(r"\s*/\s*", "/", cell).split(), strict=False))
+    for cell_names, cell in zip_strict(names, cells):
+        values.update(zip(cell_names, re.sub(r"\s*/\s*", "/", cell).split()))
     return values
 
 

@@ -5,6 +5,7 @@ Foundation SDK."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
 # Every per-rank query is limited to the dashboard's `project` and `rank` variables.
 SELECTOR = 'project=~"$project", rank=~"$rank"'
@@ -55,7 +56,8 @@ class PhaseTimeline:
     description: str = ""
 
 
-Panel = TimeSeries | Stat | PhaseTimeline
+# typing.Union: a module-level `|` of classes is evaluated at import, which Python 3.9 cannot do.
+Panel = Union[TimeSeries, Stat, PhaseTimeline]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ms_exporter.core.compat import zip_strict
 from ms_exporter.tools.top.formats import age, duration, fit, integer, number, percent, printable, rate, size
 from ms_exporter.tools.top.rows import SYNC_TOLERANCE, Row
 
@@ -135,7 +136,7 @@ def render(rows: Sequence[Row], width: int | None = None, status: str = "") -> S
     header = Line(line([column.header for column in COLUMNS], ALERTS_HEADER), "header")
     body = [
         Line(line(values, alert), _style(row), dimmed(row, values))
-        for row, values, alert in zip(rows, cells, alerts, strict=True)
+        for row, values, alert in zip_strict(rows, cells, alerts)
     ]
 
     ended = sum(1 for row in rows if row.error is None and row.ended)
