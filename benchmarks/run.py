@@ -423,7 +423,7 @@ def _hot_path_section(hot: list[dict[str, Any]]) -> list[str]:
         "",
         "`on_train_step_begin` + `on_train_step_end` on a synthetic step: real MindSpore optimizer (decaying LR",
         "schedule), a real padded batch (the attention mask is read), 40 parameters. The loss is handed over as",
-        "a float; reading it from a Tensor is measured on its own in the last row. Most steps only record; the",
+        "a float; reading it from a Tensor is measured on its own in the fifth row. Most steps only record; the",
         "records go through the probes every second, so the mean (publications spread over every step) is the",
         "cost per step and the median the cost of a step that only records.",
         "",
