@@ -79,6 +79,7 @@ class MonitorCore:
         self._kept: Any = None
         self._eval_began: float | None = None
         self.running = False  # between train_begin and end
+        self._run_ended = False  # end() ran for the current run (a script may end one it never began: it says so)
         self.closed = False
         self.pid = os.getpid()  # the process that owns the parts: a forked child owns none of them
 
@@ -104,6 +105,7 @@ class MonitorCore:
             self._kept = None
             self._eval_began = None
             self.running = True
+            self._run_ended = False
             network = train_network_of(run)
             # ms_exporter's own train cells say when a step will compile a graph they have not run yet.
             compiles_next = getattr(network, "compiles_next", None)
@@ -230,8 +232,9 @@ class MonitorCore:
     def end(self, completed: bool, stopped: bool = False) -> None:
         """The run ended: `completed` normally; else by an exception, `stopped` when it was asked to stop (Ctrl-C,
         sys.exit from a handler): a rank that ends either way is not a lost rank, one that raised otherwise is."""
-        if not self.running:
+        if self._run_ended:  # said already (a context's exit after the end hook, close() after train_end())
             return
+        self._run_ended = True
         self.running = False
         with self._cost("train_end", "callback"):
             if completed or stopped:

@@ -231,3 +231,23 @@ def test_a_with_block_around_model_train_closes_at_its_end_not_at_each_training_
         model.train(1, dataset, callbacks=[monitor], dataset_sink_mode=False)
         assert value(monitor, catalogue.STEPS) == 6
     assert monitor.core.closed
+
+
+def test_an_evaluation_between_two_loops_is_served_and_kept_aside() -> None:
+    monitor, _ = monitor_with_ends()
+    step = Step()
+    try:
+        for epoch in range(2):
+            for data, label in monitor.steps(rows(3)):
+                loss, _ = step(data, label)
+                monitor.step_end(loss)
+            if epoch == 0:
+                monitor.eval_end({"accuracy": 0.75})
+                assert monitor.phases.phase == catalogue.EVAL_PHASE  # still between the loops
+        monitor.publish()
+        [accuracy] = [
+            s.value for s in monitor.store.series_of(catalogue.EVAL_METRIC) if dict(s.labels)["name"] == "accuracy"
+        ]
+        assert accuracy == 0.75
+    finally:
+        monitor.close()
