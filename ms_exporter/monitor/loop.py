@@ -85,10 +85,6 @@ class LoopDriver:
         self._layouts: dict[tuple[bool, bool, bool], OutputLayout] = {}
 
     @property
-    def in_loop(self) -> bool:
-        return self._in_loop
-
-    @property
     def stop_requested(self) -> bool:
         """Whether an action (early stop, rollback) stopped this run: steps() then hands out no more batches."""
         return self._context is not None and self._context.stop_requested
@@ -168,8 +164,8 @@ class LoopDriver:
         self._began = False
         step = self._step
         norms = self._norms
-        measured = grads is not None and norms is not None and step % self._every == 0
-        parameter_norms = norms.of(grads) if measured and norms is not None else None
+        sampled = grads is not None and norms is not None and step % self._every == 0
+        parameter_norms = norms.of(grads) if sampled and norms is not None else None
         if parameter_norms is None and grad_norm is None and lr is None:
             items: Any = outputs if outputs is not None else loss
             layout = None
@@ -178,6 +174,12 @@ class LoopDriver:
         self._run[NET_OUTPUTS] = items
         counted = (samples, tokens) if tokens is not None or samples is not None else None
         self._core.step_end(step, self._epoch, items, self._run[TRAIN_DATASET_ELEMENT], layout, counted)
+
+    def eval_end(self, results: Mapping[str, Any]) -> None:
+        """An evaluation's results; between two loops the rank stays in `eval` after it (that time stays aside)."""
+        self._core.eval_end(results)
+        if self._between_loops and self.active:
+            self._core.eval_begin()
 
     def train_end(self, completed: bool = True, stopped: bool = False) -> None:
         if self.active:

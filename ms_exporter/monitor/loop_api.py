@@ -78,10 +78,8 @@ class LoopAPI:
 
     def eval_end(self, results: Mapping[str, Any]) -> None:
         """An evaluation's results (metric name -> number), e.g. between two loops of a run."""
-        if self._enabled and self._core is not None:
-            self._core.guard("eval", self._core.eval_end, results)
-            if self._loop is not None and self._loop.active and not self._loop.in_loop:
-                self._core.eval_begin()  # still between loops: the rest of that time stays aside too
+        if self._enabled and self._core is not None and self._loop is not None:
+            self._core.guard("eval", self._loop.eval_end, results)
 
     @property
     def stop_requested(self) -> bool:
