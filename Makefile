@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE :=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
-.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
@@ -124,9 +124,18 @@ generate: install
 	$(BIN)/ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json
 	$(BIN)/ms-exporter kubernetes -o deploy/kubernetes/base
 
-# About 26 minutes on 2 cores; rewrites docs/benchmarks.md. Run it on an otherwise idle machine.
+# About 80 minutes on 2 cores; rewrites docs/benchmarks.md (then its cost-against-model-size section and
+# docs/model-size.svg) and the sketch's error table in docs/update-ratio.md. Run it on an otherwise idle machine.
 bench: install
 	$(BIN)/python -m benchmarks.run --output docs/benchmarks.md
+	$(MAKE) bench-model-size
+	$(BIN)/python -m benchmarks.update_ratio_sketch --output docs/update-ratio.md
+
+# About 10 minutes, 10 GB of memory at 400 M parameters: every per-layer feature's cost at 1 M, 25 M, 100 M and
+# 400 M parameters; rewrites that section of docs/benchmarks.md and draws docs/model-size.svg (matplotlib).
+bench-model-size: install
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[bench]'
+	$(BIN)/python -m benchmarks.model_size --output docs/benchmarks.md
 
 # About 4 minutes: two commits' hot path and /metrics latency in alternating fresh processes, on this machine;
 # rewrites docs/benchmark-comparison.md. make bench-compare OLD=<commit> NEW=<commit>

@@ -1,7 +1,7 @@
 """What each opt-in, sampled feature costs per sample (issue #35): the update ratio's copy and norms, the
-TensorBoard histograms' copy on the training thread and their making on the writer thread, and the data-quality
-probe on one batch, on the demo model and the larger one, against that model's own step time at the feature's
-default sampling interval.
+TensorBoard histograms' reduction on the device (training thread) and their records (writer thread), and the
+data-quality probe on one batch, on the demo model and the larger one, against that model's own step time at the
+feature's default sampling interval.
 
 Each part is timed in one process after a few GRAPH-mode steps, so the parameters are the compiled graph's; the
 parts are called as the callback calls them (on_step_end, on_step), on the real train network.
@@ -115,10 +115,10 @@ def measure(
             writer.on_train_begin(cb)
             drawn = len(writer._histogram_parameters)
 
-            def copy_sample(sample: int, writer: TensorBoardWriter = writer) -> None:
+            def reduce_sample(sample: int, writer: TensorBoardWriter = writer) -> None:
                 writer.on_step_end(sample + 1, None)
 
-            copy_times = _time(copy_sample, samples)
+            reduce_times = _time(reduce_sample, samples)
             queued = [payload for kind, payload in writer._queue if kind == "histograms"]
             writer._queue.clear()
 
@@ -129,8 +129,9 @@ def measure(
             make_times = _time(make_sample, samples)
             writer.close()
         every = 10  # tensorboard.collect_freq's default
-        rows.append(_row(f"histograms of {drawn} weights, copy", "training thread", copy_times, step_ms, every, name))
-        rows.append(_row(f"histograms of {drawn} weights, making", "writer thread", make_times, step_ms, every, name))
+        reduced = f"histograms of {drawn} weights, on the device"
+        rows.append(_row(reduced, "training thread", reduce_times, step_ms, every, name))
+        rows.append(_row(f"histograms of {drawn} weights, records", "writer thread", make_times, step_ms, every, name))
         rows.append(_data_quality(samples, step_ms, name))
     return rows
 

@@ -13,6 +13,10 @@ is already in the weights, which is why a state is only kept after `quiet_steps`
 Its parts fail alone (ms_exporter.actions.parts): keeping good states that fails 3 times in a row is switched off
 while restoring goes on with the states kept before; a good state that cannot be read back is removed and the one
 before it restored; a list that cannot be written still leaves the rollback counted and announced.
+
+A good state on disk is written by a background thread (ms_exporter.actions.good_state): it counts as kept when its
+file is complete, which the step ends look for. Until then the batches trained since the state before stay listed,
+and a write that fails counts as a keep that failed (the next quiet, healthy step tries again).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ms_exporter.actions.decisions import anomaly_of
-from ms_exporter.actions.good_state import STATE_DIR, GoodStates
+from ms_exporter.actions.good_state import STATE_DIR, GoodState, GoodStates
 from ms_exporter.actions.health import HealthScore, hottest_accelerator
 from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.skipped_batches import SkippedBatches, batch_identity
@@ -137,7 +141,9 @@ class Rollback:
         self._last_good = store.register(catalogue.LAST_GOOD_STEP).series()
         self._lost = store.register(catalogue.ROLLBACK_LOST_STEPS).series()
         self._store = store
-        self._since_good: list[dict[str, Any]] = []  # the batches trained since the newest good state
+        # the batches trained since the newest good state kept, each with the count of steps seen at its end
+        self._since_good: list[tuple[int, dict[str, Any]]] = []
+        self._in_flight: dict[GoodState, tuple[int, int]] = {}  # a state being written: (steps seen, keep call)
         self._quiet = 0
         self._next_good = config.good_every
         self._warned_no_state = False
@@ -162,16 +168,18 @@ class Rollback:
         if network is not self._network:  # another train call on the same network keeps its good states
             self._network = network
             self._states.bind(network, leave_out=fixed_lr, optimizer=optimizer)
+            self._in_flight.clear()
         if not self._tidied:
             self._tidied = True
             self._remove_leftovers()
         step = step_of(cb_params)
         self._next_good = (step // self._config.good_every + 1) * self._config.good_every
         logger.info(
-            "ms_exporter: rollback keeps good states of %d parameters (%.1f MiB) in %s every %d steps",
+            "ms_exporter: rollback keeps good states of %d parameters (%.1f MiB of device memory each) %s every %d "
+            "steps",
             len(self._states.names),
             self._states.nbytes / 2**20,
-            self._states.where,
+            "as device copies" if self._states.where == "memory" else "in files written from a device copy",
             self._config.good_every,
         )
 
@@ -181,7 +189,9 @@ class Rollback:
             return False
         cb_params = run_context.original_args()
         step = sample.step
-        self._since_good.append(self._identity(cb_params, step, sample.epoch))
+        self._steps_seen += 1
+        self._since_good.append((self._steps_seen, self._identity(cb_params, step, sample.epoch)))
+        self._take_in(self._states.finished())
         store = self._store
         grad_norm = store.value_of(catalogue.GRAD_NORM)
         health = self._health.observe(
@@ -192,7 +202,6 @@ class Rollback:
             hottest_accelerator(store),
         )
         self._health_gauge.value = health.score
-        self._steps_seen += 1
         reason = divergence_of(
             self._config,
             sample.loss,
@@ -215,22 +224,49 @@ class Rollback:
             self._keep_calls += 1
             try:
                 state = self._states.capture(step)
-            except Exception as exc:  # a full disk: the states kept before stay; the next step tries again
-                if self._parts.failed("rollback.keep", exc, self._keep_calls, self._keeping_off()):
-                    self._keeping = False
+            except Exception as exc:  # no device memory, no directory: the states kept before stay; the next step
+                self._keep_failed(exc, self._keep_calls)  # tries again
                 return False
             for follower in self._followers:
                 follower.on_good_state(step)
-            self._since_good.clear()
-            self._last_good.value = step
+            if state.path is None:  # in memory: kept now
+                self._kept(state, self._steps_seen)
+            else:  # kept once its file is written (finished() says; it may have failed already)
+                self._in_flight[state] = (self._steps_seen, self._keep_calls)
             self._next_good = (step // self._config.good_every + 1) * self._config.good_every
             logger.debug(
-                "ms_exporter: good state at step %d (%.1f MiB, %.1f ms)",
+                "ms_exporter: good state at step %d (%.1f MiB, %.1f ms on the training thread)",
                 step,
                 state.nbytes / 2**20,
                 state.seconds * 1e3,
             )
         return False
+
+    def _kept(self, state: GoodState, seen: int) -> None:
+        """`state` is kept: the batches trained up to it (`seen` steps) are no longer the rollback's business."""
+        self._since_good = [entry for entry in self._since_good if entry[0] > seen]
+        self._last_good.value = state.step
+
+    def _take_in(self, ended: list[GoodState]) -> None:
+        """The good states whose file write ended: kept, or a keep that failed."""
+        for state in ended:
+            if state not in self._in_flight:
+                continue
+            seen, call = self._in_flight.pop(state)
+            if state.error is None:
+                self._kept(state, seen)
+                logger.debug(
+                    "ms_exporter: good state of step %d written (%.1f ms in the background)",
+                    state.step,
+                    state.write_seconds * 1e3,
+                )
+            elif self._keeping:
+                self._keep_failed(state.error, call)
+                self._next_good = 0  # the next quiet, healthy step tries again, as after a keep that failed at once
+
+    def _keep_failed(self, exc: BaseException, call: int) -> None:
+        if self._parts.failed("rollback.keep", exc, call, self._keeping_off()):
+            self._keeping = False
 
     def _keeping_off(self) -> str:
         kept = self._states.kept_steps
@@ -285,6 +321,7 @@ class Rollback:
             self._stop(run_context, step, reason)
             return False
         state = self._states.restore_newest()
+        self._take_in(self._states.finished())  # the write it waited for
         if state is None:
             logger.warning(
                 "ms_exporter: rollback: %s at step %d, but none of the good states kept can be read back "
@@ -301,7 +338,7 @@ class Rollback:
         lost = step - state.step
         batches = [
             {**identity, "reason": reason, "rolled_back_at": step, "good_step": state.step}
-            for identity in self._since_good
+            for _, identity in self._since_good
         ]
         self._since_good.clear()
         # The rollback happened: it is counted and announced whether or not its batches can be listed.

@@ -7,7 +7,8 @@ network between its ordinary graph and that one by the `phase` MindSpore keys it
 `Model.export` compiles a second graph of the same network under `export.<phase>`): the steps in between run the
 ordinary graph, in which an inactive wrapper compiles to nothing. PYNATIVE mode runs hooks: `OutputHooks` registers
 forward hooks for the measured step only and reduces the outputs they kept after the step, in one compiled call per
-layer. docs/activations.md has what each costs.
+layer. Either way the layers' statistics are stacked on the device and read in one transfer per measured step
+(6 float32 a layer). docs/activations.md has what each costs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_exporter.core.compat import zip_strict
+from ms_exporter.core.device_reductions import stacked
 
 # The statistics vector, by position. COUNT is the number of values: 0 means the layer was not measured.
 COUNT, MEAN, STD, ABS_MAX, ZERO_RATIO, NONFINITE_RATIO = range(6)
@@ -86,10 +88,6 @@ class ActivationStatsCell(nn.Cell):
             output = ops.depend(output, ops.assign(self.ms_exporter_statistics, activation_statistics(measured)))
         return output
 
-    def ms_exporter_read(self) -> np.ndarray:
-        """The statistics of the last measured step (COUNT 0: none yet)."""
-        return np.asarray(self.ms_exporter_statistics.asnumpy(), dtype=np.float64)
-
 
 def backbone_of(network: Any, train_network: Any) -> Any:
     """The user's network inside Model's wrappers: the first cell (depth first, from the network Model was given,
@@ -113,7 +111,8 @@ def backbone_of(network: Any, train_network: Any) -> Any:
 
 def named_cells(root: Any) -> list[tuple[str, Any, Any, str]]:
     """(name, cell, parent, attribute) of every cell under `root`, depth first, each once; a wrapper put there
-    earlier is seen through (its cell keeps its own name)."""
+    earlier is seen through (its cell keeps its own name). A CellList or CellDict is looked into but not listed: it
+    holds cells and is never called, and a wrapper in its place would break the parent's loop over it."""
     found: list[tuple[str, Any, Any, str]] = []
     seen = {id(root)}
 
@@ -124,7 +123,8 @@ def named_cells(root: Any) -> list[tuple[str, Any, Any, str]]:
                 continue
             seen.add(id(cell))
             name = f"{prefix}.{attribute}" if prefix else attribute
-            found.append((name, cell, parent, attribute))
+            if not isinstance(cell, (nn.CellList, nn.CellDict)):
+                found.append((name, cell, parent, attribute))
             visit(cell, name)
 
     visit(root, "")
@@ -235,7 +235,9 @@ class MeasuredGraph:
                 self.disarm()
 
     def statistics(self) -> dict[str, np.ndarray]:
-        return {wrapper.ms_exporter_layer: wrapper.ms_exporter_read() for wrapper in self._wrappers}
+        """Every wrapper's statistics of its last measured step (COUNT 0: none yet), in one read."""
+        rows = _read_stacked([wrapper.ms_exporter_statistics for wrapper in self._wrappers])
+        return {wrapper.ms_exporter_layer: row for wrapper, row in zip_strict(self._wrappers, rows)}
 
     def drop(self, layers: list[str]) -> None:
         """Nothing to do: a wrapper that is not called costs nothing."""
@@ -246,7 +248,8 @@ class MeasuredGraph:
 
 class OutputHooks:
     """PYNATIVE mode: forward hooks on the selected cells for the measured step only, each keeping its cell's
-    output (the first item of a tuple); `statistics()` reduces them after the step, one compiled call a layer."""
+    output (the first item of a tuple); `statistics()` reduces them after the step, one compiled call a layer, and
+    reads the layers' statistics in one transfer."""
 
     always = False  # hooks are registered for the measured steps only
 
@@ -284,16 +287,22 @@ class OutputHooks:
         self._layers = [(layer, cell) for layer, cell in self._layers if layer not in gone]
 
     def statistics(self) -> dict[str, np.ndarray]:
-        found = {}
-        for layer, output in self._outputs.items():
-            if isinstance(output, Tensor):
-                found[layer] = np.asarray(_eager_statistics()(output).asnumpy(), dtype=np.float64)
+        reduce = _eager_statistics()
+        measured = {layer: reduce(output) for layer, output in self._outputs.items() if isinstance(output, Tensor)}
         self._outputs.clear()  # the outputs are the step's: let them go
-        return found
+        rows = _read_stacked(list(measured.values()))
+        return dict(zip_strict(measured, rows))
 
     def close(self) -> None:
         self.disarm()
         self._outputs.clear()
+
+
+def _read_stacked(statistics: list[Any]) -> np.ndarray:
+    """Statistics vectors (device tensors, Parameters among them) as one [layers, SIZE] array, in one read."""
+    if not statistics:
+        return np.zeros((0, SIZE))
+    return stacked(statistics).astype(np.float64).reshape(len(statistics), SIZE)
 
 
 _COMPILED: list[Any] = []

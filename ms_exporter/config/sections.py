@@ -89,9 +89,13 @@ class UpdateRatioConfig:
     (the second source article's "parameter update size"; docs/update-ratio.md)."""
 
     enable: bool = setting(False, check=boolean())
-    # Each sample copies every trainable weight to the host (and keeps the copy until the next): the ratio is over
-    # these many steps.
+    # The ratio is over these many steps: each sample reads every weight's norm and its values at sketch_size fixed
+    # random positions, on the device, and keeps those values on the host until the next.
     every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    # Positions per weight tensor: the movement's estimate has a relative error of about 1 / sqrt(2 x sketch_size)
+    # (2% at 1024) where the values move alike, more where few move (embeddings: docs/update-ratio.md); a tensor
+    # with at most this many values is compared whole, exactly.
+    sketch_size: int = setting(1024, check=int_in(16, 1_000_000))
     layers: tuple[str, ...] = setting((), check=regexes())  # always exported; matched like grad_norm.layers
     # Besides the watched layers: the k layers that moved least and the k that moved most.
     top_k: int = setting(3, check=int_in(0, 1000))
@@ -206,8 +210,10 @@ class RollbackConfig:
     quiet_steps: int = setting(20, check=int_in(1, 10_000_000))  # steps without a divergence before one is kept
     min_health: float = setting(0.8, check=at_least(0, 1))  # mindspore_train_health_score needed to keep one
     max_kept: int = setting(2, check=int_in(1, 100))
-    # where good states live: host memory, files in save_dir/good-states, or auto (memory up to memory_limit_mb;
-    # past 64 MiB a fresh host copy cost more to keep than a file did: docs/benchmarks.md)
+    # where good states live: memory (copies on the device where each Parameter lives), disk (files in
+    # save_dir/good-states, written from a device copy by a background thread), or auto: memory while max_kept + 1
+    # states (the newest is taken before the oldest goes) fit in memory_limit_mb, which so bounds the device memory
+    # good states hold; disk holds one state's device copy while it is written (docs/rollback.md)
     storage: str = setting("auto", check=choice(*ROLLBACK_STORAGE))
     memory_limit_mb: float = setting(64.0, check=greater_than(0, 1024 * 1024))
     # what a divergence is: a non-finite loss, a loss over spike_factor x the smoothed loss, a gradient norm over

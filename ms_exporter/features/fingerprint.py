@@ -1,15 +1,25 @@
-"""Replica fingerprints: a CRC-32 of this rank's trainable parameters every `divergence.every_n_steps` steps, equal
-on every replica of a group while the replicas hold the same weights (docs/divergence.md).
+"""Replica fingerprints: a checksum of this rank's trained weights every `divergence.every_n_steps` steps, equal on
+every replica of a group while the replicas hold the same bits (docs/divergence.md).
 
 | name | type | labels | unit |
 |---|---|---|---|
-| mindspore_train_param_fingerprint | gauge | replica_group | CRC-32 of every trainable parameter's bytes, in order |
+| mindspore_train_param_fingerprint | gauge | replica_group | CRC-32 of the weights' per-tensor bit sums, in order |
 | mindspore_train_param_fingerprint_step | gauge | replica_group | the step it was taken at |
 | mindspore_train_param_fingerprint_overflow | gauge | replica_group | 1 if that step overflowed (where the cell says) |
 | mindspore_train_param_fingerprint_grad_norm | gauge | replica_group | that step's gradient norm, all-reduced |
 
 Taken on the training thread at the end of the step (every rank at the same step numbers, so that the rules
-compare like with like), over the bytes themselves: any change of any element, however small, changes it.
+compare like with like), over the bits themselves, on the device that holds them: each weight tensor's elements
+are read as integers of their own width (float32 as int32, float16 and bfloat16 as int16; a view, no widening copy)
+and added exactly in int64, one compiled reduction for all tensors; the host receives 8 bytes per tensor and folds
+them, in parameter order, into one CRC-32. Integer addition is exact and does not depend on the order the device
+adds in, so replicas holding equal bits get equal sums; a change of one element by one unit in the last place
+changes its tensor's sum by a non-zero integer (the bit patterns of neighbouring floats differ by one).
+
+The optimizer's moments are left out: the replicas train the weights, and a moment that differs on one replica
+changes what it adds to the weights at its next update, which the next fingerprint sees; a moment difference that
+never reaches the weights changes nothing the replicas compute. Leaving them out reads a third of the bytes Adam
+keeps.
 """
 
 from __future__ import annotations
@@ -24,7 +34,8 @@ import numpy as np
 
 from ms_exporter.config import DivergenceConfig
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.cb_params import network_of, step_of
+from ms_exporter.core.cb_params import network_of, step_of, trained_weights_of
+from ms_exporter.core.device_reductions import bit_sums
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
@@ -66,7 +77,9 @@ class Fingerprints(Part):
                 why,
             )
         network = network_of(cb_params)
-        self._parameters = list(network.trainable_params()) if network is not None else []
+        self._parameters = trained_weights_of(cb_params) or (
+            list(network.trainable_params()) if network is not None else []
+        )
         step = step_of(cb_params)
         self.next_step = self._after(step)
 
@@ -123,12 +136,6 @@ class Fingerprints(Part):
 
 
 def fingerprint(parameters: list[Any]) -> int:
-    """CRC-32 over every parameter's bytes in order (numpy's C order): equal for equal weights, bit for bit."""
-    crc = 0
-    for parameter in parameters:
-        try:
-            values = parameter.asnumpy()
-        except TypeError:  # a dtype numpy lacks (bfloat16): its float32 widening is as exact, and as equal
-            values = parameter.astype(np.float32).asnumpy()
-        crc = zlib.crc32(np.ascontiguousarray(values).data, crc)
-    return crc
+    """CRC-32 of every tensor's exact bit sum (little-endian int64s, in parameter order): equal for equal bits."""
+    sums = bit_sums(parameters).astype("<i8")
+    return zlib.crc32(np.ascontiguousarray(sums).data)

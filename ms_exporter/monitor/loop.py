@@ -29,6 +29,7 @@ from ms_exporter.core.cb_params import (
     TRAIN_DATASET_ELEMENT,
     TRAIN_NETWORK,
 )
+from ms_exporter.core.device_reductions import norms_on_device
 from ms_exporter.core.output_layout import OutputLayout
 from ms_exporter.monitor.core import MonitorCore
 
@@ -227,33 +228,12 @@ class LoopDriver:
 
 class _GradNorms:
     """One L2 norm per gradient, computed where the gradients are by one compiled reduction, stacked into one tensor:
-    the probe's one read. Compiled at the first sampled step for the run's gradient shapes (about a second on CPU
-    for the demo), and again only if they change. Each gradient is an argument of its own: MindSpore takes a tuple
-    argument of a compiled function for a constant and would compile it again at every call."""
-
-    def __init__(self) -> None:
-        self._compiled: Any = None
+    the probe's one read (core/device_reductions.py). Compiled at the first sampled step for the run's gradient
+    shapes (about a second on CPU for the demo), and again only if they change."""
 
     def of(self, grads: Any) -> Any:
         tensors: Sequence[Any] = list(grads.values()) if isinstance(grads, Mapping) else list(grads)
-        if not tensors:
-            return None
-        if self._compiled is None:
-            self._compiled = _compiled_norms()
-        return self._compiled(*tensors)
-
-
-def _compiled_norms() -> Any:
-    """The reduction, compiled (MindSpore's compiler takes no import statement inside: the names are bound here)."""
-    import mindspore as ms
-    from mindspore import ops
-
-    float32 = ms.float32
-
-    def norms(*grads: Any) -> Any:
-        return ops.sqrt(ops.stack([ops.sum(ops.square(grad.astype(float32))) for grad in grads]))
-
-    return ms.jit(norms)
+        return norms_on_device(tensors)
 
 
 class _Columns:

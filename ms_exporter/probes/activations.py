@@ -42,8 +42,9 @@ class ActivationsProbe(Probe):
 
     How depends on the mode (docs/activations.md): in GRAPH mode the selected cells are wrapped and the measured
     steps run a second compiled graph that also reduces their outputs; in PYNATIVE mode forward hooks are registered
-    for the measured step only. Either way the step path in between costs one comparison, and the numbers are read
-    on the training thread at the measured step's end. Layers: the cells whose names `layers` matches (from the
+    for the measured step only. Either way the step path in between costs one comparison, and at the measured step's
+    end the training thread stacks every layer's statistics on the device and reads them in one transfer (6 float32
+    a layer, whatever the outputs' sizes). Layers: the cells whose names `layers` matches (from the
     start; none given: the network's top-level cells but its loss), at most `max_layers` of them, spread evenly
     over the model's depth.
 

@@ -14,6 +14,7 @@ from ms_exporter.config import GradNormConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
 from ms_exporter.core.compat import zip_strict
+from ms_exporter.core.device_reductions import norms as device_norms
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample, read_scalar, to_numpy
 from ms_exporter.core.store import MetricStore, Series
@@ -188,15 +189,17 @@ class GradNormProbe(Probe):
             self._export_layers(self._index, self._index.layer_norms(parameter_norms))
 
     def _norms_from_grads(self, grads: dict[str, Any]) -> np.ndarray | None:
+        """One compiled reduction over the gradients where they are, one transfer of a norm per gradient."""
         if self._index is None:
             return None
-        norms = np.zeros(len(self._index.names))
         position = {name: i for i, name in enumerate(self._index.names)}
-        for name, grad in grads.items():
-            array = to_numpy(grad)
-            if name in position and array is not None:
-                norms[position[name]] = float(np.linalg.norm(array.astype(np.float64).ravel()))
-        return norms
+        known = [
+            (position[name], grad) for name, grad in grads.items() if name in position and hasattr(grad, "asnumpy")
+        ]
+        result = np.zeros(len(self._index.names))
+        if known:
+            result[[i for i, _ in known]] = device_norms([grad for _, grad in known])
+        return result
 
     def _export_layers(self, index: LayerIndex, norms: np.ndarray) -> None:
         for layer, value in zip_strict(index.watched, norms[index.watched_positions].tolist()):

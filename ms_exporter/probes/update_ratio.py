@@ -7,7 +7,7 @@ layers' is that head; `MindSporeTrainingLayerFrozen` compares each exported laye
 
 from __future__ import annotations
 
-import math
+import zlib
 from collections import deque
 from typing import Any
 
@@ -17,20 +17,26 @@ from ms_exporter.config import UpdateRatioConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.compat import zip_strict
+from ms_exporter.core.device_reductions import gathered
 from ms_exporter.core.probe import Probe
-from ms_exporter.core.sample import StepSample, to_numpy
+from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import LayerIndex
 
 
 class UpdateRatioProbe(Probe):
-    """Every `update_ratio.every_n_steps` steps, as the step ends, copies every trainable weight to the host and
-    compares it with the copy of the sample before; the ratios are exported when that step is published. Exported:
-    the `update_ratio.layers` layers, the `top_k` layers that moved least and the `top_k` that moved most (a series
-    that falls out of those goes stale), and the median of all layers.
+    """Every `update_ratio.every_n_steps` steps, as the step ends, reads every trainable weight at `sketch_size`
+    fixed random positions (drawn once per weight at train begin, the same on every rank and every restart), on the
+    device, one compiled gather for all weights and one transfer; compares them with the values the sample before
+    read there. The ratios are exported when that step is published. Exported: the `update_ratio.layers` layers,
+    the `top_k` layers that moved least and the `top_k` that moved most (a series that falls out of those goes
+    stale), and the median of all layers.
 
-    The host holds one float32 copy of the trainable weights between samples (what the ratio needs); a layer whose
-    weights are all zero has no ratio.
+    A tensor's movement and size are estimated from its positions, each scaled by its size over the positions
+    read (a layer adds its tensors' estimates): the ratio's relative error is about 1 / sqrt(2 x sketch_size)
+    for a tensor whose values move alike (docs/update-ratio.md has it measured); a tensor of at most
+    `sketch_size` values is read whole, and its ratio is exact. The host keeps `sketch_size` float32 values per
+    tensor between samples, whatever the model's size. A layer whose weights read all zero has no ratio.
 
     | name | type | labels | unit |
     |---|---|---|---|
@@ -44,40 +50,35 @@ class UpdateRatioProbe(Probe):
         self._config = config
         self._ratio = store.register(catalogue.LAYER_UPDATE_RATIO)
         self._median = store.register(catalogue.UPDATE_RATIO_MEDIAN)
-        self._parameters: list[Any] = []
+        self._sketch: Sketch | None = None
         self._index: LayerIndex | None = None
-        self._before: list[np.ndarray | None] = []
+        self._before: np.ndarray | None = None
         self._extremes: set[str] = set()
         self._pending: deque[tuple[int, np.ndarray, np.ndarray]] = deque()  # sampled, not yet published
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        self._parameters = trained_weights_of(cb_params)
+        parameters = [p for p in trained_weights_of(cb_params) if int(p.size) > 0]
+        self._sketch = Sketch(parameters, self._config.sketch_size)
         self._index = LayerIndex(
-            [p.name for p in self._parameters], self._config.layers, self._config.max_series - 2 * self._config.top_k
+            [p.name for p in parameters], self._config.layers, self._config.max_series - 2 * self._config.top_k
         )
-        self._before = []  # a new training call compares from its own first sample
+        self._before = None  # a new training call compares from its own first sample
         self._pending.clear()
         self._next_step = step_of(cb_params)
 
     def on_step_end(self, step: int, outputs: Any) -> None:
-        """The copy is taken as the step ends, on the training thread: read at publication, about once a second,
-        two samples published together would read the same weights."""
-        if step < self._next_step or self._index is None:
+        """Read as the step ends, on the training thread: read at publication, about once a second, two samples
+        published together would read the same weights."""
+        if step < self._next_step or self._index is None or self._sketch is None:
             return
         every = self._config.every_n_steps
         self._next_step = (step // every + 1) * every
-        now = [_copy(parameter) for parameter in self._parameters]
+        now = self._sketch.read()
         before, self._before = self._before, now
-        if len(before) != len(now):
+        if before is None:
             return  # the first sample: nothing to compare with yet
-        moved = np.zeros(len(now))
-        size = np.zeros(len(now))
-        for position, (new, old) in enumerate(zip_strict(now, before)):
-            if new is None or old is None or new.shape != old.shape:
-                continue
-            moved[position] = _norm(new - old)
-            size[position] = _norm(new)
+        moved, size = self._sketch.norms(now - before), self._sketch.norms(now)
         # Exported when the step is published, in step order with the other probes' numbers.
         self._pending.append((step, self._index.layer_norms(moved), self._index.layer_norms(size)))
 
@@ -108,14 +109,35 @@ class UpdateRatioProbe(Probe):
         self._extremes = extremes
 
 
-def _copy(parameter: Any) -> np.ndarray | None:
-    """The weight's values now, as a float32 array of the host's own (a CPU Parameter's asnumpy shares memory with
-    it: the next step would change the copy kept for comparison)."""
-    values = to_numpy(parameter)
-    if values is None:
-        return None
-    return np.array(values, dtype=np.float32, copy=True)
+class Sketch:
+    """Fixed random positions of each tensor, kept on the device, and the values there read in one transfer."""
 
+    def __init__(self, parameters: list[Any], size: int) -> None:
+        from mindspore import Tensor
 
-def _norm(values: np.ndarray) -> float:
-    return math.sqrt(float(np.square(values, dtype=np.float64).sum()))
+        self._parameters = parameters
+        counts = []
+        self._positions = []
+        for parameter in parameters:
+            total = int(parameter.size)
+            # Seeded by the name: the same positions on every replica and after a restart.
+            rng = np.random.default_rng(zlib.crc32(str(parameter.name).encode()))
+            chosen = np.arange(total) if total <= size else np.sort(rng.choice(total, size=size, replace=False))
+            dtype = np.int32 if total < 2**31 else np.int64
+            self._positions.append(Tensor(chosen.astype(dtype)))
+            counts.append(len(chosen))
+        self._starts = np.cumsum([0, *counts[:-1]]).astype(np.intp)
+        # Each tensor's size over the positions read: what turns the positions' sum of squares into the tensor's.
+        self._scale = np.asarray([int(p.size) for p in parameters], np.float64) / np.maximum(counts, 1)
+
+    def read(self) -> np.ndarray:
+        """The values at every tensor's positions now, concatenated (a host array of its own)."""
+        return np.array(gathered(self._parameters, self._positions), dtype=np.float32)
+
+    def norms(self, values: np.ndarray) -> np.ndarray:
+        """Each tensor's estimated L2 norm, from its positions' part of `values`."""
+        if not len(values):
+            return np.zeros(0)
+        squares = np.add.reduceat(np.square(values, dtype=np.float64), self._starts)
+        result: np.ndarray = np.sqrt(squares * self._scale)
+        return result

@@ -84,7 +84,8 @@ class QueuedStepWriter(Sink):
         return StepColumns(store)
 
     def _write_histograms(self, step: int, wall_time: float, arrays: list[tuple[str, Any]]) -> None:
-        """Values (numpy arrays, copied on the training thread) whose distributions the writer records."""
+        """(tag, what the training thread measured of a tensor's distribution: for TensorBoard a row of
+        device_reductions.histograms) pairs the writer records."""
 
     def _ready(self) -> bool:
         return True
@@ -123,7 +124,7 @@ class QueuedStepWriter(Sink):
             self._queue.append(("eval", (step, dict(metrics))))
 
     def _queue_histograms(self, step: int, wall_time: float, arrays: list[tuple[str, Any]]) -> None:
-        """Hand values to the writer thread, which computes their histograms (`_write_histograms`)."""
+        """Hand histograms, reduced on the training thread, to the writer thread (`_write_histograms`)."""
         if self._off:
             return
         if len(self._queue) == QUEUE_CAP:

@@ -317,8 +317,9 @@ class Perturb(Callback):
                 assert metrics.value("mindspore_train_layernorm_scale_mean", layer=layer) == pytest.approx(
                     values.mean(), rel=1e-9
                 )
+                # Reduced on the device in float32 (two passes around the first value): a part in a million.
                 assert metrics.value("mindspore_train_layernorm_scale_std", layer=layer) == pytest.approx(
-                    values.std(), rel=1e-9
+                    values.std(), rel=1e-6
                 )
                 self.checked = True
         gamma = self.network.encoder.layers[0].norm1.gamma

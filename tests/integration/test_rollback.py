@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,16 @@ class AtStep(Callback):
             self.action()
 
 
+def written(directory: Path, pattern: str = "good-*.npz") -> Path:
+    """The good state file matching `pattern`, once its background write has renamed it into place."""
+    deadline = time.monotonic() + 60
+    while not (found := sorted(directory.glob(pattern))):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {pattern} in {directory}")
+        time.sleep(0.01)
+    return found[-1]
+
+
 def disabled(monitor: TrainingMonitor) -> set[str]:
     return {dict(s.labels)["component"] for s in monitor.store.series_of(c.COMPONENT_DISABLED) if s.value == 1}
 
@@ -276,7 +287,7 @@ def test_round2_finding_5_a_full_disk_switches_off_keeping_alone_and_the_diverge
             "graph",
             Source(45, {poison}),
             disk,
-            before=[AtStep(15, lambda: fill(disk, 0))],
+            before=[AtStep(15, lambda: (written(disk / "good-states"), fill(disk, 0)))],
             backend=["prometheus"],
             other_actions={"early_stop": {"enable": True, "patience": 10_000}},
             good_every=10,
@@ -309,7 +320,7 @@ def test_round2_finding_5_a_newest_state_that_cannot_be_read_gives_way_to_the_on
     poison = 27
 
     def truncate_newest() -> None:
-        [newest] = [p for p in (tmp_path / "good-states").glob("good-*step000000000020-*.npz")]
+        newest = written(tmp_path / "good-states", "good-*step000000000020-*.npz")
         newest.write_bytes(newest.read_bytes()[:200])
 
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):

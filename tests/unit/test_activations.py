@@ -21,6 +21,7 @@ from ms_exporter.core import catalogue
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes import activations as activations_module
 from ms_exporter.probes.activations import ActivationsProbe
+from tests.support.transfers import count_transfers
 
 STATISTICS = (
     catalogue.LAYER_ACTIVATION_MEAN,
@@ -203,6 +204,26 @@ def test_layers_are_bounded_and_spread_over_the_depth(mode: int, caplog: pytest.
         run.probe.close()
 
 
+@MODES
+def test_a_sample_of_several_layers_is_one_read_from_the_device(mode: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    ms.set_context(mode=mode)
+    run = Run(Deep(), with_loss=False, layers=[r"blocks\.\d+$"], max_layers=4, every_n_steps=2)
+    rng = np.random.default_rng(1)
+    run.begin(rng.normal(size=(3, 4)).astype(np.float32), np.array([0, 1, 1], np.int32))
+    try:
+        for _ in range(3):  # the first measured step (2) compiles what a sample runs
+            run.one()
+        transfers = count_transfers(monkeypatch)
+        run.step += 1  # step 4, measured, by hand: only the probe's reads are counted
+        run.cell(*run.batch).asnumpy()
+        transfers.clear()
+        run.probe.on_step_end(run.step, None)
+        assert transfers.sizes == [4 * 6 * 4]  # four layers' six float32, in one read
+        assert all(run.values(f"blocks.{i}") is not None for i in (0, 3, 6, 9))
+    finally:
+        run.probe.close()
+
+
 def test_without_layers_the_top_level_cells_but_the_loss_are_measured() -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     run = Run(Deep(), with_loss=False, every_n_steps=1)
@@ -308,11 +329,11 @@ def test_graph_mode_runs_the_ordinary_graph_between_measured_steps(train_cell: A
         run.one()
         # The first step's end compiled the measured graph already: the step that first runs it does not compile.
         assert any(phase.startswith(MEASURED_PHASE) for phase in run.cell.compile_cache)
-        before = wrapper.ms_exporter_read()
+        before = wrapper.ms_exporter_statistics.asnumpy().copy()  # a CPU Parameter's asnumpy shares its memory
         for step in range(2, 14):
             run.one()
             # The weights move every step (SGD at 0.1): statistics computed in a step would differ from the last.
-            now = wrapper.ms_exporter_read()
+            now = wrapper.ms_exporter_statistics.asnumpy().copy()
             assert (not np.array_equal(now, before)) == (step % 4 == 0), step
             before = now
             armed = step % 4 == 3  # armed after the step before a measured one
@@ -406,3 +427,30 @@ def test_the_monitor_builds_the_probe_only_when_switched_on(enable: bool) -> Non
         assert monitor.config.activations.every_n_steps == 50
     finally:
         monitor.close()
+
+
+class Looped(nn.Cell):
+    """Blocks in a CellList the network loops over: the list is never called, its cells are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.CellList([nn.Dense(8, 8) for _ in range(2)])
+        self.head = nn.Dense(8, 2)
+
+    def construct(self, x: Any) -> Any:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@MODES
+def test_a_pattern_that_matches_a_cell_list_measures_its_cells_and_leaves_the_list_alone(mode: int) -> None:
+    ms.set_context(mode=mode)
+    run = Run(Looped(), every_n_steps=1, layers=("blocks",))
+    run.begin(*batch())
+    try:
+        run.one()
+        layers = {dict(c.labels)["layer"] for c in run.store.get(catalogue.LAYER_ACTIVATION_MEAN.name).children()}
+        assert layers == {"blocks.0", "blocks.1"}
+    finally:
+        run.probe.close()

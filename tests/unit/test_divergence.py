@@ -105,14 +105,9 @@ def test_divergence_settings_are_checked() -> None:
     assert load_config({"divergence": {"model_parallel": 4}}).divergence.model_parallel == 4
 
 
-class Weights:
+def weights() -> ms.Parameter:
     """A parameter whose values the test changes between fingerprints."""
-
-    def __init__(self) -> None:
-        self.values = np.zeros(4, np.float32)
-
-    def asnumpy(self) -> np.ndarray:
-        return self.values
+    return ms.Parameter(ms.Tensor(np.zeros(4, np.float32)), name="w")
 
 
 def test_a_reading_pairs_each_fingerprint_with_its_own_step() -> None:
@@ -121,14 +116,14 @@ def test_a_reading_pairs_each_fingerprint_with_its_own_step() -> None:
     store = MetricStore()
     config = load_config({"divergence": {"replica_group": "0", "every_n_steps": 100}}).divergence
     fingerprints = Fingerprints(store, config, RankInfo(0, 0, 2, "node"), LayoutResolver())
-    weights = Weights()
-    network = type("Network", (), {"trainable_params": lambda self: [weights]})()
+    parameter = weights()
+    network = type("Network", (), {"trainable_params": lambda self: [parameter]})()
     fingerprints.on_train_begin({"train_network": network, "cur_step_num": 0})
     assert store.series_of(c.PARAM_FINGERPRINT) == ()  # nothing before the first fingerprint
     assert fingerprints.next_step == 100
     fingerprints.take(100, None)
     old = store.value_of(c.PARAM_FINGERPRINT)
-    weights.values[0] = 1.0
+    ms.ops.assign(parameter, ms.Tensor(np.array([1, 0, 0, 0], np.float32)))
     fingerprints.take(200, None)  # between this reader's two reads
     assert store.value_of(c.PARAM_FINGERPRINT_STEP) == 100  # the step of the value it read
     assert store.value_of(c.PARAM_FINGERPRINT) != old and store.value_of(c.PARAM_FINGERPRINT_STEP) == 200
@@ -139,8 +134,8 @@ def test_the_fingerprint_step_carries_the_cells_overflow_flag_and_norm_where_it_
     store = MetricStore()
     config = load_config({"divergence": {"replica_group": "g"}}).divergence
     fingerprints = Fingerprints(store, config, RankInfo(0, 0, 2, "node"), LayoutResolver())
-    weights = Weights()
-    fingerprints.on_train_begin({"train_network": type("N", (), {"trainable_params": lambda self: [weights]})()})
+    parameter = weights()
+    fingerprints.on_train_begin({"train_network": type("N", (), {"trainable_params": lambda self: [parameter]})()})
     loss = ms.Tensor(0.5, ms.float32)
     fingerprints.take(100, (loss, ms.Tensor(True), ms.Tensor(1024.0, ms.float32)))  # a loss-scale cell's outputs
     assert store.value_of(c.PARAM_FINGERPRINT_OVERFLOW) == 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore.train.callback import _InternalCallbackParam
@@ -22,21 +23,26 @@ NAMES = ["embed.table", "block.0.attn.weight", "block.0.attn.bias", "block.1.att
 
 
 class Param:
+    """A real Parameter whose values the test changes in place, as the optimizer does (ops.assign)."""
+
     def __init__(self, name: str, values: np.ndarray | None = None) -> None:
         self.name = name
-        self.values = values if values is not None else np.ones(2, np.float32)
-
-    def asnumpy(self) -> np.ndarray:
-        return self.values
+        initial = values if values is not None else np.ones(2, np.float32)
+        self.parameter = ms.Parameter(ms.Tensor(np.asarray(initial, np.float32)), name=name)
 
     @property
-    def dtype(self) -> str:
-        return "Float32"
+    def values(self) -> np.ndarray:
+        return np.array(self.parameter.asnumpy())
+
+    @values.setter
+    def values(self, values: np.ndarray) -> None:
+        ms.ops.assign(self.parameter, ms.Tensor(np.asarray(values, np.float32)))
 
 
 class Weights:
     def __init__(self, names: list[str]) -> None:
-        self.weights = [Param(n) for n in names]
+        self.params = [Param(n) for n in names]
+        self.weights = [p.parameter for p in self.params]
 
 
 def params(step: int, train_network: object = None) -> _InternalCallbackParam:
@@ -103,7 +109,7 @@ def test_norms_from_a_gradient_dict() -> None:
     store = MetricStore()
     probe = GradNormProbe(store, GradNormConfig(every_n_steps=1, top_k=1, max_series=2))
     probe.on_train_begin(params(0))
-    grads = {name: np.full(4, 0.5 * (i + 1), np.float32) for i, name in enumerate(NAMES)}
+    grads = {name: ms.Tensor(np.full(4, 0.5 * (i + 1), np.float32)) for i, name in enumerate(NAMES)}
     probe.on_step(at(1, (0.5, grads), LayoutResolver()))
     expected = math.sqrt(sum(4 * (0.5 * (i + 1)) ** 2 for i in range(len(NAMES))))
     assert store.get("mindspore_train_grad_norm").series().value == pytest.approx(expected)
@@ -140,7 +146,8 @@ def test_scalar_outputs_export_no_gradient_series() -> None:
 
 class Norm:
     def __init__(self, name: str, values: np.ndarray) -> None:
-        self.gamma = Param(name, values)
+        self.param = Param(name, values)
+        self.gamma = self.param.parameter
 
 
 class LayerNorm(Norm):
@@ -164,7 +171,7 @@ def test_layernorm_mean_std_and_drift_over_window() -> None:
     for step in range(1, 4):
         probe.on_step(at(step, 0.5, resolver))
     assert series(store, "mindspore_train_layernorm_scale_drift_ratio") == {"enc.norm1": 0.0}
-    norm.gamma.values = np.array([1.0, 2.0, 3.0, 2.0])  # mean 2: doubled
+    norm.param.values = np.array([1.0, 2.0, 3.0, 2.0])  # mean 2: doubled
     probe.on_step(at(4, 0.5, resolver))
     assert series(store, "mindspore_train_layernorm_scale_mean") == {"enc.norm1": 2.0}
     assert series(store, "mindspore_train_layernorm_scale_std")["enc.norm1"] == pytest.approx(np.std([1, 2, 3, 2]))
@@ -214,7 +221,7 @@ def test_weight_norms_are_read_as_the_sampled_step_ends_not_when_published() -> 
     store = MetricStore()
     probe = WeightNormProbe(store, GradNormConfig(every_n_steps=2, layers=("head",)))
     network = Weights(NAMES)
-    head = next(p for p in network.weights if p.name == "head.weight")
+    head = next(p for p in network.params if p.name == "head.weight")
     probe.on_train_begin(params(0, network))
     for step in (1, 2, 3, 4):
         head.values = np.full(2, float(step), np.float32)  # the optimizer's update of this step

@@ -168,7 +168,9 @@ def test_threshold_watch_follows_series_that_appear_later() -> None:
 
 
 def test_layernorm_std_of_scales_near_one_keeps_its_digits() -> None:
-    """E[x^2] - E[x]^2 of raw values near 1 with a spread of 4e-5 lost 8 digits (a flaky integration check)."""
+    """E[x^2] - E[x]^2 of raw values near 1 with a spread of 4e-5 lost 8 digits (a flaky integration check); the
+    device's two passes in float32 around the first value keep the mean to 1e-12 and the std to 1e-5."""
+    import mindspore as ms
     import numpy as np
 
     from ms_exporter.config import LayerNormConfig
@@ -181,7 +183,7 @@ def test_layernorm_std_of_scales_near_one_keeps_its_digits() -> None:
     probe._scales = [
         _Scale(
             "norm",
-            values.astype(np.float32),
+            ms.Parameter(ms.Tensor(values.astype(np.float32)), name="norm.gamma"),
             probe._mean.series(layer="norm"),
             probe._std.series(layer="norm"),
             probe._drift.series(layer="norm"),
@@ -190,5 +192,5 @@ def test_layernorm_std_of_scales_near_one_keeps_its_digits() -> None:
     probe.sample(0)
     exact = values.astype(np.float32).astype(np.float64)
     (scale,) = probe._scales
-    assert scale.std.value == pytest.approx(exact.std(), rel=1e-12)
-    assert scale.mean.value == pytest.approx(exact.mean(), rel=1e-15)
+    assert scale.std.value == pytest.approx(exact.std(), rel=1e-5)
+    assert scale.mean.value == pytest.approx(exact.mean(), rel=1e-12)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import mindspore as ms
 import numpy as np
@@ -111,6 +113,7 @@ def test_a_kept_state_comes_back_exactly_and_old_ones_go(storage: str, tmp_path:
         states.capture(step)
         if step == 2:
             before = {name: p.asnumpy().copy() for name, p in train.parameters_and_names()}
+    states.finished(wait=60)  # a file is written in the background
     kept = states._kept[0]
     assert [s.step for s in states._kept] == [2, 3]
     pid = os.getpid()
@@ -133,6 +136,239 @@ def test_auto_storage_goes_to_disk_past_the_memory_limit(tmp_path: Path) -> None
     small.bind(net)
     large.bind(net)
     assert (small.where, large.where) == ("memory", "disk")
+
+
+def test_a_device_copy_does_not_change_when_the_parameter_trains_on(tmp_path: Path) -> None:
+    """A good state in memory is a copy in memory of its own: on CPU, where asnumpy shares a Parameter's memory, a
+    copy that shared it would follow the training."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Dense(3, 2)
+    optimizer = nn.Adam(net.trainable_params(), 0.1)
+    train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    states = GoodStates("memory", 2**30, tmp_path, max_kept=1)
+    states.bind(train)
+    x, y = Tensor(np.ones((4, 3), np.float32)), Tensor(np.zeros((4, 2), np.float32))
+    train(x, y)
+    state = states.capture(1)
+    assert state.tensors is not None and state.path is None and state.written.is_set()
+    at_capture = [p.asnumpy().copy() for p in states._parameters]
+    for _ in range(3):
+        train(x, y)
+    moved = [not np.array_equal(p.asnumpy(), v) for p, v in zip(states._parameters, at_capture)]
+    assert sum(moved) >= 4, moved  # weight, bias, both moments of each, the step
+    for name, parameter, copy, value in zip(states.names, states._parameters, state.tensors, at_capture):
+        assert copy.dtype == parameter.dtype and copy.shape == parameter.shape, name
+        np.testing.assert_array_equal(copy.asnumpy(), value, err_msg=name)
+    states.close()
+
+
+def _bfloat16_bits() -> np.ndarray:
+    # 1, -0, the smallest subnormal, the smallest normal, the largest finite, -inf, a NaN with a payload, pi's bits
+    return np.array([0x3F80, 0x8000, 0x0001, 0x0080, 0x7F7F, 0xFF80, 0x7FC5, 0x4049], np.uint16)
+
+
+def _bits_of(tensor: Tensor) -> np.ndarray:
+    return np.array(tensor.asnumpy().view(np.uint16), copy=True)
+
+
+@pytest.mark.parametrize("storage", ["memory", "disk"])
+def test_a_bfloat16_parameter_comes_back_bit_for_bit(storage: str, tmp_path: Path) -> None:
+    from mindspore import Parameter
+    from mindspore.common import np_dtype
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Cell()
+    net.w = Parameter(Tensor(_bfloat16_bits().view(np_dtype.bfloat16)), name="w")
+    assert net.w.dtype == ms.bfloat16
+    states = GoodStates(storage, 2**30, tmp_path, max_kept=1)
+    states.bind(net)
+    state = states.capture(1)
+    net.w.copy_(Tensor(np.zeros(8, np.float32)).astype(ms.bfloat16))  # Assign has no bfloat16 kernel on CPU
+    assert not _bits_of(net.w).any()
+    if storage == "memory":
+        assert state.tensors is not None and state.tensors[0].dtype == ms.bfloat16  # kept as bfloat16, no widening
+    else:
+        assert [s.error for s in states.finished(wait=60)] == [None]
+        assert state.path is not None
+        with np.load(state.path) as saved:  # the raw bits, and the dtype they are
+            assert saved["p0"].dtype == np.uint16 and list(saved["dtypes"]) == ["BFloat16"]
+            np.testing.assert_array_equal(saved["p0"], _bfloat16_bits())
+    assert states.restore_newest() is state
+    assert net.w.dtype == ms.bfloat16
+    np.testing.assert_array_equal(_bits_of(net.w), _bfloat16_bits())
+    states.close()
+
+
+def test_without_numpys_bfloat16_a_bfloat16_parameter_still_comes_back_from_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where MindSpore's numpy bfloat16 type is missing (a numpy of another major version), the device copy is
+    widened to float32 and the file holds float32: a restore casts it back, every number bit for bit (a NaN comes
+    back a NaN, its payload not kept)."""
+    from mindspore import Parameter
+    from mindspore.common import np_dtype
+
+    from ms_exporter.actions import good_state
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Cell()
+    net.w = Parameter(Tensor(_bfloat16_bits().view(np_dtype.bfloat16)), name="w")
+    monkeypatch.setattr(good_state, "_numpy_bfloat16", lambda: None)
+    states = GoodStates("disk", 2**30, tmp_path, max_kept=1)
+    states.bind(net)
+    state = states.capture(1)
+    assert [s.error for s in states.finished(wait=60)] == [None] and state.path is not None
+    with np.load(state.path) as saved:
+        assert saved["p0"].dtype == np.float32 and list(saved["dtypes"]) == ["BFloat16"]
+    net.w.copy_(Tensor(np.zeros(8, np.float32)).astype(ms.bfloat16))
+    assert states.restore_newest() is state and net.w.dtype == ms.bfloat16
+    restored, nan = _bits_of(net.w), 6
+    np.testing.assert_array_equal(np.delete(restored, nan), np.delete(_bfloat16_bits(), nan))
+    assert restored[nan] & 0x7F80 == 0x7F80 and restored[nan] & 0x007F  # a NaN
+    states.close()
+
+
+def _gate_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Writes from now on start, then wait for the gate: (started, gate)."""
+    from ms_exporter.actions import good_state
+
+    started, gate = threading.Event(), threading.Event()
+    write = good_state._write_npz
+
+    def gated(*arguments: Any) -> None:
+        started.set()
+        gate.wait(60)
+        write(*arguments)
+
+    monkeypatch.setattr(good_state, "_write_npz", gated)
+    return started, gate
+
+
+def test_a_restore_waits_for_the_state_still_being_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    net, states = _dense_states(tmp_path)
+    x = Tensor(np.ones((1, 3), np.float32))
+    states.capture(10)
+    states.finished(wait=60)
+    for parameter in net.trainable_params():
+        ops.assign(parameter, parameter * 3)
+    at_20 = net(x).asnumpy().copy()
+    started, gate = _gate_writes(monkeypatch)
+    state = states.capture(20)  # returns while the file is being written
+    assert started.wait(60) and not state.written.is_set() and states.newest is state
+    for parameter in net.trainable_params():
+        ops.assign(parameter, parameter * 5)
+    opens = threading.Timer(0.3, gate.set)  # a restore that did not wait would find no file and take step 10's
+    opens.start()
+    restored = states.restore_newest()
+    opens.join()
+    assert restored is state and states.kept_steps == [10, 20]
+    np.testing.assert_array_equal(net(x).asnumpy(), at_20)
+    assert [s.step for s in states.finished()] == [20]  # reported once, kept
+    states.close()
+
+
+def test_a_write_that_takes_too_long_gives_way_to_the_state_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Dense(3, 2)
+    states = GoodStates("disk", 0, tmp_path, max_kept=2, write_wait=0.05)
+    states.bind(net)
+    x = Tensor(np.ones((1, 3), np.float32))
+    states.capture(10)
+    states.finished(wait=60)
+    at_10 = net(x).asnumpy().copy()
+    for parameter in net.trainable_params():
+        ops.assign(parameter, parameter * 3)
+    started, gate = _gate_writes(monkeypatch)
+    late = states.capture(20)
+    assert started.wait(60)
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        assert states.restore_newest() is not late
+    np.testing.assert_array_equal(net(x).asnumpy(), at_10)
+    assert any(
+        "step 20 is still being written after 0.05 s; trying the one of step 10" in r.getMessage()
+        for r in caplog.records
+    )
+    gate.set()
+    assert states.finished(wait=60) == [late] and late.error is None and states.kept_steps == [10, 20]
+    states.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_that_fails_keeps_nothing_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ms_exporter.actions import good_state
+
+    net, states = _dense_states(tmp_path)
+    states.capture(10)
+    states.finished(wait=60)
+    write = good_state._write_npz
+
+    def full(file: Any, arrays: Any, dtypes: Any) -> None:
+        file.write(b"half an archive")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(good_state, "_write_npz", full)
+    failed = states.capture(20)
+    [ended] = states.finished(wait=60)
+    assert ended is failed and isinstance(failed.error, OSError) and failed.error.errno == 28
+    assert states.kept_steps == [10] and states.newest is not failed
+    kept = states._kept[0].path
+    assert kept is not None and list(tmp_path.iterdir()) == [kept]  # no temporary
+    monkeypatch.setattr(good_state, "_write_npz", write)
+    states.capture(30)  # the next keep writes as before
+    assert [s.error for s in states.finished(wait=60)] == [None] and states.kept_steps == [10, 30]
+    states.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+class _RunContext:
+    def __init__(self, cb_params: dict[str, Any]) -> None:
+        self.cb_params = cb_params
+
+    def original_args(self) -> dict[str, Any]:
+        return self.cb_params
+
+    def request_stop(self) -> None:
+        raise AssertionError("nothing here stops the training")
+
+
+def test_a_write_that_failed_before_the_step_looked_is_a_keep_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background write can fail (a full disk) before the training thread looks at the state it just took:
+    that is a keep that failed, tried again at the next step and switched off after 3, never a state kept."""
+    from ms_exporter.actions import good_state
+    from ms_exporter.actions.runner import ActionRunner
+    from tests.support.samples import sample
+
+    def full(file: Any, arrays: Any, dtypes: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    start = good_state.GoodStates._start_write
+
+    def ended_before_capture_returns(self: GoodStates, step: int, copies: list[Any]) -> Any:
+        state = start(self, step, copies)
+        state.written.wait(60)
+        return state
+
+    monkeypatch.setattr(good_state, "_write_npz", full)
+    monkeypatch.setattr(good_state.GoodStates, "_start_write", ended_before_capture_returns)
+    rollback = {"enable": True, "storage": "disk", "good_every": 5, "quiet_steps": 1, "min_health": 0}
+    store = MetricStore()
+    runner = ActionRunner(load_config({"save_dir": str(tmp_path), "actions": {"rollback": rollback}}), store)
+    cb_params: dict[str, Any] = {"train_network": nn.Dense(2, 2), "cur_step_num": 0}
+    runner.on_train_begin(cb_params)
+    for step in range(1, 11):
+        cb_params["cur_step_num"] = step
+        runner.act(sample(step), _RunContext(cb_params))
+    errors = {dict(s.labels)["component"]: s.value for s in store.series_of(catalogue.ERRORS)}
+    assert errors["actions.rollback.keep"] == 3  # steps 5, 6 and 7, then switched off
+    assert store.value_of(catalogue.LAST_GOOD_STEP) == 0  # none kept (the gauge starts at 0)
+    assert list(tmp_path.glob("good-states/*")) == []
+    runner.close()
 
 
 def test_a_batch_row_hashes_as_the_sample_it_was_stacked_from() -> None:
@@ -212,6 +448,7 @@ def test_round2_finding_5_a_good_state_that_cannot_be_read_is_removed_and_the_on
     for parameter in net.trainable_params():
         ops.assign(parameter, parameter * 3)
     newest = states.capture(20)
+    states.finished(wait=60)
     assert newest.path is not None
     newest.path.write_bytes(newest.path.read_bytes()[:100])  # truncated, as by a full disk or a killed copy
     for parameter in net.trainable_params():
@@ -244,6 +481,7 @@ def test_round2_finding_6_good_states_and_the_list_replace_planted_links_never_f
     (tmp_path / "skipped-batches.json.lock").symlink_to(victims["lock"])
     (tmp_path / f"skipped-batches.json.{pid}.partial").symlink_to(victims["list-partial"])
     states.capture(1)
+    assert [s.error for s in states.finished(wait=60)] == [None]
     assert [victims[n].read_bytes() for n in ("state", "partial")] == [b"the training user's file"] * 2
     assert final.is_file() and not final.is_symlink()  # the link was replaced by the state
     assert SkippedBatches(tmp_path).append([{"step": 1}]) == 1  # the linked list is moved aside, a new one begins

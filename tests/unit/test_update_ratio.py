@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore.train.callback import _InternalCallbackParam
@@ -16,23 +17,23 @@ from ms_exporter.probes.update_ratio import UpdateRatioProbe
 
 
 class Param:
-    """A parameter whose asnumpy shares its memory, as a CPU Parameter's does."""
+    """A real Parameter whose values the test changes in place, as the optimizer does (ops.assign)."""
 
     def __init__(self, name: str, values: list[float]) -> None:
-        self.name = name
-        self.values = np.asarray(values, np.float32)
-
-    def asnumpy(self) -> np.ndarray:
-        return self.values
+        self.parameter = ms.Parameter(ms.Tensor(np.asarray(values, np.float32)), name=name)
 
     @property
-    def dtype(self) -> str:
-        return "Float32"
+    def values(self) -> np.ndarray:
+        return np.array(self.parameter.asnumpy())
+
+    @values.setter
+    def values(self, values: np.ndarray) -> None:
+        ms.ops.assign(self.parameter, ms.Tensor(np.asarray(values, np.float32)))
 
 
 class Network:
     def __init__(self, weights: list[Param]) -> None:
-        self.weights = weights
+        self.weights = [w.parameter for w in weights]
 
 
 def begin(probe: UpdateRatioProbe, weights: list[Param], step: int = 0) -> None:
@@ -130,3 +131,32 @@ def test_samples_published_together_compare_the_weights_each_step_ended_with() -
     for step in (1, 2):
         probe.on_step(StepSample(step, 1, 1, 0.5, 0.01, None, 1, 0, 0.0, 0.0))
     assert ratios(store) == {"a": pytest.approx(1.0 / 2.0)}  # 1 -> 2 at the two step ends, not 3 -> 3 now
+
+
+def test_a_large_weight_is_read_at_sketch_size_positions_and_its_ratio_estimated_within_the_stated_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(11)
+    values = rng.normal(0, 1, 200_000).astype(np.float32)
+    moved = values + rng.normal(0, 0.01, values.size).astype(np.float32)
+    exact = float(np.linalg.norm((moved - values).astype(np.float64)) / np.linalg.norm(moved.astype(np.float64)))
+    store = MetricStore()
+    probe = UpdateRatioProbe(store, UpdateRatioConfig(every_n_steps=1, layers=("big",), sketch_size=1024))
+    big = Param("big.weight", values.tolist())
+    begin(probe, [big])
+    read: list[int] = []
+    original = ms.Tensor.asnumpy
+
+    def counted(tensor: ms.Tensor) -> np.ndarray:
+        array = original(tensor)
+        read.append(array.nbytes)
+        return array
+
+    monkeypatch.setattr(ms.Tensor, "asnumpy", counted)
+    at(probe, 1)
+    monkeypatch.setattr(ms.Tensor, "asnumpy", original)
+    big.values = moved
+    at(probe, 2)
+    assert read == [4 * 1024]  # one transfer of the positions' values, not the 800 kB weight
+    stated = 1 / math.sqrt(2 * 1024)
+    assert ratios(store)["big"] == pytest.approx(exact, rel=3 * stated)

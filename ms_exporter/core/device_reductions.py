@@ -1,0 +1,286 @@
+"""Statistics of many tensors reduced where the tensors live, by one compiled MindSpore function, into one small
+tensor that crosses to the host in one transfer.
+
+Every per-layer feature (weight and gradient norms, update ratios, LayerNorm statistics, fingerprints, histograms)
+reads its tensors through one of these: the bytes that reach the host per sample are a few per tensor, whatever the
+tensors' sizes, and the host does no arithmetic over parameters. Each reduction takes every tensor as an argument
+of its own: MindSpore's compiler takes a tuple argument for a constant and would compile again at every call.
+MindSpore compiles a reduction at its first call and again only when the tensors' shapes or dtypes change.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+# Where the values of a histogram row sit (HISTOGRAM_HEAD numbers, then one count per bin).
+HIST_MIN, HIST_MAX, HIST_COUNT, HIST_SUM, HIST_SUM_SQUARES = range(5)
+HISTOGRAM_HEAD = 5
+
+
+# Tensors reduced by one call at most, in values: a call's intermediates (a float32 widening, squares, masks) live
+# together on the device, so a bucket bounds them to a few hundred MB however large the model (a larger tensor is a
+# bucket of its own). The buckets' results are joined on the device: still one transfer.
+BUCKET_VALUES = 1 << 24
+
+
+class _Compiled:
+    """A reduction body compiled with ms.jit on first use (MindSpore imported then, not at import)."""
+
+    def __init__(self, make: Callable[[], Callable[..., Any]]) -> None:
+        self._make = make
+        self._compiled: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *arguments: Any) -> Any:
+        if self._compiled is None:
+            with self._lock:
+                if self._compiled is None:
+                    import mindspore as ms
+
+                    self._compiled = ms.jit(self._make())
+        return self._compiled(*arguments)
+
+    def over(self, arguments: Sequence[Any], per: int = 1) -> Any:
+        """The reduction over buckets of consecutive tensors (`per` arguments a tensor, its size read from the first),
+        joined along the first axis on the device. The buckets fall the same way at every sample, so each bucket's
+        shapes compile once."""
+        buckets: list[list[Any]] = []
+        current: list[Any] = []
+        values = 0
+        for start in range(0, len(arguments), per):
+            size = int(arguments[start].size)
+            if current and values + size > BUCKET_VALUES:
+                buckets.append(current)
+                current, values = [], 0
+            current.extend(arguments[start : start + per])
+            values += size
+        if current:
+            buckets.append(current)
+        results = [self(*bucket) for bucket in buckets]
+        if len(results) == 1:
+            return results[0]
+        from mindspore import ops
+
+        return ops.cat(results)
+
+
+def _square_sums_body() -> Callable[..., Any]:
+    import mindspore as ms
+    from mindspore import ops
+
+    float32 = ms.float32
+
+    def square_sums(*tensors: Any) -> Any:
+        sums = []
+        for t in tensors:
+            x = ops.square(t.astype(float32))
+            # Rows summed by a matrix-vector product, then the rows: MindSpore's CPU ReduceSum runs about 5x slower
+            # than its matmul over the same values (150 ms against 30 ms for 25 M on 2 cores), and a device's
+            # matrix unit sums as well as its reduction does.
+            columns = x.shape[-1] if len(x.shape) > 1 else 1
+            rows = ops.matmul(x.reshape(-1, columns), ops.ones((columns, 1), float32))
+            sums.append(rows.sum())
+        return ops.stack(sums)
+
+    return square_sums
+
+
+def _moments_body() -> Callable[..., Any]:
+    import mindspore as ms
+    from mindspore import ops
+
+    float32 = ms.float32
+
+    def moments(*tensors: Any) -> Any:
+        rows = []
+        for t in tensors:
+            x = t.astype(float32).reshape(-1)
+            # Around the first value: values near 1 with a spread of 1e-5 differ from it exactly (Sterbenz), and the
+            # mean of those differences keeps digits a float32 mean of the values themselves would round away. The
+            # host adds the two in float64.
+            shift = x[0]
+            offset = ops.mean(x - shift)
+            centred = x - shift - offset  # the spread in a second pass: no E[x^2] - E[x]^2 cancellation
+            rows.append(ops.stack([shift, offset, ops.sqrt(ops.mean(centred * centred))]))
+        return ops.stack(rows)
+
+    return moments
+
+
+def _gathered_body() -> Callable[..., Any]:
+    import mindspore as ms
+    from mindspore import ops
+
+    int32 = ms.int32
+
+    def gathered(*pairs: Any) -> Any:
+        # pairs: a tensor's bit words, its int32 flat positions, the next tensor's words, positions, ...
+        # Gathered as words (every backend gathers integers; MindSpore's CPU gathers no bfloat16) and decoded on the
+        # host, where only the gathered values are.
+        picked = [ops.gather(pairs[i].reshape(-1), pairs[i + 1], 0).astype(int32) for i in range(0, len(pairs), 2)]
+        return ops.cat(picked)
+
+    return gathered
+
+
+def _bit_sums_body() -> Callable[..., Any]:
+    from mindspore import ops
+
+    def bit_sums(*words: Any) -> Any:
+        # Integer addition: exact, and the same whatever order the device adds in (a float sum is neither).
+        return ops.stack([ops.sum(w) for w in words])
+
+    return bit_sums
+
+
+def _histograms_body(bins: int) -> Callable[..., Any]:
+    import mindspore as ms
+    from mindspore import ops
+
+    float32, int32 = ms.float32, ms.int32
+
+    def histograms(*tensors: Any) -> Any:
+        rows = []
+        for t in tensors:
+            x = t.astype(float32).reshape(-1)
+            finite = ops.isfinite(x)
+            kept = ops.select(finite, x, ops.zeros_like(x))
+            # Scalars, not full_like/ones_like: MindSpore's compiler folds those into host arrays of the tensor's
+            # size when it compiles.
+            low = ops.where(finite, x, 3.0e38).min()
+            high = ops.where(finite, x, -3.0e38).max()
+            weight = finite.astype(float32)  # a non-finite value weighs 0 in whichever bin it lands
+            width = ops.maximum(high - low, 1e-30)
+            position = ops.clip(ops.floor((kept - low) / width * bins).astype(int32), 0, bins - 1)
+            counts = ops.unsorted_segment_sum(weight, position, bins)
+            head = ops.stack([low, high, weight.sum(), kept.sum(), (kept * kept).sum()])
+            rows.append(ops.cat([head, counts]))
+        return ops.stack(rows)
+
+    return histograms
+
+
+_square_sums = _Compiled(_square_sums_body)
+_moments = _Compiled(_moments_body)
+_gathered = _Compiled(_gathered_body)
+_bit_sums = _Compiled(_bit_sums_body)
+_histograms: dict[int, _Compiled] = {}
+
+
+def to_host(value: Any) -> np.ndarray:
+    """The one transfer of a reduction's result."""
+    return np.asarray(value.asnumpy())
+
+
+def square_sums(tensors: Sequence[Any]) -> np.ndarray:
+    """Each tensor's sum of squares (float32 on the device, widened on the device from float16/bfloat16)."""
+    if not tensors:
+        return np.zeros(0)
+    return to_host(_square_sums.over(tensors)).astype(np.float64)
+
+
+def norms(tensors: Sequence[Any]) -> np.ndarray:
+    """Each tensor's L2 norm."""
+    result: np.ndarray = np.sqrt(square_sums(tensors))
+    return result
+
+
+def norms_on_device(tensors: Sequence[Any]) -> Any:
+    """Each tensor's L2 norm as one device tensor, not yet read: for a step's outputs, read when published."""
+    if not tensors:
+        return None
+    from mindspore import ops
+
+    return ops.sqrt(_square_sums.over(tensors))
+
+
+def moments(tensors: Sequence[Any]) -> np.ndarray:
+    """One row per tensor: its mean and standard deviation."""
+    if not tensors:
+        return np.zeros((0, 2))
+    rows = to_host(_moments.over(tensors)).astype(np.float64).reshape(len(tensors), 3)
+    return np.stack([rows[:, 0] + rows[:, 1], rows[:, 2]], axis=1)
+
+
+def gathered(tensors: Sequence[Any], positions: Sequence[Any]) -> np.ndarray:
+    """The values at `positions` (int32 device tensors of flat positions, one per tensor), concatenated, as float32."""
+    if not tensors:
+        return np.zeros(0, np.float32)
+    pairs = [item for tensor, where in zip(tensors, positions) for item in (bit_words(tensor), where)]
+    words = to_host(_gathered.over(pairs, per=2))
+    decoded = []
+    start = 0
+    for tensor, where in zip(tensors, positions):
+        end = start + int(where.shape[0])
+        decoded.append(_decode(words[start:end], str(tensor.dtype)))
+        start = end
+    return np.concatenate(decoded)
+
+
+def _decode(words: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values from bit words widened to int32 on the device."""
+    if dtype == "Float32":
+        return words.astype(np.int32).view(np.float32)
+    if dtype == "Float16":
+        return words.astype(np.int16).view(np.float16).astype(np.float32)
+    if dtype == "BFloat16":  # the upper half of a float32
+        return (words.astype(np.uint32) << 16).view(np.float32)
+    return words.astype(np.float32)
+
+
+def bit_words(tensor: Any) -> Any:
+    """The tensor's bits as integers of its own width (a view where MindSpore can make one, not a widening copy):
+    float32 -> int32, float16 and bfloat16 -> int16. Taken outside the compiled function: MindSpore's compiler does
+    not infer a dtype view."""
+    import mindspore as ms
+
+    words = {
+        ms.float32: ms.int32,
+        ms.float16: ms.int16,
+        ms.bfloat16: ms.int16,
+        ms.float64: ms.int64,
+    }.get(tensor.dtype, tensor.dtype)  # integers and booleans are summed as they are
+    return tensor if tensor.dtype == words else tensor.view(words)
+
+
+def bit_sums(tensors: Sequence[Any]) -> np.ndarray:
+    """Each tensor's bit patterns added as integers, exactly (int64): a change of any element by one unit in the last
+    place changes its tensor's sum, and equal bits give equal sums on every device."""
+    if not tensors:
+        return np.zeros(0, np.int64)
+    return to_host(_bit_sums.over([bit_words(t) for t in tensors])).astype(np.int64)
+
+
+def histograms(tensors: Sequence[Any], bins: int) -> np.ndarray:
+    """One row per tensor: min, max, count, sum and sum of squares of its finite values, then `bins` counts of equal
+    bins between that min and max. Only these numbers reach the host."""
+    if not tensors:
+        return np.zeros((0, HISTOGRAM_HEAD + bins))
+    compiled = _histograms.get(bins)
+    if compiled is None:
+        compiled = _histograms[bins] = _Compiled(lambda: _histograms_body(bins))
+    return to_host(compiled.over(tensors)).astype(np.float64).reshape(len(tensors), HISTOGRAM_HEAD + bins)
+
+
+def _stacked_body() -> Callable[..., Any]:
+    from mindspore import ops
+
+    def stacked(*tensors: Any) -> Any:
+        return ops.stack(tensors)
+
+    return stacked
+
+
+_stacked = _Compiled(_stacked_body)
+
+
+def stacked(tensors: Sequence[Any]) -> np.ndarray:
+    """Tensors of one shape and dtype (small ones: per-layer statistics vectors, Parameters among them) stacked on the
+    device and read in one transfer: row i is tensors[i], in their own dtype."""
+    if not tensors:
+        return np.zeros(0)
+    return to_host(_stacked.over(tensors))
