@@ -85,6 +85,9 @@ class _Counter:
         self.calls: collections.Counter[str] = collections.Counter()
         self.current = threading.local()
         self.lock = threading.Lock()
+        self.peak_growth: collections.Counter[str] = collections.Counter()  # MB of peak RSS first reached in a hook
+        self.by_step: collections.Counter[tuple[str, int]] = collections.Counter()  # (part, step) -> bytes
+        self.step = 0  # the step whose end the training thread is in (publication runs inside it)
 
     def patch(self) -> None:
         from mindspore import Tensor
@@ -99,6 +102,7 @@ class _Counter:
                     part = getattr(self.current, "part", "monitor")
                     with self.lock:
                         self.bytes[part] += int(tensor.nbytes)
+                        self.by_step[(part, self.step)] += int(tensor.nbytes)
                         self.calls[part] += 1
                 return value
 
@@ -116,11 +120,15 @@ def _timed(parts: list[Any], counter: _Counter, times: dict[str, dict[int, float
             def wrapped(*args: Any, _original: Any = original, _name: str = part.name, **kwargs: Any) -> Any:
                 step = args[0] if isinstance(args[0], int) else int(getattr(args[0], "step", -1))
                 counter.current.part = _name
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 began = time.perf_counter()
                 try:
                     return _original(*args, **kwargs)
                 finally:
                     spent = time.perf_counter() - began
+                    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+                    if grew > 0:  # the process's peak memory rose inside this part's hook
+                        counter.peak_growth[_name] += grew / 1024
                     counter.current.part = "monitor"
                     per_step = times.setdefault(_name, {})
                     per_step[step] = per_step.get(step, 0.0) + spent
@@ -174,6 +182,7 @@ def one(size: str, monitored: bool, steps: int, scratch: str) -> dict[str, Any]:
         original_end = monitor.on_train_step_end
 
         def step_end(run_context: Any) -> None:
+            counter.step = run_context.original_args().cur_step_num
             began = time.perf_counter()
             original_end(run_context)
             hook_times[run_context.original_args().cur_step_num] = time.perf_counter() - began
@@ -200,6 +209,7 @@ def one(size: str, monitored: bool, steps: int, scratch: str) -> dict[str, Any]:
     result: dict[str, Any] = {
         "size": size,
         "parameters": parameters,
+        "tensors": len(network.trainable_params()),
         "monitored": monitored,
         "step_ms": step_ms,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -208,16 +218,23 @@ def one(size: str, monitored: bool, steps: int, scratch: str) -> dict[str, Any]:
         others = [hook_times[s] for s in hook_times if s % EVERY and s > 2]
         result["hook_sampled_ms"] = float(np.median([hook_times[s] for s in sampled])) * 1e3
         result["hook_other_ms"] = float(np.median(others)) * 1e3
-        samples_taken = max(1, len([s for s in hook_times if s % EVERY == 0]))
-        result["bytes_per_sample"] = sum(counter.bytes.values()) / samples_taken
+
+        # Past each reduction's first sample (compiling reads constants once): what every later sample moves.
+        def per_sample(parts: list[str]) -> float:
+            return float(np.median([sum(counter.by_step[(p, s)] for p in parts) for s in sampled]))
+
+        every_part = sorted({part for part, _ in counter.by_step})
+        result["bytes_per_sample"] = per_sample(every_part)
+        result["first_sample_bytes"] = sum(counter.by_step[(p, EVERY)] for p in every_part)
         result["parts"] = {
             name: {
                 "sampled_ms": float(np.median([by_step.get(s, 0.0) for s in sampled])) * 1e3,
-                "bytes_per_sample": counter.bytes.get(name, 0) / samples_taken,
+                "bytes_per_sample": per_sample([name]),
+                "peak_growth_mb": counter.peak_growth.get(name, 0.0),
             }
             for name, by_step in part_times.items()
         }
-        result["unattributed_bytes_per_sample"] = counter.bytes.get("monitor", 0) / samples_taken
+        result["unattributed_bytes_per_sample"] = per_sample(["monitor"])
     return result
 
 
@@ -251,7 +268,8 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
         f"Measured by `{command}` on {machine} ({seconds / 60:.0f} min). {BLOCKS} blocks of Dense + LayerNorm, batch "
         f"{BATCH}, Adam through GradNormTrainOneStepCell, GRAPH mode; every per-layer feature on and sampled every "
         f"{EVERY} steps; each size in a process of its own, once with the monitor and once without. Bytes: what "
-        "ms_exporter read from tensors (`asnumpy`, `item`, `tolist`) per sampled step. Sampled step end: the "
+        "ms_exporter read from tensors (`asnumpy`, `item`, `tolist`) at a sampled step past the first (median; the "
+        "first also reads the constants MindSpore folds while it compiles each reduction). Sampled step end: the "
         "monitor's step-end hook at a sampled step (median). Peak RSS added: with the monitor less without.",
         "",
         "| parameters | step (no monitor) | bytes to the host per sample | sampled step end | share of a step "
@@ -287,22 +305,40 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
 
 
 def _extrapolation(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
-    """The sampled step end and the bytes fitted as a power of the parameter count, carried to 7B and 70B."""
+    """The sampled step end and the step fitted as powers of the parameter count, carried to 7B and 70B; the bytes
+    carried by the number of weight tensors."""
     if len(pairs) < 2:
         return []
     n = np.log([r["parameters"] for _, r in pairs])
-    lines = ["Fitted as a power of the parameter count N over the sizes above, carried to 7 B and 70 B per rank:", ""]
-    for key, label, unit, scale in (
-        ("hook_sampled_ms", "sampled step end", "ms", 1.0),
-        ("bytes_per_sample", "bytes to the host per sample", "KB", 1e-3),
+    fitted: dict[str, dict[float, float]] = {}
+    lines = ["Carried to 7 B and 70 B per rank (times fitted as powers of the parameter count N over the sizes):", ""]
+    for key, label, unit, scale, value in (
+        ("hook", "sampled step end", "ms", 1.0, lambda b, r: r["hook_sampled_ms"]),
+        ("step", "training step without the monitor", "ms", 1.0, lambda b, r: b["step_ms"]),
     ):
-        y = np.log([max(r[key], 1e-9) for _, r in pairs])
-        slope, intercept = np.polyfit(n, y, 1)
-        at = {big: float(np.exp(intercept + slope * np.log(big))) * scale for big in (7e9, 70e9)}
-        lines.append(
-            f"- {label}: ~ N^{slope:.2f}; 7 B: {at[7e9]:,.1f} {unit}, 70 B: {at[70e9]:,.1f} {unit} (a fit of CPU "
-            "timings: on a device the reductions run on the device, and what the host pays is the transfer)."
-        )
+        slope, intercept = np.polyfit(n, np.log([max(value(b, r), 1e-9) for b, r in pairs]), 1)
+        fitted[key] = {big: float(np.exp(intercept + slope * np.log(big))) for big in (7e9, 70e9)}
+        at = fitted[key]
+        carried = f"7 B: {at[7e9] * scale:,.0f} {unit}, 70 B: {at[70e9] * scale:,.0f} {unit}"
+        lines.append(f"- {label}: ~ N^{slope:.2f}; {carried}")
+    largest = pairs[-1][1]
+    per_tensor = largest["bytes_per_sample"] / largest["tensors"]
+    lines.append(
+        "- bytes to the host per sample follow the number of weight tensors, not their sizes: "
+        f"{per_tensor / 1e3:.1f} KB a tensor at {largest['parameters'] / 1e6:.0f} M ({largest['tensors']} tensors); "
+        "a Llama-2-7B layout (291 weight tensors)"
+        f" {per_tensor * 291 / 1e6:.1f} MB, 70B (723) {per_tensor * 723 / 1e6:.1f} MB per rank, every "
+        "per-layer feature on"
+    )
+    share = {big: fitted["hook"][big] / fitted["step"][big] for big in (7e9, 70e9)}
+    lines += [
+        f"- the sampled step end as a share of the step: 7 B: {share[7e9]:.0%}, 70 B: {share[70e9]:.0%}.",
+        "",
+        "The bytes are a property of the reductions (a few per tensor, the sketch's 4 KB a weight) and carry to any "
+        "device. The times are this CPU's: here the device is the host's two cores, so every reduction's pass over "
+        "the weights competes with training for the same memory bandwidth; on an accelerator those passes run at the "
+        "device memory's speed and only the transfer above reaches the host (not measured: no accelerator here).",
+    ]
     return lines
 
 

@@ -17,7 +17,7 @@ from ms_exporter.config import UpdateRatioConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import gathered
+from ms_exporter.core.device_reductions import gathered, positions_in
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
@@ -58,7 +58,7 @@ class UpdateRatioProbe(Probe):
         self._next_step = 0
 
     def on_train_begin(self, cb_params: Any) -> None:
-        parameters = [p for p in trained_weights_of(cb_params) if int(p.size) > 0]
+        parameters = [p for p in trained_weights_of(cb_params) if int(p.size) > 0 and len(p.shape) > 0]
         self._sketch = Sketch(parameters, self._config.sketch_size)
         self._index = LayerIndex(
             [p.name for p in parameters], self._config.layers, self._config.max_series - 2 * self._config.top_k
@@ -113,8 +113,6 @@ class Sketch:
     """Fixed random positions of each tensor, kept on the device, and the values there read in one transfer."""
 
     def __init__(self, parameters: list[Any], size: int) -> None:
-        from mindspore import Tensor
-
         self._parameters = parameters
         counts = []
         self._positions = []
@@ -123,8 +121,7 @@ class Sketch:
             # Seeded by the name: the same positions on every replica and after a restart.
             rng = np.random.default_rng(zlib.crc32(str(parameter.name).encode()))
             chosen = np.arange(total) if total <= size else np.sort(rng.choice(total, size=size, replace=False))
-            dtype = np.int32 if total < 2**31 else np.int64
-            self._positions.append(Tensor(chosen.astype(dtype)))
+            self._positions.append(positions_in(parameter.shape, chosen))
             counts.append(len(chosen))
         self._starts = np.cumsum([0, *counts[:-1]]).astype(np.intp)
         # Each tensor's size over the positions read: what turns the positions' sum of squares into the tensor's.

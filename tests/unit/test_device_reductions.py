@@ -133,7 +133,7 @@ def test_gathered_values_are_the_tensors_own_at_those_positions(dtype: str, tran
     values = [exact_values(rng, shape, dtype) for shape in ((50, 40), (9,))]
     parameters = [parameter(v, dtype, f"p{i}") for i, v in enumerate(values)]
     positions = [np.sort(rng.choice(v.size, size=min(v.size, 25), replace=False)).astype(np.int32) for v in values]
-    where = [ms.Tensor(p) for p in positions]
+    where = [d.positions_in(v.shape, p) for v, p in zip(values, positions)]
     transfers.clear()  # making a Parameter reads its value
     picked = d.gathered(parameters, where)
     expected = np.concatenate([v.reshape(-1)[p] for v, p in zip(values, positions)])
@@ -160,7 +160,7 @@ def test_tensors_past_a_bucket_are_reduced_in_several_calls_and_still_read_once(
     parameters = [parameter(v, "float32", f"p{i}") for i, v in enumerate(values)]
     host = [v.astype(np.float64) for v in values]
     d.norms(parameters), d.bit_sums(parameters), d.moments(parameters), d.histograms(parameters, 8)
-    positions = [ms.Tensor(np.arange(min(v.size, 7), dtype=np.int32)) for v in values]
+    positions = [d.positions_in(v.shape, np.arange(min(v.size, 7))) for v in values]
     d.gathered(parameters, positions)
     transfers.clear()
     assert d.norms(parameters) == pytest.approx([np.linalg.norm(v) for v in host], rel=1e-5)
@@ -170,3 +170,16 @@ def test_tensors_past_a_bucket_are_reduced_in_several_calls_and_still_read_once(
     picked = d.gathered(parameters, positions)
     assert np.array_equal(picked, np.concatenate([v.reshape(-1)[:7] for v in values]))
     assert transfers.calls == 5
+
+
+def test_the_cpus_float64_way_of_adding_the_bits_equals_the_integer_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the bits are added by a float64 matrix-vector product (exact below 2^53); accelerators add int64s."""
+    rng = np.random.default_rng(9)
+    parameters = [
+        parameter(exact_values(rng, shape, "float32"), "float32", f"p{i}") for i, shape in enumerate(((64, 300), (77,)))
+    ]
+    monkeypatch.setattr(d, "_EXACT_COLUMNS", 0)  # every tensor the integer way
+    integer_way = d._Compiled(d._bit_sums_body)
+    words = [d.bit_words(p) for p in parameters]
+    assert d.to_host(integer_way(*words)).tolist() == d.bit_sums(parameters).tolist()
+    assert d.bit_sums(parameters).tolist() == [int(signed_bits(p.asnumpy(), "float32").sum()) for p in parameters]
