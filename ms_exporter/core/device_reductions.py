@@ -193,7 +193,26 @@ def _histograms_body(bins: int) -> Callable[..., Any]:
     return histograms
 
 
+def _gathered_values_body() -> Callable[..., Any]:
+    import mindspore as ms
+    from mindspore import ops
+
+    float32 = ms.float32
+    gathers_bfloat16 = ms.get_context("device_target") != "CPU"
+
+    def gathered_values(*pairs: Any) -> Any:
+        # Where MindSpore cannot view the bits as integers: the values themselves, bfloat16 widened first on CPU.
+        picked = []
+        for i in range(0, len(pairs), 2):
+            t = pairs[i] if gathers_bfloat16 or pairs[i].dtype != ms.bfloat16 else pairs[i].astype(float32)
+            picked.append(ops.gather_nd(t, pairs[i + 1]).astype(float32))
+        return ops.cat(picked)
+
+    return gathered_values
+
+
 _square_sums = _Compiled(_square_sums_body)
+_gathered_values = _Compiled(_gathered_values_body)
 _moments = _Compiled(_moments_body)
 _gathered = _Compiled(_gathered_body)
 _bit_sums = _Compiled(_bit_sums_body)
@@ -247,6 +266,9 @@ def gathered(tensors: Sequence[Any], positions: Sequence[Any]) -> np.ndarray:
     """The values at `positions` (one `positions_in` tensor per tensor), concatenated, as float32."""
     if not tensors:
         return np.zeros(0, np.float32)
+    if not views_dtypes():
+        pairs = [item for tensor, where in zip(tensors, positions) for item in (tensor, where)]
+        return to_host(_gathered_values.over(pairs, per=2)).astype(np.float32)
     pairs = [item for tensor, where in zip(tensors, positions) for item in (bit_words(tensor), where)]
     words = to_host(_gathered.over(pairs, per=2))
     decoded = []
@@ -284,11 +306,49 @@ def bit_words(tensor: Any) -> Any:
     return tensor if tensor.dtype == words else tensor.view(words)
 
 
+def views_dtypes() -> bool:
+    """Whether this MindSpore reinterprets a tensor's bits as another dtype (`Tensor.view(dtype)`; 2.7 has only
+    `view(shape)`)."""
+    global _VIEWS_DTYPES
+    if _VIEWS_DTYPES is None:
+        import mindspore as ms
+
+        try:
+            ms.Tensor(np.zeros(1, np.float32)).view(ms.int32)
+            _VIEWS_DTYPES = True
+        except (TypeError, ValueError, RuntimeError):
+            _VIEWS_DTYPES = False
+    return _VIEWS_DTYPES
+
+
+_VIEWS_DTYPES: bool | None = None
+
+
+def _host_bit_sums(tensors: Sequence[Any]) -> np.ndarray:
+    """The same sums from host copies, where MindSpore cannot view the bits on the device: the tensors cross to the
+    host whole (on a CPU they are host memory already). bfloat16 is widened to float32 first, exactly: its bits are
+    the upper half of the float32's."""
+    import mindspore as ms
+
+    sums = []
+    for tensor in tensors:
+        if tensor.dtype == ms.bfloat16:
+            words = (np.asarray(tensor.astype(ms.float32).asnumpy()).view(np.uint32) >> 16).astype(np.uint16)
+            words = words.view(np.int16)
+        else:
+            values = np.ascontiguousarray(tensor.asnumpy())
+            words = values.view({1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[values.dtype.itemsize])
+        sums.append(np.add.reduce(words.reshape(-1), dtype=np.int64))
+    return np.asarray(sums, np.int64)
+
+
 def bit_sums(tensors: Sequence[Any]) -> np.ndarray:
     """Each tensor's bit patterns added as integers, exactly (int64): a change of any element by one unit in the last
     place changes its tensor's sum, and equal bits give equal sums on every device."""
     if not tensors:
         return np.zeros(0, np.int64)
+    if not views_dtypes():
+        return _host_bit_sums(tensors)
     return to_host(_bit_sums.over([bit_words(t) for t in tensors])).astype(np.int64)
 
 
