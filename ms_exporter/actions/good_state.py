@@ -12,8 +12,9 @@ shares the Parameter's memory (asnumpy would on CPU), so training on changes not
   memory_limit_mb.
 - disk: a background thread (`ms_exporter-good-state`) moves the copies to the host one Parameter at a time
   (asnumpy), writes them into an uncompressed .npz and lets each device copy go once written, as MindSpore's
-  asynchronous checkpoint save does. One write at a time: a keep while the one before is still being written waits
-  for it, so disk storage holds at most one state's device copy. A state counts as kept once its file is complete
+  asynchronous checkpoint save does. One write at a time: a keep is not taken while the one before is still being
+  written (`writing`; the rollback keeps at the next quiet step instead, never waiting), so disk storage holds at
+  most one state's device copy. A state counts as kept once its file is complete
   (`finished` reports each write that ended); a write that fails (a full disk) keeps nothing, leaves no temporary,
   and the states kept before stay. A restore that needs the state being written waits for it (write_wait seconds
   at most, then the older state is tried).
@@ -58,7 +59,9 @@ from ms_exporter.core.safe_files import make_dir, new_temporary, open_regular
 logger = logging.getLogger("ms_exporter")
 
 STATE_DIR = "good-states"
-WRITE_WAIT_SECONDS = 600.0  # the longest a restore or the next keep waits for a state still being written
+# The longest a restore waits for a state still being written (then the state before is restored): a rollback is
+# rare, and a file written since the last good step is usually a few seconds from done. A keep never waits.
+WRITE_WAIT_SECONDS = 60.0
 _BFLOAT16 = "BFloat16"  # str() of MindSpore's dtype
 _DTYPES = "dtypes"  # the archive member that records each Parameter's dtype
 _LEGACY_PARTIAL = re.compile(r"^good-step\d+-\d+\.npz\.partial$")  # the temporaries of ms_exporter before round two
@@ -122,7 +125,8 @@ class GoodStates:
     """The newest `max_kept` good states of one train network. `storage`: memory (device copies), disk (files written
     by a background thread) or auto (memory while max_kept + 1 states fit in `memory_limit` bytes). `owner`
     (`<run>-rank<r>`) names this rank's files among those of the other ranks and runs that share the directory.
-    `write_wait`: the longest a restore or the next keep waits for a file being written."""
+    `write_wait`: the longest a restore (or a capture the caller did not hold back while `writing`) waits for a file
+    being written."""
 
     def __init__(
         self,
@@ -181,6 +185,11 @@ class GoodStates:
     def kept_steps(self) -> list[int]:
         """The steps of the states kept (a state being written is not kept yet)."""
         return [state.step for state in self._kept]
+
+    @property
+    def writing(self) -> bool:
+        """Whether a state is still being written: a keep now would wait for it."""
+        return self._writing is not None and not self._writing.written.is_set()
 
     @property
     def where(self) -> str:

@@ -221,6 +221,8 @@ class Rollback:
             and self._quiet >= self._config.quiet_steps
             and gate >= self._config.min_health
         ):
+            if self._states.writing:  # the state before is still being written: keep at the next quiet step
+                return False
             self._keep_calls += 1
             try:
                 state = self._states.capture(step)

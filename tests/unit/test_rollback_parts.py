@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -589,3 +590,38 @@ def test_the_runner_reports_a_backed_off_learning_rate_through_the_learning_rate
     )
     assert runner._lr_probe is probe
     runner.close()
+
+
+def test_a_keep_due_while_the_state_before_is_being_written_waits_for_the_next_quiet_step_not_for_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ms_exporter.actions.runner import ActionRunner
+    from tests.support.samples import sample
+
+    started, gate = _gate_writes(monkeypatch)
+    rollback = {"enable": True, "storage": "disk", "good_every": 2, "quiet_steps": 1, "min_health": 0}
+    store = MetricStore()
+    runner = ActionRunner(load_config({"save_dir": str(tmp_path), "actions": {"rollback": rollback}}), store)
+    cb_params: dict[str, Any] = {"train_network": nn.Dense(2, 2), "cur_step_num": 0}
+    runner.on_train_begin(cb_params)
+    try:
+        for step in range(1, 7):  # step 2 keeps; its write hangs at the gate; 4 and 6 come due meanwhile
+            cb_params["cur_step_num"] = step
+            began = time.perf_counter()
+            runner.act(sample(step), _RunContext(cb_params))
+            assert time.perf_counter() - began < 30  # a keep that waited would sit at the gate for 60 s
+        assert started.wait(30) and store.value_of(catalogue.LAST_GOOD_STEP) == 0  # still being written
+        gate.set()
+        for step in range(7, 10):
+            cb_params["cur_step_num"] = step
+            runner.act(sample(step), _RunContext(cb_params))
+        deadline = time.monotonic() + 60
+        while store.value_of(catalogue.LAST_GOOD_STEP) < 8 and time.monotonic() < deadline:
+            cb_params["cur_step_num"] = step = step + 1
+            runner.act(sample(step), _RunContext(cb_params))
+        assert store.value_of(catalogue.LAST_GOOD_STEP) >= 8  # keeping went on once the write ended
+        errors = {dict(s.labels)["component"]: s.value for s in store.series_of(catalogue.ERRORS)}
+        assert errors["actions.rollback.keep"] == 0  # a postponed keep is no failure
+    finally:
+        gate.set()
+        runner.close()
