@@ -49,17 +49,19 @@ def spread_evenly(items: list[Any], limit: int) -> list[Any]:
 
 
 class _Scale:
-    def __init__(self, layer: str, parameter: Any, mean: Series, std: Series, drift: Series) -> None:
+    """One watched scale: its series (mean, std, drift) appear with its first sample, none before (a 0 would be
+    read as a measured mean)."""
+
+    def __init__(self, layer: str, parameter: Any) -> None:
         self.layer = layer
         self.parameter = parameter
-        self.mean = mean
-        self.std = std
-        self.drift = drift
+        self.series: tuple[Series, Series, Series] | None = None
         self.history: deque[tuple[int, float]] = deque()
 
 
 class LayerNormProbe(Probe):
-    """Every `every_n_steps` steps on the training thread (a parameter read must not race the optimizer).
+    """Every `every_n_steps` steps from the first, on the training thread (a parameter read must not race the
+    optimizer): the scales' mean and std reduced on the device in one compiled call, one transfer.
 
     Drift = (mean now - mean `window` steps ago) / |mean then|, using the oldest sample inside the window.
     A model with more than `max_layers` scales has `max_layers` of them watched, spread evenly over its depth.
@@ -97,18 +99,13 @@ class LayerNormProbe(Probe):
                 watched[-1][0],
             )
         for layer, gamma in watched:
-            scale = known.get(layer) or _Scale(
-                layer,
-                gamma,
-                self._mean.series(layer=layer),
-                self._std.series(layer=layer),
-                self._drift.series(layer=layer),
-            )
+            scale = known.get(layer) or _Scale(layer, gamma)
             scale.parameter = gamma
             self._scales.append(scale)
+        # The first sample is the first step's: one taken here would run a compiled reduction before the first step,
+        # and a graph run installs MindSpore's own SIGINT handler, which answers a Ctrl-C with SIGTERM where Python's
+        # KeyboardInterrupt would have ended the run (tests/integration/test_strategies.py).
         self._next_step = step_of(cb_params)
-        self.sample(self._next_step)  # the values before training moved them
-        self._next_step += self._config.every_n_steps
 
     def on_step(self, sample: StepSample) -> None:
         if sample.step >= self._next_step:
@@ -122,11 +119,19 @@ class LayerNormProbe(Probe):
         window = self._config.window
         rows = moments([scale.parameter for scale in self._scales]).tolist()
         for scale, (mean, std) in zip_strict(self._scales, rows):
-            scale.mean.value = mean
-            scale.std.value = std
+            if scale.series is None:
+                layer = scale.layer
+                scale.series = (
+                    self._mean.series(layer=layer),
+                    self._std.series(layer=layer),
+                    self._drift.series(layer=layer),
+                )
+            mean_series, std_series, drift_series = scale.series
+            mean_series.value = mean
+            std_series.value = std
             history = scale.history
             history.append((step, mean))
             while len(history) > 1 and history[1][0] <= step - window:
                 history.popleft()
             then = history[0][1]
-            scale.drift.value = (mean - then) / abs(then) if then != 0 else 0.0
+            drift_series.value = (mean - then) / abs(then) if then != 0 else 0.0

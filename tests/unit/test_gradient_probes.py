@@ -167,6 +167,7 @@ def test_layernorm_mean_std_and_drift_over_window() -> None:
     norm = LayerNorm("enc.norm1.gamma", np.array([1.0, 1.0, 1.0, 1.0]))
     probe = LayerNormProbe(store, LayerNormConfig(every_n_steps=1, window=3))
     probe.on_train_begin(params(0, Net([norm, object()])))
+    assert series(store, "mindspore_train_layernorm_scale_mean") == {}  # nothing measured before the first step
     resolver = LayoutResolver()
     for step in range(1, 4):
         probe.on_step(at(step, 0.5, resolver))
