@@ -254,6 +254,14 @@ def moments(tensors: Sequence[Any]) -> np.ndarray:
     return np.stack([rows[:, 0] + rows[:, 1], rows[:, 2]], axis=1)
 
 
+def fixed_positions(total: int, count: int, seed: int) -> np.ndarray:
+    """`count` distinct flat positions of `total`, sorted, the same for the same seed (all of them where `total` is at
+    most `count`): the positions a sketch or a drawn histogram reads at every sample."""
+    if total <= count:
+        return np.arange(total)
+    return np.sort(np.random.default_rng(seed).choice(total, size=count, replace=False))
+
+
 def positions_in(shape: Sequence[int], flat: np.ndarray) -> Any:
     """Flat positions of a tensor of `shape` as the device tensor of index rows `gathered` takes."""
     from mindspore import Tensor
@@ -381,8 +389,7 @@ def _sample_positions(shape: tuple[int, ...]) -> Any:
     positions = _positions.get(key)
     if positions is None:
         if size > HISTOGRAM_SAMPLE:
-            chosen = np.sort(np.random.default_rng(size).choice(size, size=HISTOGRAM_SAMPLE, replace=False))
-            positions = positions_in(shape, chosen)
+            positions = positions_in(shape, fixed_positions(size, HISTOGRAM_SAMPLE, seed=size))
         else:
             from mindspore import Tensor
 

@@ -17,7 +17,7 @@ from ms_exporter.config import UpdateRatioConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import gathered, positions_in
+from ms_exporter.core.device_reductions import fixed_positions, gathered, positions_in
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
@@ -119,8 +119,7 @@ class Sketch:
         for parameter in parameters:
             total = int(parameter.size)
             # Seeded by the name: the same positions on every replica and after a restart.
-            rng = np.random.default_rng(zlib.crc32(str(parameter.name).encode()))
-            chosen = np.arange(total) if total <= size else np.sort(rng.choice(total, size=size, replace=False))
+            chosen = fixed_positions(total, size, seed=zlib.crc32(str(parameter.name).encode()))
             self._positions.append(positions_in(parameter.shape, chosen))
             counts.append(len(chosen))
         self._starts = np.cumsum([0, *counts[:-1]]).astype(np.intp)

@@ -93,6 +93,15 @@ class Run:
         (outputs[0] if isinstance(outputs, tuple) else outputs).asnumpy()  # the loss read ends the step
         self.probe.on_step_end(self.step, None)
 
+    def measured_layers(self, *batch: np.ndarray) -> set[str]:
+        """The layers one measured step after train begin exports, the probe closed after."""
+        self.begin(*batch)
+        try:
+            self.one()
+            return {dict(c.labels)["layer"] for c in self.store.get(catalogue.LAYER_ACTIVATION_MEAN.name).children()}
+        finally:
+            self.probe.close()
+
     def values(self, layer: str) -> list[float] | None:
         found = []
         for family in STATISTICS:
@@ -228,13 +237,7 @@ def test_a_sample_of_several_layers_is_one_read_from_the_device(mode: int, monke
 def test_without_layers_the_top_level_cells_but_the_loss_are_measured() -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     run = Run(Deep(), with_loss=False, every_n_steps=1)
-    run.begin(np.ones((3, 4), np.float32), np.array([0, 1, 1], np.int32))
-    try:
-        run.one()
-        layers = {dict(c.labels)["layer"] for c in run.store.get(catalogue.LAYER_ACTIVATION_MEAN.name).children()}
-        assert layers == {"blocks", "head"}
-    finally:
-        run.probe.close()
+    assert run.measured_layers(np.ones((3, 4), np.float32), np.array([0, 1, 1], np.int32)) == {"blocks", "head"}
 
 
 @pytest.mark.parametrize("optimizer", [nn.SGD, nn.Momentum, nn.Adam])
@@ -448,10 +451,4 @@ class Looped(nn.Cell):
 def test_a_pattern_that_matches_a_cell_list_measures_its_cells_and_leaves_the_list_alone(mode: int) -> None:
     ms.set_context(mode=mode)
     run = Run(Looped(), every_n_steps=1, layers=("blocks",))
-    run.begin(*batch())
-    try:
-        run.one()
-        layers = {dict(c.labels)["layer"] for c in run.store.get(catalogue.LAYER_ACTIVATION_MEAN.name).children()}
-        assert layers == {"blocks.0", "blocks.1"}
-    finally:
-        run.probe.close()
+    assert run.measured_layers(*batch()) == {"blocks.0", "blocks.1"}
