@@ -19,9 +19,9 @@ import numpy as np
 # Where the values of a histogram row sit (HISTOGRAM_HEAD numbers, then one count per bin).
 HIST_MIN, HIST_MAX, HIST_COUNT, HIST_SUM, HIST_SUM_SQUARES = range(5)
 HISTOGRAM_HEAD = 5
-# A tensor of more values is histogrammed from this many fixed random positions (its counts and sums scaled to its
-# size): a histogram is a picture of the distribution, and the whole of a large tensor would cost a pass and several
-# tensor-sized intermediates on the device for it.
+# A tensor of more values is histogrammed from at most this many values at fixed random places (its counts and sums
+# scaled to its size): a histogram is a picture of the distribution, and the whole of a large tensor would cost a pass
+# and several tensor-sized intermediates on the device for it.
 HISTOGRAM_SAMPLE = 1 << 16
 # Widest rows the CPU's exact float64 bit sums take: a row's sum stays under 2^53.
 _EXACT_COLUMNS = 1 << 21
@@ -83,12 +83,13 @@ def _square_sums_body() -> Callable[..., Any]:
     def square_sums(*tensors: Any) -> Any:
         sums = []
         for t in tensors:
-            x = ops.square(t.astype(float32))
+            x = t.astype(float32)
+            columns = x.shape[-1] if len(x.shape) > 1 else 1
             # Rows summed by a matrix-vector product, then the rows: MindSpore's CPU ReduceSum runs about 5x slower
             # than its matmul over the same values (150 ms against 30 ms for 25 M on 2 cores), and a device's
-            # matrix unit sums as well as its reduction does.
-            columns = x.shape[-1] if len(x.shape) > 1 else 1
-            rows = ops.matmul(x.reshape(-1, columns), ops.ones((columns, 1), float32))
+            # matrix unit sums as well as its reduction does. x * x: MindSpore's CPU Square is slower (16 ms against
+            # 13 ms for 25 M).
+            rows = ops.matmul((x * x).reshape(-1, columns), ops.ones((columns, 1), float32))
             sums.append(rows.sum())
         return ops.stack(sums)
 
@@ -167,15 +168,19 @@ def _histograms_body(bins: int) -> Callable[..., Any]:
     gathers_bfloat16 = ms.get_context("device_target") != "CPU"  # MindSpore's CPU Gather has no bfloat16 kernel
 
     def histograms(*pairs: Any) -> Any:
-        # pairs: a tensor, the flat positions to draw it from (empty: all of it), the next tensor, ...
+        # pairs: a tensor, what to draw it from (an empty index: all of it; a vector: rows of its first axis; index
+        # rows: positions), the next tensor, ...
         rows = []
         for i in range(0, len(pairs), 2):
-            t, positions = pairs[i], pairs[i + 1]
-            if positions.shape[0] > 0 and (gathers_bfloat16 or t.dtype != ms.bfloat16):
-                x = ops.gather_nd(t, positions).astype(float32)  # no reshape: it would copy the tensor
-            else:  # MindSpore's CPU reshapes and gathers no bfloat16: widened first
-                x = t.astype(float32)
-                x = ops.gather_nd(x, positions) if positions.shape[0] > 0 else x.reshape(-1)
+            t, drawn = pairs[i], pairs[i + 1]
+            if drawn.shape[0] > 0 and not gathers_bfloat16 and t.dtype == ms.bfloat16:
+                t = t.astype(float32)  # MindSpore's CPU gathers no bfloat16: widened first
+            if drawn.shape[0] == 0:
+                x = t.astype(float32).reshape(-1)
+            elif len(drawn.shape) == 1:  # no reshape of the tensor itself: it would copy it
+                x = ops.gather(t, drawn, 0).astype(float32).reshape(-1)
+            else:
+                x = ops.gather_nd(t, drawn).astype(float32)
             finite = ops.isfinite(x)
             kept = ops.select(finite, x, ops.zeros_like(x))
             # Scalars, not full_like/ones_like: MindSpore's compiler folds those into host arrays of the tensor's
@@ -363,39 +368,68 @@ def bit_sums(tensors: Sequence[Any]) -> np.ndarray:
 def histograms(tensors: Sequence[Any], bins: int) -> np.ndarray:
     """One row per tensor: min, max, count, sum and sum of squares of its finite values, then `bins` counts of equal
     bins between that min and max. Only these numbers reach the host. A tensor of more than HISTOGRAM_SAMPLE values
-    is drawn from that many fixed random positions (the same at every call): its min and max are the positions', its
-    count, sums and bin counts are scaled to its size."""
+    is drawn from at most that many values at fixed random places (`drawn_positions`, the same at every call): its
+    min and max are the drawn values', its count, sums and bin counts are scaled to its size."""
     if not tensors:
         return np.zeros((0, HISTOGRAM_HEAD + bins))
     compiled = _histograms.get(bins)
     if compiled is None:
         compiled = _histograms[bins] = _Compiled(lambda: _histograms_body(bins))
-    sizes = [int(t.size) for t in tensors]
-    pairs = [item for tensor in tensors for item in (tensor, _sample_positions(tuple(tensor.shape)))]
+    draws = [_draw(tuple(tensor.shape)) for tensor in tensors]
+    pairs = [item for tensor, (where, _) in zip(tensors, draws) for item in (tensor, where)]
     rows = to_host(compiled.over(pairs, per=2)).astype(np.float64).reshape(len(tensors), HISTOGRAM_HEAD + bins)
-    for row, size in zip(rows, sizes):
-        if size > HISTOGRAM_SAMPLE:
-            row[HIST_COUNT:] *= size / HISTOGRAM_SAMPLE
+    for row, tensor, (_, count) in zip(rows, tensors, draws):
+        if count < int(tensor.size):
+            row[HIST_COUNT:] *= int(tensor.size) / count
     return rows
 
 
-_positions: dict[tuple[int, ...], Any] = {}
+def _drawn_rows(shape: tuple[int, ...]) -> np.ndarray | None:
+    """The rows of the first axis a tensor of `shape` is drawn from, None where it is drawn by positions (a row of
+    more than HISTOGRAM_SAMPLE values) or taken whole. Whole rows because a row is contiguous: every device gathers
+    rows at the speed of memory (MindSpore's CPU gathers 65,536 values as rows in a tenth of the time it gathers
+    them one by one), and the rows are a random sample of the tensor's rows."""
+    size = int(np.prod(shape))
+    if size <= HISTOGRAM_SAMPLE or size // shape[0] > HISTOGRAM_SAMPLE:
+        return None
+    return fixed_positions(shape[0], HISTOGRAM_SAMPLE // (size // shape[0]), seed=size)
 
 
-def _sample_positions(shape: tuple[int, ...]) -> Any:
-    """The fixed positions a tensor of `shape` is drawn from (none: all of it), kept on the device."""
+def drawn_positions(shape: Sequence[int]) -> np.ndarray:
+    """The flat positions a histogram of a tensor of `shape` reads: all of them up to HISTOGRAM_SAMPLE values, whole
+    random rows of the first axis where a row holds at most that many, else that many random positions."""
+    shape = tuple(int(n) for n in shape)
+    size = int(np.prod(shape))
+    if size <= HISTOGRAM_SAMPLE:
+        return np.arange(size)
+    rows = _drawn_rows(shape)
+    if rows is None:
+        return fixed_positions(size, HISTOGRAM_SAMPLE, seed=size)
+    width = size // shape[0]
+    return (rows[:, None] * width + np.arange(width)).reshape(-1)
+
+
+_draws: dict[tuple[int, ...], tuple[Any, int]] = {}
+
+
+def _draw(shape: tuple[int, ...]) -> tuple[Any, int]:
+    """What a tensor of `shape` is drawn from, kept on the device (see the body), and how many values that is."""
     size = int(np.prod(shape))
     key = shape if size > HISTOGRAM_SAMPLE else ()
-    positions = _positions.get(key)
-    if positions is None:
-        if size > HISTOGRAM_SAMPLE:
-            positions = positions_in(shape, fixed_positions(size, HISTOGRAM_SAMPLE, seed=size))
-        else:
-            from mindspore import Tensor
+    draw = _draws.get(key)
+    if draw is None:
+        from mindspore import Tensor
 
-            positions = Tensor(np.zeros((0, 1), np.int32))
-        _positions[key] = positions
-    return positions
+        if size <= HISTOGRAM_SAMPLE:
+            draw = (Tensor(np.zeros((0, 1), np.int32)), size)
+        else:
+            rows = _drawn_rows(shape)
+            if rows is None:
+                draw = (positions_in(shape, fixed_positions(size, HISTOGRAM_SAMPLE, seed=size)), HISTOGRAM_SAMPLE)
+            else:
+                draw = (Tensor(rows.astype(np.int32)), len(rows) * (size // shape[0]))
+        _draws[key] = draw
+    return draw
 
 
 def _stacked_body() -> Callable[..., Any]:

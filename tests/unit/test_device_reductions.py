@@ -124,6 +124,35 @@ def test_norms_moments_and_histograms_equal_the_hosts_arithmetic(dtype: str, tra
     assert (transfers.calls, transfers.bytes) == (3, 4 * (2 + 2 * 3 + 2 * (5 + 16)))
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype", "drawn_values"),
+    [
+        ((300, 400), "float32", 163 * 400),  # whole rows: as many as fit in HISTOGRAM_SAMPLE
+        ((300, 400), "bfloat16", 163 * 400),  # widened first where the device gathers no bfloat16
+        ((2, 70_000), "float32", d.HISTOGRAM_SAMPLE),  # a row larger than the sample: positions
+        ((70_000,), "float16", d.HISTOGRAM_SAMPLE),  # a vector: its rows are single values
+    ],
+)
+def test_a_large_tensors_histogram_is_the_drawn_values_scaled_to_its_size(
+    shape: tuple[int, ...], dtype: str, drawn_values: int, transfers: Transfers
+) -> None:
+    values = exact_values(np.random.default_rng(4), shape, dtype)
+    drawn = d.drawn_positions(shape)
+    assert drawn.size == drawn_values and np.unique(drawn).size == drawn.size and drawn.max() < values.size
+    sample = values.reshape(-1)[drawn].astype(np.float64)
+    tensor = parameter(values, dtype, "big")
+    d.histograms([tensor], 16)  # compiles
+    transfers.clear()
+    row = d.histograms([tensor], 16)[0]
+    assert (transfers.calls, transfers.bytes) == (1, 4 * (5 + 16))
+    scale = values.size / drawn.size
+    assert (row[d.HIST_MIN], row[d.HIST_MAX]) == (sample.min(), sample.max())
+    assert row[d.HIST_COUNT] == pytest.approx(values.size)
+    assert row[d.HIST_SUM] == pytest.approx(sample.sum() * scale, abs=1e-5 * np.abs(sample).sum() * scale)
+    expected = np.histogram(sample, 16, range=(sample.min(), sample.max()))[0] * scale
+    assert np.abs(row[d.HISTOGRAM_HEAD :] - expected).sum() <= 2 * scale  # a value on a bin edge may round either way
+
+
 def test_a_histogram_counts_non_finite_values_out() -> None:
     values = np.array([1.0, 2.0, np.inf, np.nan, 3.0], np.float32)
     row = d.histograms([parameter(values, "float32", "p")], 4)[0]

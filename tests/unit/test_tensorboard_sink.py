@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.device_reductions import HISTOGRAM_SAMPLE
+from ms_exporter.core.device_reductions import HISTOGRAM_SAMPLE, drawn_positions
 from ms_exporter.core.errors import Breaker, ErrorSink
 from ms_exporter.core.output_layout import OutputLayout
 from ms_exporter.core.sample import StepSample
@@ -193,14 +193,15 @@ def test_histograms_of_a_million_values_reach_the_host_as_a_few_hundred_bytes(
     assert transfers.bytes <= 2 * 4 * (5 + 64)  # a row of 69 float32 each
     writer.close()
     reader = _read(tmp_path)
-    # Drawn from HISTOGRAM_SAMPLE fixed random positions, scaled to the million.
-    drawn = np.sort(np.random.default_rng(weight.size).choice(weight.size, HISTOGRAM_SAMPLE, replace=False))
+    # Drawn from whole rows at fixed random places, scaled to the million.
+    drawn = drawn_positions(weight.shape)
+    assert 0 < drawn.size <= HISTOGRAM_SAMPLE and drawn.size % weight.shape[1] == 0
     for tag, values in (("weight/big.weight", weight), ("grad/big.weight", gradient)):
         histogram = reader.Histograms(tag)[-1].histogram_value
         sample = values.reshape(-1)[drawn].astype(np.float64)
         assert histogram.num == values.size
         assert (histogram.min, histogram.max) == (sample.min(), sample.max())
-        scale = values.size / HISTOGRAM_SAMPLE
+        scale = values.size / drawn.size
         assert histogram.sum == pytest.approx(sample.sum() * scale, abs=1e-5 * np.abs(sample).sum() * scale)
         assert sum(histogram.bucket) == pytest.approx(values.size)
 
