@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE :=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
-.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-reductions bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
 
 install: $(STAMP)
 
@@ -136,6 +136,11 @@ bench: install
 bench-model-size: install
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[bench]'
 	$(BIN)/python -m benchmarks.model_size --output docs/benchmarks.md
+
+# About 10 minutes: the rows of docs/benchmarks.md the device reductions decide (the fingerprint and rollback targets,
+# rollback by size, the opt-in features per sample), rewritten in place without the whole make bench.
+bench-reductions: install
+	$(BIN)/python -m benchmarks.reductions_refresh --output docs/benchmarks.md
 
 # About 4 minutes: two commits' hot path and /metrics latency in alternating fresh processes, on this machine;
 # rewrites docs/benchmark-comparison.md. make bench-compare OLD=<commit> NEW=<commit>

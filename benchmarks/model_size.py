@@ -136,13 +136,17 @@ def _timed(parts: list[Any], counter: _Counter, times: dict[str, dict[int, float
             setattr(part, hook, wrapped)
 
 
-def one(size: str, monitored: bool, steps: int, scratch: str) -> dict[str, Any]:
-    """One training of one size, with or without the monitor (run in a process of its own)."""
+def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = False) -> dict[str, Any]:
+    """One training of one size, with or without the monitor (run in a process of its own); the monitor's reductions
+    compiled as on an accelerator, or (`in_place`) reading the weights in place as on MindSpore's CPU target."""
     import mindspore as ms
     from mindspore import nn
     from mindspore.train import Callback, Model
 
     from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
+    from ms_exporter.core import device_reductions
+
+    device_reductions.read_in_place = in_place
 
     ms.set_context(mode=ms.GRAPH_MODE)
     width = WIDTHS[size]
@@ -211,6 +215,7 @@ def one(size: str, monitored: bool, steps: int, scratch: str) -> dict[str, Any]:
         "parameters": parameters,
         "tensors": len(network.trainable_params()),
         "monitored": monitored,
+        "in_place": in_place,
         "step_ms": step_ms,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -241,24 +246,31 @@ def one(size: str, monitored: bool, steps: int, scratch: str) -> dict[str, Any]:
 def measure(sizes: list[str], steps: int) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        for monitored in (False, True):
+        for monitored, in_place in ((False, False), (True, False), (True, True)):
             with tempfile.TemporaryDirectory(prefix="ms_exporter_size_") as scratch:
                 out = Path(scratch) / "result.json"
                 command = [sys.executable, "-m", "benchmarks.model_size", "--one", size, "--steps", str(steps)]
                 command += ["--output-json", str(out), "--scratch", scratch] + (["--monitored"] if monitored else [])
-                print(f"model size {size}, {'monitored' if monitored else 'baseline'} ...", flush=True)
+                command += ["--in-place"] if in_place else []
+                variant = "baseline" if not monitored else ("read in place" if in_place else "compiled")
+                print(f"model size {size}, {variant} ...", flush=True)
                 finished = subprocess.run(command, check=False, stdout=subprocess.DEVNULL)
                 if finished.returncode != 0:  # a size that does not fit this machine is said, not skipped quietly
                     why = "killed (out of memory)" if finished.returncode == -9 else f"exit {finished.returncode}"
-                    rows.append({"size": size, "monitored": monitored, "failed": why})
+                    rows.append({"size": size, "monitored": monitored, "in_place": in_place, "failed": why})
                     continue
                 rows.append(json.loads(out.read_text()))
     return rows
 
 
-def _pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _pairs(rows: list[dict[str, Any]], in_place: bool = False) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(baseline, monitored) per size that ran both: the compiled reductions', or those read in place."""
     base = {r["size"]: r for r in rows if not r["monitored"] and "failed" not in r}
-    return [(base[r["size"]], r) for r in rows if r["monitored"] and "failed" not in r and r["size"] in base]
+    return [
+        (base[r["size"]], r)
+        for r in rows
+        if r["monitored"] and r.get("in_place", False) == in_place and "failed" not in r and r["size"] in base
+    ]
 
 
 def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: str) -> str:
@@ -267,28 +279,37 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
         BEGIN,
         f"Measured by `{command}` on {machine} ({seconds / 60:.0f} min). {BLOCKS} blocks of Dense + LayerNorm, batch "
         f"{BATCH}, Adam through GradNormTrainOneStepCell, GRAPH mode; every per-layer feature on and sampled every "
-        f"{EVERY} steps; each size in a process of its own, once with the monitor and once without. Bytes: what "
-        "ms_exporter read from tensors (`asnumpy`, `item`, `tolist`) at a sampled step past the first (median; the "
-        "first also reads the constants MindSpore folds while it compiles each reduction). Sampled step end: the "
-        "monitor's step-end hook at a sampled step (median). Peak RSS added: with the monitor less without.",
+        f"{EVERY} steps; each size in a process of its own, without the monitor, with it as an accelerator runs it "
+        "(every reduction compiled), and with it as MindSpore's CPU target runs it (weight norms and fingerprints "
+        "read the weights in place with numpy: there `asnumpy` is a view, no copy). Bytes: what ms_exporter read "
+        "from tensors (`asnumpy`, `item`, `tolist`) at a sampled step past the first, compiled (median; on an "
+        "accelerator each is a copy to the host; the first sample also reads the constants MindSpore folds while it "
+        "compiles each reduction). Sampled step end: the monitor's step-end hook at a sampled step (median). Peak RSS "
+        "added: with the monitor (compiled) less without.",
         "",
         "| parameters | step (no monitor) | bytes to the host per sample | sampled step end | share of a step "
-        "| other step end | peak RSS added |",
-        "|---|---|---|---|---|---|---|",
+        "| sampled step end, read in place | share of a step | other step end | peak RSS added |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    in_place = {r["size"]: r for _, r in _pairs(rows, in_place=True)}
     for base, r in pairs:
+        here = in_place.get(r["size"])
+        read = (
+            f"{here['hook_sampled_ms']:.1f} ms | {here['hook_sampled_ms'] / base['step_ms']:.1%}" if here else "— | —"
+        )
         lines.append(
             f"| {r['parameters'] / 1e6:.1f} M | {base['step_ms']:.0f} ms | {r['bytes_per_sample'] / 1e3:.1f} KB "
-            f"| {r['hook_sampled_ms']:.1f} ms | {r['hook_sampled_ms'] / base['step_ms']:.1%} "
+            f"| {r['hook_sampled_ms']:.1f} ms | {r['hook_sampled_ms'] / base['step_ms']:.1%} | {read} "
             f"| {r['hook_other_ms']:.2f} ms | {r['peak_rss_mb'] - base['peak_rss_mb']:.0f} MB |"
         )
     for r in rows:
         if "failed" in r:
-            lines.append(f"| {r['size']} ({'monitored' if r['monitored'] else 'baseline'}) | {r['failed']} | | | | | |")
+            variant = "baseline" if not r["monitored"] else ("read in place" if r.get("in_place") else "compiled")
+            lines.append(f"| {r['size']} ({variant}) | {r['failed']} | | | | | | | |")
     names = sorted({name for _, r in pairs for name in r["parts"]})
     lines += [
         "",
-        "Each part at a sampled step (training thread and publication together): milliseconds, bytes read.",
+        "Each part at a sampled step, compiled (training thread and publication together): milliseconds, bytes read.",
         "",
         "| part | " + " | ".join(f"{r['parameters'] / 1e6:.0f} M" for _, r in pairs) + " |",
         "|---|" + "---|" * len(pairs),
@@ -353,6 +374,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(6.5, 4.2))
     axis.loglog(sizes, [r["bytes_per_sample"] for _, r in pairs], "o-", label="bytes to the host per sample")
     axis.loglog(sizes, [r["hook_sampled_ms"] * 1e3 for _, r in pairs], "s-", label="sampled step end (µs)")
+    in_place = _pairs(rows, in_place=True)
+    if in_place:
+        axis.loglog(
+            [r["parameters"] for _, r in in_place],
+            [r["hook_sampled_ms"] * 1e3 for _, r in in_place],
+            "d-",
+            label="sampled step end, read in place (µs)",
+        )
     axis.loglog(sizes, [b["step_ms"] * 1e3 for b, _ in pairs], "^--", label="training step, no monitor (µs)")
     axis.loglog(sizes, [4.0 * 4 * s for s in sizes], ":", label="4 B x (weights + moments + grads): a host copy")
     axis.set_xlabel("parameters")
@@ -381,11 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="docs/benchmarks.md")
     parser.add_argument("--one")
     parser.add_argument("--monitored", action="store_true")
+    parser.add_argument("--in-place", action="store_true")
     parser.add_argument("--output-json")
     parser.add_argument("--scratch")
     args = parser.parse_args(argv)
     if args.one:
-        result = one(args.one, args.monitored, args.steps, args.scratch or tempfile.mkdtemp())
+        result = one(args.one, args.monitored, args.steps, args.scratch or tempfile.mkdtemp(), args.in_place)
         Path(args.output_json).write_text(json.dumps(result))
         return 0
     started = time.monotonic()

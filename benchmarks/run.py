@@ -233,20 +233,8 @@ def render(
         f"measured steps' extra spread over 10 steps, {paired_grad['cost'] * 100:+.2f}%, {interval(paired_grad)}). "
         f"Rounds: {grad_cost * 100:+.2g}% against no monitor on another model instance; the monitor's reading "
         f"alone, against the same cell without a monitor, {grad_reading * 100:+.2g}% |",
-        f"| a replica fingerprint every 100 steps < 0.1% of step time (demo model, GRAPH) | "
-        f"{verdict(prints['share'] * 100, TARGETS['fingerprint_share'] * 100, '%')}: a CRC-32 of the "
-        f"{prints['parameters']:,} trained parameters ({prints['tensors']} tensors) in "
-        f"{prints['fingerprint_ms']:.2f} ms "
-        f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
-        f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |",
-        f"| rollback: a good state every 100 steps < 2% of step time (demo model, GRAPH) | "
-        f"{verdict(goods['share'] * 100, TARGETS['rollback_share'] * 100, '%')}: keeping the state of "
-        f"{goods['parameters']:,} values ({goods['tensors']} Parameters, {goods['state_mib']:.1f} MiB: weights, "
-        f"Adam's moments and step) as device copies takes {goods['capture_ms']:.2f} ms (median of {goods['n']}), "
-        f"spread over {goods['every_n_steps']} steps of a median {goods['step_ms']:.1f} ms, plus "
-        f"{goods['identity_us']:.0f} µs a step for the batch's content hashes ({', '.join(goods['batch'])}) and "
-        f"{goods['health_us']:.1f} µs for the health score; a restore takes {goods['restore_ms']:.1f} ms "
-        f"(docs/rollback.md) |",
+        _fingerprint_row(prints),
+        _rollback_row(goods),
         f"| hot path < 30 µs | {verdict(hot_default, TARGETS['hot_path_us'], 'µs')} (mean per step with the "
         f"publications, defaults; median {hot[0]['median_us']:.1f} µs) |",
         f"| /metrics p99 < 5 ms | {verdict(scrape_p99, TARGETS['scrape_p99_ms'], 'ms')} (worst case below) |",
@@ -325,31 +313,7 @@ def render(
         ),
         "",
     ]
-    out += [
-        "## Rollback: keeping and restoring a good state by its size",
-        "",
-        "A state of 16 float32 Parameters of the given total size (GRAPH mode), kept and restored by",
-        "`ms_exporter/actions/good_state.py` as device copies (memory: a copy of each Parameter on the device",
-        "where it lives, here the CPU) and on disk (the same copies, written by a background thread into one",
-        "uncompressed .npz under `save_dir/good-states`, to a temporary name then renamed); median of 5 keeps",
-        "and 3 restores. A keep is what the training thread spends (the device copies); the disk write is the",
-        "background thread's. In memory a keep reuses the memory of the state let go last, once there is one",
-        "(from the third keep on here). On an accelerator a device copy runs at the speed of its memory, queued",
-        "behind the step: these CPU figures do not carry over (docs/rollback.md says what a keep costs there).",
-        "",
-        table(
-            goods["by_size"],
-            [
-                ("mib", "state MiB", "d"),
-                ("memory_capture_ms", "memory: keep ms", ".1f"),
-                ("memory_restore_ms", "memory: restore ms", ".1f"),
-                ("disk_capture_ms", "disk: keep ms", ".1f"),
-                ("disk_write_ms", "disk: write ms (background)", ".1f"),
-                ("disk_restore_ms", "disk: restore ms", ".1f"),
-            ],
-        ),
-        "",
-    ]
+    out += _rollback_section(goods)
     for title, rounds, steps, rows in steps_tables:
         out += [
             f"## Training step time: {title}",
@@ -415,6 +379,61 @@ def render(
         *_opt_in_section(opt_ins or []),
     ]
     return "\n".join(out)
+
+
+def _fingerprint_row(prints: dict[str, Any]) -> str:
+    """The fingerprint's line of the targets table."""
+    return (
+        f"| a replica fingerprint every 100 steps < 0.1% of step time (demo model, GRAPH) | "
+        f"{verdict(prints['share'] * 100, TARGETS['fingerprint_share'] * 100, '%')}: a CRC-32 of the "
+        f"{prints['parameters']:,} trained parameters ({prints['tensors']} tensors) in "
+        f"{prints['fingerprint_ms']:.2f} ms "
+        f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
+        f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |"
+    )
+
+
+def _rollback_row(goods: dict[str, Any]) -> str:
+    """Rollback's line of the targets table."""
+    return (
+        f"| rollback: a good state every 100 steps < 2% of step time (demo model, GRAPH) | "
+        f"{verdict(goods['share'] * 100, TARGETS['rollback_share'] * 100, '%')}: keeping the state of "
+        f"{goods['parameters']:,} values ({goods['tensors']} Parameters, {goods['state_mib']:.1f} MiB: weights, "
+        f"Adam's moments and step) as device copies takes {goods['capture_ms']:.2f} ms (median of {goods['n']}), "
+        f"spread over {goods['every_n_steps']} steps of a median {goods['step_ms']:.1f} ms, plus "
+        f"{goods['identity_us']:.0f} µs a step for the batch's content hashes ({', '.join(goods['batch'])}) and "
+        f"{goods['health_us']:.1f} µs for the health score; a restore takes {goods['restore_ms']:.1f} ms "
+        f"(docs/rollback.md) |"
+    )
+
+
+def _rollback_section(goods: dict[str, Any]) -> list[str]:
+    """Keeping and restoring a good state by its size."""
+    return [
+        "## Rollback: keeping and restoring a good state by its size",
+        "",
+        "A state of 16 float32 Parameters of the given total size (GRAPH mode), kept and restored by",
+        "`ms_exporter/actions/good_state.py` as device copies (memory: a copy of each Parameter on the device",
+        "where it lives, here the CPU) and on disk (the same copies, written by a background thread into one",
+        "uncompressed .npz under `save_dir/good-states`, to a temporary name then renamed); median of 5 keeps",
+        "and 3 restores. A keep is what the training thread spends (the device copies); the disk write is the",
+        "background thread's. In memory a keep reuses the memory of the state let go last, once there is one",
+        "(from the third keep on here). On an accelerator a device copy runs at the speed of its memory, queued",
+        "behind the step: these CPU figures do not carry over (docs/rollback.md says what a keep costs there).",
+        "",
+        table(
+            goods["by_size"],
+            [
+                ("mib", "state MiB", "d"),
+                ("memory_capture_ms", "memory: keep ms", ".1f"),
+                ("memory_restore_ms", "memory: restore ms", ".1f"),
+                ("disk_capture_ms", "disk: keep ms", ".1f"),
+                ("disk_write_ms", "disk: write ms (background)", ".1f"),
+                ("disk_restore_ms", "disk: restore ms", ".1f"),
+            ],
+        ),
+        "",
+    ]
 
 
 def _hot_path_section(hot: list[dict[str, Any]]) -> list[str]:

@@ -42,3 +42,22 @@ def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
         assert heading in text, heading
     assert "smoke run" in text  # a quick run says that its figures mean nothing
     assert "nan" not in text.split("## Training step time")[1]  # every measured cell was filled
+    # make bench-reductions rewrites its rows and sections of the same page in place, and says so at the top.
+    refresh = subprocess.run(
+        [sys.executable, "-m", "benchmarks.reductions_refresh", "--quick", "--output", str(output)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert refresh.returncode == 0, refresh.stderr[-3000:]
+    refreshed = output.read_text()
+    assert "Refreshed by `make bench-reductions` --quick" in refreshed.split("## Targets")[0]
+    for heading in ("## Rollback: keeping and restoring", "## Opt-in features, per sample", "| a replica fingerprint"):
+        assert refreshed.count(heading) == 1, heading
+
+    def step_tables(page: str) -> str:  # a part the refresh does not measure
+        return page.split("## Training step time")[1].split("## The hot path alone")[0]
+
+    assert step_tables(refreshed) == step_tables(text)

@@ -59,8 +59,12 @@ def exact_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -
     return from_bits(bits_of(values, dtype), dtype)
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in place", "compiled"])
 @pytest.mark.parametrize("dtype", TRAINING_DTYPES)
-def test_one_unit_in_the_last_place_anywhere_changes_its_tensors_sum_and_the_fingerprint(dtype: str) -> None:
+def test_one_unit_in_the_last_place_anywhere_changes_its_tensors_sum_and_the_fingerprint(
+    dtype: str, in_place: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(d, "read_in_place", in_place)
     rng = np.random.default_rng(7)
     shapes = ((33, 17), (1000,), (4, 5, 6))
     values = [exact_values(rng, shape, dtype) for shape in shapes]
@@ -217,3 +221,24 @@ def test_the_cpus_float64_way_of_adding_the_bits_equals_the_integer_way(monkeypa
     words = [d.bit_words(p) for p in parameters]
     assert d.to_host(integer_way(*words)).tolist() == d.bit_sums(parameters).tolist()
     assert d.bit_sums(parameters).tolist() == [int(signed_bits(p.asnumpy(), "float32").sum()) for p in parameters]
+
+
+@pytest.mark.parametrize("dtype", TRAINING_DTYPES)
+def test_reading_in_place_gives_the_compiled_reductions_numbers(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On MindSpore's CPU target the weight norms and bit sums read the tensors' own memory (no copy) with numpy:
+    the same bit sums exactly, the same square sums to float32 rounding; a dtype numpy has no arithmetic for runs
+    compiled."""
+    rng = np.random.default_rng(11)
+    values = [exact_values(rng, shape, dtype) for shape in ((300, 70), (70,), (3, 4, 5))]
+    parameters = [parameter(v, dtype, f"p{i}") for i, v in enumerate(values)]
+    monkeypatch.setattr(d, "read_in_place", False)
+    compiled = d.square_sums(parameters), d.bit_sums(parameters)
+    monkeypatch.setattr(d, "read_in_place", True)
+    in_place = d.square_sums(parameters), d.bit_sums(parameters)
+    assert in_place[0] == pytest.approx(compiled[0], rel=1e-5)
+    assert in_place[1].tolist() == compiled[1].tolist() == [int(signed_bits(v, dtype).sum()) for v in values]
+    arrays = d._in_place(parameters, ("Float32",))
+    if dtype == "float32":
+        assert arrays is not None and all(np.shares_memory(a, p.asnumpy()) for a, p in zip(arrays, parameters))
+    else:
+        assert arrays is None
