@@ -11,10 +11,11 @@ every replica of a group while the replicas hold the same bits (docs/divergence.
 Taken on the training thread at the end of the step (every rank at the same step numbers, so that the rules
 compare like with like), over the bits themselves, on the device that holds them: each weight tensor's elements
 are read as integers of their own width (float32 as int32, float16 and bfloat16 as int16; a view, no widening copy)
-and added exactly in int64, one compiled reduction for all tensors; the host receives 8 bytes per tensor and folds
-them, in parameter order, into one CRC-32. Integer addition is exact and does not depend on the order the device
-adds in, so replicas holding equal bits get equal sums; a change of one element by one unit in the last place
-changes its tensor's sum by a non-zero integer (the bit patterns of neighbouring floats differ by one).
+and added exactly modulo 2^32, one compiled reduction for all tensors (on MindSpore's CPU target numpy adds them in
+place: the tensors are host memory there); the host receives 8 bytes per tensor and folds them, in parameter order,
+into one CRC-32. Integer addition is exact and does not depend on the order the device adds in, so replicas holding
+equal bits get equal sums; a change of one element, by one unit in the last place (the bit patterns of
+neighbouring floats differ by one) or by any amount, changes its tensor's sum: the change is less than 2^32.
 
 The optimizer's moments are left out: the replicas train the weights, and a moment that differs on one replica
 changes what it adds to the weights at its next update, which the next fingerprint sees; a moment difference that
@@ -136,6 +137,7 @@ class Fingerprints(Part):
 
 
 def fingerprint(parameters: list[Any]) -> int:
-    """CRC-32 of every tensor's exact bit sum (little-endian int64s, in parameter order): equal for equal bits."""
+    """CRC-32 of every tensor's bit sum modulo 2^32 (little-endian int64s, in parameter order): equal for equal
+    bits."""
     sums = bit_sums(parameters).astype("<i8")
     return zlib.crc32(np.ascontiguousarray(sums).data)

@@ -46,6 +46,11 @@ def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def modular(total: int) -> int:
+    """An exact bit sum as the fingerprint keeps it: modulo 2^32 (words of up to 32 bits)."""
+    return int(total) % 2**32
+
+
 def parameter(values: np.ndarray, dtype: str, name: str) -> ms.Parameter:
     tensor = ms.Tensor(values.astype(np.float32))
     return ms.Parameter(tensor.astype(getattr(ms, dtype)), name=name)
@@ -70,7 +75,7 @@ def test_one_unit_in_the_last_place_anywhere_changes_its_tensors_sum_and_the_fin
     values = [exact_values(rng, shape, dtype) for shape in shapes]
     parameters = [parameter(v, dtype, f"w{i}") for i, v in enumerate(values)]
     sums = d.bit_sums(parameters)
-    assert sums.tolist() == [int(signed_bits(v, dtype).sum()) for v in values]
+    assert sums.tolist() == [modular(signed_bits(v, dtype).sum()) for v in values]
     before = fingerprint(parameters)
     for _ in range(40):
         which = int(rng.integers(len(shapes)))
@@ -82,7 +87,7 @@ def test_one_unit_in_the_last_place_anywhere_changes_its_tensors_sum_and_the_fin
         changed = list(parameters)
         changed[which] = parameter(moved.reshape(values[which].shape), dtype, f"w{which}")
         new_sums = d.bit_sums(changed)
-        assert new_sums[which] == sums[which] + step  # exactly one unit: the neighbouring float's bit pattern
+        assert new_sums[which] == modular(sums[which] + step)  # one unit: the neighbouring float's bit pattern
         assert np.array_equal(np.delete(new_sums, which), np.delete(sums, which))
         assert fingerprint(changed) != before
 
@@ -199,7 +204,7 @@ def test_tensors_past_a_bucket_are_reduced_in_several_calls_and_still_read_once(
     d.norms(parameters), d.bit_sums(parameters), d.moments(parameters), d.histograms(parameters, 8)
     positions = [d.positions_in(v.shape, np.arange(min(v.size, 7))) for v in values]
     d.gathered(parameters, positions)
-    assert d.bit_sums(parameters).tolist() == [int(signed_bits(v, "float32").sum()) for v in values]
+    assert d.bit_sums(parameters).tolist() == [modular(signed_bits(v, "float32").sum()) for v in values]
     transfers.clear()
     assert d.norms(parameters) == pytest.approx([np.linalg.norm(v) for v in host], rel=1e-5)
     assert d.moments(parameters)[:, 0] == pytest.approx([v.mean() for v in host], rel=1e-4, abs=1e-6)
@@ -216,11 +221,14 @@ def test_the_cpus_float64_way_of_adding_the_bits_equals_the_integer_way(monkeypa
     parameters = [
         parameter(exact_values(rng, shape, "float32"), "float32", f"p{i}") for i, shape in enumerate(((64, 300), (77,)))
     ]
+    monkeypatch.setattr(d, "read_in_place", False)  # compiled, as on a device
     monkeypatch.setattr(d, "_EXACT_COLUMNS", 0)  # every tensor the integer way
     integer_way = d._Compiled(d._bit_sums_body)
     words = [d.bit_words(p) for p in parameters]
-    assert d.to_host(integer_way(*words)).tolist() == d.bit_sums(parameters).tolist()
-    assert d.bit_sums(parameters).tolist() == [int(signed_bits(p.asnumpy(), "float32").sum()) for p in parameters]
+    exact = [int(signed_bits(p.asnumpy(), "float32").sum()) for p in parameters]
+    assert d.to_host(integer_way(*words)).tolist() == exact
+    monkeypatch.setattr(d, "_EXACT_COLUMNS", 1 << 21)
+    assert d.bit_sums(parameters).tolist() == [modular(s) for s in exact]
 
 
 @pytest.mark.parametrize("dtype", TRAINING_DTYPES)
@@ -236,9 +244,32 @@ def test_reading_in_place_gives_the_compiled_reductions_numbers(dtype: str, monk
     monkeypatch.setattr(d, "read_in_place", True)
     in_place = d.square_sums(parameters), d.bit_sums(parameters)
     assert in_place[0] == pytest.approx(compiled[0], rel=1e-5)
-    assert in_place[1].tolist() == compiled[1].tolist() == [int(signed_bits(v, dtype).sum()) for v in values]
+    assert in_place[1].tolist() == compiled[1].tolist() == [modular(signed_bits(v, dtype).sum()) for v in values]
     arrays = d._in_place(parameters, ("Float32",))
     if dtype == "float32":
         assert arrays is not None and all(np.shares_memory(a, p.asnumpy()) for a, p in zip(arrays, parameters))
     else:
         assert arrays is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_histograms_and_gathers_in_place_give_the_compiled_numbers(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(12)
+    values = [exact_values(rng, shape, dtype) for shape in ((300, 400), (2, 70_000), (70,), (3, 4, 5))]
+    values[2][5] = np.inf  # left out of the histogram's sums and counts either way
+    parameters = [parameter(v, dtype, f"p{i}") for i, v in enumerate(values)]
+    where = [d.positions_in(v.shape, d.fixed_positions(v.size, 50, seed=i)) for i, v in enumerate(values)]
+    results = {}
+    for in_place in (False, True):
+        monkeypatch.setattr(d, "read_in_place", in_place)
+        results[in_place] = d.histograms(parameters, 16), d.gathered(parameters, where)
+    (compiled_rows, compiled_picked), (rows, picked) = results[False], results[True]
+    assert np.array_equal(picked, compiled_picked)
+    head = slice(0, d.HISTOGRAM_HEAD)
+    assert np.array_equal(rows[:, : d.HIST_SUM], compiled_rows[:, : d.HIST_SUM])  # min, max, count: exact
+    assert rows[:, d.HIST_SUM : head.stop] == pytest.approx(
+        compiled_rows[:, d.HIST_SUM : head.stop], rel=1e-4, abs=1e-3
+    )
+    for row, compiled_row, v in zip(rows, compiled_rows, values):
+        scale = v.size / d.drawn_positions(v.shape).size
+        assert np.abs(row[head.stop :] - compiled_row[head.stop :]).sum() <= 2 * scale  # a value on a bin edge
