@@ -12,10 +12,10 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
-    output = tmp_path / "benchmarks.md"
+def run_quick(module: str, output: Path) -> None:
+    """A benchmark module's smoke run (--quick) writing `output`."""
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--output", str(output)],
+        [sys.executable, "-m", module, "--quick", "--output", str(output)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -23,6 +23,11 @@ def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
         check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
+    output = tmp_path / "benchmarks.md"
+    run_quick("benchmarks.run", output)
     text = output.read_text()
     for heading in (
         "## Targets",
@@ -43,15 +48,7 @@ def test_quick_benchmark_run_writes_every_section(tmp_path: Path) -> None:
     assert "smoke run" in text  # a quick run says that its figures mean nothing
     assert "nan" not in text.split("## Training step time")[1]  # every measured cell was filled
     # make bench-reductions rewrites its rows and sections of the same page in place, and says so at the top.
-    refresh = subprocess.run(
-        [sys.executable, "-m", "benchmarks.reductions_refresh", "--quick", "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert refresh.returncode == 0, refresh.stderr[-3000:]
+    run_quick("benchmarks.reductions_refresh", output)
     refreshed = output.read_text()
     assert "Refreshed by `make bench-reductions` --quick" in refreshed.split("## Targets")[0]
     for heading in ("## Rollback: keeping and restoring", "## Opt-in features, per sample", "| a replica fingerprint"):
