@@ -303,6 +303,11 @@ class DivergenceConfig:
     # Ranks that hold the shards of one replica within a pipeline stage (MindSpore Transformers'
     # parallel_config.model_parallel), where MindSpore's dataset_strategy does not say.
     model_parallel: int | None = setting(None, check=optional(int_in(1, 1_000_000)))
+    # Every step, the bit sums of every weight and optimizer state tensor (silent data corruption caught at the step
+    # it happens, docs/sdc.md), compared at each fingerprint step as checksums of at most `buckets` runs of tensors.
+    check_every_step: bool = setting(True, check=boolean())
+    buckets: int = setting(8, check=int_in(1, 64))
+    window_steps: int = setting(64, check=int_in(1, 10_000))  # per-tensor sums kept for /debug/checksums
 
 
 def _column(value: Any) -> str | int:

@@ -210,6 +210,14 @@ PARAM_FINGERPRINT = MetricFamily(
     "1",
     ("replica_group",),
 )
+PARAM_CHECKSUM = MetricFamily(
+    "mindspore_train_param_checksum",
+    "gauge",
+    "CRC-32 of one bucket of this rank's weights or optimizer state, folded over the bit sums of every step since the "
+    "fingerprint step before: equal on every replica of its group while they hold the same bits at every step.",
+    "1",
+    ("replica_group", "kind", "bucket"),
+)
 PARAM_FINGERPRINT_STEP = MetricFamily(
     "mindspore_train_param_fingerprint_step",
     "gauge",

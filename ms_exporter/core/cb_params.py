@@ -92,6 +92,16 @@ def trained_weights_of(cb_params: Any) -> list[Any]:
     return list(weights or [])
 
 
+def optimizer_state_of(cb_params: Any, weights: list[Any]) -> list[Any]:
+    """The optimizer's own Parameters (moments, its step counter, its learning rate where it is one), in its order:
+    the optimizer of the run, else the train cell's."""
+    optimizer = optimizer_of(cb_params) or getattr(train_network_of(cb_params), "optimizer", None)
+    if optimizer is None or not hasattr(optimizer, "get_parameters"):
+        return []
+    trained = {id(w) for w in weights}
+    return [p for p in optimizer.get_parameters() if id(p) not in trained]
+
+
 def loss_scale_manager_of(cb_params: Any) -> Any:
     # Also the correct spelling: a script's own run_context (or a MindSpore that fixes it) may use it.
     return cb_params.get(LOSS_SCALE_MANAGER) or cb_params.get("loss_scale_manager")

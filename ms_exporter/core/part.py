@@ -27,7 +27,7 @@ column names (`()` where it does not say); never in dataset sink mode, where the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ms_exporter.core.errors import Breaker, OnError
@@ -37,6 +37,16 @@ from ms_exporter.core.store import MetricStore
 
 if TYPE_CHECKING:
     from ms_exporter.core.sample import StepSample
+
+
+@dataclass(frozen=True)
+class DebugPage:
+    """A page a part serves under the endpoint's /debug/ (same TLS and auth as /metrics): `read()` is its text now,
+    None while it has none (a 404 that says `missing`)."""
+
+    read: Callable[[], str | None]
+    missing: str
+    content_type: str = "text/plain; charset=utf-8"
 
 
 class Part:
@@ -113,7 +123,8 @@ class PartContext:
     phases: PhaseClock
     on_error: OnError  # counts a part's failure under its component, never raises
     breaker: Breaker
-    stacks: Callable[[], Any] | None = None  # the watchdog's latest dumps, for the endpoint's /debug/stacks
+    # The endpoint's debug pages by path: the watchdog's latest dumps (/debug/stacks), the replica checks' window.
+    debug_pages: dict[str, DebugPage] = field(default_factory=dict)
     port: int | None = None  # the port the endpoint really got: the prometheus builder sets it, file_sd reads it
     # A file writer (TensorBoard, W&B) that was switched off asks for JSON Lines in its place, naming itself: the
     # first source article's rule that a failing writer falls back to the local file (monitor/assembly.py).

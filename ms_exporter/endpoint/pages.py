@@ -10,13 +10,14 @@ import math
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+from ms_exporter.core.part import DebugPage
 from ms_exporter.core.thresholds import STALL_CYCLES, STALL_FLOOR_SECONDS
 from ms_exporter.endpoint.basic_auth import BasicAuth
 from ms_exporter.endpoint.scrapers import ScraperLog
@@ -28,7 +29,7 @@ METRICS_PATH = "/metrics"
 LIVE_PATHS = ("/", "/index.html")
 SERIES_PATH = "/api/series"
 STACKS_PATH = "/debug/stacks"  # the hang watchdog's latest dump (hang.debug_endpoint)
-Stacks = Callable[[], "str | None"]
+CHECKSUMS_PATH = "/debug/checksums"  # the replica checks' recent per-tensor checksums (docs/sdc.md)
 LIVE_REFRESH_MS = 2000
 # Rendered pages kept at once. The key is the content type prometheus_client chose from the Accept header, and a
 # client may name any version >= 1.0.0 in it: past this many the cache starts over instead of growing.
@@ -72,10 +73,11 @@ class MetricsPages:
         cache_seconds: float,
         history: StepHistory | None = None,
         labels: Mapping[str, str] | None = None,
-        stacks: Stacks | None = None,
+        debug_pages: Mapping[str, DebugPage] | None = None,
     ) -> None:
         self._registry = registry
-        self._stacks = stacks
+        # Not a copy: a part built after the endpoint adds its page to the same mapping (monitor/assembly.py).
+        self._debug_pages = debug_pages if debug_pages is not None else {}
         self._history = history
         self._labels = dict(labels or {})
         title = " ".join(f"{k} {v}" for k, v in self._labels.items() if k in ("project", "rank")) or "ms_exporter"
@@ -98,19 +100,19 @@ class MetricsPages:
             return UNAUTHORIZED
         path, query = split_target(target)
         live = self._history is not None and (path in LIVE_PATHS or path == SERIES_PATH)
-        stacks = self._stacks is not None and path == STACKS_PATH
-        if path != METRICS_PATH and not live and not stacks:
+        debug = self._debug_pages.get(path)
+        if path != METRICS_PATH and not live and debug is None:
             served = f"{METRICS_PATH}, / and {SERIES_PATH}" if self._history is not None else METRICS_PATH
             return _reply("404 Not Found", f"Not found: this endpoint serves {served}\n".encode())
         if method not in ("GET", "HEAD"):
             return _reply("405 Method Not Allowed", b"Method not allowed\n", [("Allow", "GET, HEAD")])
         if path == SERIES_PATH and self._history is not None:
             return self._series(self._history, query)
-        if stacks and self._stacks is not None:
-            dump = self._stacks()
-            if dump is None:
-                return _reply("404 Not Found", b"No hang dump yet: this rank has not outlasted a hang deadline\n")
-            return _reply("200 OK", dump.encode(), [("Cache-Control", "no-cache")], "text/plain; charset=utf-8")
+        if debug is not None:
+            text = debug.read()
+            if text is None:
+                return _reply("404 Not Found", f"{debug.missing}\n".encode())
+            return _reply("200 OK", text.encode(), [("Cache-Control", "no-cache")], debug.content_type)
         if path in LIVE_PATHS:
             return _reply("200 OK", self._page, [("Cache-Control", "no-cache")], "text/html; charset=utf-8")
         # The query is ignored: prometheus_client's name[] filter would defeat the cache, and no scraper sends it.

@@ -42,13 +42,13 @@ from prometheus_client import CollectorRegistry
 from ms_exporter.config import WebConfig
 from ms_exporter.core.compat import start_tls
 from ms_exporter.core.errors import OnError
+from ms_exporter.core.part import DebugPage
 from ms_exporter.endpoint.basic_auth import TrustedPeersFile
 from ms_exporter.endpoint.pages import (
     METRICS_PATH,
     UNAUTHORIZED,
     Answer,
     MetricsPages,
-    Stacks,
     _reply,
     split_target,
 )
@@ -456,7 +456,7 @@ def serve(
     context: ssl.SSLContext | None = None,
     history: StepHistory | None = None,
     labels: Mapping[str, str] | None = None,
-    stacks: Stacks | None = None,
+    debug_pages: Mapping[str, DebugPage] | None = None,
     trusted_file: Path | None = None,
 ) -> tuple[EndpointServer, Any]:
     """Start serving on a daemon thread (TLS when given a context); OSError when the port cannot be bound.
@@ -465,7 +465,7 @@ def serve(
     `trusted_file` keeps the addresses whose password passed for the rank's next process (basic_auth.py)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     listener = socket.create_server((address, port), family=family, backlog=128, reuse_port=False)
-    pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels, stacks)
+    pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels, debug_pages)
     if pages.auth and trusted_file is not None:
         trusted = TrustedPeersFile(trusted_file, on_error)
         pages.auth.trust(trusted.load(), trusted.save)

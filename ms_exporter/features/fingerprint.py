@@ -29,20 +29,22 @@ import logging
 import math
 import threading
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ms_exporter.config import DivergenceConfig
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.cb_params import network_of, step_of, trained_weights_of
+from ms_exporter.core.cb_params import network_of, optimizer_state_of, step_of, trained_weights_of
 from ms_exporter.core.device_reductions import bit_sums
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.replicas import read_layout, replica_group
 from ms_exporter.core.sample import read_scalar
-from ms_exporter.core.store import MetricStore, Series
+from ms_exporter.core.store import Family, MetricStore, Series
+from ms_exporter.features.replica_checks import StepChecks
 
 logger = logging.getLogger("ms_exporter")
 
@@ -60,7 +62,11 @@ class Fingerprints(Part):
         self._parameters: list[Any] = []
         self._series: dict[str, Series] = {}
         self._group: str | None = None
-        self._taken: tuple[float, float] | None = None  # (step, fingerprint) of the last fingerprint
+        self._checks: StepChecks | None = None  # every step's bit sums (divergence.check_every_step)
+        self._checksums: Family | None = None
+        self._bound: set[tuple[str, str]] = set()
+        # (step, fingerprint, {(kind, bucket): checksum}) of the last fingerprint: one tuple, read whole by a scrape
+        self._taken: tuple[float, float, dict[tuple[str, str], int]] | None = None
         self._seen = threading.local()  # per reading thread: the pair its last read of the fingerprint saw
         self.next_step = math.inf  # never, until train begin finds a replica group
 
@@ -81,6 +87,9 @@ class Fingerprints(Part):
         self._parameters = trained_weights_of(cb_params) or (
             list(network.trainable_params()) if network is not None else []
         )
+        if self._config.check_every_step:
+            tensors = {"weights": self._parameters, "optimizer": optimizer_state_of(cb_params, self._parameters)}
+            self._checks = StepChecks(tensors, self._config.buckets, self._config.window_steps)
         step = step_of(cb_params)
         self.next_step = self._after(step)
 
@@ -94,27 +103,58 @@ class Fingerprints(Part):
         return float((step // every + 1) * every)
 
     def on_step_end(self, step: int, outputs: Any) -> None:
+        checks = self._checks
+        if checks is not None and self._group is not None:
+            checks.read(step)
         if step >= self.next_step:
             self.take(step, outputs)
 
     def take(self, step: int, outputs: Any) -> None:
         """The fingerprint of the parameters as this step left them (the training thread, at step end)."""
         self.next_step = self._after(step)
-        first = self._taken is None
-        self._taken = (float(step), float(fingerprint(self._parameters)))  # one assignment: a whole pair
-        if first:  # the series appear with the first fingerprint: before it there is none to show
-            group = self._group or ""
-            # The fingerprint family first: readers go through families in the order they were registered.
-            self._store.register(c.PARAM_FINGERPRINT).bind(self._read_value, replica_group=group)
-            self._store.register(c.PARAM_FINGERPRINT_STEP).bind(self._read_step, replica_group=group)
+        checks = self._checks
+        if checks is not None and checks.last_step == step:
+            value, checksums = fingerprint_of(checks.last_weight_sums()), checks.publish()
+        else:
+            value, checksums = fingerprint(self._parameters), {}
+        self._taken = (float(step), float(value), checksums)  # one assignment: a whole tuple
+        self._show(checksums)
         if isinstance(outputs, (tuple, list)):
             layout = self._layouts.resolve(outputs)
             self._report(c.PARAM_FINGERPRINT_OVERFLOW, outputs, layout.overflow)
             self._report(c.PARAM_FINGERPRINT_GRAD_NORM, outputs, layout.global_norm)
 
+    def _show(self, checksums: dict[tuple[str, str], int]) -> None:
+        """The series appear with the first fingerprint (before it there is none to show), a bucket's with its first
+        checksum. The fingerprint family first, its step last: readers go through families in the order they were
+        registered, and every value a scrape reads is of the fingerprint its first read saw."""
+        group = self._group or ""
+        if self._checksums is None:
+            self._store.register(c.PARAM_FINGERPRINT).bind(self._read_value, replica_group=group)
+            self._checksums = self._store.register(c.PARAM_CHECKSUM)
+            self._store.register(c.PARAM_FINGERPRINT_STEP).bind(self._read_step, replica_group=group)
+        for kind, bucket in sorted(checksums.keys() - self._bound):
+            self._bound.add((kind, bucket))
+            reader = self._checksum_reader((kind, bucket))
+            self._checksums.bind(reader, replica_group=group, kind=kind, bucket=bucket)
+
     def _read_value(self) -> float:
         taken = self._seen.taken = self._taken
         return taken[1] if taken is not None else math.nan
+
+    def _checksum_reader(self, key: tuple[str, str]) -> Callable[[], float]:
+        def read() -> float:
+            taken = getattr(self._seen, "taken", None) or self._taken
+            return float(taken[2].get(key, math.nan)) if taken is not None else math.nan
+
+        return read
+
+    def checksums_page(self) -> str | None:
+        """/debug/checksums: the per-step sums of the last `divergence.window_steps` steps (None before the first)."""
+        checks = self._checks
+        if checks is None or checks.last_step is None:
+            return None
+        return checks.page(self._rank.rank, self._group or "")
 
     def _read_step(self) -> float:
         """The step of the fingerprint this thread read last in its reading (a scrape reads the fingerprint, then
@@ -139,5 +179,8 @@ class Fingerprints(Part):
 def fingerprint(parameters: list[Any]) -> int:
     """CRC-32 of every tensor's bit sum modulo 2^32 (little-endian int64s, in parameter order): equal for equal
     bits."""
-    sums = bit_sums(parameters).astype("<i8")
-    return zlib.crc32(np.ascontiguousarray(sums).data)
+    return fingerprint_of(bit_sums(parameters))
+
+
+def fingerprint_of(sums: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(sums.astype("<i8")).data)

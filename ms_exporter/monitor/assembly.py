@@ -20,13 +20,14 @@ from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.config import ConfigError, MonitorConfig
 from ms_exporter.core import catalogue, registry
 from ms_exporter.core.errors import Breaker, ErrorSink
-from ms_exporter.core.part import Part, PartContext, overrides
+from ms_exporter.core.part import DebugPage, Part, PartContext, overrides
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.sample import BatchCounter
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import HistogramSeries, MetricStore
+from ms_exporter.endpoint.pages import CHECKSUMS_PATH, STACKS_PATH
 from ms_exporter.features.breach_watch import ThresholdWatcher
 from ms_exporter.features.fingerprint import Fingerprints
 from ms_exporter.features.goodput import Goodput
@@ -112,7 +113,9 @@ def assemble(
             config.project,
         )
         if config.hang.debug_endpoint:
-            context.stacks = lambda: watchdog.latest
+            context.debug_pages[STACKS_PATH] = DebugPage(
+                lambda: watchdog.latest, "No hang dump yet: this rank has not outlasted a hang deadline"
+            )
     goodput = None
     if config.goodput.enable:
         deadlines = hang.deadlines if hang is not None else None
@@ -131,6 +134,10 @@ def assemble(
     sinks += console.progress_line(context)
     publisher = StepPublisher(step_probes, thresholds, actions, sinks, batch, errors, breaker)
     fingerprints = Fingerprints(store, config.divergence, rank, publisher.layouts) if config.divergence.enable else None
+    if fingerprints is not None and config.divergence.check_every_step:
+        context.debug_pages[CHECKSUMS_PATH] = DebugPage(
+            fingerprints.checksums_page, "No replica checks yet: this rank has no replica group, or no step has ended"
+        )
     sampler = None
     if memory is not None:
         sampler = MemorySampler(

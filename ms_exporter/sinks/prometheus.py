@@ -7,7 +7,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,10 @@ from prometheus_client.registry import Collector
 from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.errors import OnError
-from ms_exporter.core.part import PartContext
+from ms_exporter.core.part import DebugPage, PartContext
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.endpoint.live_history import StepHistory
-from ms_exporter.endpoint.pages import Stacks
 from ms_exporter.endpoint.server import serve, tls_context
 from ms_exporter.sinks import series_budget
 
@@ -93,12 +92,12 @@ class PrometheusEndpoint(Sink):
         on_error: OnError,
         web: WebConfig | None = None,
         history: StepHistory | None = None,
-        stacks: Stacks | None = None,
+        debug_pages: Mapping[str, DebugPage] | None = None,
         trusted_file: Path | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._trusted_file = trusted_file
-        self._stacks = stacks
+        self._debug_pages = debug_pages
         self.collector = StoreCollector(store, on_error)
         self.registry.register(self.collector)
         self._server: Any = None
@@ -134,7 +133,7 @@ class PrometheusEndpoint(Sink):
             self._tls,
             self._history,
             self._labels,
-            self._stacks,
+            self._debug_pages,
             self._trusted_file,
         )
 
@@ -217,7 +216,7 @@ def build(context: PartContext) -> list[Sink]:
             context.on_error,
             config.web,
             history,
-            context.stacks,
+            context.debug_pages,
             # The addresses whose password passed: the rank's next process checks them first (basic_auth.py).
             Path(config.save_dir) / f"ms_exporter-scrapers-rank{context.rank.rank}.json",
         )

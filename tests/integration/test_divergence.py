@@ -7,16 +7,19 @@ Parameter), as silent data corruption would.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.features.replica_checks import first_disagreement
 from tests.support.distributed import DistributedJob, distributed_job
 from tests.support.top_table import table_rows
 from tests.support.waiting import wait_until
@@ -50,8 +53,9 @@ def fingerprints_by_step(
 def test_the_rank_whose_weights_moved_is_named_within_one_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Fingerprints every 20 steps (the default is 100): the same comparison, a fifth of the training.
-    monkeypatch.setenv("MS_EXPORTER_DIVERGENCE", "{every_n_steps: 20}")
+    # Fingerprints every 20 steps (the default is 100): the same comparison, a fifth of the training; every step's
+    # sums kept for the whole job, so that /debug/checksums still holds the step the weights moved at.
+    monkeypatch.setenv("MS_EXPORTER_DIVERGENCE", "{every_n_steps: 20, window_steps: 500}")
     with distributed_job(
         tmp_path, "--epochs", "20", "--diverge-rank", "2", "--diverge-at", "60", workers=WORKERS, project="diverge"
     ) as job:
@@ -100,6 +104,18 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         rows = table_rows(table)
         diverged = [r for r, words in sorted(rows.items()) if any(w.strip(",") == "diverged" for w in words)]
         assert diverged == ["2"], table
+        # The replica checks' windows name the step and the tensor: the last weight, moved at the end of step 60
+        # (read at step 60 or 61, as the monitor's step end runs before or after the perturbing callback's).
+        pages = {}
+        for rank, endpoint in enumerate(endpoints):
+            with urllib.request.urlopen(f"http://{endpoint}/debug/checksums", timeout=30) as response:
+                pages[str(rank)] = json.loads(response.read())
+        found = first_disagreement(pages)
+        assert found is not None and found["step"] in (60, 61), found
+        assert found["kind"] == "weights" and found["ranks"] == ["2"], found
+        assert found["tensor"] == pages["0"]["tensors"]["weights"][-1], found
+        checksums = job.query(f'{c.PARAM_CHECKSUM.name}{{project="diverge", kind="weights"}}')
+        assert {r["metric"]["rank"] for r in checksums} == {"0", "1", "2"}
 
 
 # Long (make test-long; make divergence-clean for 2,016 steps): the suite's short version is the named-rank test above,

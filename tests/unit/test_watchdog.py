@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import DebugPage
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
+from ms_exporter.endpoint.pages import STACKS_PATH
 from ms_exporter.features.watchdog import HangWatchdog, render_dump
 from ms_exporter.sinks.prometheus import PrometheusEndpoint
 from tests.support.waiting import wait_until
@@ -106,7 +108,13 @@ def test_an_unwritable_save_dir_still_serves_the_dump_and_counts_the_error(tmp_p
 def test_debug_stacks_serves_the_latest_dump_behind_the_endpoint() -> None:
     latest: list[str | None] = [None]
     store = MetricStore()
-    served = PrometheusEndpoint(store, "127.0.0.1", 0, lambda component, exc: None, stacks=lambda: latest[0])
+    served = PrometheusEndpoint(
+        store,
+        "127.0.0.1",
+        0,
+        lambda component, exc: None,
+        debug_pages={STACKS_PATH: DebugPage(lambda: latest[0], "No hang dump yet")},
+    )
     base = served.url.removesuffix("metrics")
     try:
         with pytest.raises(urllib.error.HTTPError) as missing:

@@ -1,0 +1,119 @@
+"""Replica checks at every step: the bit sums of every trained weight and every optimizer state tensor, read at each
+step's end, kept for a window of steps, and folded per bucket of tensors into the checksums the replicas of a group
+compare (docs/sdc.md).
+
+A bucket is a run of consecutive tensors of one kind (`weights` or `optimizer`) holding about an equal share of its
+values; `divergence.buckets` of each at most. Each tensor's sums are folded step by step into an accumulator
+(acc = 3 * acc + sum, modulo the prime 2^61 - 1): a sum that differs at any one step changes every later accumulator
+value (the difference, under 2^32, is multiplied by powers of 3, none of them 0 modulo a prime), so a checksum
+published at a comparison step covers every step since the one before, not only the last. Accumulators start again
+after each publication: replicas that started a comparison window together compare equal. The window of per-step
+sums (`divergence.window_steps`) names the first step and the tensor where ranks differ (`/debug/checksums`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ms_exporter.core.bit_sum_reader import BitSumReader
+from ms_exporter.core.replicas import disagreeing
+
+KINDS = ("weights", "optimizer")
+_PRIME = (1 << 61) - 1
+
+
+class StepChecks:
+    """`read(step)` on the training thread at each step's end; `publish()` at a comparison step: the checksums by
+    (kind, bucket) since the last one."""
+
+    def __init__(self, tensors: Mapping[str, Sequence[Any]], buckets: int, window_steps: int) -> None:
+        self._readers = {kind: BitSumReader(tensors.get(kind, ())) for kind in KINDS}
+        self.names = {kind: [str(getattr(t, "name", i)) for i, t in enumerate(tensors.get(kind, ()))] for kind in KINDS}
+        self.buckets = {kind: split(tensors.get(kind, ()), buckets) for kind in KINDS}
+        self._acc = {kind: np.zeros(len(self._readers[kind]), np.int64) for kind in KINDS}
+        self._window: collections.deque[tuple[int, dict[str, np.ndarray]]] = collections.deque(maxlen=window_steps)
+        self.last_step: int | None = None
+
+    def last_weight_sums(self) -> np.ndarray:
+        return self._window[-1][1]["weights"]
+
+    def read(self, step: int) -> None:
+        row = {}
+        for kind, reader in self._readers.items():
+            sums = row[kind] = reader.sums()
+            acc = self._acc[kind]
+            np.multiply(acc, 3, out=acc)  # acc < 2^61: no overflow
+            acc += np.remainder(sums, _PRIME)  # a 64-bit word's sum may be negative or near 2^63
+            np.remainder(acc, _PRIME, out=acc)
+        self._window.append((step, row))
+        self.last_step = step
+
+    def publish(self) -> dict[tuple[str, str], int]:
+        """CRC-32 of each bucket's accumulators, by (kind, bucket number); the accumulators start again."""
+        checksums = {}
+        for kind in KINDS:
+            acc = self._acc[kind]
+            for number, (first, last) in enumerate(self.buckets[kind]):
+                checksums[(kind, str(number))] = zlib.crc32(np.ascontiguousarray(acc[first : last + 1]).data)
+            acc[:] = 0
+        return checksums
+
+    def page(self, rank: int, group: str) -> str:
+        """The window as JSON: the tensors' names and buckets by kind, and each kept step's sums."""
+        window = list(self._window)  # one call in C: the training thread may append meanwhile
+        return json.dumps(
+            {
+                "rank": rank,
+                "replica_group": group,
+                "tensors": self.names,
+                "buckets": self.buckets,
+                "steps": [
+                    {"step": step, **{kind: sums.tolist() for kind, sums in row.items()}} for step, row in window
+                ],
+            }
+        )
+
+
+def split(tensors: Sequence[Any], buckets: int) -> list[tuple[int, int]]:
+    """[first, last] tensor positions of at most `buckets` runs of consecutive tensors, each closed once it holds its
+    share of the values (a tensor larger than a share is a bucket of its own)."""
+    sizes = [int(getattr(t, "size", 0)) for t in tensors]
+    if not sizes:
+        return []
+    share = max(1, -(-sum(sizes) // buckets))
+    runs: list[tuple[int, int]] = []
+    first, held = 0, 0
+    for position, size in enumerate(sizes):
+        held += size
+        if held >= share and len(runs) < buckets - 1:
+            runs.append((first, position))
+            first, held = position + 1, 0
+    if first < len(sizes):
+        runs.append((first, len(sizes) - 1))
+    return runs
+
+
+def first_disagreement(pages: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Of replicas' /debug/checksums pages (rank -> page), the earliest step all of them kept at which their sums of
+    one tensor differ: {"step", "kind", "tensor", "ranks"} (the ranks that `disagreeing` names), None where they agree
+    at every step they share."""
+    by_step: dict[int, dict[str, dict[str, list[int]]]] = collections.defaultdict(dict)
+    for rank, page in pages.items():
+        for row in page.get("steps", ()):
+            by_step[int(row["step"])][rank] = row
+    for step in sorted(s for s, rows in by_step.items() if len(rows) == len(pages)):
+        rows = by_step[step]
+        for kind in KINDS:
+            names = next(iter(pages.values())).get("tensors", {}).get(kind, [])
+            for position, name in enumerate(names):
+                seen = {rank: (step, int(row[kind][position])) for rank, row in rows.items()}
+                odd = disagreeing(seen)
+                if odd:
+                    return {"step": step, "kind": kind, "tensor": name, "ranks": sorted(odd)}
+    return None

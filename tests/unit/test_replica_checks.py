@@ -1,0 +1,124 @@
+"""Replica checks at every step: one flipped bit in any weight or optimizer state tensor is seen at the step it
+happens, in its bucket's checksum, and the window names the step, the tensor and the rank."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from ms_exporter.config import load_config
+from ms_exporter.core import catalogue as c
+from ms_exporter.core import device_reductions as d
+from ms_exporter.core.output_layout import LayoutResolver
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.store import MetricStore
+from ms_exporter.features.fingerprint import Fingerprints
+from ms_exporter.features.replica_checks import StepChecks, first_disagreement, split
+
+
+def replica() -> dict[str, list[ms.Parameter]]:
+    """The same weights and moments on every call, as replicas hold them."""
+    rng = np.random.default_rng(3)
+    shapes = [(64, 64), (64,), (256, 64), (64,), (10, 64)]
+    weights = [
+        ms.Parameter(ms.Tensor(rng.normal(size=s).astype(np.float32)), name=f"w{i}") for i, s in enumerate(shapes)
+    ]
+    moments = [
+        ms.Parameter(ms.Tensor(rng.normal(size=s).astype(np.float32)), name=f"adam_m.w{i}")
+        for i, s in enumerate(shapes)
+    ]
+    step = ms.Parameter(ms.Tensor(np.array([0], np.int32)), name="global_step")
+    return {"weights": weights, "optimizer": [*moments, step]}
+
+
+def flip(parameter: ms.Parameter, element: int, bit: int) -> None:
+    """Flip one bit of one element, in place (the way the injector does on the CPU target)."""
+    words = np.asarray(parameter.asnumpy()).reshape(-1).view(np.uint32)
+    words[element] ^= np.uint32(1 << bit)
+
+
+@pytest.fixture(autouse=True)
+def in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(d, "read_in_place", True)
+
+
+def test_buckets_are_runs_of_about_equal_values() -> None:
+    sizes = [type("T", (), {"size": n})() for n in (100, 100, 100, 100, 1000, 1, 1)]
+    assert split(sizes, 3) == [(0, 4), (5, 6)]
+    assert split(sizes, 8) == [(0, 1), (2, 3), (4, 4), (5, 6)]  # a share is 176 values
+    assert split(sizes[:2], 1) == [(0, 1)]
+    assert split([], 4) == []
+
+
+@pytest.mark.parametrize("kind", ["weights", "optimizer"])
+@pytest.mark.parametrize("bit", [31, 30, 23, 22, 0])  # sign, exponent, top and bottom of the mantissa
+def test_one_flip_is_seen_at_its_step_in_its_bucket_and_named(kind: str, bit: int) -> None:
+    replicas = [replica() for _ in range(3)]
+    checks = [StepChecks(r, buckets=3, window_steps=16) for r in replicas]
+    for step in range(1, 11):
+        if step == 6:
+            flip(replicas[2][kind][2], element=1234, bit=bit)
+        for check in checks:
+            check.read(step)
+    published = [check.publish() for check in checks]
+    assert published[0] == published[1]
+    differing = {key for key in published[0] if published[0][key] != published[2][key]}
+    bucket = next(str(n) for n, (first, last) in enumerate(checks[2].buckets[kind]) if first <= 2 <= last)
+    assert differing == {(kind, bucket)}
+    pages = {str(rank): json.loads(check.page(rank, "0")) for rank, check in enumerate(checks)}
+    name = "w2" if kind == "weights" else "adam_m.w2"
+    assert first_disagreement(pages) == {"step": 6, "kind": kind, "tensor": name, "ranks": ["2"]}
+
+
+def test_a_flip_undone_before_the_comparison_is_still_seen() -> None:
+    """The checksum covers every step since the last comparison, not only the last step."""
+    replicas = [replica() for _ in range(2)]
+    checks = [StepChecks(r, buckets=1, window_steps=4) for r in replicas]
+    for step in range(1, 9):
+        if step in (3, 4):  # flipped at step 3, flipped back at step 4
+            flip(replicas[1]["weights"][0], element=7, bit=12)
+        for check in checks:
+            check.read(step)
+    assert checks[0].publish() != checks[1].publish()
+    for check in checks:  # the next window starts equal again
+        check.read(9)
+    assert checks[0].publish() == checks[1].publish()
+
+
+def test_equal_replicas_agree_at_every_step() -> None:
+    replicas = [replica() for _ in range(3)]
+    checks = [StepChecks(r, buckets=8, window_steps=8) for r in replicas]
+    for step in range(1, 6):
+        for r in replicas:  # the same update on every replica, in place
+            for param in r["weights"]:
+                np.asarray(param.asnumpy())[...] *= 0.5
+        for check in checks:
+            check.read(step)
+    pages = {str(rank): json.loads(check.page(rank, "0")) for rank, check in enumerate(checks)}
+    assert first_disagreement(pages) is None
+    assert len({tuple(sorted(check.publish().items())) for check in checks}) == 1
+
+
+def test_the_fingerprint_step_publishes_the_checksums_and_the_window() -> None:
+    store = MetricStore()
+    config = load_config({"divergence": {"replica_group": "0", "every_n_steps": 5, "buckets": 2}}).divergence
+    fingerprints = Fingerprints(store, config, RankInfo(1, 1, 3, "node"), LayoutResolver())
+    tensors = replica()
+    network = type("Network", (), {"weights": tensors["weights"]})()
+    optimizer = type("Optimizer", (), {"get_parameters": lambda self: [*tensors["weights"], *tensors["optimizer"]]})()
+    fingerprints.on_train_begin({"train_network": network, "optimizer": optimizer, "cur_step_num": 0})
+    assert fingerprints.checksums_page() is None
+    for step in range(1, 6):
+        fingerprints.on_step_end(step, None)
+    labels = sorted((dict(s.labels)["kind"], dict(s.labels)["bucket"]) for s in store.series_of(c.PARAM_CHECKSUM))
+    assert labels == [("optimizer", "0"), ("optimizer", "1"), ("weights", "0"), ("weights", "1")]
+    assert store.value_of(c.PARAM_FINGERPRINT_STEP) == 5
+    assert all(not math.isnan(series.value) for series in store.series_of(c.PARAM_CHECKSUM))
+    page = json.loads(fingerprints.checksums_page() or "")
+    assert [row["step"] for row in page["steps"]] == [1, 2, 3, 4, 5]
+    assert page["rank"] == 1 and page["tensors"]["optimizer"][-1] == "global_step"
+    assert len(page["steps"][0]["optimizer"]) == len(tensors["optimizer"])
