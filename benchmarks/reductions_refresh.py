@@ -1,8 +1,8 @@
 """The rows of docs/benchmarks.md that the device reductions decide, measured again without the whole `make bench`
-(about 80 minutes on 2 cores): the replica fingerprint and rollback targets, rollback by the state's size, and the
-opt-in features per sample. `make bench-reductions` (about 10 minutes) rewrites those rows and sections in place with
-the same code `make bench` runs for them, and says in the file's opening paragraph when, at which commit and under
-which load they were measured; every other figure stays as `make bench` wrote it.
+(about 80 minutes on 2 cores): the replica fingerprint, replica check and rollback targets, rollback by the state's
+size, and the opt-in features per sample. `make bench-reductions` (about 10 minutes) rewrites those rows and sections
+in place with the same code `make bench` runs for them, and says in the file's opening paragraph when, at which
+commit and under which load they were measured; every other figure stays as `make bench` wrote it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks import fingerprint, good_state, opt_in
-from benchmarks.run import _fingerprint_row, _opt_in_section, _rollback_row, _rollback_section
+from benchmarks.run import _check_row, _fingerprint_row, _opt_in_section, _rollback_row, _rollback_section
 
 NOTE = "Refreshed by `make bench-reductions`"
 
@@ -30,9 +30,15 @@ def _commit() -> str:
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
-def replace_row(lines: list[str], prefix: str, row: str) -> None:
-    """The table row that starts with `prefix`, replaced."""
-    index = next(i for i, line in enumerate(lines) if line.startswith(prefix))
+def replace_row(lines: list[str], prefix: str, row: str, after: str | None = None) -> None:
+    """The table row that starts with `prefix`, replaced; where there is none, added below the row that starts with
+    `after`."""
+    index = next((i for i, line in enumerate(lines) if line.startswith(prefix)), None)
+    if index is None and after is not None:
+        lines.insert(next(i for i, line in enumerate(lines) if line.startswith(after)) + 1, row)
+        return
+    if index is None:
+        raise ValueError(f"no row starts with {prefix!r}")
     lines[index] = row
 
 
@@ -69,6 +75,7 @@ def refresh(path: Path, quick: bool = False) -> str:
         opt_ins = opt_in.measure(5 if quick else 100, 20 if quick else 60, ((2, 64),) if quick else ((2, 64), (6, 256)))
     lines = path.read_text().splitlines()
     replace_row(lines, "| a replica fingerprint every 100 steps", _fingerprint_row(prints))
+    replace_row(lines, "| replica checks every step", _check_row(prints), after="| a replica fingerprint every")
     replace_row(lines, "| rollback: a good state every 100 steps", _rollback_row(goods))
     replace_section(lines, "## Rollback: keeping and restoring a good state by its size", _rollback_section(goods))
     replace_section(lines, "## Opt-in features, per sample", _opt_in_section(opt_ins))
@@ -76,8 +83,8 @@ def refresh(path: Path, quick: bool = False) -> str:
         lines,
         f"{NOTE}{' --quick (a smoke run)' if quick else ''} on {datetime.date.today().isoformat()} at commit "
         f"{_commit()} in {time.monotonic() - started:.0f} s, load average {load[0]:.1f} when it began: the "
-        'fingerprint and rollback targets, "Rollback: keeping and restoring a good state by its size" and '
-        '"Opt-in features, per sample" (the rows the device reductions decide).',
+        'fingerprint, replica check and rollback targets, "Rollback: keeping and restoring a good state by its '
+        'size" and "Opt-in features, per sample" (the rows the device reductions decide).',
     )
     text = "\n".join(lines) + "\n"
     path.write_text(text)

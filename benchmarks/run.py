@@ -26,6 +26,7 @@ TARGETS = {
     "scrape_p99_ms": 5.0,
     "rss_mb": 30.0,
     "fingerprint_share": 0.001,
+    "check_share": 0.01,
     "rollback_share": 0.02,
 }
 
@@ -234,6 +235,7 @@ def render(
         f"Rounds: {grad_cost * 100:+.2g}% against no monitor on another model instance; the monitor's reading "
         f"alone, against the same cell without a monitor, {grad_reading * 100:+.2g}% |",
         _fingerprint_row(prints),
+        _check_row(prints),
         _rollback_row(goods),
         f"| hot path < 30 µs | {verdict(hot_default, TARGETS['hot_path_us'], 'µs')} (mean per step with the "
         f"publications, defaults; median {hot[0]['median_us']:.1f} µs) |",
@@ -390,6 +392,17 @@ def _fingerprint_row(prints: dict[str, Any]) -> str:
         f"{prints['fingerprint_ms']:.2f} ms "
         f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
         f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |"
+    )
+
+
+def _check_row(prints: dict[str, Any]) -> str:
+    """The replica checks' line of the targets table."""
+    return (
+        f"| replica checks every step < 1% of step time (demo model, GRAPH) | "
+        f"{verdict(prints['check_share'] * 100, TARGETS['check_share'] * 100, '%')}: the bit sums of "
+        f"{prints['check_values']:,} values ({prints['check_tensors']} tensors: weights and optimizer state) in "
+        f"{prints['check_ms']:.3f} ms (median of {prints['n']}; p90 {prints['check_p90_ms']:.3f} ms) against a "
+        f"median step of {prints['step_ms']:.1f} ms (docs/sdc.md) |"
     )
 
 

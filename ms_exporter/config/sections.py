@@ -7,7 +7,7 @@ import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -291,6 +291,58 @@ class GoodputConfig:
     alert_below: float = setting(DEFAULTS.goodput_low, check=between(0, 1))
 
 
+class BitFlip(NamedTuple):
+    """One injected fault: bit `bit` of element `element` (of the flattened tensor) of tensor `tensor` (its
+    Parameter name, or its position in its kind's list) of `kind` on rank `rank`, at the end of step `step`."""
+
+    rank: int
+    step: int
+    kind: str
+    tensor: str | int
+    element: int
+    bit: int
+
+
+_FLIP_FIELDS = {
+    "rank": "an integer from 0",
+    "step": "an integer from 1",
+    "kind": "weights or optimizer",
+    "tensor": "a Parameter name or a position from 0",
+    "element": "an integer from 0",
+    "bit": "an integer from 0 to 63",
+}
+
+
+def _flip_field(name: str, value: Any) -> Any:
+    natural = isinstance(value, int) and not isinstance(value, bool)
+    accepted = {
+        "rank": natural and value >= 0,
+        "step": natural and value >= 1,
+        "kind": value in ("weights", "optimizer"),
+        "tensor": (isinstance(value, str) and bool(value)) or (natural and value >= 0),
+        "element": natural and value >= 0,
+        "bit": natural and 0 <= value <= 63,
+    }[name]
+    if not accepted:
+        raise _Bad(f"{name} must be {_FLIP_FIELDS[name]}", value)
+    return value
+
+
+def _flips(value: Any) -> tuple[BitFlip, ...]:
+    """A list of {rank, step, kind, tensor, element, bit} mappings (docs/sdc.md#drills)."""
+    if value is None:
+        return ()
+    allowed = f"a list of mappings with the keys {', '.join(_FLIP_FIELDS)}"
+    if not isinstance(value, (list, tuple)):
+        raise _Bad(f"must be {allowed}", value)
+    flips = []
+    for item in value:
+        if not isinstance(item, Mapping) or set(item) != set(_FLIP_FIELDS):
+            raise _Bad(f"must be {allowed}", item)
+        flips.append(BitFlip(**{name: _flip_field(name, item[name]) for name in _FLIP_FIELDS}))
+    return tuple(flips)
+
+
 @dataclass(frozen=True)
 class DivergenceConfig:
     """monitor_config.divergence: a fingerprint of the parameters every few steps, equal on every replica of a
@@ -308,6 +360,18 @@ class DivergenceConfig:
     check_every_step: bool = setting(True, check=boolean())
     buckets: int = setting(8, check=int_in(1, 64))
     window_steps: int = setting(64, check=int_in(1, 10_000))  # per-tensor sums kept for /debug/checksums
+    # Drills: bits flipped on purpose in the weights or the optimizer's state, refused unless allow_injection.
+    inject_flips: tuple[BitFlip, ...] = setting((), check=_flips)
+    allow_injection: bool = setting(False, check=boolean())
+
+    def _cross_check(self, say: Say) -> None:
+        if self.inject_flips and not self.allow_injection:
+            say(
+                "inject_flips",
+                "flips bits of the training's weights on purpose, for drills: refused unless "
+                "divergence.allow_injection is true",
+                len(self.inject_flips),
+            )
 
 
 def _column(value: Any) -> str | int:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ms_exporter.actions.bit_flips import BitFlips
 from ms_exporter.actions.runner import ActionRunner
 from ms_exporter.config import ConfigError, MonitorConfig
 from ms_exporter.core import catalogue, registry
@@ -134,6 +135,9 @@ def assemble(
     sinks += console.progress_line(context)
     publisher = StepPublisher(step_probes, thresholds, actions, sinks, batch, errors, breaker)
     fingerprints = Fingerprints(store, config.divergence, rank, publisher.layouts) if config.divergence.enable else None
+    flips = None
+    if fingerprints is not None and config.divergence.allow_injection and config.divergence.inject_flips:
+        flips = BitFlips(config.divergence.inject_flips, rank.rank)  # before the checks: they read the flipped bits
     if fingerprints is not None and config.divergence.check_every_step:
         context.debug_pages[CHECKSUMS_PATH] = DebugPage(
             fingerprints.checksums_page, "No replica checks yet: this rank has no replica group, or no step has ended"
@@ -153,7 +157,7 @@ def assemble(
     # Threads first (they stop first at the end), then what acts on the run before anything reads it (lr_backoff
     # wraps a schedule before the probes read it), the probes, the features, and the sinks last (goodput's last
     # save reaches the final push).
-    features: list[Part | None] = [sampler, watchdog, hardware, actions, *probes, goodput, fingerprints, *sinks]
+    features: list[Part | None] = [sampler, watchdog, hardware, actions, *probes, goodput, flips, fingerprints, *sinks]
     parts = [part for part in features if part is not None]
     fall_back.bind(parts, publisher)
     return Assembly(parts, sinks, publisher, errors, breaker, batch, hook_cost)

@@ -35,6 +35,7 @@ old opt-in
 def test_only_the_named_rows_and_sections_change_and_the_opening_says_so() -> None:
     lines = list(PAGE)
     replace_row(lines, "| a replica fingerprint every 100 steps", "| a replica fingerprint every 100 steps | new |")
+    replace_row(lines, "| replica checks every step", "| replica checks every step | added |", after="| a replica f")
     replace_section(
         lines,
         "## Rollback: keeping and restoring a good state by its size",
@@ -45,6 +46,10 @@ def test_only_the_named_rows_and_sections_change_and_the_opening_says_so() -> No
     text = "\n".join(lines)
     assert "old" not in text
     assert text.count("kept") == 2 and "| a replica fingerprint every 100 steps | new |" in text
+    added = lines.index("| replica checks every step | added |")
+    assert lines[added - 1] == "| a replica fingerprint every 100 steps | new |"
+    replace_row(lines, "| replica checks every step", "| replica checks every step | again |", after="| a replica f")
+    assert lines[added] == "| replica checks every step | again |" and "added" not in "\n".join(lines)
     assert lines[2:4] == ["Produced by `make bench` on a day.", f"{NOTE} on a later day."]
     assert lines[lines.index("## Training step time") - 2] == "new text"
     assert lines[-2:] == ["new", ""]
