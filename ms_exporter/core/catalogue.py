@@ -788,6 +788,8 @@ PROJECT_GOODPUT_1H = "project:mindspore_train_goodput:ratio1h"
 PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"
 # The share of a rank's replica group that holds the same parameters as it at the group's latest comparison.
 RANK_REPLICAS_AGREEING = "rank:mindspore_train_replicas_agreeing:ratio"
+# The same per bucket of the replica checks' checksums (kind, bucket): docs/sdc.md.
+RANK_CHECKSUMS_AGREEING = "rank:mindspore_train_checksums_agreeing:ratio"
 # Model FLOPs utilisation of a project (docs/mfu.md): its model FLOPs per second in total, over the peaks of the
 # ranks that report an MFU (the job's MFU), and the mean of its ranks' MFU.
 PROJECT_MODEL_FLOPS = "project:mindspore_train_model_flops_per_second:sum"

@@ -52,7 +52,10 @@ def recording_rules(w: Timing, t: Thresholds = DEFAULTS) -> tuple[Recording, ...
         # time between a process's last scrape and its end, and the next one's start, is in the next reading.
         Recording(c.PROJECT_GOODPUT_1H, _goodput("1h")),
         Recording(c.PROJECT_GOODPUT_24H, _goodput("24h")),
-        Recording(c.RANK_REPLICAS_AGREEING, _agreeing()),
+        Recording(c.RANK_REPLICAS_AGREEING, _agreeing(c.PARAM_FINGERPRINT.name, "fingerprint", _REPLICAS)),
+        Recording(
+            c.RANK_CHECKSUMS_AGREEING, _agreeing(c.PARAM_CHECKSUM.name, "checksum", f"{_REPLICAS}, kind, bucket")
+        ),
         Recording(c.PROJECT_MODEL_FLOPS, f"sum by (project) ({c.MODEL_FLOPS_PER_SECOND.name})"),
         # The job's MFU: the model FLOPs of the ranks that know their peak, over the sum of those peaks.
         Recording(
@@ -73,22 +76,23 @@ def _goodput(window: str) -> str:
     )
 
 
-def _agreeing() -> str:
-    """Per rank, the share of its replica group whose fingerprint equals its own, at the group's latest fingerprint
-    step, and only while every rank of the group reports that step (a rank still at an earlier step is not
-    compared with ranks past it). count_values turns the fingerprint into a label, so that ranks can be matched by
-    it; the recorded series drop it again (a new value every comparison would be a new series)."""
-    fingerprint, step = c.PARAM_FINGERPRINT.name, c.PARAM_FINGERPRINT_STEP.name
-    group = "project, replica_group"
+_REPLICAS = "project, replica_group"
+
+
+def _agreeing(value: str, label: str, group: str) -> str:
+    """Per rank (and per bucket, where `group` names one), the share of its replica group whose `value` (a
+    fingerprint, a bucket's checksum) equals its own, at the group's latest fingerprint step, and only while every
+    rank of the group reports that step (a rank still at an earlier step is not compared with ranks past it).
+    count_values turns the value into the label `label`, so that ranks can be matched by it; the recorded series drop
+    it again (a new value every comparison would be a new series)."""
+    step = c.PARAM_FINGERPRINT_STEP.name
     at_latest = (
-        f"({fingerprint} and on (job, instance) ({step} == on ({group}) group_left () max by ({group}) ({step})))"
+        f"({value} and on (job, instance) ({step} == on ({_REPLICAS}) group_left () max by ({_REPLICAS}) ({step})))"
     )
-    compared = (
-        f"({at_latest} and on ({group}) (count by ({group}) ({at_latest}) == count by ({group}) ({fingerprint})))"
-    )
+    compared = f"({at_latest} and on ({group}) (count by ({group}) ({at_latest}) == count by ({group}) ({value})))"
     return (
-        f'sum without (fingerprint) (count_values without () ("fingerprint", {compared}) * on ({group}, '
-        f'fingerprint) group_left () count_values by ({group}) ("fingerprint", {compared}))'
+        f'sum without ({label}) (count_values without () ("{label}", {compared}) * on ({group}, '
+        f'{label}) group_left () count_values by ({group}) ("{label}", {compared}))'
         f" / on ({group}) group_left () count by ({group}) ({compared})"
     )
 

@@ -57,6 +57,7 @@ EVERY_RANK = frozenset(
         catalogue.DATA_QUALITY_LOW_STREAK,
         catalogue.PARAM_FINGERPRINT,
         catalogue.PARAM_FINGERPRINT_STEP,
+        catalogue.PARAM_CHECKSUM,
         catalogue.ACTIONS_TAKEN,
         catalogue.ERRORS,
         # the devices (the rank_device: rules and the Device* alerts)

@@ -45,6 +45,7 @@ PINNED_ALERTS = {
     "MindSporeTrainingDeviceLinkDown": "critical",
     "MindSporeTrainingGoodputLow": "warning",
     "MindSporeTrainingReplicaDivergence": "critical",
+    "MindSporeTrainingSilentDataCorruption": "critical",
     "MindSporeTrainingRolledBack": "warning",
     "MindSporeTrainingRollbackLoop": "critical",
     "MindSporeExporterErrors": "warning",
@@ -234,6 +235,11 @@ def test_alertmanager_mutes_warnings_of_a_rank_with_a_critical_alert() -> None:
             "source_matchers": ['alertname="MindSporeTrainingHang"'],
             "target_matchers": ['alertname="MindSporeTrainingStalled"'],
             "equal": ["project"],
+        },
+        {
+            "source_matchers": ['alertname="MindSporeTrainingSilentDataCorruption"'],
+            "target_matchers": ['alertname="MindSporeTrainingReplicaDivergence"'],
+            "equal": ["project", "rank"],
         },
     ]
     assert routing["route"]["group_by"] == ["project", "alertname"]

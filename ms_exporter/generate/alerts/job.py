@@ -30,18 +30,27 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
         # majority (two ranks that differ), every rank of the group (core/replicas.py's disagreeing, in Python).
         Alert(
             "MindSporeTrainingReplicaDivergence",
-            expr=f"label_replace({agreeing} < on (project, replica_group) group_left () "
-            f'max by (project, replica_group) ({agreeing}), "verdict", '
-            f'"differs from the majority of its group", "", "")'
-            f" or label_replace({agreeing} <= 0.5 and on (project, replica_group) "
-            f'(max by (project, replica_group) ({agreeing}) <= 0.5), "verdict", '
-            f'"has no majority in its group: its ranks disagree, so each of them is named", "", "")',
+            expr=_named_in_group(agreeing, "project, replica_group"),
             for_=w.spike_for,
             severity="critical",
             summary="A rank's weights left its replica group",
             description=f"The parameters of {WHO} (replica group {{{{ $labels.replica_group }}}}) are no longer "
             f"those of its replicas: its fingerprint {{{{ $labels.verdict }}}} (it is shared by "
             f"{{{{ $value | humanizePercentage }}}} of the group).",
+        ),
+        # The replica checks' buckets, compared the same way (docs/sdc.md): the kind (weights, optimizer) and the
+        # bucket that differ. Alertmanager's inhibition keeps ReplicaDivergence quiet for the same rank meanwhile.
+        Alert(
+            "MindSporeTrainingSilentDataCorruption",
+            expr=_named_in_group(c.RANK_CHECKSUMS_AGREEING, "project, replica_group, kind, bucket"),
+            for_=w.spike_for,
+            severity="critical",
+            summary="A rank's weights or optimizer state held other bits than its replicas",
+            description=f"Bucket {{{{ $labels.bucket }}}} of the {{{{ $labels.kind }}}} of {WHO} (replica group "
+            f"{{{{ $labels.replica_group }}}}) held other bits than its replicas at some step up to the last "
+            f"fingerprint step: it {{{{ $labels.verdict }}}} (its checksum is shared by "
+            f"{{{{ $value | humanizePercentage }}}} of the group). GET /debug/checksums on the group's ranks names "
+            f"the step and the tensor.",
         ),
         # Only where flops.alert_below is set.
         *(
@@ -60,4 +69,16 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
                 ),
             )
         ),
+    )
+
+
+def _named_in_group(agreeing: str, group: str) -> str:
+    """The ranks core/replicas.py's `disagreeing` names, from a share of the group that agrees with each: a rank
+    held by fewer of its group than the most common value, or, where no value has a majority (two ranks that
+    differ), every rank of the group; the `verdict` label says which."""
+    return (
+        f"label_replace({agreeing} < on ({group}) group_left () max by ({group}) ({agreeing}), "
+        f'"verdict", "differs from the majority of its group", "", "")'
+        f" or label_replace({agreeing} <= 0.5 and on ({group}) (max by ({group}) ({agreeing}) <= 0.5), "
+        f'"verdict", "has no majority in its group: its ranks disagree, so each of them is named", "", "")'
     )

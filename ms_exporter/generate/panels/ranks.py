@@ -42,13 +42,21 @@ ROW = Row(
         TimeSeries(
             "Replicas holding the same weights",
             "percentunit",
-            (Query(f"{c.RANK_REPLICAS_AGREEING}{{{SELECTOR}}}", "rank {{rank}} group {{replica_group}}"),),
+            (
+                Query(f"{c.RANK_REPLICAS_AGREEING}{{{SELECTOR}}}", "rank {{rank}} group {{replica_group}}"),
+                Query(
+                    f"min by (project, rank, replica_group, kind) ({c.RANK_CHECKSUMS_AGREEING}{{{SELECTOR}}})",
+                    "rank {{rank}} group {{replica_group}} {{kind}}, every step",
+                ),
+            ),
             width=24,
             height=6,
             description="Per rank, the share of its replica group whose parameter fingerprint equals its own at the "
-            "group's latest fingerprint step (docs/divergence.md): 100% while the replicas agree; the rank below the "
-            "rest left its group (MindSporeTrainingReplicaDivergence). Jobs of one rank have no replicas and no "
-            "series here.",
+            "group's latest fingerprint step (docs/divergence.md), and the least such share of the buckets of its "
+            "weights and of its optimizer state, checked at every step since the comparison before (docs/sdc.md): "
+            "100% while the replicas agree; the rank below the rest left its group "
+            "(MindSporeTrainingReplicaDivergence, MindSporeTrainingSilentDataCorruption). Jobs of one rank have no "
+            "replicas and no series here.",
             below=1.0,
         ),
         TimeSeries(
