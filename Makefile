@@ -137,8 +137,8 @@ bench-model-size: install
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[bench]'
 	$(BIN)/python -m benchmarks.model_size --output docs/benchmarks.md
 
-# About 10 minutes: the rows of docs/benchmarks.md the device reductions decide (the fingerprint and rollback targets,
-# rollback by size, the opt-in features per sample), rewritten in place without the whole make bench.
+# About a minute (48 s here): the rows of docs/benchmarks.md the device reductions decide (the fingerprint, replica
+# check and rollback targets, rollback by size, the opt-in features per sample), rewritten in place without make bench.
 bench-reductions: install
 	$(BIN)/python -m benchmarks.reductions_refresh --output docs/benchmarks.md
 

@@ -1,6 +1,6 @@
 """The rows of docs/benchmarks.md that the device reductions decide, measured again without the whole `make bench`
 (about 80 minutes on 2 cores): the replica fingerprint, replica check and rollback targets, rollback by the state's
-size, and the opt-in features per sample. `make bench-reductions` (about 10 minutes) rewrites those rows and sections
+size, and the opt-in features per sample. `make bench-reductions` (about a minute) rewrites those rows and sections
 in place with the same code `make bench` runs for them, and says in the file's opening paragraph when, at which
 commit and under which load they were measured; every other figure stays as `make bench` wrote it.
 """
