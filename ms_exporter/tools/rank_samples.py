@@ -25,6 +25,14 @@ class RankSamples:
     def by_label(self, name: str, label: str) -> dict[str, float]:
         return {found[label]: value for found, value in self._by_name.get(name, ()) if label in found}
 
+    def by_labels(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        """The family's samples by the values of `labels` (those that carry them all)."""
+        return {
+            tuple(found[label] for label in labels): value
+            for found, value in self._by_name.get(name, ())
+            if all(label in found for label in labels)
+        }
+
 
 def parse_ranks(text: str) -> dict[tuple[str, str], RankSamples]:
     """The samples of a /metrics page grouped by (project, rank); series without a `rank` label are left out.

@@ -104,6 +104,9 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         rows = table_rows(table)
         diverged = [r for r, words in sorted(rows.items()) if any(w.strip(",") == "diverged" for w in words)]
         assert diverged == ["2"], table
+        # The same poll compares the replica checks' buckets: rank 2's weights, in the bucket of the moved weight.
+        assert any(word.startswith("weights/") for word in rows["2"]), table
+        assert not any(word.startswith(("weights/", "optimizer/")) for r in ("0", "1") for word in rows[r]), table
         # The replica checks' windows name the step and the tensor: the last weight, moved at the end of step 60
         # (read at step 60 or 61, as the monitor's step end runs before or after the perturbing callback's).
         pages = {}

@@ -197,6 +197,23 @@ def test_the_rank_whose_fingerprint_left_its_group_is_marked_diverged() -> None:
     assert all("diverged" not in r.alerts for r in mark_diverged([at("0", 300, 11), at("1", 300, 22, project="q")]))
 
 
+def test_the_rank_and_bucket_whose_checksum_differs_are_marked_sdc() -> None:
+    """The replica checks' buckets by MindSporeTrainingSilentDataCorruption's rule: rank 2's optimizer bucket 1
+    differs, its weights agree (the fingerprint too)."""
+
+    def at(rank: str, moment: float, step: float = 300) -> Row:
+        checksums = ((("optimizer", "0"), 5.0), (("optimizer", "1"), moment), (("weights", "0"), 7.0))
+        return row(rank, 0.1, 0.0, "p", fingerprint=("0", step, 11.0), checksums=checksums)
+
+    marked = mark_diverged([at("0", 1.0), at("1", 1.0), at("2", 2.0)])
+    assert [(r.rank, [a for a in r.alerts if a.startswith(("sdc", "diverged"))]) for r in marked] == [
+        ("0", []),
+        ("1", []),
+        ("2", ["sdc optimizer/1"]),
+    ]
+    assert all(not r.alerts for r in mark_diverged([at("0", 1.0), at("1", 1.0), at("2", 2.0, step=400)]))
+
+
 def test_slowest_needs_two_ranks_ignores_down_ones_and_is_per_project() -> None:
     assert slowest([row("0", 0.1, 0.0)]) == []
     down = down_row(Target("http://h:1/metrics", rank="3", project="p"), "Connection refused")

@@ -73,6 +73,8 @@ class Row:
     slowest: bool = False
     phase: str | None = None  # mindspore_train_phase: compile, step, data_wait, eval, ..., ended
     fingerprint: tuple[str, float, float] | None = None  # (replica group, step, value) of the last fingerprint
+    # The replica checks' checksums of that fingerprint step: ((kind, bucket), value), in order.
+    checksums: tuple[tuple[tuple[str, str], float], ...] = ()
     # The rank's hottest accelerator (device, °C), else its host's where the kernel has a sensor.
     temperature: tuple[str, float] | None = None
     # The devices held down for heat or power now; () none is, None where no device reports throttling.
@@ -195,6 +197,7 @@ def build_row(
         alerts=tuple(alerts),
         phase=phase,
         fingerprint=_fingerprint(samples),
+        checksums=_checksums(samples),
         temperature=temperature,
         throttled=throttled,
         utilization=_highest(samples.by_label(catalogue.DEVICE_UTILIZATION.name, "device")),
@@ -301,6 +304,11 @@ def gone_rows(url: str, histories: Mapping[tuple[str, str, str], History], error
     return [replace(row, alerts=(f"ended; endpoint gone ({error})",), age_seconds=None) for row in last]
 
 
+def _checksums(samples: RankSamples) -> tuple[tuple[tuple[str, str], float], ...]:
+    found = samples.by_labels(catalogue.PARAM_CHECKSUM.name, "kind", "bucket")
+    return tuple(sorted(((kind, bucket), value) for (kind, bucket), value in found.items()))
+
+
 def _fingerprint(samples: RankSamples) -> tuple[str, float, float] | None:
     values = samples.by_label(catalogue.PARAM_FINGERPRINT.name, "replica_group")
     steps = samples.by_label(catalogue.PARAM_FINGERPRINT_STEP.name, "replica_group")
@@ -309,15 +317,21 @@ def _fingerprint(samples: RankSamples) -> tuple[str, float, float] | None:
 
 
 def mark_diverged(rows: Sequence[Row]) -> list[Row]:
-    """Adds "diverged" to the alerts of the ranks MindSporeTrainingReplicaDivergence names: per project and replica
-    group, at a step every rank of the group reports (`replicas.disagreeing`, the alert's rule)."""
-    groups: dict[tuple[str | None, str], dict[int, tuple[float, float]]] = {}
+    """Adds "diverged" to the alerts of the ranks MindSporeTrainingReplicaDivergence names, and "sdc <kind>/<bucket>"
+    for each bucket MindSporeTrainingSilentDataCorruption names them for: per project and replica group (and kind and
+    bucket), at a step every rank of the group reports (`replicas.disagreeing`, the alerts' rule)."""
+    groups: dict[tuple[str | None, str, str, str], dict[int, tuple[float, float]]] = {}
     for index, row in enumerate(rows):
         if row.error is None and row.fingerprint is not None:
             group, step, value = row.fingerprint
-            groups.setdefault((row.project, group), {})[index] = (step, value)
-    named = set().union(*(disagreeing(members) for members in groups.values()))
-    return [replace(row, alerts=(*row.alerts, "diverged")) if index in named else row for index, row in enumerate(rows)]
+            groups.setdefault((row.project, group, "", ""), {})[index] = (step, value)
+            for (kind, bucket), checksum in row.checksums:
+                groups.setdefault((row.project, group, kind, bucket), {})[index] = (step, checksum)
+    said: dict[int, list[str]] = {}
+    for (_, _, kind, bucket), members in sorted(groups.items(), key=lambda item: str(item[0])):
+        for index in disagreeing(members):
+            said.setdefault(index, []).append(f"sdc {kind}/{bucket}" if kind else "diverged")
+    return [replace(row, alerts=(*row.alerts, *said.get(index, ()))) for index, row in enumerate(rows)]
 
 
 def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list[Row]:
