@@ -1,5 +1,5 @@
-"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top, hangs, report, triage, peak-flops and
-demo."""
+"""The `ms-exporter` command: check-config, rules, dashboard, kubernetes, top, hangs, checksums, report, triage,
+peak-flops and demo."""
 
 from __future__ import annotations
 
@@ -338,6 +338,26 @@ def _hangs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return run_hangs(args, parser.error)
 
 
+def _checksums_arguments(checksums: argparse.ArgumentParser) -> None:
+    checksums.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="the ranks of a replica group: http[s]://host:port[/path], host:port, or a directory of Prometheus "
+        "file_sd *.json files",
+    )
+    checksums.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
+    checksums.add_argument(
+        "--scheme", choices=("http", "https"), default="http", help="for host:port and file_sd targets (default http)"
+    )
+
+
+def _checksums(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ms_exporter.tools.checksums import run_checksums
+
+    return run_checksums(args, parser.error)
+
+
 # -- report ----------------------------------------------------------------------------------------------------------
 
 
@@ -517,6 +537,14 @@ COMMANDS: dict[str, _Command] = {
         description="Reads each rank's phase, time in it, hang deadline and top frame, live from its "
         "endpoint or from the hang dumps in its save_dir, and names the rank(s) the job "
         "waits for. Exit status 1 when a rank is past its deadline.",
+    ),
+    "checksums": _Command(
+        "the step and the tensor at which replicas first held other bits (docs/sdc.md)",
+        _checksums_arguments,
+        _checksums,
+        description="Reads each rank's /debug/checksums (the replica checks' window of per-tensor bit sums) and "
+        "names, per replica group, the first step they all kept at which one tensor differs, and the ranks that "
+        "differ. Exit status 1 when one does.",
     ),
     "report": _Command("render finished runs' JSON Lines into one static HTML report", _report_arguments, _report),
     "triage": _Command(

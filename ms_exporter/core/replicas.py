@@ -16,12 +16,15 @@ and `divergence.replica_group` names it.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+# What the replica checks read and compare apart (features/replica_checks.py): the trained weights and the
+# optimizer's own state.
+KINDS = ("weights", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -124,3 +127,23 @@ def disagreeing(fingerprints: Mapping[K, tuple[float, float]]) -> set[K]:
     if len(counts) > 1 and most * 2 <= len(fingerprints):
         return set(fingerprints)
     return {key for key, (_, value) in fingerprints.items() if counts[value] < most}
+
+
+def first_disagreement(pages: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Of replicas' /debug/checksums pages (rank -> page), the earliest step all of them kept at which their sums of
+    one tensor differ: {"step", "kind", "tensor", "ranks"} (the ranks that `disagreeing` names), None where they agree
+    at every step they share."""
+    by_step: dict[int, dict[str, dict[str, list[int]]]] = defaultdict(dict)
+    for rank, page in pages.items():
+        for row in page.get("steps", ()):
+            by_step[int(row["step"])][rank] = row
+    for step in sorted(s for s, rows in by_step.items() if len(rows) == len(pages)):
+        rows = by_step[step]
+        for kind in KINDS:
+            names = next(iter(pages.values())).get("tensors", {}).get(kind, [])
+            for position, name in enumerate(names):
+                seen = {rank: (step, int(row[kind][position])) for rank, row in rows.items()}
+                odd = disagreeing(seen)
+                if odd:
+                    return {"step": step, "kind": kind, "tensor": name, "ranks": sorted(odd)}
+    return None

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from ms_exporter.core.bit_sum_reader import BitSumReader
-from ms_exporter.core.replicas import disagreeing
+from ms_exporter.core.replicas import KINDS
 
-KINDS = ("weights", "optimizer")
 _PRIME = (1 << 61) - 1
 
 
@@ -97,23 +96,3 @@ def split(tensors: Sequence[Any], buckets: int) -> list[tuple[int, int]]:
     if first < len(sizes):
         runs.append((first, len(sizes) - 1))
     return runs
-
-
-def first_disagreement(pages: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Of replicas' /debug/checksums pages (rank -> page), the earliest step all of them kept at which their sums of
-    one tensor differ: {"step", "kind", "tensor", "ranks"} (the ranks that `disagreeing` names), None where they agree
-    at every step they share."""
-    by_step: dict[int, dict[str, dict[str, list[int]]]] = collections.defaultdict(dict)
-    for rank, page in pages.items():
-        for row in page.get("steps", ()):
-            by_step[int(row["step"])][rank] = row
-    for step in sorted(s for s, rows in by_step.items() if len(rows) == len(pages)):
-        rows = by_step[step]
-        for kind in KINDS:
-            names = next(iter(pages.values())).get("tensors", {}).get(kind, [])
-            for position, name in enumerate(names):
-                seen = {rank: (step, int(row[kind][position])) for rank, row in rows.items()}
-                odd = disagreeing(seen)
-                if odd:
-                    return {"step": step, "kind": kind, "tensor": name, "ranks": sorted(odd)}
-    return None

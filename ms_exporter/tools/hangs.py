@@ -14,7 +14,6 @@ import argparse
 import math
 import os
 import re
-import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 
 from ms_exporter.core import catalogue, safe_files
 from ms_exporter.tools.rank_samples import parse_ranks
-from ms_exporter.tools.scrape import Access, FetchError, fetch
+from ms_exporter.tools.scrape import Access, FetchError, beside, fetch
 from ms_exporter.tools.targets import expand_targets, parse_target_argument
 
 DUMP_GLOB = "hang-rank*-*.txt"
@@ -244,16 +243,11 @@ def collect(
             )
             continue
         try:
-            stacks: str | None = fetcher(_stacks_url(target.url), access)
+            stacks: str | None = fetcher(beside(target.url, "/debug/stacks"), access)
         except FetchError:  # 404 before any dump, or hang.debug_endpoint off
             stacks = None
         states += from_page(page, target.url, stacks)
     return states
-
-
-def _stacks_url(metrics_url: str) -> str:
-    parts = urllib.parse.urlsplit(metrics_url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/debug/stacks", "", ""))
 
 
 def line(state: RankState) -> str:

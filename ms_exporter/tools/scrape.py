@@ -6,6 +6,7 @@ import argparse
 import base64
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
@@ -61,6 +62,12 @@ def fetch(url: str, access: Access) -> str:
     if len(body) > MAX_PAGE_BYTES:
         raise FetchError(f"page larger than {MAX_PAGE_BYTES // 2**20} MiB")
     return body.decode("utf-8", errors="replace")
+
+
+def beside(metrics_url: str, path: str) -> str:
+    """Another page of the endpoint that serves `metrics_url` (its /debug/ pages)."""
+    parts = urllib.parse.urlsplit(metrics_url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 def tls_context(args: argparse.Namespace) -> ssl.SSLContext:

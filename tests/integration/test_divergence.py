@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.features.replica_checks import first_disagreement
+from ms_exporter.core.replicas import first_disagreement
 from tests.support.distributed import DistributedJob, distributed_job
 from tests.support.top_table import table_rows
 from tests.support.waiting import wait_until
@@ -117,6 +117,16 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         assert found is not None and found["step"] in (60, 61), found
         assert found["kind"] == "weights" and found["ranks"] == ["2"], found
         assert found["tensor"] == pages["0"]["tensors"]["weights"][-1], found
+        named = subprocess.run(
+            [sys.executable, "-m", "ms_exporter", "checksums", *endpoints],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
+        assert named.returncode == 1, named.stdout + named.stderr
+        assert f"weights tensor {found['tensor']} on rank(s) 2" in named.stdout, named.stdout
         checksums = job.query(f'{c.PARAM_CHECKSUM.name}{{project="diverge", kind="weights"}}')
         assert {r["metric"]["rank"] for r in checksums} == {"0", "1", "2"}
 

@@ -255,6 +255,12 @@ def test_top(venv: OperatorVenv, captured_rank: str) -> None:
     assert "capture" in rows[0] and f"http://{captured_rank}/metrics" in rows[0]
 
 
+def test_checksums(venv: OperatorVenv, captured_rank: str) -> None:
+    """Runs without numpy or MindSpore; a rank without replica checks (this one: one rank) says so."""
+    text = succeeded(venv.ms_exporter("checksums", captured_rank))
+    assert text.splitlines() == [f"no page: http://{captured_rank}/debug/checksums: HTTP 404 Not Found"]
+
+
 def test_report(venv: OperatorVenv, tmp_path: Path) -> None:
     losses = [1.5, 1.2, 0.9, 1.0]
     records: list[dict[str, object]] = [

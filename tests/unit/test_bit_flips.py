@@ -16,9 +16,9 @@ from ms_exporter.config.sections import BitFlip
 from ms_exporter.core import device_reductions as d
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.replicas import first_disagreement
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints
-from ms_exporter.features.replica_checks import first_disagreement
 
 
 def run(values: np.ndarray | None = None) -> dict[str, object]:

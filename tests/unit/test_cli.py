@@ -19,6 +19,7 @@ def test_the_table_is_the_command_line() -> None:
         "kubernetes",
         "top",
         "hangs",
+        "checksums",
         "report",
         "triage",
         "peak-flops",

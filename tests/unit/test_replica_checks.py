@@ -15,9 +15,10 @@ from ms_exporter.core import catalogue as c
 from ms_exporter.core import device_reductions as d
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.replicas import first_disagreement
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints
-from ms_exporter.features.replica_checks import StepChecks, first_disagreement, split
+from ms_exporter.features.replica_checks import StepChecks, split
 
 
 def replica() -> dict[str, list[ms.Parameter]]:
