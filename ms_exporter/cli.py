@@ -319,15 +319,18 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _hangs_arguments(hangs: argparse.ArgumentParser) -> None:
-    hangs.add_argument(
-        "targets",
-        nargs="+",
-        metavar="TARGET",
-        help="http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
+    _endpoint_arguments(
+        hangs,
+        "http[s]://host:port[/path], host:port, a directory of Prometheus file_sd *.json files, "
         "or a rank's save_dir (the hang-rank*.txt dumps it left)",
     )
-    hangs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
-    hangs.add_argument(
+
+
+def _endpoint_arguments(parser: argparse.ArgumentParser, targets: str) -> None:
+    """The targets, timeout and scheme of the commands that read each rank's endpoint once (hangs, checksums)."""
+    parser.add_argument("targets", nargs="+", metavar="TARGET", help=targets)
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
+    parser.add_argument(
         "--scheme", choices=("http", "https"), default="http", help="for host:port and file_sd targets (default http)"
     )
 
@@ -339,16 +342,10 @@ def _hangs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _checksums_arguments(checksums: argparse.ArgumentParser) -> None:
-    checksums.add_argument(
-        "targets",
-        nargs="+",
-        metavar="TARGET",
-        help="the ranks of a replica group: http[s]://host:port[/path], host:port, or a directory of Prometheus "
+    _endpoint_arguments(
+        checksums,
+        "the ranks of a replica group: http[s]://host:port[/path], host:port, or a directory of Prometheus "
         "file_sd *.json files",
-    )
-    checksums.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each endpoint (default 5)")
-    checksums.add_argument(
-        "--scheme", choices=("http", "https"), default="http", help="for host:port and file_sd targets (default http)"
     )
 
 
