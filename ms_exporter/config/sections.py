@@ -359,7 +359,9 @@ class DivergenceConfig:
     # it happens, docs/sdc.md), compared at each fingerprint step as checksums of at most `buckets` runs of tensors.
     check_every_step: bool = setting(True, check=boolean())
     buckets: int = setting(8, check=int_in(1, 64))
-    window_steps: int = setting(64, check=int_in(1, 10_000))  # per-tensor sums kept for /debug/checksums
+    # Per-tensor sums kept for /debug/checksums: the last this many steps, and as many of each of the two comparison
+    # intervals before the current one (at least every_n_steps keeps those intervals whole).
+    window_steps: int = setting(128, check=int_in(1, 10_000))
     # Drills: bits flipped on purpose in the weights or the optimizer's state, refused unless allow_injection.
     inject_flips: tuple[BitFlip, ...] = setting((), check=_flips)
     allow_injection: bool = setting(False, check=boolean())

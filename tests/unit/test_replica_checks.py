@@ -90,6 +90,30 @@ def test_a_flip_undone_before_the_comparison_is_still_seen() -> None:
     assert checks[0].publish() == checks[1].publish()
 
 
+def test_the_onset_stays_on_the_page_for_two_comparisons() -> None:
+    """The steps of the last two comparison intervals are kept beside the last steps: the interval in which a
+    differing checksum's onset lies is still on the page after the rolling window has moved past it."""
+    replicas = [replica() for _ in range(3)]
+    checks = [StepChecks(r, buckets=2, window_steps=5) for r in replicas]
+
+    def first(until: int, start: int) -> dict[str, object] | None:
+        for step in range(start, until + 1):
+            if step == 6:
+                flip(replicas[2]["weights"][4], element=3, bit=1)
+            for check in checks:
+                check.read(step)
+            if step % 5 == 0:
+                for check in checks:
+                    check.publish()
+        return first_disagreement({str(r): json.loads(c.page(r, "0")) for r, c in enumerate(checks)})
+
+    assert first(18, 1) == {"step": 6, "kind": "weights", "tensor": "w4", "ranks": ["2"]}
+    page = json.loads(checks[0].page(0, "0"))
+    assert [row["step"] for row in page["steps"]] == list(range(6, 19))  # (5, 10], (10, 15] and the last five
+    found = first(22, 19)  # two comparisons later the interval of step 6 is gone: the earliest kept step differs
+    assert found is not None and found["step"] == 11 and found["ranks"] == ["2"]
+
+
 def test_equal_replicas_agree_at_every_step() -> None:
     replicas = [replica() for _ in range(3)]
     checks = [StepChecks(r, buckets=8, window_steps=8) for r in replicas]
