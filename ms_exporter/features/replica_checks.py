@@ -37,13 +37,12 @@ class StepChecks:
         self.names = {kind: [str(getattr(t, "name", i)) for i, t in enumerate(tensors.get(kind, ()))] for kind in KINDS}
         self.buckets = {kind: split(tensors.get(kind, ()), buckets) for kind in KINDS}
         self._acc = {kind: np.zeros(len(self._readers[kind]), np.int64) for kind in KINDS}
-        self._window_steps = window_steps
         self._window: collections.deque[Row] = collections.deque(maxlen=window_steps)  # the last steps
-        # The steps since the last comparison, and those of the two comparison intervals before it (the last
-        # `window_steps` of each): the interval in which a differing checksum's onset lies stays on the page until
-        # two more comparisons have passed, however long ago its steps are.
-        self._open: collections.deque[Row] = collections.deque(maxlen=window_steps)
+        # The two comparison intervals before the current one (the last `window_steps` steps of each, which the
+        # window holds when the interval closes): the interval in which a differing checksum's onset lies stays on
+        # the page until two more comparisons have passed, however long ago its steps are.
         self._closed: collections.deque[tuple[Row, ...]] = collections.deque(maxlen=2)
+        self._published_at = -1
         self.last_step: int | None = None
 
     def last_weight_sums(self) -> np.ndarray:
@@ -58,7 +57,6 @@ class StepChecks:
             acc += np.remainder(sums, _PRIME)  # a 64-bit word's sum may be negative or near 2^63
             np.remainder(acc, _PRIME, out=acc)
         self._window.append((step, row))
-        self._open.append((step, row))
         self.last_step = step
 
     def publish(self) -> dict[tuple[str, str], int]:
@@ -69,14 +67,14 @@ class StepChecks:
             for number, (first, last) in enumerate(self.buckets[kind]):
                 checksums[(kind, str(number))] = zlib.crc32(np.ascontiguousarray(acc[first : last + 1]).data)
             acc[:] = 0
-        self._closed.append(tuple(self._open))
-        self._open = collections.deque(maxlen=self._window_steps)
+        since = self._published_at
+        self._closed.append(tuple(row for row in self._window if row[0] > since))
+        self._published_at = self.last_step if self.last_step is not None else since
         return checksums
 
     def page(self, rank: int, group: str) -> str:
         """The kept steps as JSON: the tensors' names and buckets by kind, and each kept step's sums, in order."""
-        # Each read is one call in C (the training thread may append meanwhile); the open interval's steps are the
-        # window's last ones.
+        # Each read is one call in C (the training thread may append meanwhile).
         kept = dict([*(row for interval in list(self._closed) for row in interval), *list(self._window)])
         window = sorted(kept.items())
         return json.dumps(
