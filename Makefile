@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE :=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
-.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-reductions bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean debian-packages clean
+.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-reductions bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean sdc debian-packages clean
 
 install: $(STAMP)
 
@@ -166,6 +166,12 @@ gil-hold: install
 # (70 epochs: 1,470 steps, 9 pauses of 45 s, 14 evaluations).
 hangs-healthy: install debian-packages
 	HANGS_HEALTHY_EPOCHS=70 $(BIN)/python -m pytest -q -s tests/integration/test_hangs.py -k healthy
+
+# About 12 minutes: the silent data corruption injection campaign (three replicas of the demo Transformer, 10,000
+# steps, one bit flip every 8): rewrites the measured section of docs/sdc.md and draws docs/sdc.svg (matplotlib).
+sdc: install
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[bench]'
+	$(BIN)/python -m benchmarks.sdc --output docs/sdc.md
 
 # About 10 minutes: a clean 3-rank data-parallel job of 2,016 steps, fingerprints compared every 20 (docs/divergence.md).
 divergence-clean: install debian-packages

@@ -2,7 +2,9 @@
 trained parameters, against the demo model's own step time, per `divergence.every_n_steps` (100) steps; and one
 step's replica check (the bit sums of every weight and optimizer state tensor), against one step.
 
-Both are timed in one process after a few GRAPH-mode steps, so the parameters are the compiled graph's.
+Both are timed in one process after a few GRAPH-mode steps, so the parameters are the compiled graph's. The local
+gradient norm the train cell computes every step where replica checks run (and the skipping of outliers, off by
+default) is timed as the difference of median steps of the demo's train cell with and without it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def measure(fingerprints: int, steps: int, every_n_steps: int = 100) -> dict[str
         checks.read(step)
         check_times.append(time.perf_counter() - began)
     check_ms = float(np.median(check_times)) * 1e3
+    local = local_norm_cost(4 if fingerprints < 100 else 30, 20)
+    local_share = (local["local_ms"] - local["plain_ms"]) / local["plain_ms"]
     return {
         "parameters": int(sum(int(np.prod(p.shape)) for p in parameters)),
         "tensors": len(parameters),
@@ -49,5 +53,54 @@ def measure(fingerprints: int, steps: int, every_n_steps: int = 100) -> dict[str
         "check_values": int(sum(int(np.prod(p.shape)) for t in tensors.values() for p in t)),
         "check_ms": check_ms,
         "check_p90_ms": float(np.percentile(check_times, 90)) * 1e3,
-        "check_share": check_ms / step_ms,
+        "check_share": check_ms / step_ms + local_share,
+        "check_sums_share": check_ms / step_ms,
+        "local": local,
+        "local_share": local_share,
+        "skip_share": (local["skip_ms"] - local["plain_ms"]) / local["plain_ms"],
+    }
+
+
+def local_norm_cost(rounds: int, block: int) -> dict[str, Any]:
+    """The demo's train cell (GradNormTrainOneStepCell, clipping at 5) three ways: as it is, measuring the local
+    gradient norm every step, and skipping outliers too; blocks of `block` steps in turn, `rounds` times (the order
+    rotates), so that the machine's drift falls on all three alike. Median step times in ms."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
+    from ms_exporter.demo import build_network, synthetic_dataset
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cells = {}
+    for name in ("plain", "local", "skip"):
+        ms.set_seed(0)
+        network = build_network()
+        optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=1e-3)
+        cell = GradNormTrainOneStepCell(network, optimizer, clip_norm=5.0, every_n_steps=1_000_000_000)
+        cell.set_train()
+        if name == "local":
+            cell.measure_local_norms()
+        elif name == "skip":
+            cell.skip_local_outliers()
+        cells[name] = cell
+    batches = list(synthetic_dataset(size=512).create_tuple_iterator())
+    for cell in cells.values():
+        for batch in batches[:5]:
+            cell(*batch).asnumpy()  # compiled
+    times: dict[str, list[float]] = {name: [] for name in cells}
+    names = list(cells)
+    for turn in range(rounds):
+        for name in names[turn % 3 :] + names[: turn % 3]:
+            for index in range(block):
+                batch = batches[(turn * block + index) % len(batches)]
+                began = time.perf_counter()
+                cells[name](*batch).asnumpy()
+                times[name].append(time.perf_counter() - began)
+    medians = {name: float(np.median(values)) * 1e3 for name, values in times.items()}
+    return {
+        "plain_ms": medians["plain"],
+        "local_ms": medians["local"],
+        "skip_ms": medians["skip"],
+        "steps": rounds * block,
     }

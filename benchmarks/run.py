@@ -397,12 +397,16 @@ def _fingerprint_row(prints: dict[str, Any]) -> str:
 
 def _check_row(prints: dict[str, Any]) -> str:
     """The replica checks' line of the targets table."""
+    local = prints["local"]
     return (
         f"| replica checks every step < 1% of step time (demo model, GRAPH) | "
         f"{verdict(prints['check_share'] * 100, TARGETS['check_share'] * 100, '%')}: the bit sums of "
         f"{prints['check_values']:,} values ({prints['check_tensors']} tensors: weights and optimizer state) in "
         f"{prints['check_ms']:.3f} ms (median of {prints['n']}; p90 {prints['check_p90_ms']:.3f} ms) against a "
-        f"median step of {prints['step_ms']:.1f} ms (docs/sdc.md) |"
+        f"median step of {prints['step_ms']:.1f} ms ({prints['check_sums_share'] * 100:.2f}%), plus the local "
+        f"gradient norm in the train cell: median step {local['local_ms']:.2f} ms against {local['plain_ms']:.2f} ms "
+        f"without ({prints['local_share'] * 100:+.2f}%, {local['steps']:,} steps each, in turn); skipping outliers "
+        f"too (off by default): {local['skip_ms']:.2f} ms ({prints['skip_share'] * 100:+.2f}%) (docs/sdc.md) |"
     )
 
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from ms_exporter.config.sections import BitFlip
-from ms_exporter.core.cb_params import optimizer_state_of, trained_weights_of
+from ms_exporter.core.bit_flip import fits, flip_in_words, flipped_copy
+from ms_exporter.core.cb_params import optimizer_state_of, train_network_of, trained_weights_of
 from ms_exporter.core.device_reductions import reads_in_place
 from ms_exporter.core.part import Part
 
 logger = logging.getLogger("ms_exporter")
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 class BitFlips(Part):
@@ -31,6 +31,8 @@ class BitFlips(Part):
     name = "divergence.inject_flips"
 
     def __init__(self, flips: tuple[BitFlip, ...], rank: int) -> None:
+        # Steps at which another replica flips a local gradient: this rank runs them the drill's way too.
+        self._theirs = sorted({flip.step for flip in flips if flip.kind == "gradients" and flip.rank != rank})
         mine = [flip for flip in flips if flip.rank == rank]
         self._due = {flip.step: [f for f in mine if f.step == flip.step] for flip in mine}
         self._tensors: dict[str, list[Any]] = {}
@@ -38,6 +40,16 @@ class BitFlips(Part):
     def on_train_begin(self, cb_params: Any) -> None:
         weights = trained_weights_of(cb_params)
         self._tensors = {"weights": weights, "optimizer": optimizer_state_of(cb_params, weights)}
+        split = getattr(train_network_of(cb_params), "split_step", None)
+        if split is not None:
+            for step in self._theirs:
+                split(step)
+        for step in sorted(self._due):
+            for flip in [f for f in self._due[step] if f.kind == "gradients"]:
+                self._due[step].remove(flip)
+                logger.warning(
+                    "ms_exporter: divergence.inject_flips at step %d: %s", step, arm(cb_params, weights, flip)
+                )
 
     def on_step_end(self, step: int, outputs: Any) -> None:
         for flip in self._due.pop(step, ()):
@@ -51,35 +63,40 @@ def flip_bit(tensors: list[Any], flip: BitFlip) -> str:
     if tensor is None:
         return f"no {flip.kind} tensor {flip.tensor!r} (of {len(tensors)}): nothing flipped"
     name = getattr(tensor, "name", flip.tensor)
-    size, width = int(tensor.size), int(tensor.itemsize) * 8
-    if flip.element >= size or flip.bit >= width:
+    if not fits(tensor, flip.element, flip.bit):
+        size, width = int(tensor.size), int(tensor.itemsize) * 8
         return f"{name} has {size} elements of {width} bits: element {flip.element} bit {flip.bit} skipped"
-    bfloat16 = "BFloat16" in str(tensor.dtype)
-    if reads_in_place() and not bfloat16:
-        words = np.asarray(tensor.asnumpy()).reshape(-1).view(_UNSIGNED[width // 8])  # the tensor's own memory
-        words[flip.element] ^= words.dtype.type(1 << flip.bit)
+    if reads_in_place() and "BFloat16" not in str(tensor.dtype):
+        flip_in_words(np.asarray(tensor.asnumpy()), flip.element, flip.bit)  # the tensor's own memory
     else:
-        _flip_by_copy(tensor, flip, bfloat16)
+        _write_back(tensor, flipped_copy(tensor, flip.element, flip.bit))
     return f"bit {flip.bit} of element {flip.element} of {flip.kind} tensor {name} flipped"
 
 
-def _flip_by_copy(tensor: Any, flip: BitFlip, bfloat16: bool) -> None:
+def _write_back(tensor: Any, flipped: Any) -> None:
     import mindspore as ms
     from mindspore import ops
 
-    if bfloat16:  # numpy has no bfloat16: its bits are the upper half of a float32's, which converts back exactly
-        values = np.array(tensor.astype(ms.float32).asnumpy(), np.float32).reshape(-1)
-        values.view(np.uint32)[flip.element] ^= np.uint32(1 << (flip.bit + 16))
-        flipped = ms.Tensor(values.reshape(tensor.shape)).astype(ms.bfloat16)
-        if ms.get_context("device_target") == "CPU":  # MindSpore's CPU has no bfloat16 Assign
-            tensor.set_data(flipped)
-        else:
-            ops.assign(tensor, flipped)
-        return
-    values = np.array(tensor.asnumpy()).reshape(-1)
-    words = values.view(_UNSIGNED[values.itemsize])
-    words[flip.element] ^= words.dtype.type(1 << flip.bit)
-    ops.assign(tensor, ms.Tensor(values.reshape(tensor.shape)))
+    if "BFloat16" in str(tensor.dtype) and ms.get_context("device_target") == "CPU":
+        tensor.set_data(flipped)  # MindSpore's CPU has no bfloat16 Assign
+    else:
+        ops.assign(tensor, flipped)
+
+
+def arm(cb_params: Any, weights: list[Any], flip: BitFlip) -> str:
+    """Arms a flip of a local gradient in the train cell, which alone holds the gradients before the all-reduce."""
+    cell = train_network_of(cb_params)
+    if not hasattr(cell, "flip_local_gradient"):
+        return "local gradient flips need GradNormTrainOneStepCell as the train cell: nothing armed"
+    tensor = _find(weights, flip.tensor)
+    if tensor is None or not fits(tensor, flip.element, flip.bit):
+        cell.split_step(flip.step)  # as the other replicas do at that step, flipping nothing
+        if tensor is None:
+            return f"no trained weight {flip.tensor!r} (of {len(weights)}) for a gradient flip: nothing armed"
+        return f"the gradient of {tensor.name} has no element {flip.element} bit {flip.bit}: nothing armed"
+    position = next(i for i, weight in enumerate(weights) if weight is tensor)
+    cell.flip_local_gradient(flip.step, position, flip.element, flip.bit)
+    return f"bit {flip.bit} of element {flip.element} of the local gradient of {tensor.name} armed"
 
 
 def _find(tensors: list[Any], key: str | int) -> Any:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from ms_exporter.core.bit_flip import flipped_copy
 from ms_exporter.core.optimizer_step import optimizer_step
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
@@ -46,12 +48,46 @@ class _NormedStep(nn.TrainOneStepCell):
         self._clip = clip_norm is not None
         self._clip_value = Tensor(clip_norm if clip_norm is not None else 1.0, ms.float32)
         self.hyper_map = ops.HyperMap()
+        # Read when the graph compiles: GradNormTrainOneStepCell.measure_local_norms() and skip_local_outliers().
+        self.local_norms = False
+        self.skip_outliers = False
 
-    def _loss_and_grads(self, *inputs: Any) -> tuple[Any, Any]:
+    def _loss_and_grads(self, *inputs: Any) -> tuple[Any, Any, Any]:
+        loss, grads = self._local_gradients(*inputs)
+        return self._reduced(loss, grads)
+
+    def _local_gradients(self, *inputs: Any) -> tuple[Any, Any]:
+        """The loss and this rank's own gradients, before the all-reduce."""
         loss = self.network(*inputs)
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
-        return loss, self.grad_reducer(grads)
+        return loss, self.grad(self.network, self.weights)(*inputs, sens)
+
+    def _reduced(self, loss: Any, grads: Any) -> tuple[Any, Any, Any]:
+        """(loss, local norm, the gradients all-reduced across the replicas). With local norms on, this rank's own
+        global norm of its gradients before the reducer is written to `local_grad_norm` first (a corruption of a
+        local gradient reaches every replica identically through the reducer: only the norm of the rank it happened
+        on shows it); else the local norm is None."""
+        local = None
+        if self.local_norms:
+            local = ops.sqrt(ops.stack(self.hyper_map(_square_sum, grads)).sum()).reshape((1,))
+            loss = ops.depend(loss, ops.assign(self.local_grad_norm, local))
+        return loss, local, self.grad_reducer(grads)
+
+    def _applied(self, loss: Any, local: Any, grads: Any) -> Any:
+        """The optimizer's update of `grads`; with outlier skipping on, not where any replica's local norm is over
+        its own limit or not finite: every replica of the reducer's group learns of it through one all-reduce of a
+        number and skips the same step (`local_grad_skipped` says whether this step was)."""
+        if not self.skip_outliers:
+            return ops.depend(loss, self.optimizer(grads))
+        over = ops.logical_or(local > self.local_grad_limit, ops.logical_not(ops.isfinite(local)))
+        votes = over.astype(ms.float32)
+        if self.reducer_flag:  # after the gradients' all-reduce, in every graph alike: collectives meet in order
+            votes = self._votes(ops.depend(votes, grads))
+        skipped = votes.sum() > 0
+        loss = ops.depend(loss, ops.assign(self.local_grad_skipped, skipped.astype(ms.float32).reshape((1,))))
+        if not skipped:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss
 
     def _norms(self, grads: Any) -> tuple[Any, Any]:
         """(global norm, each gradient's sum of squares): the L2 norm of all gradients together, in float32."""
@@ -71,10 +107,27 @@ class _PlainStep(_NormedStep):
     """The ordinary step (with the optional clipping): what runs on the steps whose norms nobody reads."""
 
     def construct(self, *inputs: Any) -> Any:
-        loss, grads = self._loss_and_grads(*inputs)
+        loss, local, grads = self._loss_and_grads(*inputs)
         if self._clip:
             grads = self._clipped(grads, self._norms(grads)[0])
-        return ops.depend(loss, self.optimizer(grads))
+        return self._applied(loss, local, grads)
+
+
+class _LocalGradientsStep(_NormedStep):
+    """The first half of a drill's step: the loss and the local gradients, nothing applied."""
+
+    def construct(self, *inputs: Any) -> Any:
+        return self._local_gradients(*inputs)
+
+
+class _AppliedGradientsStep(_NormedStep):
+    """The second half of a drill's step: the given local gradients reduced, measured and applied."""
+
+    def construct(self, loss: Any, grads: Any) -> Any:
+        loss, local, grads = self._reduced(loss, grads)
+        global_norm, squares = self._norms(grads)
+        loss = self._applied(loss, local, self._clipped(grads, global_norm))
+        return loss, global_norm, ops.sqrt(squares)
 
 
 class GradNormTrainOneStepCell(_NormedStep):
@@ -89,6 +142,10 @@ class GradNormTrainOneStepCell(_NormedStep):
 
     In dataset sink mode MindSpore compiles the whole loop into one graph from `construct`: the norms are then
     computed (and clipped) on every step.
+
+    `measure_local_norms()` (the monitor calls it at train begin where replica checks run) makes every step also
+    write this rank's global norm of its own gradients, before the all-reduce, to the Parameter `local_grad_norm`
+    (docs/sdc.md#local-gradients); `flip_local_gradient()` arms a drill's bit flip in a local gradient.
     """
 
     outputs_norms_when_measured = True  # core.output_layout.NORMS_WHEN_MEASURED: how the monitor reads the outputs
@@ -111,6 +168,58 @@ class GradNormTrainOneStepCell(_NormedStep):
         self._plain = _PlainStep(network, optimizer, sens, clip_norm)
         self._calls: int | None = None
         self._ran = {True: False, False: False}  # whether the norm graph / the plain graph has run (compiled)
+        self._flips: dict[int, list[tuple[int, int, int]]] = {}  # step -> (gradient, element, bit) drills
+        self._split: tuple[_LocalGradientsStep, _AppliedGradientsStep] | None = None
+
+    def measure_local_norms(self) -> Parameter:
+        """Every step from now on writes this rank's local gradient norm (before the all-reduce) to the returned
+        Parameter (shape (1,), float32). Before the first step: a graph compiled already keeps what it does."""
+        if not self.local_norms:
+            self.local_grad_norm = Parameter(
+                Tensor(np.full(1, np.nan, np.float32)), name="ms_exporter_local_grad_norm", requires_grad=False
+            )
+            self.local_norms = True
+            self._share(self._plain)
+        return self.local_grad_norm
+
+    def skip_local_outliers(self) -> tuple[Parameter, Parameter]:
+        """From now on every step is skipped on every replica where one replica's local gradient norm is over its
+        limit or not finite: (limit, skipped), two Parameters of shape (1,): the limit this rank's monitor sets (inf
+        until it has a history), and whether the last step was skipped (1.0) or applied (0.0). Measures the local
+        norms too. Before the first step: a graph compiled already keeps what it does."""
+        self.measure_local_norms()
+        if not self.skip_outliers:
+            self.local_grad_limit = Parameter(
+                Tensor(np.full(1, np.inf, np.float32)), name="ms_exporter_local_grad_limit", requires_grad=False
+            )
+            self.local_grad_skipped = Parameter(
+                Tensor(np.zeros(1, np.float32)), name="ms_exporter_local_grad_skipped", requires_grad=False
+            )
+            self._votes = ops.AllReduce() if self.reducer_flag else None
+            self.skip_outliers = True
+            self._share(self._plain)
+        return self.local_grad_limit, self.local_grad_skipped
+
+    def _share(self, other: _NormedStep) -> None:
+        """Another graph of this cell measures and skips as it does, into the same Parameters."""
+        other.local_norms, other.skip_outliers = self.local_norms, self.skip_outliers
+        if self.local_norms:
+            other.local_grad_norm = self.local_grad_norm
+        if self.skip_outliers:
+            other.local_grad_limit, other.local_grad_skipped = self.local_grad_limit, self.local_grad_skipped
+            other._votes = self._votes
+
+    def flip_local_gradient(self, step: int, gradient: int, element: int, bit: int) -> None:
+        """A drill: at optimizer step `step`, bit `bit` of element `element` of the local gradient of the
+        `gradient`-th trained weight flips after the backward pass, before the all-reduce. That step runs as two
+        graphs (gradients; reduce and apply), compiled at its first use; the others as always. Every replica of
+        the group must run that step the same way (`split_step` on the others): their all-reduces meet."""
+        self._flips.setdefault(step, []).append((gradient, element, bit))
+
+    def split_step(self, step: int) -> None:
+        """Runs optimizer step `step` as the two graphs of a drill, flipping nothing here: another replica flips a
+        bit of its local gradient at that step, and the collectives of both graphs must match theirs."""
+        self._flips.setdefault(step, [])
 
     def __call__(self, *inputs: Any) -> Any:
         if self._calls is None:
@@ -118,8 +227,25 @@ class GradNormTrainOneStepCell(_NormedStep):
             self._calls = optimizer_step(self.optimizer, 0)
         self._calls += 1
         norms = self._calls % self.every_n_steps == 0
+        flips = self._flips.pop(self._calls, None)
+        if flips is not None:
+            return self._flipped_step(inputs, flips, norms)
         self._ran[norms] = True
         return super().__call__(*inputs) if norms else self._plain(*inputs)
+
+    def _flipped_step(self, inputs: tuple[Any, ...], flips: list[tuple[int, int, int]], norms: bool) -> Any:
+        if self._split is None:
+            halves = [half(self.network, self.optimizer, self.sens, self.clip_norm) for half in _SPLIT]
+            for half in halves:
+                self._share(half)
+            self._split = (halves[0], halves[1])
+        loss, grads = self._split[0](*inputs)
+        grads = list(grads)
+        for gradient, element, bit in flips:
+            if gradient < len(grads):
+                grads[gradient] = flipped_copy(grads[gradient], element, bit)
+        outputs = self._split[1](loss, ms.mutable(tuple(grads)))  # no recompiling for new values
+        return outputs if norms else outputs[0]
 
     def compiles_next(self) -> bool:
         """Whether the next call runs one of the two graphs for the first time, so MindSpore compiles it inside
@@ -130,10 +256,13 @@ class GradNormTrainOneStepCell(_NormedStep):
         return not self._ran[(self._calls + 1) % self.every_n_steps == 0]
 
     def construct(self, *inputs: Any) -> Any:
-        loss, grads = self._loss_and_grads(*inputs)
+        loss, local, grads = self._loss_and_grads(*inputs)
         global_norm, squares = self._norms(grads)
-        loss = ops.depend(loss, self.optimizer(self._clipped(grads, global_norm)))
+        loss = self._applied(loss, local, self._clipped(grads, global_norm))
         return loss, global_norm, ops.sqrt(squares)
+
+
+_SPLIT = (_LocalGradientsStep, _AppliedGradientsStep)
 
 
 class LossScaleTrainOneStepCell(nn.Cell):

@@ -293,7 +293,8 @@ class GoodputConfig:
 
 class BitFlip(NamedTuple):
     """One injected fault: bit `bit` of element `element` (of the flattened tensor) of tensor `tensor` (its
-    Parameter name, or its position in its kind's list) of `kind` on rank `rank`, at the end of step `step`."""
+    Parameter name, or its position in its kind's list) of `kind` on rank `rank`, at the end of step `step`; of
+    kind `gradients`: of the local gradient of that trained weight, before step `step`'s all-reduce."""
 
     rank: int
     step: int
@@ -306,7 +307,7 @@ class BitFlip(NamedTuple):
 _FLIP_FIELDS = {
     "rank": "an integer from 0",
     "step": "an integer from 1",
-    "kind": "weights or optimizer",
+    "kind": "weights, optimizer or gradients",
     "tensor": "a Parameter name or a position from 0",
     "element": "an integer from 0",
     "bit": "an integer from 0 to 63",
@@ -318,7 +319,7 @@ def _flip_field(name: str, value: Any) -> Any:
     accepted = {
         "rank": natural and value >= 0,
         "step": natural and value >= 1,
-        "kind": value in ("weights", "optimizer"),
+        "kind": value in ("weights", "optimizer", "gradients"),
         "tensor": (isinstance(value, str) and bool(value)) or (natural and value >= 0),
         "element": natural and value >= 0,
         "bit": natural and 0 <= value <= 63,
@@ -362,6 +363,12 @@ class DivergenceConfig:
     # Per-tensor sums kept for /debug/checksums: the last this many steps, and as many of each of the two comparison
     # intervals before the current one (at least every_n_steps keeps those intervals whole).
     window_steps: int = setting(128, check=int_in(1, 10_000))
+    # A rank's local gradient norm (before the all-reduce, measured by GradNormTrainOneStepCell every step where
+    # replica checks run) more than this many times the median of its recent ones is an outlier (docs/sdc.md).
+    local_grad_factor: float = setting(1000.0, check=at_least(2, MAX_RATIO))
+    # Skip, on every replica, a step whose local gradient norm is an outlier on any of them (GradNormTrainOneStepCell:
+    # one all-reduce of a number a step, and an in-graph branch).
+    skip_local_grad_outliers: bool = setting(False, check=boolean())
     # Drills: bits flipped on purpose in the weights or the optimizer's state, refused unless allow_injection.
     inject_flips: tuple[BitFlip, ...] = setting((), check=_flips)
     allow_injection: bool = setting(False, check=boolean())

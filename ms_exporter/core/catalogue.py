@@ -218,6 +218,37 @@ PARAM_CHECKSUM = MetricFamily(
     "1",
     ("replica_group", "kind", "bucket"),
 )
+LOCAL_GRAD_NORM = MetricFamily(
+    "mindspore_train_local_grad_norm",
+    "gauge",
+    "This rank's global L2 norm of its own gradients before the all-reduce, at the last step (a train cell that "
+    "measures it: GradNormTrainOneStepCell).",
+    "1",
+    ("replica_group",),
+)
+LOCAL_GRAD_OUTLIERS = MetricFamily(
+    "mindspore_train_local_grad_outliers_total",
+    "counter",
+    "Steps whose local gradient norm was not finite or more than divergence.local_grad_factor times the median of "
+    "this rank's recent ones: a corrupted local gradient, which every replica then applies.",
+    "steps",
+    ("replica_group",),
+)
+LOCAL_GRAD_SKIPPED = MetricFamily(
+    "mindspore_train_local_grad_skipped_steps_total",
+    "counter",
+    "Steps this rank skipped (no update applied) because a replica's local gradient norm was an outlier "
+    "(divergence.skip_local_grad_outliers): the same steps on every replica.",
+    "steps",
+    ("replica_group",),
+)
+LOCAL_GRAD_OUTLIER_STEP = MetricFamily(
+    "mindspore_train_local_grad_outlier_step",
+    "gauge",
+    "The step of this rank's last local gradient norm outlier.",
+    "steps",
+    ("replica_group",),
+)
 PARAM_FINGERPRINT_STEP = MetricFamily(
     "mindspore_train_param_fingerprint_step",
     "gauge",

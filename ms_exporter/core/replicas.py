@@ -16,6 +16,8 @@ and `divergence.replica_group` names it.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -147,3 +149,24 @@ def first_disagreement(pages: dict[str, dict[str, Any]]) -> dict[str, Any] | Non
                 if odd:
                     return {"step": step, "kind": kind, "tensor": name, "ranks": sorted(odd)}
     return None
+
+
+def local_gradient_outliers(pages: dict[str, dict[str, Any]], factor: float) -> list[dict[str, Any]]:
+    """Of replicas' /debug/checksums pages (rank -> page), each kept step at which one rank's local gradient norm is
+    not finite or more than `factor` times the median of the others' at that step: {"step", "rank", "norm",
+    "replicas"}, earliest first."""
+    norms: dict[int, dict[str, float]] = defaultdict(dict)
+    for rank, page in pages.items():
+        for row in page.get("steps", ()):
+            if row.get("local_grad_norm") is not None:
+                norms[int(row["step"])][rank] = float(row["local_grad_norm"])
+    found = []
+    for step in sorted(norms):
+        for rank, norm in sorted(norms[step].items()):
+            others = [value for other, value in norms[step].items() if other != rank and math.isfinite(value)]
+            if not others:
+                continue
+            median = statistics.median(others)
+            if not math.isfinite(norm) or (median > 0 and norm > factor * median):
+                found.append({"step": step, "rank": rank, "norm": norm, "replicas": median})
+    return found

@@ -8,6 +8,9 @@ every replica of a group while the replicas hold the same bits (docs/divergence.
 | mindspore_train_param_fingerprint_overflow | gauge | replica_group | 1 if that step overflowed (where the cell says) |
 | mindspore_train_param_fingerprint_grad_norm | gauge | replica_group | that step's gradient norm, all-reduced |
 
+With the replica checks of every step (docs/sdc.md) also `mindspore_train_param_checksum` and, where the train cell
+measures it, the local gradient norm families of ms_exporter.features.local_gradients.
+
 Taken on the training thread at the end of the step (every rank at the same step numbers, so that the rules
 compare like with like), over the bits themselves, on the device that holds them: each weight tensor's elements
 are read as integers of their own width (float32 as int32, float16 and bfloat16 as int16; a view, no widening copy)
@@ -36,7 +39,13 @@ import numpy as np
 
 from ms_exporter.config import DivergenceConfig
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.cb_params import network_of, optimizer_state_of, step_of, trained_weights_of
+from ms_exporter.core.cb_params import (
+    network_of,
+    optimizer_state_of,
+    step_of,
+    train_network_of,
+    trained_weights_of,
+)
 from ms_exporter.core.device_reductions import bit_sums
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.part import Part
@@ -44,9 +53,11 @@ from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.replicas import read_layout, replica_group
 from ms_exporter.core.sample import read_scalar
 from ms_exporter.core.store import Family, MetricStore, Series
+from ms_exporter.features.local_gradients import RUN_VIEW_KEY, LimitWriter, LocalGradientCheck
 from ms_exporter.features.replica_checks import StepChecks
 
 logger = logging.getLogger("ms_exporter")
+Announce = Callable[[int, str, dict[str, Any]], None]  # (step, event, details) to the parts that keep events
 
 
 class Fingerprints(Part):
@@ -54,8 +65,16 @@ class Fingerprints(Part):
 
     name = "divergence"
 
-    def __init__(self, store: MetricStore, config: DivergenceConfig, rank: RankInfo, layouts: LayoutResolver) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        config: DivergenceConfig,
+        rank: RankInfo,
+        layouts: LayoutResolver,
+        announce: Announce | None = None,
+    ) -> None:
         self._store = store
+        self._announce = announce
         self._config = config
         self._rank = rank
         self._layouts = layouts
@@ -63,6 +82,9 @@ class Fingerprints(Part):
         self._series: dict[str, Series] = {}
         self._group: str | None = None
         self._checks: StepChecks | None = None  # every step's bit sums (divergence.check_every_step)
+        self._local: LocalGradientCheck | None = None
+        self._run: Any = None  # the run view: where the loop API leaves a local gradient norm
+        self._skips: tuple[LimitWriter, Any, Series] | None = None  # divergence.skip_local_grad_outliers
         self._checksums: Family | None = None
         self._bound: set[tuple[str, str]] = set()
         # (step, fingerprint, {(kind, bucket): checksum}) of the last fingerprint: one tuple, read whole by a scrape
@@ -90,8 +112,44 @@ class Fingerprints(Part):
         if self._config.check_every_step:
             tensors = {"weights": self._parameters, "optimizer": optimizer_state_of(cb_params, self._parameters)}
             self._checks = StepChecks(tensors, self._config.buckets, self._config.window_steps)
+            self._run = cb_params
+            self._local = self._local or self._local_check(train_network_of(cb_params))
         step = step_of(cb_params)
         self.next_step = self._after(step)
+
+    def _local_check(self, cell: Any) -> LocalGradientCheck | None:
+        """The check of the local gradient norms, where the train cell measures them (GradNormTrainOneStepCell); a
+        loop that hands them to step_end(local_grad_norm=...) gets its check at the first it hands."""
+        measure = getattr(cell, "measure_local_norms", None)
+        if measure is None:
+            return None
+        norm = measure()
+        check = self._checked(lambda: float(norm.asnumpy().reshape(-1)[0]))
+        skip = getattr(cell, "skip_local_outliers", None)
+        if self._config.skip_local_grad_outliers and skip is not None:
+            limit, skipped = skip()
+            self._skips = (
+                LimitWriter(limit),
+                skipped,
+                self._store.register(c.LOCAL_GRAD_SKIPPED).series(replica_group=self._group or ""),
+            )
+        return check
+
+    def _loop_local_check(self) -> LocalGradientCheck | None:
+        run = self._run
+        if run is None or run.get(RUN_VIEW_KEY) is None:
+            return None
+        return self._checked(lambda: _number(read_scalar(self._run.get(RUN_VIEW_KEY))))
+
+    def _checked(self, source: Callable[[], float]) -> LocalGradientCheck:
+        check = LocalGradientCheck(source, self._config.local_grad_factor)
+        group = self._group or ""
+        self._store.register(c.LOCAL_GRAD_NORM).bind(lambda: check.last, replica_group=group)
+        self._store.register(c.LOCAL_GRAD_OUTLIERS).bind(lambda: float(check.outliers), replica_group=group)
+        self._store.register(c.LOCAL_GRAD_OUTLIER_STEP).bind(
+            lambda: float(check.last_outlier[0]) if check.last_outlier else math.nan, replica_group=group
+        )
+        return check
 
     def _find_group(self) -> tuple[str | None, str]:
         if self._config.replica_group is not None:
@@ -105,9 +163,49 @@ class Fingerprints(Part):
     def on_step_end(self, step: int, outputs: Any) -> None:
         checks = self._checks
         if checks is not None and self._group is not None:
-            checks.read(step)
+            local = self._local or self._loop_local_check()
+            self._local = local
+            checks.read(step, self._read_local(local, step) if local is not None else None)
         if step >= self.next_step:
             self.take(step, outputs)
+
+    def _read_local(self, check: LocalGradientCheck, step: int) -> float:
+        outliers = check.outliers
+        norm = check.read(step)
+        if self._skips is not None:
+            self._skipped(step, check)
+        if check.outliers > outliers and check.last_outlier is not None:
+            median = check.last_outlier[2]
+            logger.error(
+                "ms_exporter: rank %d's local gradient norm at step %d is %.6g, %.3g times its recent median %.6g: a "
+                "corrupted local gradient, %s by every replica of group %s (docs/sdc.md#local-gradients)",
+                self._rank.rank,
+                step,
+                norm,
+                norm / median if median else math.inf,
+                median,
+                "skipped" if self._skips is not None else "applied",
+                self._group,
+            )
+            details = {"rank": self._rank.rank, "norm": norm, "median": median, "replica_group": self._group}
+            if self._announce is not None:
+                self._announce(step, "local_gradient_outlier", details)
+        return norm
+
+    def _skipped(self, step: int, check: LocalGradientCheck) -> None:
+        """Counts a step the cell skipped on every replica, and hands the cell the rank's limit for the next."""
+        writer, skipped, series = self._skips  # type: ignore[misc]
+        if float(skipped.asnumpy().reshape(-1)[0]) > 0:
+            series.value += 1
+            logger.error(
+                "ms_exporter: step %d was skipped on every replica of group %s: a replica's local gradient norm was "
+                "an outlier (divergence.skip_local_grad_outliers)",
+                step,
+                self._group,
+            )
+            if self._announce is not None:
+                self._announce(step, "local_gradient_skip", {"rank": self._rank.rank, "replica_group": self._group})
+        writer.write(check.limit)
 
     def take(self, step: int, outputs: Any) -> None:
         """The fingerprint of the parameters as this step left them (the training thread, at step end)."""
@@ -115,6 +213,8 @@ class Fingerprints(Part):
         checks = self._checks
         if checks is not None and checks.last_step == step:
             value, checksums = fingerprint_of(checks.last_weight_sums()), checks.publish()
+            if self._announce is not None:
+                self._announce(step, "replica_checksums", {"replica_group": self._group, **checks.accumulators})
         else:
             value, checksums = fingerprint(self._parameters), {}
         self._taken = (float(step), float(value), checksums)  # one assignment: a whole tuple
@@ -174,6 +274,10 @@ class Fingerprints(Part):
         if series is None:
             series = self._series[family.name] = self._store.register(family).series(replica_group=self._group or "")
         series.value = math.nan if value is None else float(value)
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def fingerprint(parameters: list[Any]) -> int:

@@ -25,7 +25,8 @@ from ms_exporter.core.bit_sum_reader import BitSumReader
 from ms_exporter.core.replicas import KINDS
 
 _PRIME = (1 << 61) - 1
-Row = tuple[int, dict[str, np.ndarray]]  # a step and its sums by kind
+LOCAL_GRAD_NORM = "local_grad_norm"  # a page row's key: the rank's local gradient norm at that step
+Row = tuple[int, dict[str, Any]]  # a step, its sums by kind and (where measured) its local gradient norm
 
 
 class StepChecks:
@@ -44,24 +45,31 @@ class StepChecks:
         self._closed: collections.deque[tuple[Row, ...]] = collections.deque(maxlen=2)
         self._published_at = -1
         self.last_step: int | None = None
+        self.accumulators: dict[str, list[int]] = {}
 
     def last_weight_sums(self) -> np.ndarray:
-        return self._window[-1][1]["weights"]
+        sums: np.ndarray = self._window[-1][1]["weights"]
+        return sums
 
-    def read(self, step: int) -> None:
-        row = {}
+    def read(self, step: int, local_grad_norm: float | None = None) -> None:
+        row: dict[str, Any] = {}
         for kind, reader in self._readers.items():
             sums = row[kind] = reader.sums()
             acc = self._acc[kind]
             np.multiply(acc, 3, out=acc)  # acc < 2^61: no overflow
             acc += np.remainder(sums, _PRIME)  # a 64-bit word's sum may be negative or near 2^63
             np.remainder(acc, _PRIME, out=acc)
+        if local_grad_norm is not None:
+            row[LOCAL_GRAD_NORM] = local_grad_norm
         self._window.append((step, row))
         self.last_step = step
 
     def publish(self) -> dict[tuple[str, str], int]:
         """CRC-32 of each bucket's accumulators, by (kind, bucket number); the accumulators start again."""
         checksums = {}
+        # Each tensor's accumulator, for the JSON Lines file: replicas' records of one comparison step name the
+        # tensor that differs long after the per-step sums have left the window.
+        self.accumulators = {kind: self._acc[kind].tolist() for kind in KINDS}
         for kind in KINDS:
             acc = self._acc[kind]
             for number, (first, last) in enumerate(self.buckets[kind]):
@@ -83,11 +91,13 @@ class StepChecks:
                 "replica_group": group,
                 "tensors": self.names,
                 "buckets": self.buckets,
-                "steps": [
-                    {"step": step, **{kind: sums.tolist() for kind, sums in row.items()}} for step, row in window
-                ],
+                "steps": [{"step": step, **{key: _plain(value) for key, value in row.items()}} for step, row in window],
             }
         )
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def split(tensors: Sequence[Any], buckets: int) -> list[tuple[int, int]]:

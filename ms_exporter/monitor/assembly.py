@@ -134,7 +134,9 @@ def assemble(
     # After the expected ones: a run that did not ask for the line gets no error series for it until it fails.
     sinks += console.progress_line(context)
     publisher = StepPublisher(step_probes, thresholds, actions, sinks, batch, errors, breaker)
-    fingerprints = Fingerprints(store, config.divergence, rank, publisher.layouts) if config.divergence.enable else None
+    fingerprints = (
+        Fingerprints(store, config.divergence, rank, publisher.layouts, announce) if config.divergence.enable else None
+    )
     flips = None
     if fingerprints is not None and config.divergence.allow_injection and config.divergence.inject_flips:
         flips = BitFlips(config.divergence.inject_flips, rank.rank)  # before the checks: they read the flipped bits

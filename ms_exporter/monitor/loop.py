@@ -31,6 +31,7 @@ from ms_exporter.core.cb_params import (
 )
 from ms_exporter.core.device_reductions import norms_on_device
 from ms_exporter.core.output_layout import OutputLayout
+from ms_exporter.features.local_gradients import RUN_VIEW_KEY
 from ms_exporter.monitor.core import MonitorCore
 
 
@@ -156,9 +157,11 @@ class LoopDriver:
         tokens: int | None = None,
         samples: int | None = None,
         outputs: Any = None,
+        local_grad_norm: Any = None,
     ) -> None:
         if not self.active:
             self.train_begin()
+        self._run[RUN_VIEW_KEY] = local_grad_norm
         if not self._began:  # a driver that reports step ends only
             self._step += 1
             self._run[CUR_STEP_NUM] = self._step

@@ -42,11 +42,14 @@ class LoopAPI:
         tokens: int | None = None,
         samples: int | None = None,
         outputs: Any = None,
+        local_grad_norm: Any = None,
     ) -> None:
         """The step ended with `loss` (a Tensor or a number; reading it waits for the device). Known more, by
         keyword: `grads` (the gradients, in the optimizer's parameter order, or {name: grad}: norms are taken on
         the device on the sampled steps), `grad_norm` (a global norm already computed), `lr` (the LR applied),
-        `tokens` and `samples` (else counted from the batch), `outputs` (a train cell's outputs tuple)."""
+        `tokens` and `samples` (else counted from the batch), `outputs` (a train cell's outputs tuple),
+        `local_grad_norm` (this rank's global norm of its own gradients before the all-reduce: checked against
+        its history and its replicas', docs/sdc.md#local-gradients)."""
         if _is_run_context(loss):
             return  # MindSpore's deprecated alias of on_train_step_end/on_eval_step_end: the hooks already ran
         loop = self._loop
@@ -54,7 +57,7 @@ class LoopAPI:
             return
         core = self._core
         try:
-            loop.step_end(loss, grads, grad_norm, lr, tokens, samples, outputs)
+            loop.step_end(loss, grads, grad_norm, lr, tokens, samples, outputs, local_grad_norm)
         except Exception as exc:  # nothing the monitor does raises into the loop
             if core is not None:
                 core.errors.absorb("callback", exc)

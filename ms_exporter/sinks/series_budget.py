@@ -58,6 +58,7 @@ EVERY_RANK = frozenset(
         catalogue.PARAM_FINGERPRINT,
         catalogue.PARAM_FINGERPRINT_STEP,
         catalogue.PARAM_CHECKSUM,
+        catalogue.LOCAL_GRAD_OUTLIERS,
         catalogue.ACTIONS_TAKEN,
         catalogue.ERRORS,
         # the devices (the rank_device: rules and the Device* alerts)

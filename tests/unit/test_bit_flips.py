@@ -108,3 +108,34 @@ def test_the_checks_name_the_flip_at_its_step(
     assert [r.getMessage() for r in caplog.records if "inject_flips" in r.getMessage()] == [
         "ms_exporter: divergence.inject_flips at step 4: bit 22 of element 5 of optimizer tensor adam_m.w1 flipped"
     ]
+
+
+def test_a_local_gradient_flip_is_armed_in_the_cell_and_the_other_replicas_split_the_same_step() -> None:
+    """The drill's step runs as two graphs on every replica, so that their all-reduces meet."""
+
+    class Cell:
+        def __init__(self, weights: list[ms.Parameter]) -> None:
+            self.weights = weights
+            self.armed: list[tuple[int, int, int, int]] = []
+            self.split: list[int] = []
+
+        def flip_local_gradient(self, step: int, gradient: int, element: int, bit: int) -> None:
+            self.armed.append((step, gradient, element, bit))
+
+        def split_step(self, step: int) -> None:
+            self.split.append(step)
+
+    flips = (
+        BitFlip(rank=2, step=40, kind="gradients", tensor="w1", element=3, bit=30),
+        BitFlip(rank=2, step=50, kind="gradients", tensor="nope", element=0, bit=0),
+        BitFlip(rank=1, step=60, kind="weights", tensor=0, element=0, bit=0),
+    )
+    for rank in (0, 2):
+        view = run()
+        cell = Cell(view["train_network"].weights)  # type: ignore[attr-defined]
+        view["train_network"] = cell
+        BitFlips(flips, rank=rank).on_train_begin(view)
+        if rank == 2:
+            assert (cell.armed, cell.split) == ([(40, 1, 3, 30)], [50])  # 50: nothing to flip, split all the same
+        else:
+            assert (cell.armed, cell.split) == ([], [40, 50])

@@ -251,3 +251,22 @@ def test_an_evaluation_between_two_loops_is_served_and_kept_aside() -> None:
         assert accuracy == 0.75
     finally:
         monitor.close()
+
+
+def test_a_loop_hands_its_local_gradient_norms_and_an_outlier_is_flagged() -> None:
+    """A data-parallel loop computes the norm of its own gradients before its reducer (docs/sdc.md#local-gradients)."""
+    from ms_exporter.features.local_gradients import WARMUP_STEPS
+
+    monitor, _ = monitor_with_ends(divergence={"replica_group": "g"})
+    step = Step()
+    try:
+        for number, (data, label) in enumerate(
+            monitor.steps(rows(WARMUP_STEPS + 3), network=step.network, optimizer=step.optimizer), start=1
+        ):
+            loss, grads = step(data, label)
+            local = ms.ops.sqrt(sum((g * g).sum() for g in grads))
+            monitor.step_end(loss, local_grad_norm=local * (1e6 if number == WARMUP_STEPS + 2 else 1))
+        assert value(monitor, catalogue.LOCAL_GRAD_OUTLIERS) == 1
+        assert value(monitor, catalogue.LOCAL_GRAD_OUTLIER_STEP) == WARMUP_STEPS + 2
+    finally:
+        monitor.close()

@@ -52,6 +52,18 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
             f"{{{{ $value | humanizePercentage }}}} of the group). GET /debug/checksums on the group's ranks names "
             f"the step and the tensor.",
         ),
+        # A corrupted local gradient reaches every replica through the all-reduce: no checksum differs, only the
+        # norm of the rank it happened on was an outlier (docs/sdc.md#local-gradients). One outlier pages.
+        Alert(
+            "MindSporeTrainingSilentDataCorruption",
+            expr=f'label_replace(increase({c.LOCAL_GRAD_OUTLIERS.name}[15m]) > 0, "kind", "local_gradients", "", "")',
+            for_=w.spike_for,
+            severity="critical",
+            summary="A rank's local gradient was corrupted before the all-reduce",
+            description=f"The norm of the gradients {WHO} (replica group {{{{ $labels.replica_group }}}}) computed "
+            f"was an outlier against its own history at {{{{ $value | humanize }}}} step(s) of the last 15 minutes "
+            f"(the last: {c.LOCAL_GRAD_OUTLIER_STEP.name}): every replica applied it. The rank's log names the step.",
+        ),
         # Only where flops.alert_below is set.
         *(
             ()
