@@ -167,15 +167,16 @@ gil-hold: install
 hangs-healthy: install debian-packages
 	HANGS_HEALTHY_EPOCHS=70 $(BIN)/python -m pytest -q -s tests/integration/test_hangs.py -k healthy
 
-# About 12 minutes: the silent data corruption injection campaign (three replicas of the demo Transformer, 10,000
+# About 25 minutes: the silent data corruption injection campaign (three replicas of the demo Transformer, 10,000
 # steps, one bit flip every 8): rewrites the measured section of docs/sdc.md and draws docs/sdc.svg (matplotlib).
 sdc: install
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[bench]'
 	$(BIN)/python -m benchmarks.sdc --output docs/sdc.md
 
-# About 10 minutes: a clean 3-rank data-parallel job of 2,016 steps, fingerprints compared every 20 (docs/divergence.md).
+# About 25 minutes: a clean 3-rank data-parallel job of 10,017 steps, fingerprints and replica checks compared every 20,
+# local gradient norms checked every step (docs/divergence.md, docs/sdc.md).
 divergence-clean: install debian-packages
-	DIVERGENCE_CLEAN_EPOCHS=96 $(BIN)/python -m pytest -q -s tests/integration/test_divergence.py -k clean
+	DIVERGENCE_CLEAN_EPOCHS=477 $(BIN)/python -m pytest -q -s tests/integration/test_divergence.py -k clean
 
 # About 15 minutes: /metrics hammered by wrk during training, and a 20,000-step soak; rewrites docs/reliability.md.
 reliability: install debian-packages

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import json
 import math
 import random
@@ -289,9 +290,9 @@ def section(result: dict[str, Any], command: str) -> str:
     return "\n".join(
         [
             BEGIN,
-            f"`{command}`: {result['steps']:,} steps of three replicas ({len(injections)} injections, "
-            f"{result['clean_steps']:,} clean steps), {result['seconds'] / 60:.0f} minutes on this machine, "
-            f"`divergence.local_grad_factor` {result['factor']:g}.",
+            f"`{command}` on {datetime.date.today().isoformat()}: {result['steps']:,} steps of three replicas "
+            f"({len(injections)} injections, {result['clean_steps']:,} clean steps), {result['seconds'] / 60:.0f} "
+            f"minutes on this machine, `divergence.local_grad_factor` {result['factor']:g}.",
             "",
             *table(result),
             "",
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "make sdc" if args.steps == 10_000 else f"python -m benchmarks.sdc --steps {args.steps}"
     output = Path(args.output)
-    write_section(section(result, command), output, heading="## Measured: the injection campaign")
+    write_section(section(result, command), output, BEGIN, END, heading="## Measured: the injection campaign")
     plot(result, output.parent / "sdc.svg")
     print("\n".join(table(result)))
     print(result["false_positives"], result["clean_steps"])

@@ -347,6 +347,12 @@ def _checksums_arguments(checksums: argparse.ArgumentParser) -> None:
         "the ranks of a replica group: http[s]://host:port[/path], host:port, or a directory of Prometheus "
         "file_sd *.json files",
     )
+    checksums.add_argument(
+        "--local-grad-factor",
+        type=float,
+        default=1000.0,
+        help="a local gradient norm more than this many times the others' median at a step is named (default 1000)",
+    )
 
 
 def _checksums(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

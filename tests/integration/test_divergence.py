@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 STEPS_PER_EPOCH = 21
-# `make divergence-clean` runs the clean job for 96 epochs (2,016 steps); the suite's run is shorter: 5 epochs, 105
+# `make divergence-clean` runs the clean job for 477 epochs (10,017 steps); the suite's run is shorter: 5 epochs, 105
 # steps, 5 comparisons (the diverging job above compares steps 20 to 60 equal on every rank too).
 CLEAN_EPOCHS = int(os.environ.get("DIVERGENCE_CLEAN_EPOCHS", "5"))
 
@@ -131,7 +131,7 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         assert {r["metric"]["rank"] for r in checksums} == {"0", "1", "2"}
 
 
-# Long (make test-long; make divergence-clean for 2,016 steps): the suite's short version is the named-rank test above,
+# Long (make test-long; make divergence-clean for 10,017 steps): the suite's short version is the named-rank test above,
 # whose two other ranks agree at every comparison.
 @pytest.mark.long
 def test_a_clean_run_has_equal_fingerprints_at_every_comparison(
@@ -152,4 +152,15 @@ def test_a_clean_run_has_equal_fingerprints_at_every_comparison(
         assert differing == {}
         assert set(job.by_rank(f"min_over_time({c.RANK_REPLICAS_AGREEING}[{window}])").values()) == {1.0}
         assert job.query(f'count_over_time(ALERTS{{alertname="MindSporeTrainingReplicaDivergence"}}[{window}])') == []
-        print(f"\n{len(compared)} comparisons over {steps} steps, all equal")
+        # The replica checks of every step (docs/sdc.md): every bucket's checksum equal at every comparison, and no
+        # local gradient norm flagged on any rank.
+        agreeing = job.query(f"min_over_time({c.RANK_CHECKSUMS_AGREEING}[{window}])")
+        assert agreeing and {float(r["value"][1]) for r in agreeing} == {1.0}
+        assert job.by_rank(f'{c.LOCAL_GRAD_OUTLIERS.name}{{project="clean"}}') == {str(r): 0 for r in range(WORKERS)}
+        assert (
+            job.query(f'count_over_time(ALERTS{{alertname="MindSporeTrainingSilentDataCorruption"}}[{window}])') == []
+        )
+        print(
+            f"\n{len(compared)} comparisons over {steps} steps, all equal; {len(agreeing)} bucket checksums equal at "
+            "every comparison; no local gradient norm flagged"
+        )

@@ -59,6 +59,16 @@ def test_a_corrupted_local_gradient_is_flagged_on_its_rank_and_skipped_on_every_
             assert rows[40]["weights"] == rows[39]["weights"] != rows[41]["weights"], rank
             assert all(math.isfinite(rows[s]["local_grad_norm"]) for s in rows if s != 40 or rank != 2)
         assert math.isinf(pages[2][40]["local_grad_norm"]) or pages[2][40]["local_grad_norm"] > 1e10
+        named = subprocess.run(
+            [sys.executable, "-m", "ms_exporter", "checksums", *(f"127.0.0.1:{job.base_port + r}" for r in range(3))],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
+        assert named.returncode == 1 and "local gradient norm at step 40 on rank 2:" in named.stdout, named.stdout
+        assert "equal at every step kept by all" in named.stdout, named.stdout
         # The replicas never held other bits: no checksum differs.
         assert not job.query(
             'ALERTS{alertname="MindSporeTrainingSilentDataCorruption", kind=~"weights|optimizer", project="sdc"}'

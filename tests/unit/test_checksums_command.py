@@ -16,7 +16,7 @@ from ms_exporter.tools import checksums
 from ms_exporter.tools.scrape import Access, FetchError
 
 
-def pages(flip_at: int | None) -> dict[str, str]:
+def pages(flip_at: int | None, local_outlier_at: int | None = None) -> dict[str, str]:
     """The /debug/checksums pages of three replicas by URL, rank 1's weight w1 flipped at `flip_at`."""
     served = {}
     for rank in range(3):
@@ -28,7 +28,7 @@ def pages(flip_at: int | None) -> dict[str, str]:
         for step in range(1, 11):
             if rank == 1 and step == flip_at:
                 np.asarray(weights[1].asnumpy()).reshape(-1).view(np.uint32)[3] ^= np.uint32(1 << 29)
-            check.read(step)
+            check.read(step, 1e30 if rank == 2 and step == local_outlier_at else 1.0 + 0.1 * rank)
         served[f"http://h:{9000 + rank}/debug/checksums"] = check.page(rank, "0")
     served["http://h:9003/debug/checksums"] = "404"  # a rank without a replica group
     return served
@@ -50,7 +50,9 @@ def fetcher(served: dict[str, str]):  # type: ignore[no-untyped-def]
 
 def run(served: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
     monkeypatch.setattr(checksums, "fetch", fetcher(served))
-    args = argparse.Namespace(targets=[f"h:{9000 + r}" for r in range(4)], timeout=1.0, scheme="http")
+    args = argparse.Namespace(
+        targets=[f"h:{9000 + r}" for r in range(4)], timeout=1.0, scheme="http", local_grad_factor=1000.0
+    )
     status = checksums.run_checksums(args, lambda message: pytest.fail(message))
     return status, capsys.readouterr().out
 
@@ -81,3 +83,14 @@ def test_a_page_that_is_not_a_checks_page_is_said(
     assert status == 0
     assert "no page: http://h:9002/debug/checksums: not a replica checks page" in out
     assert "replica group 0: ranks 0, 1; steps 3 to 10 kept by all" in out
+
+
+def test_a_rank_whose_local_gradient_norm_stands_out_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status, out = run(pages(flip_at=None, local_outlier_at=7), capsys, monkeypatch)
+    assert status == 1
+    assert out.splitlines()[-2:] == [
+        "  equal at every step kept by all",
+        "  local gradient norm at step 7 on rank 2: 1e+30 (the others' median 1.05)",
+    ]
