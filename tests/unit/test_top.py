@@ -664,3 +664,20 @@ def test_pictures_a_non_finite_loss_is_red_and_an_ended_rank_neutral_with_its_va
     healthy, _ = first_row(STEP4, now=stamp_of(STEP4) + 2.0)
     screen = render([healthy])
     assert screen.rows[0].style == "normal" and "(" not in screen.rows[0].text and healthy.alerts == ()
+
+
+def test_a_local_gradient_outlier_since_the_last_poll_is_marked_and_held() -> None:
+    def with_outliers(text: str, count: int) -> str:
+        return (
+            text
+            + f'mindspore_train_local_grad_outliers_total{{project="capture",rank="1",replica_group="0"}} {count}\n'
+        )
+
+    _, history = first_row(with_outliers(STEP4, 1))  # one before the first poll: history, not news
+    row, history = first_row(with_outliers(STEP8, 1), history)
+    assert "sdc local_gradients" not in row.alerts
+    row, history = first_row(with_outliers(STEP8, 2), history)
+    assert "sdc local_gradients" in row.alerts
+    stamp = Scrape(STEP8).value("mindspore_train_last_step_timestamp_seconds")
+    later, _ = first_row(with_outliers(STEP8, 2), history, now=stamp + 125)
+    assert "sdc local_gradients" not in later.alerts

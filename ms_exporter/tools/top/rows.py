@@ -20,6 +20,7 @@ STALE_SECONDS = 60.0
 # A counter that went up (a threshold breach, a non-finite loss) stays in the alerts column this long, so that
 # an episode is not a flash of one refresh.
 ALERT_HOLD_SECONDS = 60.0
+LOCAL_GRADIENTS = "sdc local_gradients"  # a local gradient norm outlier (docs/sdc.md#local-gradients)
 # Ranks of a synchronous job have step cycles within a few percent of each other; among the ranks this close to
 # the longest cycle, the one with the largest data-wait share is the one the others wait for.
 SYNC_TOLERANCE = 0.10
@@ -142,6 +143,9 @@ def build_row(
     nonfinite = samples.value(catalogue.NONFINITE_LOSS.name)
     if nonfinite is not None:
         counters["non-finite loss"] = nonfinite
+    local_outliers = samples.by_label(catalogue.LOCAL_GRAD_OUTLIERS.name, "replica_group")
+    if local_outliers:
+        counters[LOCAL_GRADIENTS] = sum(local_outliers.values())
     held = {alert: until for alert, until in (history.held.items() if history else ()) if until > now}
     if history is not None:  # on the first poll a counter above 0 is history, not news
         for alert, value in counters.items():
@@ -163,6 +167,8 @@ def build_row(
     if stall is not None:
         alerts.append(stall.text())
     alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
+    if LOCAL_GRADIENTS in held:
+        alerts.append(LOCAL_GRADIENTS)
     disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
     alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
 
