@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,9 @@ def _firing(webhook: Webhook, project: str, alert: str) -> dict[str, Any] | None
     return None
 
 
-def _what_each_path_saw(project: str, prometheus: PrometheusStack, vm: VictoriaMetrics) -> str:
-    """For a page that did not come: what each store holds of the project's targets and alerts."""
+def _what_each_path_saw(project: str, alert: str, prometheus: PrometheusStack, vm: VictoriaMetrics) -> str:
+    """For a page that did not come: what each store holds of the project's targets and alerts, and vmalert's state
+    of `alert`."""
     lines = []
     for expr in (
         'up{job=~".*mindspore.*"}',
@@ -83,6 +85,10 @@ def _what_each_path_saw(project: str, prometheus: PrometheusStack, vm: VictoriaM
             except OSError as exc:
                 found = [({"error": str(exc)}, "")]
             lines.append(f"{name}: {expr} -> {found}")
+    try:
+        lines += [f"vmalert: {rule}" for rule in vm.rules() if rule["name"] == alert]
+    except OSError as exc:
+        lines.append(f"vmalert: {exc}")
     return "\n".join(lines)
 
 
@@ -102,7 +108,9 @@ def paths() -> Iterator[Paths]:
             prometheus.start()
             alertmanager.alertmanager(alertmanager_port, scratch / "alertmanager.yml")
             vm.store()
-            vm.vmagent(prometheus.targets, scrape_interval="2s")
+            # The shipped 5 s, as Prometheus scrapes here: a shorter interval is also the scrape's timeout, and on a
+            # loaded machine a live rank then reads as down through one path only.
+            vm.vmagent(prometheus.targets)
             vm.vmalert(f"http://127.0.0.1:{alertmanager_port}")
             for fault in FAULTS:
                 jobs[fault] = _start_job(f"vm-{fault}", fault, prometheus.targets)
@@ -110,6 +118,10 @@ def paths() -> Iterator[Paths]:
             seen = f'mindspore_train_global_step{{project="vm-kill"}} > {HEALTHY_STEPS}'
             wait_until(lambda: vm.query(seen) and query(prometheus.prometheus_port, seen), 150, "vm-kill's steps")
             jobs["kill"].kill()
+            # All three pages within 300 s of here, through both paths: scrape (5 s), evaluation (10 s), `for` and
+            # group_wait, the stall's learned hang deadline, and room for a loaded machine (a healthy run pages in
+            # about 40 s).
+            deadline = time.monotonic() + 300
             pages = {}
             for fault, alert in FAULTS.items():
                 project = f"vm-{fault}"
@@ -119,12 +131,12 @@ def paths() -> Iterator[Paths]:
                             ((one := _firing(prometheus_webhook, p, a)) and (other := _firing(vm_webhook, p, a)))
                             and (one, other)
                         ),
-                        150,
+                        max(deadline - time.monotonic(), 1),
                         f"{alert} for {project} through both paths",
                         every=0.5,
                     )
                 except AssertionError as missed:
-                    raise AssertionError(f"{missed}\n{_what_each_path_saw(project, prometheus, vm)}") from None
+                    raise AssertionError(f"{missed}\n{_what_each_path_saw(project, alert, prometheus, vm)}") from None
             yield Paths(vm, prometheus, vm_webhook, prometheus_webhook, pages)
         finally:
             for job in jobs.values():
