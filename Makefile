@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE :=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway victoria-metrics chromium tmux
 
-.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-reductions bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean sdc debian-packages clean
+.PHONY: install demo test test-unit test-integration test-long test-py39 test-py312 mindformers-venv mindformers2 lint fmt generate bench bench-model-size bench-reductions bench-compare scaling reliability detection gil-hold hangs-healthy divergence-clean sdc failslow debian-packages clean
 
 install: $(STAMP)
 
@@ -174,6 +174,13 @@ sdc: install
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[bench]'
 	$(BIN)/python -m benchmarks.sdc --output docs/sdc.md
 	$(BIN)/python -m benchmarks.sdc_msrun --output docs/sdc.md
+
+# A few minutes: fail-slow localisation and onset on simulated jobs of 64-1,024 ranks driven by a real trace, and the
+# checkpoint interval advisor against the best interval over 10^4 simulated job-days per scenario (docs/failslow.md).
+failslow: install
+	$(BIN)/python -m benchmarks.failslow --output docs/failslow.md
+	$(BIN)/python -m benchmarks.checkpoint_interval --output docs/failslow.md
+	$(BIN)/python -m benchmarks.slowness_cost --output docs/benchmarks.md
 
 # About 20 minutes: a clean 3-rank data-parallel job of 10,017 steps, fingerprints and replica checks compared every 20,
 # local gradient norms checked every step (docs/divergence.md, docs/sdc.md).

@@ -17,7 +17,18 @@ from typing import Any
 
 import psutil
 
-from benchmarks import fingerprint, good_state, hardware, hotpath, memory, opt_in, paired, scrape, training
+from benchmarks import (
+    fingerprint,
+    good_state,
+    hardware,
+    hotpath,
+    memory,
+    opt_in,
+    paired,
+    scrape,
+    slowness_cost,
+    training,
+)
 
 TARGETS = {
     "step_ratio": 0.01,
@@ -27,6 +38,7 @@ TARGETS = {
     "rss_mb": 30.0,
     "fingerprint_share": 0.001,
     "check_share": 0.01,
+    "slowness_share": 0.001,
     "rollback_share": 0.02,
 }
 
@@ -116,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     prints = fingerprint.measure(20 if quick else 500, 30 if quick else 300)
     log("rollback good states ...", flush=True)
     goods = good_state.measure(20 if quick else 200, 30 if quick else 300, (16,) if quick else (16, 128, 512))
+    log("fail-slow probe ...", flush=True)
+    slowness = slowness_cost.measure(500 if quick else 20_000, 30 if quick else 300)
     log("step-interleaved pairs ...", flush=True)
     pairs = paired.measure(150 if quick else 6000, 1 if quick else 3)
     log("step time while scraped ...", flush=True)
@@ -140,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         time.monotonic() - started,
         (load_before, os.getloadavg()),
         opt_ins,
+        slowness,
     )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(doc)
@@ -166,6 +181,7 @@ def render(
     seconds: float,
     loads: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
     opt_ins: list[dict[str, Any]] | None = None,
+    slowness: dict[str, Any] | None = None,
 ) -> str:
     graph_rows = steps_tables[0][3]
     second = next(r for r in graph_rows if r["case"].startswith("no callbacks, a second"))
@@ -236,6 +252,7 @@ def render(
         f"alone, against the same cell without a monitor, {grad_reading * 100:+.2g}% |",
         _fingerprint_row(prints),
         _check_row(prints),
+        *([_slowness_row(slowness)] if slowness is not None else []),
         _rollback_row(goods),
         f"| hot path < 30 µs | {verdict(hot_default, TARGETS['hot_path_us'], 'µs')} (mean per step with the "
         f"publications, defaults; median {hot[0]['median_us']:.1f} µs) |",
@@ -392,6 +409,18 @@ def _fingerprint_row(prints: dict[str, Any]) -> str:
         f"{prints['fingerprint_ms']:.2f} ms "
         f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
         f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |"
+    )
+
+
+def _slowness_row(cost: dict[str, Any], when: str = "") -> str:
+    """The fail-slow probe's line of the targets table (benchmarks/slowness_cost.py)."""
+    return (
+        f"{slowness_cost.PREFIX} < 0.1% of step time (demo model, GRAPH) | "
+        f"{verdict(cost['share'] * 100, TARGETS['slowness_share'] * 100, '%')}: the probe's on_step "
+        f"{cost['record_us']:.1f} µs a record (median of {cost['records']:,}; p90 {cost['record_p90_us']:.1f} µs), "
+        f"in the publication batches on the training thread, against a median step of {cost['step_ms']:.1f} ms; "
+        f"the checkpoint advisor's refresh {cost['refresh_us']:.0f} µs every goodput.save_seconds on the saver's "
+        f"thread, off the step{when} (docs/failslow.md) |"
     )
 
 

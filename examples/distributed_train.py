@@ -12,6 +12,9 @@ for it in every step's all-reduce, and MindSporeTrainingStraggler names rank 1. 
 MindSporeTrainingHang names rank 1.
 `--diverge-rank 2 --diverge-at 300` moves one weight of rank 2 by 1e-3 after step 300, as silent data corruption
 would: its parameter fingerprint leaves those of its replicas, and MindSporeTrainingReplicaDivergence names rank 2.
+`--slow-hook-rank 2 --slow-hook-from 150 --slow-hook-seconds 0.1` makes a callback of rank 2 take 100 ms longer from
+step 150 on (a logger writing to a slow disk, say): its own work grows, every rank waits for it, and
+MindSporeTrainingFailSlow names rank 2 with onset step 150 (docs/failslow.md).
 `--loop` trains with a functional loop of the script's own instead of `Model.train` (MindSpore 2.x's way:
 `value_and_grad`, `nn.DistributedGradReducer`, an optimizer call, a compiled step) and hands the monitor each step
 through the loop API (`monitor.steps()`, `monitor.step_end(loss, grads=grads)`); the loader options work the same.
@@ -78,6 +81,19 @@ class BlockingSamples:
 
     def __len__(self) -> int:
         return len(self._samples)
+
+
+class SlowHook(Callback):
+    """A callback that turns slow at step `begin`: every step end from then on takes `seconds` longer."""
+
+    def __init__(self, begin: int, seconds: float) -> None:
+        super().__init__()
+        self._begin = begin
+        self._seconds = seconds
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        if run_context.original_args().cur_step_num >= self._begin:
+            time.sleep(self._seconds)
 
 
 class PeriodicPause(Callback):
@@ -198,12 +214,21 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many epochs (Model.fit)")
     parser.add_argument("--diverge-rank", type=int, default=None, help="this rank's weights leave its replicas")
     parser.add_argument("--diverge-at", type=int, default=300, help="... at the end of this step")
+    parser.add_argument("--slow-hook-rank", type=int, default=None, help="a callback of this rank turns slow")
+    parser.add_argument("--slow-hook-from", type=int, default=150, help="... from this step on")
+    parser.add_argument("--slow-hook-seconds", type=float, default=0.1, help="... by this much per step")
     parser.add_argument("--samples", type=int, default=None, help="samples in the dataset (1024; 6144 with a block)")
     parser.add_argument("--loop", action="store_true", help="a functional loop with the loop API, not Model.train")
     args = parser.parse_args()
     if args.checkpoint_every and not args.save_dir:
         parser.error("--checkpoint-every needs --save-dir (each rank saves into its own save_dir)")
-    if args.loop and (args.checkpoint_every or args.pause_every or args.eval_every or args.diverge_rank is not None):
+    if args.loop and (
+        args.checkpoint_every
+        or args.pause_every
+        or args.eval_every
+        or args.diverge_rank is not None
+        or args.slow_hook_rank is not None
+    ):
         parser.error("--loop takes the loader options only (--slow-rank, --block-rank)")
 
     ms.set_context(mode=ms.PYNATIVE_MODE if args.loop else ms.GRAPH_MODE)  # a loop compiles its step with @ms.jit
@@ -248,6 +273,8 @@ def main() -> None:
         callbacks.append(PeriodicPause(args.pause_every, args.pause_seconds))
     if args.diverge_rank == get_rank():
         callbacks.append(Perturb(args.diverge_at))
+    if args.slow_hook_rank == get_rank():
+        callbacks.append(SlowHook(args.slow_hook_from, args.slow_hook_seconds))
     if args.eval_every:
         validation = synthetic_dataset(size=256, seed=1, num_shards=get_group_size(), shard_id=get_rank())
         model.fit(

@@ -38,6 +38,7 @@ from ms_exporter.config.sections import (
     ActivationsConfig,
     DataQualityConfig,
     DivergenceConfig,
+    FailSlowConfig,
     FlopsConfig,
     GoodputConfig,
     GradNormConfig,
@@ -291,6 +292,7 @@ class MonitorConfig:
     # Which run this process belongs to: its restarts share the goodput ledger (derived when unset, docs/goodput.md).
     run_id: str | None = setting(None, check=optional(_run_id))
     goodput: GoodputConfig = section(GoodputConfig)
+    failslow: FailSlowConfig = section(FailSlowConfig)
     divergence: DivergenceConfig = section(DivergenceConfig)
     flops: FlopsConfig = section(FlopsConfig)
     tensorboard: TensorBoardConfig = section(TensorBoardConfig)

@@ -278,6 +278,17 @@ class HangConfig:
 
 
 @dataclass(frozen=True)
+class FailSlowConfig:
+    """monitor_config.failslow: each rank's own work per step scored, and a slowdown flagged at the step it starts
+    (docs/failslow.md)."""
+
+    enable: bool = setting(True, check=boolean())
+    # MindSporeTrainingFailSlow pages for a flagged rank whose relative score (the best rank's cycle over the one this
+    # rank's own work makes) is under this (ms-exporter rules).
+    alert_below: float = setting(DEFAULTS.failslow_relative, check=between(0, 1))
+
+
+@dataclass(frozen=True)
 class GoodputConfig:
     """monitor_config.goodput: the time ledger and the run state that carries it across restarts (docs/goodput.md).
 
@@ -720,6 +731,7 @@ SECTIONS = {
     "actions": ActionsConfig,
     "hang": HangConfig,
     "goodput": GoodputConfig,
+    "failslow": FailSlowConfig,
     "divergence": DivergenceConfig,
     "flops": FlopsConfig,
     "tensorboard": TensorBoardConfig,

@@ -13,8 +13,8 @@ from ms_exporter.core.thresholds import Thresholds
 
 
 def thresholds_of(config: MonitorConfig) -> Thresholds:
-    """The alert thresholds the user's warn_on_value, grad_norm, layernorm, goodput and flops sections imply; the
-    exploding gradient norm follows grad_norm.threshold (thresholds.EXPLODING_FACTOR times it)."""
+    """The alert thresholds the user's warn_on_value, grad_norm, layernorm, goodput, failslow and flops sections
+    imply; the exploding gradient norm follows grad_norm.threshold (thresholds.EXPLODING_FACTOR times it)."""
     changes: dict[str, Any] = {}
     bounds = config.warn_on_value
     for key, field_name, direction in (
@@ -30,6 +30,7 @@ def thresholds_of(config: MonitorConfig) -> Thresholds:
         changes["layernorm_drift"] = config.layernorm.drift_threshold
     changes["update_ratio_frozen_fraction"] = config.update_ratio.frozen_fraction
     changes["goodput_low"] = config.goodput.alert_below
+    changes["failslow_relative"] = config.failslow.alert_below
     if config.flops.enable:
         changes["mfu_low"] = config.flops.alert_below
     return Thresholds(**changes)

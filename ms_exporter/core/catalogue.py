@@ -201,6 +201,47 @@ RESTARTS = MetricFamily(
 RUN_INFO = MetricFamily(
     "mindspore_train_run_info", "gauge", "The run this process belongs to; always 1.", "1", ("run_id",)
 )
+# The checkpoint interval advisor (ms_exporter/core/checkpoint_interval.py, docs/failslow.md#checkpoint-interval).
+CHECKPOINT_SAVE_SECONDS = MetricFamily(
+    "mindspore_train_checkpoint_save_seconds",
+    "gauge",
+    "Seconds a checkpoint save holds training, the mean of this process's saves.",
+    "seconds",
+)
+CHECKPOINT_INTERVAL = MetricFamily(
+    "mindspore_train_checkpoint_interval_seconds",
+    "gauge",
+    "Seconds of training between two checkpoint saves, as this process saves (the mean, a save's time left out).",
+    "seconds",
+)
+MTBF = MetricFamily(
+    "mindspore_train_mtbf_seconds",
+    "gauge",
+    "The run's mean time between failures: its wall time over its restarts (processes that did not end normally).",
+    "seconds",
+)
+FAILURE_COST = MetricFamily(
+    "mindspore_train_failure_cost_seconds",
+    "gauge",
+    "What a failure costs the run besides the work since the last save: from the failed process's last sign of "
+    "life to this process's first step (detection, rescheduling, start-up, compilation).",
+    "seconds",
+)
+CHECKPOINT_INTERVAL_ADVISED = MetricFamily(
+    "mindspore_train_checkpoint_interval_advised_seconds",
+    "gauge",
+    "The checkpoint interval of highest expected goodput given the run's failures, save time and failure cost "
+    "(Daly's model, over the MTBF's uncertainty); `bound` low and high: at the ends of the MTBF's 90% interval.",
+    "seconds",
+    ("bound",),
+)
+CHECKPOINT_GOODPUT_LOSS = MetricFamily(
+    "mindspore_train_checkpoint_interval_goodput_loss_ratio",
+    "gauge",
+    "The share of wall time the run's current checkpoint interval loses against the advised one (Daly's model).",
+    "1",
+)
+ADVISED_BOUNDS = ("best", "low", "high")
 
 PARAM_FINGERPRINT = MetricFamily(
     "mindspore_train_param_fingerprint",
@@ -307,6 +348,57 @@ DATA_WAIT = MetricFamily(
     "Time from one step's end to the next step's begin (data loading, host work).",
     "seconds",
     buckets=WAIT_BUCKETS,
+)
+
+# Fail-slow (ms_exporter/core/slowness.py, docs/failslow.md): a rank's own work per step, scored and watched for
+# the step a slowdown starts.
+OWN_WORK = MetricFamily(
+    "mindspore_train_own_work_seconds",
+    "gauge",
+    "This rank's own work per step, averaged over about the last 10 steps: its data wait (and, in the loop API, the "
+    "time up to the collective where the loop marks it), the part of the step cycle no other rank waits in.",
+    "seconds",
+)
+CLEAN_CYCLE = MetricFamily(
+    "mindspore_train_clean_cycle_seconds",
+    "gauge",
+    "This rank's step cycle (step and data wait) before any slowdown: the fail-slow detector's baseline.",
+    "seconds",
+)
+SLOWNESS_SCORE = MetricFamily(
+    "mindspore_train_slowness_score",
+    "gauge",
+    "This rank's individual slowness score: its clean cycle over the cycle its own work makes now (1: as fast as "
+    "its own best; 0.8: its own work adds a quarter to the cycle).",
+    "1",
+)
+FAILSLOW = MetricFamily(
+    "mindspore_train_failslow",
+    "gauge",
+    "1 while this rank's own work is flagged as slowed (a CUSUM over its excess crossed the threshold), else 0.",
+    "1",
+)
+FAILSLOW_ONSET_STEP = MetricFamily(
+    "mindspore_train_failslow_onset_step",
+    "gauge",
+    "The first step of this rank's current (or last) flagged slowdown: the change-point estimate.",
+    "steps",
+)
+FAILSLOW_SIZE = MetricFamily(
+    "mindspore_train_failslow_size_ratio",
+    "gauge",
+    "How much this rank's current (or last) flagged slowdown adds per step, as a share of its clean cycle.",
+    "1",
+)
+FAILSLOW_ONSETS = MetricFamily(
+    "mindspore_train_failslow_onsets_total", "counter", "Slowdowns flagged on this rank.", "slowdowns"
+)
+FAILSLOW_SECONDS = MetricFamily(
+    "mindspore_train_failslow_seconds_total",
+    "counter",
+    "Seconds of step cycle this rank's flagged slowdowns added (the job waited as long): part of the goodput "
+    "ledger's data_wait and productive time, not a bucket of its own.",
+    "seconds",
 )
 
 SAMPLES = MetricFamily("mindspore_train_samples_total", "counter", "Samples consumed.", "samples")
@@ -817,6 +909,9 @@ PROJECT_CYCLE_MEDIAN = "project:mindspore_train_step_cycle_seconds:median"
 # Productive time over all time of every rank of a project (docs/goodput.md).
 PROJECT_GOODPUT_1H = "project:mindspore_train_goodput:ratio1h"
 PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"
+# Each rank's relative slowness score: the job's cycle over the cycle it would have were this rank's own work the
+# best rank's (ms_exporter/core/slowness.py's relative_scores, in PromQL).
+RANK_RELATIVE_SLOWNESS = "rank:mindspore_train_slowness_relative:score"
 # The share of a rank's replica group that holds the same parameters as it at the group's latest comparison.
 RANK_REPLICAS_AGREEING = "rank:mindspore_train_replicas_agreeing:ratio"
 # The same per bucket of the replica checks' checksums (kind, bucket): docs/sdc.md.

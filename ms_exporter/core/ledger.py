@@ -40,6 +40,43 @@ _PHASE_BUCKET: dict[str | None, int] = {
     c.ENDED: INDEX[c.OTHER],
 }
 _REDOABLE = (c.STEP_PHASE, c.DATA_WAIT_PHASE)
+_CHECKPOINT = INDEX[c.CHECKPOINT]
+# A checkpoint hook that took this long saved (a ModelCheckpoint's hook that does not save returns in tens of µs;
+# writing even a small model's file takes milliseconds).
+SAVE_MIN_SECONDS = 0.001
+
+
+class Saves:
+    """The checkpoint hooks that saved, as the ledger saw them close: how many, their seconds, the first and the
+    last one's end (perf_counter)."""
+
+    __slots__ = ("count", "seconds", "first_end", "last_end")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.first_end = math.nan
+        self.last_end = math.nan
+
+    def add(self, seconds: float, end: float) -> None:
+        if self.count == 0:
+            self.first_end = end
+        self.count += 1
+        self.seconds += seconds
+        self.last_end = end
+
+    @property
+    def mean_save(self) -> float:
+        """Seconds per save; NaN before the first."""
+        return self.seconds / self.count if self.count else math.nan
+
+    @property
+    def interval(self) -> float:
+        """Seconds of work between two saves (from one save's end to the next one's, less a save); NaN before the
+        second."""
+        if self.count < 2:
+            return math.nan
+        return (self.last_end - self.first_end) / (self.count - 1) - self.mean_save
 
 
 class TimeLedger:
@@ -51,6 +88,7 @@ class TimeLedger:
 
     def __init__(self, store: MetricStore, started: float, deadlines: Mapping[str | None, float] | None) -> None:
         self._totals = [0.0] * len(c.TIME_BUCKETS)
+        self.started = started  # perf_counter at the process's start
         self._open = (INDEX[c.STARTUP], started, math.inf)  # (bucket, since, stalled from): perf_counter times
         self._stopped_at: float | None = None
         self._read_at = started  # the latest moment a reader counted up to
@@ -60,6 +98,7 @@ class TimeLedger:
         self._lock = threading.Lock()
         # True while the steps ahead are steps the run already took in an earlier process (set at each step end).
         self.redoing = False
+        self.saves = Saves()  # written under the lock, at a checkpoint segment's close
         family = store.register(c.TIME_SECONDS)
         for index, bucket in enumerate(c.TIME_BUCKETS):
             family.bind(functools.partial(self.seconds_in, index), bucket=bucket)
@@ -73,6 +112,9 @@ class TimeLedger:
                 return
             # A reader may have counted the open segment up to a moment after `now` was read: end it there.
             now = max(now, self._read_at)
+            closing, since, _ = self._open
+            if closing == _CHECKPOINT and now - since >= SAVE_MIN_SECONDS:
+                self.saves.add(now - since, now)
             _book(self._totals, self._open, now)
             self._open = (bucket, now, now + deadline)
 

@@ -165,6 +165,7 @@ for _entry in (
     ProbeEntry("loss", f"{_PROBES}:loss", ("loss",)),
     ProbeEntry("learning_rate", f"{_PROBES}:learning_rate", ("lr",)),
     ProbeEntry("step_time", f"{_PROBES}:step_time", ("step_time",)),
+    ProbeEntry("slowness", f"{_PROBES}:slowness"),
     ProbeEntry("throughput", f"{_PROBES}:throughput", ("samples_per_second", "tokens_per_second")),
     ProbeEntry("mfu", f"{_PROBES}:mfu"),
     ProbeEntry("loss_scale", f"{_PROBES}:loss_scale"),

@@ -31,6 +31,11 @@ class StepSample:
     # Sum over the call's sequences (samples, or the documents packed into them) of their length squared: what
     # attention costs grows with it (ms_exporter/core/flops.py). 0 when not counted.
     squares: int = 0
+    # Seconds from the step's begin to the collective the loop marked (loop API: collective_begin()); 0 unmarked.
+    own_compute: float = 0.0
+    # Seconds of other callbacks' hooks, checkpoints and evaluations in this step's cycle (out of duration and
+    # data_wait both).
+    hooks: float = 0.0
 
     @property
     def cycle_began(self) -> float:

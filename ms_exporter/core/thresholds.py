@@ -53,6 +53,9 @@ class Thresholds:
     straggler_factor: float = 1.5
     # ... and, for the data wait, at least this share of its step cycle.
     straggler_wait_fraction: float = 0.2
+    # FailSlow: a flagged rank whose relative slowness score is under this (its own work adds more than ~5% to the
+    # job's cycle over the best rank's: failslow.alert_below).
+    failslow_relative: float = 0.95
     # GoodputLow: productive time under this share of all the project's time in the last hour (goodput.alert_below).
     goodput_low: float = 0.5
     # MfuLow: the project's model FLOPs utilisation under this (flops.alert_below); None: no such alert.

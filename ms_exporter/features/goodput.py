@@ -7,6 +7,8 @@ the series that export both (docs/goodput.md).
 | mindspore_train_run_time_seconds_total | counter | bucket | seconds, every process of the run, as of the last save |
 | mindspore_train_restarts_total | counter | | processes of the run before this one |
 | mindspore_train_run_info | gauge | run_id | 1 |
+
+and the checkpoint interval advisor's (features/checkpoint_advice.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +32,7 @@ from ms_exporter.core.part import Part
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
+from ms_exporter.features.checkpoint_advice import CheckpointAdvisor
 from ms_exporter.features.run_state import RunState, RunStateTaken
 
 logger = logging.getLogger("ms_exporter")
@@ -94,6 +98,14 @@ class Goodput(Part):
             run_family.bind(functools.partial(self._run_seconds.__getitem__, index), bucket=bucket)
         store.register(c.RESTARTS).series().value = float(state.restarts if state is not None else 0)
         store.register(c.RUN_INFO).series(run_id=self.run_id).value = 1.0
+        started = time.time() - (time.perf_counter() - self.ledger.started)
+        self.advisor = CheckpointAdvisor(
+            store,
+            self.ledger,
+            state.restarts if state is not None else 0,
+            state.previous_saved if state is not None else None,
+            started,
+        )
         self._saver = PeriodicThread("ms_exporter-goodput", config.goodput.save_seconds, self.save, first_at_once=True)
         if state is not None and state.restarts:
             logger.info(
@@ -148,6 +160,7 @@ class Goodput(Part):
                 earlier = self.state.earlier if self.state is not None else [0.0] * len(seconds)
                 for index, before in enumerate(earlier):
                     self._run_seconds[index] = before + seconds[index]
+                self.advisor.refresh(self._run_seconds)
         except Exception as exc:
             self._on_error(exc)
 

@@ -70,6 +70,7 @@ class _Previous:
     earlier: list[float]
     pid: int | None
     seconds: list[float]
+    saved: float | None = None  # unix time of its last save
 
 
 class RunState:
@@ -92,6 +93,9 @@ class RunState:
         self.redo_until = 0
         self.highest = 0
         self.saved_at: float | None = None
+        # When the previous process of the run last saved (unix time), where this one restarts it: about when it
+        # stopped, so this process's start less it is the time the failure took to be seen and acted on.
+        self.previous_saved: float | None = None
         self._mark: mmap.mmap | None = None
         self._key: Path | None = None
         if not directory.is_dir():
@@ -120,6 +124,7 @@ class RunState:
                 for earlier, seconds in zip_strict(previous.earlier, previous.seconds)
             ]
             self.restarts = previous.restarts + (0 if same_process else 1)
+            self.previous_saved = None if same_process else previous.saved
             self.redo_until = max(previous.highest, mark)
             self.highest = self.redo_until
         elif previous is not None:
@@ -231,8 +236,7 @@ def _parse(data: bytes, run_id: str, rank: int) -> _Previous:
         raise _Unusable(f"not a format-{FORMAT} state of run {run_id}")
     if "rank" in state and _count(state, "rank", _MAX_PID) != rank:
         raise _Unusable(f"the state of rank {state['rank']}, not {rank}")
-    if "saved" in state:
-        _seconds(state, "saved", 1e11)
+    saved = _seconds(state, "saved", 1e11) if "saved" in state else None
     finished = state.get("finished", False)
     if not isinstance(finished, bool):
         raise _Unusable(f"finished: {finished!r} is not true or false")
@@ -246,6 +250,7 @@ def _parse(data: bytes, run_id: str, rank: int) -> _Previous:
         earlier=_buckets(state, "earlier_seconds"),
         pid=_count(process, "pid", _MAX_PID) if "pid" in process else None,
         seconds=_buckets(process, "seconds") if "seconds" in process else [0.0] * len(c.TIME_BUCKETS),
+        saved=saved,
     )
 
 

@@ -46,6 +46,7 @@ def recording_rules(w: Timing, t: Thresholds = DEFAULTS) -> tuple[Recording, ...
         ),
         # Step plus data wait: a rank's whole time per step. Equal on every rank of a synchronous job.
         Recording(cycle_mean, f"{step_mean} + {wait_mean}"),
+        Recording(c.RANK_RELATIVE_SLOWNESS, _relative_slowness()),
         Recording(c.PROJECT_WAIT_MEDIAN, f"quantile by (project) (0.5, {wait_mean})"),
         Recording(c.PROJECT_CYCLE_MEDIAN, f"quantile by (project) (0.5, {cycle_mean})"),
         # From the run's totals, which go on across a restart where the process's own counters start again: the
@@ -221,4 +222,13 @@ def _state(t: Thresholds) -> str:
     }
     return f" or on ({_RANK_DEVICE}) ".join(
         f'label_replace(0 * ({holds[state]}) + 1, "state", "{state}", "", "")' for state in c.DEVICE_STATES
+    )
+
+
+def _relative_slowness() -> str:
+    """1 / (1 + (own - the project's least own) / the project's clean cycle), per rank (core/slowness.py)."""
+    own = f"max by (project, rank) ({c.OWN_WORK.name})"
+    return (
+        f"1 / (1 + clamp_min({own} - on (project) group_left () min by (project) ({c.OWN_WORK.name}), 0)"
+        f" / on (project) group_left () max by (project) ({c.CLEAN_CYCLE.name}))"
     )

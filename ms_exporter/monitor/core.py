@@ -184,17 +184,20 @@ class MonitorCore:
                     self.errors.absorb(part.name, exc)
             publisher = self.publisher
             # Only a tuple has more for the probes than the loss already read: a lone loss tensor is let go now.
+            began = clock.end(entered)  # other callbacks' time inside the step is not the step's
             publisher.pending.append(
                 StepRecord(
                     step,
                     epoch,
                     loss,
-                    clock.end(entered),  # other callbacks' time inside the step is not the step's
+                    began,
                     ended,
                     clock.data_wait,
                     kept,
                     outputs if isinstance(outputs, (tuple, list)) else None,
                     layout,
+                    clock.own_compute(began),
+                    clock.hooks,
                 )
             )
             if publisher.due(ended):

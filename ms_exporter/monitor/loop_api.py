@@ -62,6 +62,13 @@ class LoopAPI:
             if core is not None:
                 core.errors.absorb("callback", exc)
 
+    def collective_begin(self) -> None:
+        """This rank's own computation of the step is done and its collective begins now (call it just before the
+        gradient all-reduce): the time up to here counts as the rank's own work, which the fail-slow scores and
+        onsets read (docs/failslow.md). Once per step; a call outside a step is ignored."""
+        if self._loop is not None and self._enabled and self._core is not None:
+            self._core.clock.mark_collective()
+
     def step_begin(self, batch: Any = None) -> None:
         """A step begins with `batch` (for a driver without steps(): a trainer's callback)."""
         if _is_run_context(batch):

@@ -44,6 +44,8 @@ class StepRecord:
     kept: Any  # what BatchCounter.keep() kept of the batch (None in sink mode)
     outputs: tuple[Any, ...] | list[Any] | None  # net_outputs when a tuple/list (the probes read more of it)
     layout: OutputLayout | None = None  # what the driver says the outputs hold; None: told from cell and length
+    own_compute: float = 0.0  # seconds from the step's begin to the collective the loop marked (0: none marked)
+    hooks: float = 0.0  # seconds of other callbacks' hooks and evaluations in this step's cycle
 
 
 class StepPublisher:
@@ -144,6 +146,8 @@ class StepPublisher:
             outputs,
             record.layout if record.layout is not None else self.layouts.resolve(outputs),
             squares,
+            record.own_compute,
+            record.hooks,
         )
         isolation = self.isolation
         for probe in self.probes:

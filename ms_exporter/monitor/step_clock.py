@@ -24,7 +24,7 @@ from ms_exporter.core.phases import PhaseClock
 class StepClock:
     """Driven on the training thread: begin(), then end() once the loss is read, then after_end()."""
 
-    __slots__ = ("_phases", "began", "data_wait", "_previous_end", "_compiles_next")
+    __slots__ = ("_phases", "began", "data_wait", "hooks", "collective", "_previous_end", "_compiles_next")
 
     def __init__(self, phases: PhaseClock) -> None:
         self._phases = phases
@@ -35,6 +35,8 @@ class StepClock:
         has not run yet (ms_exporter's own train cells know): that step is `compile`, not `step`."""
         self.began: float | None = None
         self.data_wait: float | None = None
+        self.hooks = 0.0  # seconds of other callbacks' hooks and evaluations in this step's cycle
+        self.collective: float | None = None  # when the loop said the step's collective began (mark_collective)
         self._previous_end: float | None = None
         self._compiles_next = compiles_next
 
@@ -46,7 +48,7 @@ class StepClock:
         if phases.state[0] is not COMPILE:  # compilation lasts until the first step ends
             compiles = self._compiles_next
             phases.move(COMPILE if compiles is not None and compiles() else STEP_PHASE, began)
-        aside = phases.take_aside()
+        aside = self.hooks = phases.take_aside()
         if self._previous_end is not None:
             self.data_wait = max(0.0, began - self._previous_end - aside)
         return began
@@ -55,12 +57,25 @@ class StepClock:
         """When the step that ends now began, moved later by the time kept aside inside it; `fallback` when no begin
         was seen (a driver that reports step ends only)."""
         began = self.began if self.began is not None else fallback
-        return began + self._phases.take_aside()
+        inside = self._phases.take_aside()
+        self.hooks += inside
+        return began + inside
+
+    def mark_collective(self) -> None:
+        """The step's own computation is done and its collective (the gradient all-reduce) begins now."""
+        if self.began is not None and self.collective is None:
+            self.collective = time.perf_counter()
+
+    def own_compute(self, began: float) -> float:
+        """Seconds from the step's begin (`began`, aside taken out) to the collective the loop marked; 0 unmarked."""
+        marked = self.collective
+        return 0.0 if marked is None else max(0.0, marked - began)
 
     def after_end(self) -> float:
         """The step's bookkeeping is done: the data wait of the next one starts now."""
         self.began = None
         self.data_wait = None
+        self.collective = None
         self._previous_end = now = time.perf_counter()
         self._phases.move(DATA_WAIT_PHASE, now)
         return now

@@ -22,6 +22,7 @@ from ms_exporter.probes.loss_scale import LossScaleProbe
 from ms_exporter.probes.memory import MemoryProbe
 from ms_exporter.probes.mfu import MfuProbe
 from ms_exporter.probes.progress import ProgressProbe
+from ms_exporter.probes.slowness import SlownessProbe
 from ms_exporter.probes.step_time import StepTimeProbe
 from ms_exporter.probes.throughput import ThroughputProbe
 from ms_exporter.probes.update_ratio import UpdateRatioProbe
@@ -57,6 +58,11 @@ def learning_rate(context: PartContext) -> list[Probe]:
 
 def step_time(context: PartContext) -> list[Probe]:
     return [StepTimeProbe(context.store)]
+
+
+def slowness(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [SlownessProbe(context.store)] if config.failslow.enable else []
 
 
 def throughput(context: PartContext) -> list[Probe]:

@@ -39,6 +39,7 @@ PINNED_ALERTS = {
     "MindSporeTrainingRankMissing": "critical",
     "MindSporeTrainingRanksNotReporting": "warning",
     "MindSporeTrainingStraggler": "warning",
+    "MindSporeTrainingFailSlow": "warning",
     "MindSporeTrainingDeviceHot": "warning",
     "MindSporeTrainingDeviceThrottling": "warning",
     "MindSporeTrainingDeviceEccErrors": "critical",

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.checkpoint_interval import advised_interval
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.tools.report import load_run, summary
 from tests.support.scrape import Scrape, scrape
@@ -85,6 +86,24 @@ def check_sums_to_wall_time(page: Scrape, read_at: float, started_at: float) -> 
     return ledger
 
 
+def check_advice(page: Any, ledger: dict[str, float], gap: float) -> None:
+    """The checkpoint interval advisor after one failure, from what the second process served."""
+    save = page.value(c.CHECKPOINT_SAVE_SECONDS.name)
+    cost = page.value(c.FAILURE_COST.name)
+    exposure = sum(page.value(c.RUN_TIME_SECONDS.name, bucket=bucket) for bucket in c.TIME_BUCKETS)
+    advised = {bound: page.value(c.CHECKPOINT_INTERVAL_ADVISED.name, bound=bound) for bound in c.ADVISED_BOUNDS}
+    print(f"\nadvice: save {save:.3f} s, failure cost {cost:.1f} s, exposure {exposure:.1f} s, advised {advised}")
+    assert 0 < save < 10
+    assert page.value(c.MTBF.name) == pytest.approx(exposure, rel=0.05)  # one failure
+    # The dead time (the first process's last state save, within goodput.save_seconds of the kill, to the second's
+    # start), then its start-up and compilation.
+    assert gap + ledger[c.STARTUP] + ledger[c.COMPILE] - 1 <= cost <= gap + 6 + ledger[c.STARTUP] + ledger[c.COMPILE]
+    assert advised["low"] < advised["best"] < advised["high"]
+    # Advised at the last state save, up to goodput.save_seconds (5 s) of exposure before this reading.
+    ends = [advised_interval(save, exposure - earlier, 1, cost) for earlier in (0.0, 6.0)]
+    assert min(ends) * 0.98 <= advised["best"] <= max(ends) * 1.02, ends
+
+
 def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_path: Path) -> None:
     save_dir, port, prometheus_port = tmp_path / "save", free_port(), free_port()
     (tmp_path / "rules.yml").write_text(render_yaml(render_rules(timing=TEST_TIMING, job_regex="mindspore")))
@@ -110,6 +129,7 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         check_sums_to_wall_time(page, time.time(), started_at)
         assert page.value(c.RESTARTS.name) == 0
         processes[0].send_signal(signal.SIGKILL)
+        killed_at = time.time()
         processes[0].wait(30)
         reached = max(steps_recorded(first_record))
         mark = struct.unpack("<q", (save_dir / f"ms_exporter-run-{RUN_ID}-rank0.step").read_bytes())[0]
@@ -143,6 +163,7 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         print(f"\nredo: ledger {ledger[c.REDO]:.3f} s, recorded {reference:.3f} s for steps 202-{mark}")
         assert ledger[c.REDO] == pytest.approx(reference, rel=0.05)
         assert ledger[c.PRODUCTIVE] > 0 and ledger[c.COMPILE] > 0 and ledger[c.STARTUP] > 0
+        check_advice(page, ledger, started_at - killed_at)
         processes[1].wait(60)
         assert processes[1].returncode == 0, "".join(output) + processes[1].stdout.read()
 

@@ -270,3 +270,42 @@ def test_a_loop_hands_its_local_gradient_norms_and_an_outlier_is_flagged() -> No
         assert value(monitor, catalogue.LOCAL_GRAD_OUTLIER_STEP) == WARMUP_STEPS + 2
     finally:
         monitor.close()
+
+
+class OwnWork(Probe):
+    """Records each published step's own computation before its collective and the rest of its step."""
+
+    name = "own_work"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float]] = []
+
+    def on_step(self, sample: Any) -> None:
+        self.seen.append((sample.own_compute, sample.duration))
+
+
+def test_collective_begin_marks_the_ranks_own_computation_of_the_step() -> None:
+    import time
+
+    own = OwnWork()
+    monitor = TrainingMonitor(QUIET, probes=[lambda context: own])
+    step = Step()
+    try:
+        for index, (data, label) in enumerate(monitor.steps(rows(6), network=step.network, optimizer=step.optimizer)):
+            time.sleep(0.03)  # the forward and backward pass, up to the all-reduce
+            if index % 2 == 0:
+                monitor.collective_begin()
+                monitor.collective_begin()  # a second call in the same step changes nothing
+            time.sleep(0.02)  # the all-reduce and the optimizer
+            loss, _ = step(data, label)
+            monitor.step_end(loss)
+        monitor.collective_begin()  # outside a step: ignored
+        monitor.publish()
+    finally:
+        monitor.close()
+    assert len(own.seen) == 6
+    for index, (compute, duration) in enumerate(own.seen):
+        if index % 2:
+            assert compute == 0.0
+        else:
+            assert 0.03 <= compute < duration and duration >= 0.05, (compute, duration)

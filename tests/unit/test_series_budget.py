@@ -27,14 +27,17 @@ RULES = ROOT / "deploy" / "prometheus" / "rules" / "mindspore-training.rules.yml
 FAMILIES = {family.name: family for family in catalogue.FAMILIES}
 # A series name in a PromQL expression: not part of a recording rule's name (project:..., rank:...:mean).
 _SERIES = re.compile(r"(?<![:\w])(mindspore_[a-z0-9_]+)(?![\w:])")
+_QUERY = re.compile(r"query \(printf `([^`]*)`")  # a description's template query
 
 
 def rules_read() -> dict[str, set[str]]:
-    """Every catalogue family the rules file reads, with the series names of it that they read."""
+    """Every catalogue family the rules file reads, with the series names of it that they read: in an expression,
+    or in a query of an alert's description (the onset step a description names must be there on every rank)."""
     read: dict[str, set[str]] = {}
     for group in yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]:
         for rule in group["rules"]:
-            for name in _SERIES.findall(rule["expr"]):
+            queries = _QUERY.findall(rule.get("annotations", {}).get("description", ""))
+            for name in _SERIES.findall(" ".join([rule["expr"], *queries])):
                 family = next(
                     (name.removesuffix(s) for s in ("_sum", "_count", "_bucket") if name.removesuffix(s) in FAMILIES),
                     name,

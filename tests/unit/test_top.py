@@ -30,7 +30,17 @@ from ms_exporter.tools.targets import (
 )
 from ms_exporter.tools.top.poller import Poller
 from ms_exporter.tools.top.render import COLUMNS, plain_text, render
-from ms_exporter.tools.top.rows import History, Row, _call_seconds, build_row, down_row, mark_diverged, mark_slowest
+from ms_exporter.tools.top.rows import (
+    History,
+    Row,
+    Slowness,
+    _call_seconds,
+    build_row,
+    down_row,
+    mark_diverged,
+    mark_failslow,
+    mark_slowest,
+)
 from tests.support.scrape import Scrape
 
 DATA = Path(__file__).parent / "data"
@@ -681,3 +691,31 @@ def test_a_local_gradient_outlier_since_the_last_poll_is_marked_and_held() -> No
     stamp = Scrape(STEP8).value("mindspore_train_last_step_timestamp_seconds")
     later, _ = first_row(with_outliers(STEP8, 2), history, now=stamp + 125)
     assert "sdc local_gradients" not in later.alerts
+
+
+def _slow(rank: str, own: float, flagged: bool = False, node: str = "a") -> Row:
+    onset, size = (1234.0, own / 0.1) if flagged else (None, None)
+    return row(rank, 0.1, own, node=node, slowness=Slowness(own, 0.1, flagged, onset, size))
+
+
+def test_failslow_names_the_flagged_rank_the_job_waits_for_with_its_onset_and_not_a_waiter_flagged_by_noise() -> None:
+    rows = [_slow("0", 0.001), _slow("1", 0.0015, flagged=True), _slow("2", 0.021, flagged=True), _slow("3", 0.001)]
+    marked = {r.rank: r.alerts for r in mark_failslow(rows)}
+    # Rank 1's own detector flagged a blip, but it costs the job nothing against the best rank: no alert.
+    assert marked == {"0": (), "1": (), "2": ("fail-slow from step 1234 (+21%)",), "3": ()}
+
+
+def test_failslow_of_every_rank_of_a_node_names_the_node() -> None:
+    rows = [
+        _slow("0", 0.001, node="a"),
+        _slow("1", 0.001, node="a"),
+        _slow("2", 0.03, flagged=True, node="b"),
+        _slow("3", 0.03, flagged=True, node="b"),
+    ]
+    marked = {r.rank: r.alerts for r in mark_failslow(rows)}
+    assert marked == {
+        "0": (),
+        "1": (),
+        "2": ("fail-slow node b from step 1234",),
+        "3": ("fail-slow node b from step 1234",),
+    }

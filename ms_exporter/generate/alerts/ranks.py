@@ -79,4 +79,27 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
             f"of whole step cycle, where ranks do not synchronise), over {factor} times the median of the job. "
             f"Device state: {device_state()}.",
         ),
+        # The rank's own detector flagged the step its own work rose (core/slowness.py), and against the job's
+        # best rank it costs the job more than alert_below allows: a slowdown of every rank (shared storage) is
+        # ThroughputDrop's, not a rank's. The value is the relative score.
+        Alert(
+            "MindSporeTrainingFailSlow",
+            expr=f"{c.RANK_RELATIVE_SLOWNESS} < {number(t.failslow_relative)}"
+            f" and on (project, rank) max by (project, rank) ({c.FAILSLOW.name} == 1)",
+            for_=w.spike_for,
+            severity="warning",
+            summary="A rank slowed down and the job waits for it",
+            description=f"{WHO} slowed down from step {_of_rank(c.FAILSLOW_ONSET_STEP.name)}: its own work per "
+            f"step (data wait, host hooks) rose by {_of_rank(c.FAILSLOW_SIZE.name, 'humanizePercentage')} of its "
+            f"clean cycle, and every rank waits for it (relative score {{{{ $value | printf `%.2f` }}}}). "
+            f"Device state: {device_state()}. docs/failslow.md says what a host-side monitor cannot attribute.",
+        ),
+    )
+
+
+def _of_rank(family: str, how: str = "printf `%.0f`") -> str:
+    """The rank's own value of `family`, in an alert's description."""
+    return (
+        f"{{{{ range query (printf `max({family}{{project=%q, rank=%q}})` $labels.project $labels.rank) }}}}"
+        f"{{{{ .Value | {how} }}}}{{{{ end }}}}"
     )

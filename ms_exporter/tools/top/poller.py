@@ -19,6 +19,7 @@ from ms_exporter.tools.top.rows import (
     down_row,
     gone_rows,
     mark_diverged,
+    mark_failslow,
     mark_slowest,
     sort_key,
 )
@@ -95,7 +96,7 @@ class Poller:
         reporting = {(row.project, row.rank) for row in rows if row.error is None}
         self._vanished = {key: row for key, row in self._vanished.items() if key not in reporting}
         rows.extend(self._vanished.values())
-        return mark_diverged(mark_slowest(sorted(rows, key=sort_key)))
+        return mark_failslow(mark_diverged(mark_slowest(sorted(rows, key=sort_key))))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

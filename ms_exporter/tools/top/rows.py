@@ -8,9 +8,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ms_exporter.core import catalogue
 from ms_exporter.core.hardware import HOST
 from ms_exporter.core.replicas import disagreeing
+from ms_exporter.core.slowness import culprits, relative_scores
 from ms_exporter.core.thresholds import DEFAULTS, STALL_CYCLES, STALL_FLOOR_SECONDS, is_straggler
 from ms_exporter.tools.rank_samples import RankSamples
 from ms_exporter.tools.targets import Target
@@ -52,6 +55,18 @@ class Stall:
 
 
 @dataclass(frozen=True)
+class Slowness:
+    """What a rank's fail-slow detector says (docs/failslow.md): its own work per step and clean cycle (seconds),
+    whether a slowdown is flagged, and the onset step and size of the current or last one."""
+
+    own: float
+    cycle: float
+    flagged: bool
+    onset: float | None
+    size: float | None
+
+
+@dataclass(frozen=True)
 class Row:
     """What the table shows for one rank (or one unreachable target, with `error` set)."""
 
@@ -82,6 +97,8 @@ class Row:
     throttled: tuple[str, ...] | None = None
     utilization: tuple[str, float] | None = None  # the busiest accelerator (device, 0-1), else the host's CPUs
     stall: Stall | None = None  # no step for longer than a few cycles: the last step's values are stale
+    node: str | None = None  # the host the rank runs on (mindspore_train_info's node)
+    slowness: Slowness | None = None
 
     @property
     def ended(self) -> bool:
@@ -208,8 +225,24 @@ def build_row(
         throttled=throttled,
         utilization=_highest(samples.by_label(catalogue.DEVICE_UTILIZATION.name, "device")),
         stall=stall,
+        node=next(iter(samples.by_label(catalogue.INFO.name, "node")), None),
+        slowness=_slowness(samples),
     )
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
+
+
+def _slowness(samples: RankSamples) -> Slowness | None:
+    own, cycle = samples.value(catalogue.OWN_WORK.name), samples.value(catalogue.CLEAN_CYCLE.name)
+    if own is None or cycle is None:
+        return None
+    flagged = samples.value(catalogue.FAILSLOW.name) == 1.0
+    return Slowness(
+        own,
+        cycle,
+        flagged,
+        samples.value(catalogue.FAILSLOW_ONSET_STEP.name),
+        samples.value(catalogue.FAILSLOW_SIZE.name),
+    )
 
 
 def _call_seconds(
@@ -371,6 +404,35 @@ def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list
         replace(row, slowest=index in chosen, alerts=(*row.alerts, "straggler") if index in stragglers else row.alerts)
         for index, row in enumerate(rows)
     ]
+
+
+def mark_failslow(rows: Sequence[Row], alert_below: float = DEFAULTS.failslow_relative) -> list[Row]:
+    """Adds "fail-slow from step N (+x%)" to the alerts of the ranks MindSporeTrainingFailSlow names: per project,
+    a rank its own detector flagged whose relative score (`slowness.relative_scores`, the recording rule's formula)
+    is under `alert_below`. Where every rank of a node is named, each says "fail-slow node <node>": the node is the
+    culprit (`slowness.culprits`)."""
+    by_project: dict[str | None, list[int]] = {}
+    for index, row in enumerate(rows):
+        if row.error is None and row.slowness is not None:
+            by_project.setdefault(row.project, []).append(index)
+    said: dict[int, str] = {}
+    for indices in by_project.values():
+        slowness = [rows[i].slowness for i in indices]
+        scores = relative_scores(np.array([s.own for s in slowness if s]), max(s.cycle for s in slowness if s))
+        named = [i for i, s, score in zip(indices, slowness, scores) if s and s.flagged and score < alert_below]
+        nodes: dict[str, list[int]] = {}
+        for i in indices:
+            node = rows[i].node
+            if node is not None:
+                nodes.setdefault(node, []).append(i)
+        for members in culprits(named, list(nodes.values())):
+            for i in members:
+                s = rows[i].slowness
+                since = f" from step {s.onset:.0f}" if s and s.onset is not None else ""
+                size = f" (+{s.size:.0%})" if s and s.size is not None and len(members) == 1 else ""
+                where = f" node {rows[i].node}" if len(members) > 1 else ""
+                said[i] = f"fail-slow{where}{since}{size}"
+    return [replace(row, alerts=(*row.alerts, said[i])) if i in said else row for i, row in enumerate(rows)]
 
 
 def _wait_share(row: Row) -> float:

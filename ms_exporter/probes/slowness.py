@@ -1,0 +1,97 @@
+"""Fail-slow: this rank's own work per step, its individual slowness score, and the step a slowdown began."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.slowness import SCORE_WEIGHT, SETTLING_STEPS, SlownessDetector
+from ms_exporter.core.store import MetricStore
+
+logger = logging.getLogger("ms_exporter")
+
+
+class SlownessProbe(Probe):
+    """Feeds ms_exporter/core/slowness.py's detector one step at a time: own work is the step's data wait, the host
+    time of other callbacks' hooks, checkpoints and evaluations in its cycle, and, in the loop API, the time the loop
+    marked up to its collective; the cycle is all of those and the step.
+    The first SETTLING_STEPS steps of each training call are not judged, nor are steps of a sink (one call, many
+    steps: no step of its own). The series appear once the detector has its baseline.
+
+    | name | type | labels | unit |
+    |---|---|---|---|
+    | mindspore_train_own_work_seconds | gauge | | seconds |
+    | mindspore_train_clean_cycle_seconds | gauge | | seconds |
+    | mindspore_train_slowness_score | gauge | | 1 |
+    | mindspore_train_failslow | gauge | | 1 |
+    | mindspore_train_failslow_onset_step | gauge | | steps (once a slowdown was flagged) |
+    | mindspore_train_failslow_size_ratio | gauge | | 1 (once a slowdown was flagged) |
+    | mindspore_train_failslow_onsets_total | counter | | slowdowns |
+    | mindspore_train_failslow_seconds_total | counter | | seconds |
+    """
+
+    name = "slowness"
+
+    def __init__(self, store: MetricStore) -> None:
+        self._store = store
+        self._detector = SlownessDetector()
+        self._settling = SETTLING_STEPS
+        self._own = math.nan
+        self._series: dict[str, Any] = {}
+
+    def on_train_begin(self, cb_params: Any) -> None:
+        self._settling = SETTLING_STEPS
+
+    def on_step(self, sample: StepSample) -> None:
+        wait = sample.data_wait
+        if wait is None or sample.steps != 1:
+            return
+        if self._settling > 0:
+            self._settling -= 1
+            return
+        own = wait + sample.hooks + sample.own_compute
+        onset = self._detector.observe(sample.step, own, wait + sample.hooks + sample.duration)
+        self._own = own if math.isnan(self._own) else self._own + SCORE_WEIGHT * (own - self._own)
+        if not self._detector.warm:
+            return
+        if not self._series:
+            self._bind()
+        self._publish()
+        if onset is not None:
+            self._series["onsets"].value += 1
+            logger.warning(
+                "fail-slow: this rank's own work per step rose by %.0f%% of its clean cycle from step %d "
+                "(flagged at step %d; docs/failslow.md)",
+                100 * onset.size,
+                onset.step,
+                onset.flagged_at,
+            )
+
+    def _bind(self) -> None:
+        store = self._store
+        self._series = {
+            "own": store.register(catalogue.OWN_WORK).series(),
+            "cycle": store.register(catalogue.CLEAN_CYCLE).series(),
+            "score": store.register(catalogue.SLOWNESS_SCORE).series(),
+            "flagged": store.register(catalogue.FAILSLOW).series(),
+            "onsets": store.register(catalogue.FAILSLOW_ONSETS).series(),
+            "seconds": store.register(catalogue.FAILSLOW_SECONDS).series(),
+        }
+
+    def _publish(self) -> None:
+        detector, series = self._detector, self._series
+        series["own"].value = self._own
+        series["cycle"].value = detector.baseline_cycle
+        series["score"].value = detector.score
+        series["flagged"].value = 1.0 if detector.flagged else 0.0
+        series["seconds"].value = detector.lost_seconds
+        if detector.onset_step >= 0:
+            if "onset" not in series:
+                series["onset"] = self._store.register(catalogue.FAILSLOW_ONSET_STEP).series()
+                series["size"] = self._store.register(catalogue.FAILSLOW_SIZE).series()
+            series["onset"].value = float(detector.onset_step)
+            series["size"].value = detector.size
