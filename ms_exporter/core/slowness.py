@@ -12,20 +12,21 @@ The detector works on the own work as a share of the rank's clean cycle (so that
     x_t = own_t / cycle_0            excess_t = x_t - x_0
     S_t = min(CEILING, max(0, S_{t-1} + min(excess_t, CAP) - DRIFT))        flagged when S_t >= THRESHOLD
 
-x_0 and cycle_0 are the rank's clean baseline: the median of its first WARMUP_STEPS steps, then followed by a
-median tracker (a step of TRACK toward each new value) while the CUSUM is at 0, so a slowdown never becomes the
-baseline. A slowdown that adds d (as a share of the cycle) adds min(d, CAP) - DRIFT per step: 10% of the cycle is
-flagged at its third step, and no single slow step (a collection pause, an epoch's first batch) can flag on its
-own, however long. The onset is the step after S last left 0 (CUSUM's change-point estimate) and the size the mean
-excess since. CUSUM rather than Bayesian online change-point detection: O(1) per step and rank with nothing
-allocated, one threshold with a known meaning (a share of the cycle), and it needs no model of the clean series'
-distribution, which a data pipeline does not follow.
+x_0 and cycle_0 are the rank's clean baseline: the median of its first WARMUP_STEPS steps, then followed by a median
+tracker (a step of TRACK toward each new value) while the CUSUM is at 0, so a slowdown never becomes the baseline. A
+slowdown that adds d (as a share of the cycle) adds min(d, CAP) - DRIFT per step: 10% of the cycle is flagged at its
+third step, and no single slow step (a collection pause, an epoch's first batch) can flag on its own, however long.
+The onset is the first step of the run above 0 from which every step carried at least half the excess it was flagged
+at (`_onset`), the size the mean excess since. CUSUM rather than Bayesian online change-point detection: O(1) per
+step and rank with a fixed memory (64 steps of the current run), one threshold with a known meaning (a share of the cycle), and it needs no
+model of the clean series' distribution, which a data pipeline does not follow.
 
 The probe runs one detector for its rank; benchmarks/failslow.py runs one per simulated rank, the same code.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ CAP = 0.10  # the most one step adds: three slow steps in a row flag, one never 
 THRESHOLD = 0.18  # S at which a rank is flagged
 CEILING = 2 * THRESHOLD  # S no higher: a slowdown that ended is let go of within ~13 clean steps
 TRACK = 0.001  # the baseline's step toward each clean value (share of the cycle; relative for the cycle)
+RUN_MEMORY = 64  # steps of a run above 0 kept to find its onset in
 SCORE_WEIGHT = 0.1  # the score's exponential average: about the last 10 steps
 
 
@@ -71,7 +73,7 @@ class SlownessDetector:
         "baseline_cycle",
         "cusum",
         "flagged",
-        "_left_zero",
+        "_run",
         "_excess_sum",
         "_excess_steps",
         "recent_excess",
@@ -90,8 +92,9 @@ class SlownessDetector:
         self.baseline_cycle = math.nan  # cycle_0, seconds
         self.cusum = 0.0
         self.flagged = False
-        self._left_zero = 0  # the first step since S last was 0
-        self._excess_sum = 0.0  # of the steps since S last was 0
+        # (step, excess) of the current run of S above 0, its last RUN_MEMORY steps: where the onset is looked for.
+        self._run: collections.deque[tuple[int, float]] = collections.deque(maxlen=RUN_MEMORY)
+        self._excess_sum = 0.0  # of the steps since the onset (since S last was 0, until one is flagged)
         self._excess_steps = 0
         self.recent_excess = 0.0
         self.onset_step = -1  # of the current (or last) flagged slowdown
@@ -124,22 +127,41 @@ class SlownessDetector:
             self.flagged = False
             self._track(own, cycle)
             return None
-        if before <= 0.0:  # a run above 0 begins: its first step is the change-point estimate
-            self._left_zero = step
+        if before <= 0.0:  # a run above 0 begins
+            self._run.clear()
             self._excess_sum = 0.0
             self._excess_steps = 0
+        self._run.append((step, excess))
         self._excess_sum += excess
         self._excess_steps += 1
         onset = None
         if not self.flagged and cusum >= self.threshold:
             self.flagged = True
-            self.onset_step = self._left_zero
-            onset = Onset(self._left_zero, step, self._excess_sum / self._excess_steps)
+            self.onset_step = self._onset()
+            onset = Onset(self.onset_step, step, self._excess_sum / self._excess_steps)
         if self.flagged:
             self.size = self._excess_sum / self._excess_steps
             if excess > 0.0:
                 self.lost_seconds += excess * self.baseline_cycle
         return onset
+
+    def _onset(self) -> int:
+        """The first slow step of the run that crossed the threshold, and the excess counted from it.
+
+        CUSUM's own estimate is the run's first step, which noise can put several steps early: jitter of a few
+        percent can keep S above 0 for a while before a slowdown begins. The onset is instead the earliest step
+        from which every step of the run carried at least half the excess of the last three (the level it was
+        flagged at)."""
+        run = self._run
+        recent = [excess for _, excess in list(run)[-3:]]
+        half = sum(recent) / len(recent) / 2
+        first = len(run) - 1
+        while first > 0 and run[first - 1][1] >= half:
+            first -= 1
+        since = list(run)[first:]
+        self._excess_sum = sum(excess for _, excess in since)
+        self._excess_steps = len(since)
+        return since[0][0]
 
     def _track(self, own: float, cycle: float) -> None:
         """Move the baseline one step toward this clean step's values (a median tracker)."""

@@ -376,6 +376,33 @@ def summary(run: Run, hang: HangConfig | None = None) -> dict[str, Any]:
         "wall_seconds": _wall_seconds(run),
         "time": ledger(snapshot),
         "restarts": int(_number(snapshot.get(_RESTARTS)) or 0),
+        "checkpoint": checkpoint_advice(snapshot),
+        "failslow": failslow(snapshot),
+    }
+
+
+def checkpoint_advice(snapshot: dict[str, Any]) -> dict[str, float | None]:
+    """The checkpoint interval advisor's figures in a snapshot (docs/failslow.md#checkpoint-interval); each None
+    where the run had none (no restart, no save)."""
+    advised = catalogue.CHECKPOINT_INTERVAL_ADVISED.name
+    return {
+        "advised": _number(snapshot.get(catalogue.jsonl_key(advised, (("bound", "best"),)))),
+        "low": _number(snapshot.get(catalogue.jsonl_key(advised, (("bound", "low"),)))),
+        "high": _number(snapshot.get(catalogue.jsonl_key(advised, (("bound", "high"),)))),
+        "current": _number(snapshot.get(catalogue.jsonl_key(catalogue.CHECKPOINT_INTERVAL.name))),
+        "loss": _number(snapshot.get(catalogue.jsonl_key(catalogue.CHECKPOINT_GOODPUT_LOSS.name))),
+        "mtbf": _number(snapshot.get(catalogue.jsonl_key(catalogue.MTBF.name))),
+    }
+
+
+def failslow(snapshot: dict[str, Any]) -> dict[str, float | None]:
+    """The rank's fail-slow figures in a snapshot (docs/failslow.md): slowdowns flagged, the time they added, the
+    last one's onset step and size; None where the detector had not begun."""
+    return {
+        "onsets": _number(snapshot.get(catalogue.jsonl_key(catalogue.FAILSLOW_ONSETS.name))),
+        "seconds": _number(snapshot.get(catalogue.jsonl_key(catalogue.FAILSLOW_SECONDS.name))),
+        "onset_step": _number(snapshot.get(catalogue.jsonl_key(catalogue.FAILSLOW_ONSET_STEP.name))),
+        "size": _number(snapshot.get(catalogue.jsonl_key(catalogue.FAILSLOW_SIZE.name))),
     }
 
 

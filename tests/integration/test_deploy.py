@@ -136,7 +136,7 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
     config.write_text(
         "monitor_config:\n  warn_on_value: {loss: 20, tokens_per_second: 500}\n"
         "  grad_norm: {threshold: 4}\n  layernorm: {drift_threshold: 0.1}\n"
-        "  goodput: {alert_below: 0.3}\n"
+        "  goodput: {alert_below: 0.3}\n  failslow: {alert_below: 0.9}\n"
     )
     out = run(sys.executable, "-m", "ms_exporter", "rules", "--config", str(config))
     assert out.returncode == 0, out.stderr
@@ -149,6 +149,7 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
         'abs(mindspore_train_layernorm_scale_drift_ratio{instance!=""}) > 0.1'
     )
     assert alerts["MindSporeTrainingGoodputLow"]["expr"].startswith("(project:mindspore_train_goodput:ratio1h < 0.3)")
+    assert alerts["MindSporeTrainingFailSlow"]["expr"].startswith("rank:mindspore_train_slowness_relative:score < 0.9 ")
     dashboard = run(sys.executable, "-m", "ms_exporter", "dashboard", "--config", str(config))
     assert dashboard.returncode == 0, dashboard.stderr
     lines = {
@@ -165,6 +166,7 @@ def test_rules_follow_the_users_thresholds(tmp_path: Path) -> None:
         "Growth over baseline": [None, DEFAULTS.memory_growth_ratio],
         "Goodput": [None, 0.3],
         "Replicas holding the same weights": [None, 1.0],
+        "Slowness scores": [None, 0.9],
         "Device temperature": [None, DEFAULTS.device_hot_celsius],
     }
     test_timing = run(sys.executable, "-m", "ms_exporter", "rules", "--timing", "test")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ms_exporter.core import catalogue as c
+from tests.support.dashboard_queries import FAILSLOW_PANEL, without_data
 from tests.support.distributed import distributed_job
 from tests.support.waiting import wait_until
 
@@ -35,3 +36,5 @@ def test_the_slowed_rank_is_paged_with_its_onset_step_and_the_ranks_that_wait_ar
         print(f"\nfail-slow: onsets {onsets}, sizes {sizes}, relative scores {relative}")
         assert relative["2"] < 0.95 and all(relative[rank] > 0.95 for rank in ("0", "1", "3")), relative
         assert job.by_rank(f'{c.FAILSLOW.name}{{project="failslow"}}')["2"] == 1.0
+        empty = without_data(job.query, "failslow", titles=(FAILSLOW_PANEL, "Slowness scores"))
+        assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)

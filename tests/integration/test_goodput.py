@@ -25,6 +25,7 @@ from ms_exporter.core import catalogue as c
 from ms_exporter.core.checkpoint_interval import advised_interval
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.tools.report import load_run, summary
+from tests.support.dashboard_queries import ADVISOR_PANELS, without_data
 from tests.support.scrape import Scrape, scrape
 from tests.support.servers import Servers, query
 from tests.support.waiting import free_port, wait_until
@@ -32,6 +33,7 @@ from tests.support.waiting import free_port, wait_until
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = "killed-and-resumed"
+LINGER = 15  # seconds the second process serves after training: its last numbers are read meanwhile
 KILL_AFTER = 250  # steps
 
 
@@ -144,7 +146,7 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         # The second process resumes from the step-200 checkpoint with the same run_id.
         second_record = tmp_path / "second.jsonl"
         started_at = time.time()
-        processes.append(start(save_dir, port, second_record, "--linger", "3"))
+        processes.append(start(save_dir, port, second_record, "--linger", str(LINGER)))
         assert processes[1].stdout is not None
         output = []
         for line in processes[1].stdout:
@@ -164,6 +166,12 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         assert ledger[c.REDO] == pytest.approx(reference, rel=0.05)
         assert ledger[c.PRODUCTIVE] > 0 and ledger[c.COMPILE] > 0 and ledger[c.STARTUP] > 0
         check_advice(page, ledger, started_at - killed_at)
+        # The advisor's dashboard panels, while the second process lingers (an ended target's series go stale).
+        wait_until(
+            lambda: not without_data(lambda expr: query(prometheus_port, expr), "resumable", titles=ADVISOR_PANELS),
+            LINGER - 3,
+            "the checkpoint advisor's panels to have data",
+        )
         processes[1].wait(60)
         assert processes[1].returncode == 0, "".join(output) + processes[1].stdout.read()
 
@@ -188,6 +196,8 @@ def test_redo_and_restarts_after_a_sigkill_in_the_ledger_and_in_prometheus(tmp_p
         # ledger, which `ms-exporter report` draws as one bar.
         facts = summary(load_run([save_dir / "metrics-rank0.jsonl"]))
         assert facts["restarts"] == 1 and facts["time"] == pytest.approx(final, abs=1e-6)
+        advice = facts["checkpoint"]  # what `ms-exporter report` prints under the bar
+        assert 0 < advice["low"] < advice["advised"] < advice["high"] and advice["mtbf"] > 0, advice
         expected = (read[c.PRODUCTIVE][-1] - read[c.PRODUCTIVE][0]) / sum(v[-1] - v[0] for v in read.values())
 
         def recorded() -> list[dict[str, Any]]:

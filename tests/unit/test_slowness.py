@@ -52,6 +52,15 @@ def test_a_slowdown_of_a_tenth_of_the_cycle_is_flagged_at_its_third_step_with_it
     assert detectors[2].lost_seconds == pytest.approx(98 * 0.01, rel=0.05)
 
 
+def test_the_onset_is_where_the_slowdown_began_not_where_noise_before_it_lifted_the_sum() -> None:
+    shares = _clean(300, 1)
+    shares[190:200, 0] += 0.03  # ten steps a little slow: S creeps above 0 without a flag
+    shares[200:, 0] += 1.0  # then the rank's own work doubles the cycle
+    detectors, flagged = _run(shares)
+    assert [(onset, at) for _, onset, at, _ in flagged] == [(200, 201)]
+    assert detectors[0].size == pytest.approx(1.0, abs=0.05)
+
+
 def test_one_slow_step_however_long_never_flags_and_two_in_a_row_do_not_either() -> None:
     shares = _clean(300, 1)
     shares[150, 0] += 50.0  # a 5 s collection pause: one step

@@ -32,5 +32,5 @@ def rows(t: Thresholds) -> tuple[Row, ...]:
         hangs.ROW,
         goodput.row(t),
         memory.row(t),
-        ranks.ROW,
+        ranks.row(t),
     )

@@ -1,4 +1,5 @@
-"""The Goodput row: where the ranks' time goes, the job's goodput against the GoodputLow line, restarts."""
+"""The Goodput row: where the ranks' time goes, the job's goodput against the GoodputLow line, restarts, the
+checkpoint interval advised from the run's failures and what fail-slows cost."""
 
 from __future__ import annotations
 
@@ -57,6 +58,49 @@ def row(t: Thresholds) -> Row:
                 width=3,
                 height=4,
                 description="Productive time over all time of the whole run so far, every process of it.",
+            ),
+            TimeSeries(
+                "Checkpoint interval: advised and current",
+                "s",
+                (
+                    Query(
+                        f'max by (project) ({c.CHECKPOINT_INTERVAL_ADVISED.name}{{{SELECTOR}, bound="best"}})',
+                        "advised {{project}}",
+                    ),
+                    Query(
+                        f'max by (project) ({c.CHECKPOINT_INTERVAL_ADVISED.name}{{{SELECTOR}, bound="low"}})',
+                        "advised, 90% low {{project}}",
+                    ),
+                    Query(
+                        f'max by (project) ({c.CHECKPOINT_INTERVAL_ADVISED.name}{{{SELECTOR}, bound="high"}})',
+                        "advised, 90% high {{project}}",
+                    ),
+                    Query(f"max by (project) ({c.CHECKPOINT_INTERVAL.name}{{{SELECTOR}}})", "current {{project}}"),
+                ),
+                width=12,
+                height=8,
+                description="The checkpoint interval of highest expected goodput from the run's own failures, save "
+                "time and failure cost (docs/failslow.md#checkpoint-interval), its range over the MTBF's 90% "
+                "interval, and the interval the run saves at. Appears once the run has restarted and saved.",
+            ),
+            TimeSeries(
+                "Goodput the checkpoint interval loses",
+                "percentunit",
+                (
+                    Query(
+                        f"max by (project) ({c.CHECKPOINT_GOODPUT_LOSS.name}{{{SELECTOR}}})",
+                        "current interval {{project}}",
+                    ),
+                    Query(
+                        f"sum by (project) (rate({c.FAILSLOW_SECONDS.name}{{{SELECTOR}}}[{RATE}]))"
+                        f" / sum by (project) (rate({c.TIME_SECONDS.name}{{{SELECTOR}}}[{RATE}]))",
+                        "fail-slow {{project}}",
+                    ),
+                ),
+                width=12,
+                height=8,
+                description="The share of wall time the current checkpoint interval loses against the advised one "
+                "(Daly's model), and the share the ranks' flagged fail-slows added to their steps (docs/failslow.md).",
             ),
         ),
     )
