@@ -18,8 +18,8 @@ slowdown that adds d (as a share of the cycle) adds min(d, CAP) - DRIFT per step
 third step, and no single slow step (a collection pause, an epoch's first batch) can flag on its own, however long.
 The onset is the first step of the run above 0 from which every step carried at least half the excess it was flagged
 at (`_onset`), the size the mean excess since. CUSUM rather than Bayesian online change-point detection: O(1) per
-step and rank with a fixed memory (64 steps of the current run), one threshold with a known meaning (a share of the cycle), and it needs no
-model of the clean series' distribution, which a data pipeline does not follow.
+step and rank with a fixed memory (64 steps of the current run), one threshold with a known meaning (a share of the
+cycle), and it needs no model of the clean series' distribution, which a data pipeline does not follow.
 
 The probe runs one detector for its rank; benchmarks/failslow.py runs one per simulated rank, the same code.
 """
