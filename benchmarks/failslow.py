@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["summary"]:
         print(row)
     for ranks, clean in result["clean"].items():
-        print(ranks, clean, clean["alarms"] / clean["rank_steps"] * 1e6, "per 10^6 rank-steps")
+        if clean["rank_steps"]:
+            print(ranks, clean, clean["alarms"] / clean["rank_steps"] * 1e6, "per 10^6 rank-steps")
     return 0
 
 

@@ -1,10 +1,14 @@
-"""Fail-slow in a real 4-worker msrun data-parallel job (docs/failslow.md): a callback of rank 2 turns slow at step
-150 (examples/distributed_train.py --slow-hook-rank); every rank waits for it in the all-reduce. Rank 2's detector
-flags the slowdown with its onset step, its relative score falls, and MindSporeTrainingFailSlow names rank 2 only:
-the ranks that wait score as before."""
+"""Fail-slow in a real 4-worker msrun data-parallel job (docs/failslow.md), and the suite's short version of `make
+failslow`. The job: a callback of rank 2 turns slow at step 150 (examples/distributed_train.py --slow-hook-rank);
+every rank waits for it in the all-reduce. Rank 2's detector flags the slowdown with its onset step, its relative
+score falls, and MindSporeTrainingFailSlow names rank 2 only: the ranks that wait score as before."""
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,8 @@ from tests.support.distributed import distributed_job
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = Path(__file__).parent / "data" / "failslow_trace.json"
 WORKERS = 4
 ONSET = 150
 
@@ -38,3 +44,45 @@ def test_the_slowed_rank_is_paged_with_its_onset_step_and_the_ranks_that_wait_ar
         assert job.by_rank(f'{c.FAILSLOW.name}{{project="failslow"}}')["2"] == 1.0
         empty = without_data(job.query, "failslow", titles=(FAILSLOW_PANEL, "Slowness scores"))
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
+
+
+def test_make_failslows_short_version_runs_end_to_end_and_detects_what_it_injects(tmp_path: Path) -> None:
+    """The short version of `make failslow`: 24 jobs of 64 ranks and 10^5 clean rank-steps over a trace this machine
+    recorded (data/failslow_trace.json: a trace recorded during the suite holds whatever else the machine ran, and
+    the slowdowns it injects are measured against it), a trace of its own of 120 steps; the advisor over 50 job-days
+    a scenario."""
+    recorded = tmp_path / "trace.json"  # in a process of its own: the recording trains in GRAPH mode
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.failslow", "--trace-steps", "120", "--jobs", "0", "--clean-rank-steps", "0"]
+        + ["--json", str(recorded), "--no-page"],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+        capture_output=True,
+    )
+    own, cycle = (json.loads(recorded.read_text())["trace"][key] for key in ("own", "cycle"))
+    assert len(own) == len(cycle) > 50 and all(0 <= o < c for o, c in zip(own, cycle))
+    raw = tmp_path / "failslow.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.failslow", "--trace", str(TRACE), "--ranks", "64", "--jobs", "24"]
+        + ["--clean-rank-steps", "1e5", "--json", str(raw), "--no-page"],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+        capture_output=True,
+    )
+    rows = json.loads(raw.read_text())["summary"]
+    large = [row for row in rows if row["size"] >= 0.10]
+    assert len(large) == 8 and all(row["detected"] == 1.0 and row["median_steps"] <= 3 for row in large), large
+    advisor = subprocess.run(
+        [sys.executable, "-m", "benchmarks.checkpoint_interval", "--days", "50", "--no-page"],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+        capture_output=True,
+        text=True,
+    )
+    laws = [ast.literal_eval(line) for line in advisor.stdout.splitlines() if line.startswith("{")]
+    assert [law["law"] for law in laws] == ["exponential", "weibull"]
+    # Ten failures seen: the advisor keeps nearly all of the best interval's goodput on either law.
+    assert all(law["after_10"]["mean"] > 0.98 for law in laws), laws
