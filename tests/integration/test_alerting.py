@@ -42,10 +42,10 @@ def test_healthy_run_is_quiet_and_every_dashboard_query_has_data(stack: Stack, w
         time.sleep(20)
         assert job.poll() is None
         assert webhook.firing() == [], webhook.firing()
-        # A job of one rank has no replicas. A CPU machine has no device power or throttling and a host temperature
-        # only where the kernel has a sensor: test_dashboard_devices.py runs those queries over device-shaped series;
-        # here the host's utilisation. The checkpoint advisor's panels need a restart and saves (test_goodput.py),
-        # the fail-slow onset panel a slowed rank (test_failslow.py).
+        # A job of one rank has no replicas (test_divergence.py reads that panel). A CPU machine has no device power or
+        # throttling and a host temperature only where the kernel has a sensor: test_dashboard_devices.py runs those
+        # queries over device-shaped series; here the host's utilisation. The checkpoint advisor's panels need a restart
+        # and saves (test_goodput.py), the fail-slow onset panel a slowed rank (test_failslow.py).
         elsewhere = {
             "Replicas holding the same weights",
             "Device temperature",

@@ -20,6 +20,7 @@ import pytest
 
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.replicas import first_disagreement
+from tests.support.dashboard_queries import without_data
 from tests.support.distributed import DistributedJob, distributed_job
 from tests.support.top_table import table_rows
 from tests.support.waiting import wait_until
@@ -72,6 +73,9 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         ]
         agreeing = job.by_rank(c.RANK_REPLICAS_AGREEING)
         assert agreeing == {"0": pytest.approx(2 / 3), "1": pytest.approx(2 / 3), "2": pytest.approx(1 / 3)}
+        # The dashboard's panel of replica agreement, which a job of one rank cannot fill (test_alerting.py).
+        empty = without_data(job.query, "diverge", titles=("Replicas holding the same weights",))
+        assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
         window = f"{int(time.time() - began) + 60}s"
         seen = fingerprints_by_step(job, "diverge", window)
         assert {20.0, 40.0, 60.0, 80.0} <= set(seen)
