@@ -40,7 +40,8 @@ def test_the_slowed_rank_is_paged_with_its_onset_step_and_the_ranks_that_wait_ar
         relative = job.by_rank(f'{c.RANK_RELATIVE_SLOWNESS}{{project="failslow"}}')
         sizes = job.by_rank(f'{c.FAILSLOW_SIZE.name}{{project="failslow"}}')
         print(f"\nfail-slow: onsets {onsets}, sizes {sizes}, relative scores {relative}")
-        assert relative["2"] < 0.95 and all(relative[rank] > 0.95 for rank in ("0", "1", "3")), relative
+        # The ranks that wait score near 1 (0.99-1.00 measured under load); the slowed one far under.
+        assert relative["2"] < 0.8 and all(relative[rank] > 0.9 for rank in ("0", "1", "3")), relative
         assert job.by_rank(f'{c.FAILSLOW.name}{{project="failslow"}}')["2"] == 1.0
         empty = without_data(job.query, "failslow", titles=(FAILSLOW_PANEL, "Slowness scores"))
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)

@@ -97,9 +97,9 @@ def check_advice(page: Any, ledger: dict[str, float], gap: float) -> None:
     print(f"\nadvice: save {save:.3f} s, failure cost {cost:.1f} s, exposure {exposure:.1f} s, advised {advised}")
     assert 0 < save < 10
     assert page.value(c.MTBF.name) == pytest.approx(exposure, rel=0.05)  # one failure
-    # The dead time (the first process's last state save, within goodput.save_seconds of the kill, to the second's
-    # start), then its start-up and compilation.
-    assert gap + ledger[c.STARTUP] + ledger[c.COMPILE] - 1 <= cost <= gap + 6 + ledger[c.STARTUP] + ledger[c.COMPILE]
+    # The dead time (the first process's last state save, goodput.save_seconds (5 s) before the kill at most on an
+    # idle machine, later saves on a loaded one, to the second's start), then its start-up and compilation.
+    assert gap + ledger[c.STARTUP] + ledger[c.COMPILE] - 1 <= cost <= gap + 20 + ledger[c.STARTUP] + ledger[c.COMPILE]
     assert advised["low"] < advised["best"] < advised["high"]
     # Advised at the last state save, up to goodput.save_seconds (5 s) of exposure before this reading.
     ends = [advised_interval(save, exposure - earlier, 1, cost) for earlier in (0.0, 6.0)]
