@@ -369,7 +369,8 @@ SLOWNESS_SCORE = MetricFamily(
     "mindspore_train_slowness_score",
     "gauge",
     "This rank's individual slowness score: its clean cycle over the cycle its own work makes now (1: as fast as "
-    "its own best; 0.8: its own work adds a quarter to the cycle).",
+    "its own best; 0.8: its own work adds a quarter to the cycle), or its slowest device's clock over its best where "
+    "that is lower.",
     "1",
 )
 FAILSLOW = MetricFamily(

@@ -18,7 +18,9 @@ logger = logging.getLogger("ms_exporter")
 class SlownessProbe(Probe):
     """Feeds ms_exporter/core/slowness.py's detector one step at a time: own work is the step's data wait, the host
     time of other callbacks' hooks, checkpoints and evaluations in its cycle, and, in the loop API, the time the loop
-    marked up to its collective; the cycle is all of those and the step.
+    marked up to its collective; the cycle is all of those and the step. The score is the detector's, or lower where
+    a device of the rank runs under the clock it was seen at (its clock over its best): the one slowdown inside a
+    compiled step a host-side monitor can attribute.
     The first SETTLING_STEPS steps of each training call are not judged, nor are steps of a sink (one call, many
     steps: no step of its own). The series appear once the detector has its baseline.
 
@@ -42,6 +44,8 @@ class SlownessProbe(Probe):
         self._settling = SETTLING_STEPS
         self._own = math.nan
         self._series: dict[str, Any] = {}
+        self._best_clock: dict[Any, float] = {}  # each device's highest clock seen (its labels -> hertz)
+        self.clock_ratio = 1.0  # the slowest device's clock over its best: 1 where no reader gives clocks
 
     def on_train_begin(self, cb_params: Any) -> None:
         self._settling = SETTLING_STEPS
@@ -71,6 +75,22 @@ class SlownessProbe(Probe):
                 onset.flagged_at,
             )
 
+    def _clock(self) -> float:
+        """The slowest of the rank's devices, as its compute clock now over the highest it was seen at (the hardware
+        readers write mindspore_train_device_clock_hertz every hardware.interval): a throttled device slows a
+        compiled step on this rank where its own work shows nothing."""
+        ratio = 1.0
+        for clock in self._store.series_of(catalogue.DEVICE_CLOCK):
+            now = clock.value
+            if not now > 0:  # NaN or 0: no reading
+                continue
+            best = self._best_clock.get(clock.labels, 0.0)
+            if now > best:
+                self._best_clock[clock.labels] = best = now
+            ratio = min(ratio, now / best)
+        self.clock_ratio = ratio
+        return ratio
+
     def _bind(self) -> None:
         store = self._store
         self._series = {
@@ -86,7 +106,7 @@ class SlownessProbe(Probe):
         detector, series = self._detector, self._series
         series["own"].value = self._own
         series["cycle"].value = detector.baseline_cycle
-        series["score"].value = detector.score
+        series["score"].value = min(detector.score, self._clock())
         series["flagged"].value = 1.0 if detector.flagged else 0.0
         series["seconds"].value = detector.lost_seconds
         if detector.onset_step >= 0:

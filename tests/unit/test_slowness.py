@@ -132,3 +132,22 @@ def test_a_sink_call_and_the_first_step_of_a_call_are_not_judged() -> None:
         probe.on_step(StepSample(step * 10, 1, 10, 1.0, 1.0, 0.01, 80, 0, 0.0, float(step)))  # a sink of 10
         probe.on_step(_sample(step, None))  # type: ignore[arg-type]  # no data wait: a call's first step
     assert store.get(c.SLOWNESS_SCORE.name) is None
+
+
+def test_a_device_that_runs_under_its_best_clock_lowers_the_score_where_own_work_shows_nothing() -> None:
+    store = MetricStore((("rank", "0"), ("project", "p")))
+    clock = store.register(c.DEVICE_CLOCK)
+    fast, other = clock.series(device="gpu0"), clock.series(device="gpu1")
+    fast.value = other.value = 1.98e9
+    probe = SlownessProbe(store)
+    probe.on_train_begin(None)
+    for step in range(1, SETTLING_STEPS + WARMUP_STEPS + 5):
+        probe.on_step(_sample(step, 0.005))
+    assert store.value_of(c.SLOWNESS_SCORE) == pytest.approx(1.0)
+    fast.value = 1.98e9 * 0.6  # held down for heat: a compiled step slows, the data wait does not
+    probe.on_step(_sample(SETTLING_STEPS + WARMUP_STEPS + 5, 0.005))
+    assert store.value_of(c.SLOWNESS_SCORE) == pytest.approx(0.6)
+    assert store.value_of(c.FAILSLOW) == 0.0  # the detector reads own work only: no onset
+    fast.value = float("nan")  # a reading that failed is no reading
+    probe.on_step(_sample(SETTLING_STEPS + WARMUP_STEPS + 6, 0.005))
+    assert store.value_of(c.SLOWNESS_SCORE) == pytest.approx(1.0)
