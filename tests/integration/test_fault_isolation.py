@@ -32,6 +32,7 @@ PROBES = [
     "loss",
     "learning_rate",
     "step_time",
+    "slowness",
     "throughput",
     "mfu",
     "loss_scale",
