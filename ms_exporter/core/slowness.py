@@ -32,8 +32,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 # The first steps of a training call settle (caches, the allocator, the data pipeline's first prefetch): none is
 # judged, nor part of the baseline.
 SETTLING_STEPS = 50
@@ -176,12 +174,12 @@ class SlownessDetector:
             self.baseline_cycle *= 1.0 - TRACK
 
 
-def relative_scores(own: np.ndarray, cycle: float) -> np.ndarray:
+def relative_scores(own: Sequence[float], cycle: float) -> list[float]:
     """Each rank's relative score in (0, 1]: the job's cycle over the cycle it would have were this rank's own work
     the best rank's, 1 / (1 + (own - min own) / cycle). The slow rank scores low; the ranks that wait for it do not,
-    since their own work did not grow."""
-    scores: np.ndarray = 1.0 / (1.0 + np.maximum(own - np.min(own), 0.0) / max(cycle, 1e-9))
-    return scores
+    since their own work did not grow. Plain floats: `ms-exporter top` runs where numpy is not installed."""
+    least, cycle = min(own), max(cycle, 1e-9)
+    return [1.0 / (1.0 + max(value - least, 0.0) / cycle) for value in own]
 
 
 def culprits(flagged: Sequence[int], groups: Sequence[Sequence[int]] = ()) -> list[tuple[int, ...]]:

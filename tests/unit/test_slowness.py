@@ -93,7 +93,7 @@ def test_a_group_whose_every_rank_is_flagged_is_named_as_the_group() -> None:
 
 
 def test_the_relative_score_is_low_for_the_rank_the_job_waits_for_and_one_for_the_others() -> None:
-    scores = relative_scores(np.array([0.001, 0.021, 0.002]), cycle=0.1)
+    scores = relative_scores([0.001, 0.021, 0.002], cycle=0.1)
     assert scores[1] == pytest.approx(1 / 1.2) and scores[0] == 1.0 and scores[2] == pytest.approx(1 / 1.01)
 
 

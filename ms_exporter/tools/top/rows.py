@@ -8,8 +8,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from ms_exporter.core import catalogue
 from ms_exporter.core.hardware import HOST
 from ms_exporter.core.replicas import disagreeing
@@ -418,7 +416,7 @@ def mark_failslow(rows: Sequence[Row], alert_below: float = DEFAULTS.failslow_re
     said: dict[int, str] = {}
     for indices in by_project.values():
         slowness = [rows[i].slowness for i in indices]
-        scores = relative_scores(np.array([s.own for s in slowness if s]), max(s.cycle for s in slowness if s))
+        scores = relative_scores([s.own for s in slowness if s], max(s.cycle for s in slowness if s))
         named = [i for i, s, score in zip(indices, slowness, scores) if s and s.flagged and score < alert_below]
         nodes: dict[str, list[int]] = {}
         for i in indices:
