@@ -73,19 +73,31 @@ def test_the_rank_whose_weights_moved_is_named_within_one_interval(
         ]
         agreeing = job.by_rank(c.RANK_REPLICAS_AGREEING)
         assert agreeing == {"0": pytest.approx(2 / 3), "1": pytest.approx(2 / 3), "2": pytest.approx(1 / 3)}
-        # The dashboard's panel of replica agreement, which a job of one rank cannot fill (test_alerting.py).
-        empty = without_data(job.query, "diverge", titles=("Replicas holding the same weights",))
-        assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
+        # The dashboard's panel of replica agreement, which a job of one rank cannot fill (test_alerting.py): its
+        # second query's rule needs every rank's checksums of one step, which a loaded machine may take a while to
+        # scrape from all three.
+        wait_until(
+            lambda: not without_data(job.query, "diverge", titles=("Replicas holding the same weights",)),
+            120,
+            "the replica agreement panel's queries to have data",
+        )
         window = f"{int(time.time() - began) + 60}s"
-        seen = fingerprints_by_step(job, "diverge", window)
-        assert {20.0, 40.0, 60.0, 80.0} <= set(seen)
-        for step in (20.0, 40.0, 60.0):  # the same weights up to the step after which rank 2's moved
-            assert len(seen[step]) == WORKERS and len(set(seen[step].values())) == 1, (step, seen[step])
-        assert seen[80.0]["0"] == seen[80.0]["1"] != seen[80.0]["2"]
+        # A fingerprint step's value stands for 20 steps: where they take less than the 1 s scrape interval, a
+        # scrape can miss one on some rank. The steps every rank was scraped at are compared.
+        seen = {
+            step: ranks for step, ranks in fingerprints_by_step(job, "diverge", window).items() if len(ranks) == WORKERS
+        }
+        before = [step for step in seen if step <= 60.0]
+        after = min((step for step in seen if step > 60.0), default=None)
+        assert before and after is not None, seen
+        for step in before:  # the same weights up to the step after which rank 2's moved
+            assert len(set(seen[step].values())) == 1, (step, seen[step])
+        assert seen[after]["0"] == seen[after]["1"] != seen[after]["2"], (after, seen[after])
         # The gradient norm of a fingerprint step is taken after the all-reduce: equal on every rank, rank 2 too.
         norms = fingerprints_by_step(job, "diverge", window, c.PARAM_FINGERPRINT_GRAD_NORM.name)
-        for step in (20.0, 40.0, 60.0, 80.0):
-            assert len(norms[step]) == WORKERS and len(set(norms[step].values())) == 1, (step, norms[step])
+        for step, ranks in norms.items():
+            if len(ranks) == WORKERS:
+                assert len(set(ranks.values())) == 1, (step, ranks)
         assert job.query(f'{c.PARAM_FINGERPRINT_OVERFLOW.name}{{project="diverge"}}') == []  # not reported by the cell
         # `ms-exporter top` marks the same rank, by the same rule, once one poll finds every rank's fingerprint of
         # the same step (a loaded machine leaves the ranks a few steps apart: a poll may land between two).
