@@ -30,6 +30,7 @@ _MACHINE_ONLY = re.compile(r'mindspore_train_device_temperature_celsius\{device=
 _VARYING = re.compile(
     r'(run_id|node|layer|mindspore_version|exporter_version|hostname|pod|namespace|container)="[^"]*"'
 )
+_NODE_GROUP = re.compile(r'group="[^"]*",kind="node"')  # a group of kind node is named by the host
 
 
 def _checkout_only() -> None:
@@ -77,7 +78,8 @@ def masked(page: str) -> list[str]:
             lines.append(line)
             continue
         name_and_labels, _, _value = line.rpartition(" ")
-        lines.append(_VARYING.sub(r'\1="*"', name_and_labels) + " V")
+        masked = _NODE_GROUP.sub('group="*",kind="node"', _VARYING.sub(r'\1="*"', name_and_labels))
+        lines.append(masked + " V")
     return lines
 
 

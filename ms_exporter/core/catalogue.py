@@ -136,6 +136,14 @@ INFO = MetricFamily(
     "1",
     ("world_size", "local_rank", "node", "device_target", "mindspore_version", "exporter_version"),
 )
+PARALLEL_GROUP_INFO = MetricFamily(
+    "mindspore_train_parallel_group_info",
+    "gauge",
+    "A group of ranks this rank works in (its node; its pipeline stage and model copy where the parallel layout "
+    "says); always 1.",
+    "1",
+    ("kind", "group"),
+)
 WORLD_SIZE = MetricFamily("mindspore_train_world_size", "gauge", "Number of ranks in the job.", "ranks")
 
 GLOBAL_STEP = MetricFamily(
@@ -913,6 +921,9 @@ PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"
 # Each rank's relative slowness score: the job's cycle over the cycle it would have were this rank's own work the
 # best rank's (ms_exporter/core/slowness.py's relative_scores, in PromQL).
 RANK_RELATIVE_SLOWNESS = "rank:mindspore_train_slowness_relative:score"
+# The share of a group's ranks (mindspore_train_parallel_group_info, groups of two or more) whose fail-slow detector
+# has flagged a slowdown: 1 names the whole group.
+PROJECT_GROUP_FAILSLOW = "project_group:mindspore_train_failslow:ratio"
 # The share of a rank's replica group that holds the same parameters as it at the group's latest comparison.
 RANK_REPLICAS_AGREEING = "rank:mindspore_train_replicas_agreeing:ratio"
 # The same per bucket of the replica checks' checksums (kind, bucket): docs/sdc.md.

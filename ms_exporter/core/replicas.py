@@ -85,25 +85,10 @@ def replica_group(rank: int, layout: ParallelLayout, model_parallel: int | None 
         return None, "parallel_mode is stand_alone: the ranks train apart, nothing keeps their weights equal"
     if layout.mode == "data_parallel":
         return "0", "data_parallel: every rank is a replica of every other"
-    if layout.world_size % layout.stages:
-        return None, f"{layout.world_size} ranks do not split into {layout.stages} pipeline stages"
-    stage_size = layout.world_size // layout.stages
-    if model_parallel is None and layout.data_parallel:
-        if stage_size % layout.data_parallel:
-            return (
-                None,
-                f"dataset_strategy splits the batch {layout.data_parallel} ways, not a divisor of the "
-                f"{stage_size} ranks of a stage",
-            )
-        model_parallel = stage_size // layout.data_parallel
-    if model_parallel is None:
-        return None, (
-            f"{layout.mode}: MindSpore's context does not say how many ranks shard one replica; set "
-            "divergence.model_parallel (MindSpore Transformers' parallel_config.model_parallel) or "
-            "divergence.replica_group"
-        )
-    if stage_size % model_parallel:
-        return None, f"model_parallel {model_parallel} does not divide the {stage_size} ranks of a stage"
+    split = stage_split(layout, model_parallel)
+    if isinstance(split, str):
+        return None, split
+    stage_size, model_parallel = split
     if stage_size == model_parallel:
         return None, "one replica per stage (data-parallel size 1): no other rank holds the same shards"
     stage, within = divmod(rank, stage_size)
@@ -112,6 +97,56 @@ def replica_group(rank: int, layout: ParallelLayout, model_parallel: int | None 
         f"{layout.mode}, {layout.stages} stage(s) of {stage_size} ranks, {model_parallel}-way "
         f"model parallel: group {group} (stage {stage}, shard {within % model_parallel})"
     )
+
+
+def stage_split(layout: ParallelLayout, model_parallel: int | None = None) -> tuple[int, int] | str:
+    """(ranks per pipeline stage, ranks that shard one replica within a stage), or why the layout does not say."""
+    if layout.world_size % layout.stages:
+        return f"{layout.world_size} ranks do not split into {layout.stages} pipeline stages"
+    stage_size = layout.world_size // layout.stages
+    if model_parallel is None and layout.data_parallel:
+        if stage_size % layout.data_parallel:
+            return (
+                f"dataset_strategy splits the batch {layout.data_parallel} ways, not a divisor of the "
+                f"{stage_size} ranks of a stage"
+            )
+        model_parallel = stage_size // layout.data_parallel
+    if model_parallel is None:
+        return (
+            f"{layout.mode}: MindSpore's context does not say how many ranks shard one replica; set "
+            "divergence.model_parallel (MindSpore Transformers' parallel_config.model_parallel) or "
+            "divergence.replica_group"
+        )
+    if stage_size % model_parallel:
+        return f"model_parallel {model_parallel} does not divide the {stage_size} ranks of a stage"
+    return stage_size, model_parallel
+
+
+def parallel_groups(rank: int, layout: ParallelLayout, model_parallel: int | None = None) -> dict[str, str]:
+    """The groups of two or more ranks this rank shares work with, as the layout says (kind -> group), named by
+    fail-slow as a whole when every rank of one slows (docs/failslow.md#groups):
+
+    - "stage": its pipeline stage, where there are two or more;
+    - "replica": the ranks that hold one copy of the model together (its model-parallel shards in every stage),
+      numbered by the copy's data-parallel index; where a copy is one rank (data parallel) there is no such group.
+      Not divergence's `replica_group`, which gathers the ranks holding the same shard, one from each copy.
+
+    Nothing where the layout is unknown (stand_alone, or no model-parallel size)."""
+    if layout.world_size <= 1 or layout.mode == "stand_alone":
+        return {}
+    if layout.mode == "data_parallel":
+        return {}  # one stage, and each rank a copy of its own
+    split = stage_split(layout, model_parallel)
+    if isinstance(split, str):
+        return {}
+    stage_size, model_parallel = split
+    stage, within = divmod(rank, stage_size)
+    groups = {}
+    if layout.stages > 1:
+        groups["stage"] = str(stage)
+    if model_parallel * layout.stages > 1 and stage_size > model_parallel:
+        groups["replica"] = str(within // model_parallel)
+    return groups
 
 
 def disagreeing(fingerprints: Mapping[K, tuple[float, float]]) -> set[K]:

@@ -47,6 +47,7 @@ def recording_rules(w: Timing, t: Thresholds = DEFAULTS) -> tuple[Recording, ...
         # Step plus data wait: a rank's whole time per step. Equal on every rank of a synchronous job.
         Recording(cycle_mean, f"{step_mean} + {wait_mean}"),
         Recording(c.RANK_RELATIVE_SLOWNESS, _relative_slowness()),
+        Recording(c.PROJECT_GROUP_FAILSLOW, _group_failslow()),
         Recording(c.PROJECT_WAIT_MEDIAN, f"quantile by (project) (0.5, {wait_mean})"),
         Recording(c.PROJECT_CYCLE_MEDIAN, f"quantile by (project) (0.5, {cycle_mean})"),
         # From the run's totals, which go on across a restart where the process's own counters start again: the
@@ -222,6 +223,17 @@ def _state(t: Thresholds) -> str:
     }
     return f" or on ({_RANK_DEVICE}) ".join(
         f'label_replace(0 * ({holds[state]}) + 1, "state", "{state}", "", "")' for state in c.DEVICE_STATES
+    )
+
+
+def _group_failslow() -> str:
+    """The share of each group's ranks flagged by their fail-slow detector, for groups of two or more ranks; a rank
+    not judged yet counts as not flagged."""
+    members = f"max by (project, rank, kind, group) ({c.PARALLEL_GROUP_INFO.name})"
+    flagged = f"max by (project, rank) ({c.FAILSLOW.name})"
+    return (
+        f"sum by (project, kind, group) ({members} * on (project, rank) group_left () {flagged})"
+        f" / (count by (project, kind, group) ({members}) > 1)"
     )
 
 

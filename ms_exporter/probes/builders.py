@@ -62,7 +62,9 @@ def step_time(context: PartContext) -> list[Probe]:
 
 def slowness(context: PartContext) -> list[Probe]:
     config: MonitorConfig = context.config
-    return [SlownessProbe(context.store)] if config.failslow.enable else []
+    if not config.failslow.enable:
+        return []
+    return [SlownessProbe(context.store, context.rank, config.divergence.model_parallel)]
 
 
 def throughput(context: PartContext) -> list[Probe]:

@@ -8,6 +8,8 @@ from typing import Any
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.replicas import parallel_groups, read_layout
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.slowness import SCORE_WEIGHT, SETTLING_STEPS, SlownessDetector
 from ms_exporter.core.store import MetricStore
@@ -34,12 +36,16 @@ class SlownessProbe(Probe):
     | mindspore_train_failslow_size_ratio | gauge | | 1 (once a slowdown was flagged) |
     | mindspore_train_failslow_onsets_total | counter | | slowdowns |
     | mindspore_train_failslow_seconds_total | counter | | seconds |
+    | mindspore_train_parallel_group_info | gauge =1 | kind, group | node; stage, replica where the layout says |
     """
 
     name = "slowness"
 
-    def __init__(self, store: MetricStore) -> None:
+    def __init__(self, store: MetricStore, rank: RankInfo | None = None, model_parallel: int | None = None) -> None:
         self._store = store
+        self._rank = rank
+        self._model_parallel = model_parallel
+        self._grouped = False
         self._detector = SlownessDetector()
         self._settling = SETTLING_STEPS
         self._own = math.nan
@@ -49,6 +55,18 @@ class SlownessProbe(Probe):
 
     def on_train_begin(self, cb_params: Any) -> None:
         self._settling = SETTLING_STEPS
+        if not self._grouped and self._rank is not None:
+            self._grouped = True  # the parallel context is set by the first training call, and kept
+            self.publish_groups(
+                self._rank, parallel_groups(self._rank.rank, read_layout(self._rank.world_size), self._model_parallel)
+            )
+
+    def publish_groups(self, rank: RankInfo, groups: dict[str, str]) -> None:
+        """The groups a slowdown of this rank may be part of (the rules and `top` name a group whose every rank is
+        flagged): its node, and the layout's."""
+        info = self._store.register(catalogue.PARALLEL_GROUP_INFO)
+        for kind, group in {"node": rank.node, **groups}.items():
+            info.series(kind=kind, group=group).value = 1.0
 
     def on_step(self, sample: StepSample) -> None:
         wait = sample.data_wait

@@ -41,6 +41,7 @@ EVERY_RANK = frozenset(
         catalogue.FAILSLOW,
         catalogue.FAILSLOW_ONSET_STEP,
         catalogue.FAILSLOW_SIZE,
+        catalogue.PARALLEL_GROUP_INFO,
         catalogue.RUN_TIME_SECONDS,
         catalogue.MODEL_FLOPS_PER_SECOND,
         catalogue.PEAK_FLOPS,

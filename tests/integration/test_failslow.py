@@ -43,6 +43,9 @@ def test_the_slowed_rank_is_paged_with_its_onset_step_and_the_ranks_that_wait_ar
         # The ranks that wait score near 1 (0.99-1.00 measured under load); the slowed one far under.
         assert relative["2"] < 0.8 and all(relative[rank] > 0.9 for rank in ("0", "1", "3")), relative
         assert job.by_rank(f'{c.FAILSLOW.name}{{project="failslow"}}')["2"] == 1.0
+        # The four ranks share this machine: one node group, a quarter of it flagged, so no group is named.
+        groups = wait_until(lambda: job.query(f'{c.PROJECT_GROUP_FAILSLOW}{{project="failslow"}} > 0'), 60, "group")
+        assert [(group["metric"]["kind"], float(group["value"][1])) for group in groups] == [("node", 0.25)], groups
         empty = without_data(job.query, "failslow", titles=(FAILSLOW_PANEL, "Slowness scores"))
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
 

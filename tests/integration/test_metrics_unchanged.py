@@ -9,7 +9,8 @@ registries (5371dd6) and after it, and the page at f94c1e4 (before issues #31 an
 mindspore_train_phase's help text, which issue #31 changed on purpose. Issue #33 added the hardware families
 (mindspore_train_device_*, the host reader's series and its error counter) after the sinks' families; every line
 before them is as it was. The fail-slow probe added its error counter (component "slowness"); its own families
-appear past the demo page's steps (50 settling, 32 for the baseline).
+appear past the demo page's steps (50 settling, 32 for the baseline), but for the groups the rank works in
+(mindspore_train_parallel_group_info, published at the first training call).
 """
 
 from __future__ import annotations

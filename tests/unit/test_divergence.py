@@ -10,7 +10,7 @@ from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.replicas import ParallelLayout, disagreeing, read_layout, replica_group
+from ms_exporter.core.replicas import ParallelLayout, disagreeing, parallel_groups, read_layout, replica_group
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints, fingerprint
 
@@ -42,6 +42,30 @@ def test_groups_follow_the_layouts_mindspore_documents() -> None:
     }
     # dataset_strategy ((4, 1), (4, 1)) splits the batch 4 ways: mp = 8 / 4.
     assert groups(ParallelLayout("auto_parallel", 8, data_parallel=4)) == {"0": [0, 2, 4, 6], "1": [1, 3, 5, 7]}
+
+
+def members(layout: ParallelLayout, kind: str, model_parallel: int | None = None) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for rank in range(layout.world_size):
+        group = parallel_groups(rank, layout, model_parallel).get(kind)
+        if group is not None:
+            found.setdefault(group, []).append(rank)
+    return found
+
+
+def test_stages_and_model_copies_follow_the_same_layouts() -> None:
+    # 2 pipeline stages of 4 ranks, each dp 2 x mp 2: copy 0 is ranks 0, 1 of stage 0 and 4, 5 of stage 1.
+    layout = ParallelLayout("semi_auto_parallel", 8, stages=2)
+    assert members(layout, "stage", 2) == {"0": [0, 1, 2, 3], "1": [4, 5, 6, 7]}
+    assert members(layout, "replica", 2) == {"0": [0, 1, 4, 5], "1": [2, 3, 6, 7]}
+    # dp 2 x mp 4 in one stage: no stage group, copies of 4.
+    assert members(ParallelLayout("semi_auto_parallel", 8), "stage", 4) == {}
+    assert members(ParallelLayout("semi_auto_parallel", 8), "replica", 4) == {"0": [0, 1, 2, 3], "1": [4, 5, 6, 7]}
+    # A copy of one rank is the rank; one copy is the whole job: neither is a group. Nor is anything unknown.
+    assert parallel_groups(3, ParallelLayout("data_parallel", 8)) == {}
+    assert parallel_groups(3, ParallelLayout("semi_auto_parallel", 8, stages=2), 4) == {"stage": "0"}
+    assert parallel_groups(3, ParallelLayout("semi_auto_parallel", 8)) == {}
+    assert parallel_groups(3, ParallelLayout("stand_alone", 8)) == {}
 
 
 @pytest.mark.parametrize(

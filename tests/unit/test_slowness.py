@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
 import pytest
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.slowness import (
     SETTLING_STEPS,
@@ -151,3 +153,17 @@ def test_a_device_that_runs_under_its_best_clock_lowers_the_score_where_own_work
     fast.value = float("nan")  # a reading that failed is no reading
     probe.on_step(_sample(SETTLING_STEPS + WARMUP_STEPS + 6, 0.005))
     assert store.value_of(c.SLOWNESS_SCORE) == pytest.approx(1.0)
+
+
+def test_the_probe_publishes_the_ranks_node_and_its_parallel_groups_once() -> None:
+    store = MetricStore((("rank", "5"), ("project", "p")))
+    probe = SlownessProbe(store, RankInfo(5, 1, 8, "node-b"), model_parallel=2)
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, pipeline_stages=2)
+    try:
+        probe.on_train_begin(None)
+    finally:
+        ms.reset_auto_parallel_context()
+    probe.on_train_begin(None)  # a second call finds the context reset: the first reading stands
+    series = store.series_of(c.PARALLEL_GROUP_INFO)
+    published = {(dict(s.labels)["kind"], dict(s.labels)["group"]) for s in series if s.value == 1.0}
+    assert published == {("node", "node-b"), ("stage", "1"), ("replica", "0")}

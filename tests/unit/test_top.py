@@ -10,6 +10,7 @@ import dataclasses
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -693,9 +694,10 @@ def test_a_local_gradient_outlier_since_the_last_poll_is_marked_and_held() -> No
     assert "sdc local_gradients" not in later.alerts
 
 
-def _slow(rank: str, own: float, flagged: bool = False, node: str = "a") -> Row:
+def _slow(rank: str, own: float, flagged: bool = False, node: str = "a", stage: str | None = None) -> Row:
     onset, size = (1234.0, own / 0.1) if flagged else (None, None)
-    return row(rank, 0.1, own, node=node, slowness=Slowness(own, 0.1, flagged, onset, size))
+    groups = (("stage", stage),) if stage is not None else ()
+    return row(rank, 0.1, own, node=node, slowness=Slowness(own, 0.1, flagged, onset, size), groups=groups)
 
 
 def test_failslow_names_the_flagged_rank_the_job_waits_for_with_its_onset_and_not_a_waiter_flagged_by_noise() -> None:
@@ -719,3 +721,28 @@ def test_failslow_of_every_rank_of_a_node_names_the_node() -> None:
         "2": ("fail-slow node b from step 1234",),
         "3": ("fail-slow node b from step 1234",),
     }
+
+
+def test_failslow_of_every_rank_of_a_pipeline_stage_names_the_stage_and_a_node_before_a_stage_of_its_ranks() -> None:
+    across_nodes = [
+        _slow("0", 0.001, node="a", stage="0"),
+        _slow("1", 0.001, node="b", stage="0"),
+        _slow("2", 0.03, flagged=True, node="a", stage="1"),
+        _slow("3", 0.03, flagged=True, node="b", stage="1"),
+    ]
+    marked = {r.rank: r.alerts for r in mark_failslow(across_nodes)}
+    assert marked["2"] == marked["3"] == ("fail-slow stage 1 from step 1234",)
+    assert marked["0"] == marked["1"] == ()
+    one_node = [replace(r, node="b" if r.rank in ("2", "3") else "a") for r in across_nodes]
+    marked = {r.rank: r.alerts for r in mark_failslow(one_node)}
+    assert marked["2"] == ("fail-slow node b from step 1234",)
+
+
+def test_a_rank_reads_its_groups_from_its_page() -> None:
+    page = STEP4 + (
+        "# TYPE mindspore_train_parallel_group_info gauge\n"
+        'mindspore_train_parallel_group_info{project="capture",rank="1",kind="stage",group="1"} 1\n'
+        'mindspore_train_parallel_group_info{project="capture",rank="1",kind="node",group="h"} 1\n'
+    )
+    row, _ = first_row(page)
+    assert row.groups == (("node", "h"), ("stage", "1"))

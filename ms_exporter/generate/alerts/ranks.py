@@ -92,8 +92,22 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
             description=f"{WHO} slowed down from step {_of_rank(c.FAILSLOW_ONSET_STEP.name)}: its own work per "
             f"step (data wait, host hooks) rose by {_of_rank(c.FAILSLOW_SIZE.name, 'humanizePercentage')} of its "
             f"clean cycle, and every rank waits for it (relative score {{{{ $value | printf `%.2f` }}}}). "
-            f"Device state: {device_state()}. docs/failslow.md says what a host-side monitor cannot attribute.",
+            f"{_whole_groups()}Device state: {device_state()}. docs/failslow.md says what a host-side monitor "
+            "cannot attribute.",
         ),
+    )
+
+
+def _whole_groups() -> str:
+    """ "Every rank of its <kind> <group> slowed: ...", for each group of the rank (node, pipeline stage, model copy)
+    whose every rank its detector flagged; nothing where the rank is alone."""
+    query = (
+        f"{c.PROJECT_GROUP_FAILSLOW}{{project=%q}} == 1 and on (project, kind, group) "
+        f"{c.PARALLEL_GROUP_INFO.name}{{project=%q, rank=%q}}"
+    )
+    return (
+        f"{{{{ range query (printf `{query}` $labels.project $labels.project $labels.rank) }}}}"
+        "Every rank of its {{ .Labels.kind }} {{ .Labels.group }} slowed: look for what they share. {{ end }}"
     )
 
 

@@ -70,11 +70,14 @@ def row(t: Thresholds) -> Row:
                         f"{c.FAILSLOW_SIZE.name}{{{SELECTOR}}} and on (job, instance) ({c.FAILSLOW.name} == 1)",
                         "size rank {{rank}}",
                     ),
+                    Query(f'{c.PROJECT_GROUP_FAILSLOW}{{project=~"$project"}} > 0', "flagged share {{kind}} {{group}}"),
                 ),
                 width=12,
                 height=8,
                 description="While a rank's detector flags a slowdown of its own work: the step it began (the change "
-                "point) and its size as a share of the rank's clean cycle. Empty while no rank is flagged.",
+                "point) and its size as a share of the rank's clean cycle; and the share of each group of ranks "
+                "(node, pipeline stage, model copy) flagged, 1 where the whole group slowed. Empty while no rank is "
+                "flagged.",
             ),
             TimeSeries(
                 "Replicas holding the same weights",

@@ -97,6 +97,8 @@ class Row:
     stall: Stall | None = None  # no step for longer than a few cycles: the last step's values are stale
     node: str | None = None  # the host the rank runs on (mindspore_train_info's node)
     slowness: Slowness | None = None
+    # The groups of ranks it works in, (kind, group): node, pipeline stage, model copy (parallel_group_info).
+    groups: tuple[tuple[str, str], ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -225,8 +227,14 @@ def build_row(
         stall=stall,
         node=next(iter(samples.by_label(catalogue.INFO.name, "node")), None),
         slowness=_slowness(samples),
+        groups=_parallel_groups(samples),
     )
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
+
+
+def _parallel_groups(samples: RankSamples) -> tuple[tuple[str, str], ...]:
+    pairs = samples.by_labels(catalogue.PARALLEL_GROUP_INFO.name, "kind", "group")
+    return tuple(sorted((kind, group) for kind, group in pairs))
 
 
 def _slowness(samples: RankSamples) -> Slowness | None:
@@ -407,8 +415,8 @@ def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list
 def mark_failslow(rows: Sequence[Row], alert_below: float = DEFAULTS.failslow_relative) -> list[Row]:
     """Adds "fail-slow from step N (+x%)" to the alerts of the ranks MindSporeTrainingFailSlow names: per project,
     a rank its own detector flagged whose relative score (`slowness.relative_scores`, the recording rule's formula)
-    is under `alert_below`. Where every rank of a node is named, each says "fail-slow node <node>": the node is the
-    culprit (`slowness.culprits`)."""
+    is under `alert_below`. Where every rank of a group (its node, pipeline stage or model copy; the largest first)
+    is named, each says "fail-slow <kind> <group>": the group is the culprit (`slowness.culprits`)."""
     by_project: dict[str | None, list[int]] = {}
     for index, row in enumerate(rows):
         if row.error is None and row.slowness is not None:
@@ -418,19 +426,33 @@ def mark_failslow(rows: Sequence[Row], alert_below: float = DEFAULTS.failslow_re
         slowness = [rows[i].slowness for i in indices]
         scores = relative_scores([s.own for s in slowness if s], max(s.cycle for s in slowness if s))
         named = [i for i, s, score in zip(indices, slowness, scores) if s and s.flagged and score < alert_below]
-        nodes: dict[str, list[int]] = {}
-        for i in indices:
-            node = rows[i].node
-            if node is not None:
-                nodes.setdefault(node, []).append(i)
-        for members in culprits(named, list(nodes.values())):
+        groups = _groups(rows, indices)
+        # Largest first; of groups with the same ranks, the node (a host's fault is the one an operator drains).
+        ordered = sorted(groups, key=lambda key: (-len(groups[key]), key[0] != "node", key))
+        names: dict[tuple[int, ...], tuple[str, str]] = {}
+        for key in ordered:
+            names.setdefault(tuple(sorted(groups[key])), key)
+        for members in culprits(named, [groups[key] for key in ordered]):
             for i in members:
                 s = rows[i].slowness
                 since = f" from step {s.onset:.0f}" if s and s.onset is not None else ""
                 size = f" (+{s.size:.0%})" if s and s.size is not None and len(members) == 1 else ""
-                where = f" node {rows[i].node}" if len(members) > 1 else ""
+                where = " {} {}".format(*names[members]) if len(members) > 1 else ""
                 said[i] = f"fail-slow{where}{since}{size}"
     return [replace(row, alerts=(*row.alerts, said[i])) if i in said else row for i, row in enumerate(rows)]
+
+
+def _groups(rows: Sequence[Row], indices: Sequence[int]) -> dict[tuple[str, str], list[int]]:
+    """(kind, group) -> the indices of its ranks: each rank's node and the groups its monitor published."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i in indices:
+        keys = set(rows[i].groups)
+        node = rows[i].node
+        if node is not None:
+            keys.add(("node", node))
+        for key in keys:
+            groups.setdefault(key, []).append(i)
+    return groups
 
 
 def _wait_share(row: Row) -> float:
