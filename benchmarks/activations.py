@@ -200,7 +200,7 @@ def _interleaved(variants: dict[str, tuple[Callable[[], None], str]], steps: int
                 began = time.perf_counter()
                 run()
                 times[name].append((time.perf_counter() - began) * 1e3)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in variants:
         rows.append(
             {

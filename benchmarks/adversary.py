@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import table
+from benchmarks.report import table
 
 # The modules that declare cases, each a `CASES: tuple[Case, ...]`, in the order their findings are numbered.
 MODULES = (
@@ -92,9 +92,10 @@ def render_adversary(rows: list[dict[str, Any]]) -> str:
         ],
     )
     return f"""### Adversary cases: signals, strategies, forks, floods, device readers
-`python -m benchmarks.adversary` (part of `make reliability`): each case plays one finding for real in a new
-scratch directory and reports what it saw; the integration tests run the same scenarios and assert the same
-verdicts (docs/reliability.md, "Round three", says what each became).
+`python -m benchmarks.adversary` (part of `make reliability`): each case plays one way a job could be harmed, for
+real, in a new scratch directory and reports what it saw; the integration tests run the same scenarios and assert
+the same verdicts (docs/reliability.md, "Signals the monitor does not own, strategies, forks, floods, device
+readers", says what each became).
 
 {shown}
 """

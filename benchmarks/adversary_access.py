@@ -270,7 +270,7 @@ def _event_file(path: Path, losses: list[float]) -> None:
         from tensorboardX.record_writer import masked_crc32c
 
     def record(event: Any) -> bytes:
-        data = event.SerializeToString()
+        data: bytes = event.SerializeToString()
         header = struct.pack("<Q", len(data))
         return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
 
@@ -301,7 +301,7 @@ def _triage_swapped(directory: str, fifo: str) -> int:
             swapped.append(str(path))
         return fd
 
-    triage.open_regular = open_then_swap  # type: ignore[assignment]
+    triage.open_regular = open_then_swap
     code = cli.main(["triage", directory])
     print(json.dumps({"swapped": swapped}), flush=True)
     return code

@@ -267,7 +267,7 @@ def _run_hung(scratch: Path) -> dict[str, Any]:
 
 def _hung_holds(facts: dict[str, Any]) -> bool:
     return (
-        facts["disabled"]
+        bool(facts["disabled"])
         and facts["timeouts"] == 3
         and facts["processes_left"] == 0
         and facts["started_after_off"] == 0

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,7 @@ def _child_fork(scratch: Path) -> None:
     monitor.close()
 
 
-_CHILDREN = {
+_CHILDREN: dict[str, Callable[..., None]] = {
     "preempt": _child_preempt,
     "on_request_exit": _child_on_request_exit,
     "two_monitors": _child_two_monitors,
@@ -472,7 +473,7 @@ def two_monitors_run(scratch: Path) -> dict[str, Any]:
 def two_monitors_holds(facts: dict[str, Any]) -> bool:
     if "error" in facts:
         return False
-    return facts["rc"] == -signal.SIGTERM and facts["signal_saved"] and facts["target_left"]
+    return facts["rc"] == -signal.SIGTERM and bool(facts["signal_saved"]) and bool(facts["target_left"])
 
 
 def two_monitors_shown(facts: dict[str, Any]) -> str:

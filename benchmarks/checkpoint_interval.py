@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.model_size import write_section
+from benchmarks.report import write_section
 from ms_exporter.core.checkpoint_interval import advised_interval, daly_interval, young_interval
 
 BEGIN, END = "<!-- checkpoint-interval:begin -->", "<!-- checkpoint-interval:end -->"

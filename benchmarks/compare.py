@@ -21,12 +21,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import machine
+from benchmarks.report import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 # One run of the checkout in argv[1]: the hot path (the default settings' row), the scrape latency (every case), and
 # the /metrics page rendered in process (prometheus_client's generate_latest over the endpoint's registry, found by
-# its class name, which both sides of issue #32's move share): a scrape mostly serves a cached page, so this is
+# its class name, which older checkouts share with this one): a scrape mostly serves a cached page, so this is
 # the render alone.
 _RUN = """
 import gc, json, sys, time

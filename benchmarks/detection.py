@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -34,15 +33,14 @@ from typing import Any
 
 import yaml
 
+from benchmarks.report import host
+from tests.support.alert_stack import ShippedStack as Stack
 from tests.support.servers import Servers
 from tests.support.victoriametrics import VMAGENT_CONFIG, VictoriaMetrics, routing_to
 from tests.support.waiting import free_port
 from tests.support.webhook import Webhook
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMETHEUS_CONFIG = ROOT / "deploy/prometheus/prometheus.yml"
-RULES = ROOT / "deploy/prometheus/rules/mindspore-training.rules.yml"
-ALERTMANAGER_CONFIG = ROOT / "deploy/alertmanager/alertmanager.yml"
 COMMAND = "make detection"
 HEALTHY = "healthy"
 WATCH_AFTER_END = 120  # seconds the healthy run is watched after it ended normally (RankDown, RankMissing)
@@ -107,38 +105,6 @@ class Job:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait(30)
-
-
-class Stack:
-    """Prometheus and Alertmanager from the shipped files, their ports and paths moved into `scratch` (and every
-    route's group_wait set to `group_wait` when given: tests that need not wait)."""
-
-    def __init__(self, scratch: Path, webhook: Webhook, group_wait: str | None = None) -> None:
-        self.scratch = scratch
-        self.targets = scratch / "targets"
-        self.targets.mkdir()
-        self.prometheus_port, self.alertmanager_port = free_port(), free_port()
-        config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-        config["rule_files"] = [str(RULES)]
-        config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{self.alertmanager_port}"]
-        config["scrape_configs"] = [job for job in config["scrape_configs"] if job["job_name"] == "mindspore"]
-        config["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(self.targets / "ms-exporter-*.json")]
-        self.intervals = dict(config["global"])
-        (scratch / "prometheus.yml").write_text(yaml.safe_dump(config))
-        routing = routing_to(webhook, group_wait)
-        (scratch / "alertmanager.yml").write_text(yaml.safe_dump(routing))
-        self.routes = {
-            route["matchers"][0]: route.get("group_wait", routing["route"]["group_wait"])
-            for route in routing["route"]["routes"]
-        }
-        self.servers = Servers(scratch)
-
-    def start(self) -> None:
-        self.servers.alertmanager(self.alertmanager_port, self.scratch / "alertmanager.yml")
-        self.servers.prometheus(self.prometheus_port, self.scratch / "prometheus.yml")
-
-    def stop(self) -> None:
-        self.servers.stop()
 
 
 class RemoteWrite:
@@ -323,8 +289,7 @@ def render(measured: dict[str, Any]) -> str:
         f"Produced by `{COMMAND}` on {today} in {measured['seconds']:.0f} s. Every figure below was measured in "
         "that run; rerun the command to refresh them.",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {platform.platform()}; "
-        f"Python {platform.python_version()}; {measured['versions']['prometheus']}; "
+        f"Machine: {host()}; {measured['versions']['prometheus']}; "
         f"{measured['versions']['alertmanager']}; {measured['versions'].get('victoria-metrics', 'victoria-metrics')}.",
         "",
         "A real Prometheus and a real Alertmanager run with the shipped files: deploy/prometheus/prometheus.yml "

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.model_size import write_section
+from benchmarks.report import write_section
 from ms_exporter.core.slowness import SETTLING_STEPS, SlownessDetector, culprits
 
 BEGIN, END = "<!-- failslow:begin -->", "<!-- failslow:end -->"
@@ -56,11 +56,13 @@ class Trace:
     @property
     def jitter(self) -> np.ndarray:
         """Own work's deviation from its median, as a share of the median cycle."""
-        return (self.own - np.median(self.own)) / np.median(self.cycle)
+        jitter: np.ndarray = (self.own - np.median(self.own)) / np.median(self.cycle)
+        return jitter
 
     @property
     def cycle_jitter(self) -> np.ndarray:
-        return self.cycle / np.median(self.cycle)
+        jitter: np.ndarray = self.cycle / np.median(self.cycle)
+        return jitter
 
 
 def record_trace(steps: int) -> Trace:
@@ -139,7 +141,7 @@ def simulate(
     if slowdown is not None:
         slow = slow_mask(slowdown, steps, rng)
         added = slowdown.size * float(np.median(cycle))
-        own[np.ix_(slow, list(slowdown.ranks))] += added
+        own[np.ix_(slow, np.asarray(slowdown.ranks))] += added
         cycle[slow] += added  # every rank waits for the slowed ones
     detectors = [SlownessDetector() for _ in range(ranks)]
     flags: list[tuple[int, int, int]] = []  # (rank, onset step, flagged at)
@@ -161,8 +163,8 @@ def judge(slowdown: Slowdown, flags: list[tuple[int, int, int]], slow: np.ndarra
     groups = [range(first, first + GROUP) for first in range(0, max(culprit) + GROUP, GROUP)]
     named = culprits(sorted({rank for rank, _, _ in first}), groups)
     expected = culprits(sorted(culprit), groups)
-    latencies = []
-    onset_errors = []
+    latencies: list[int | None] = []  # None: a burst never detected
+    onset_errors: list[int] = []
     starts = np.flatnonzero(slow & ~np.concatenate(([False], slow[:-1])))
     for start in starts:
         # A burst is detected by the flags raised from its start up to the next burst's start.

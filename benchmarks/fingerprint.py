@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import TARGETS, verdict
+
 
 def measure(fingerprints: int, steps: int, every_n_steps: int = 100) -> dict[str, Any]:
     from benchmarks.opt_in import trained
@@ -104,3 +106,30 @@ def local_norm_cost(rounds: int, block: int) -> dict[str, Any]:
         "skip_ms": medians["skip"],
         "steps": rounds * block,
     }
+
+
+def fingerprint_row(prints: dict[str, Any]) -> str:
+    """The fingerprint's line of the targets table."""
+    return (
+        f"| a replica fingerprint every 100 steps < 0.1% of step time (demo model, GRAPH) | "
+        f"{verdict(prints['share'] * 100, TARGETS['fingerprint_share'] * 100, '%')}: a CRC-32 of the "
+        f"{prints['parameters']:,} trained parameters ({prints['tensors']} tensors) in "
+        f"{prints['fingerprint_ms']:.2f} ms "
+        f"(median of {prints['n']}; p90 {prints['fingerprint_p90_ms']:.2f} ms) against {prints['every_n_steps']} "
+        f"steps of a median {prints['step_ms']:.1f} ms (docs/divergence.md) |"
+    )
+
+
+def check_row(prints: dict[str, Any]) -> str:
+    """The replica checks' line of the targets table."""
+    local = prints["local"]
+    return (
+        f"| replica checks every step < 1% of step time (demo model, GRAPH) | "
+        f"{verdict(prints['check_share'] * 100, TARGETS['check_share'] * 100, '%')}: the bit sums of "
+        f"{prints['check_values']:,} values ({prints['check_tensors']} tensors: weights and optimizer state) in "
+        f"{prints['check_ms']:.3f} ms (median of {prints['n']}; p90 {prints['check_p90_ms']:.3f} ms) against a "
+        f"median step of {prints['step_ms']:.1f} ms ({prints['check_sums_share'] * 100:.2f}%), plus the local "
+        f"gradient norm in the train cell: median step {local['local_ms']:.2f} ms against {local['plain_ms']:.2f} ms "
+        f"without ({prints['local_share'] * 100:+.2f}%, {local['steps']:,} steps each, in turn); skipping outliers "
+        f"too (off by default): {local['skip_ms']:.2f} ms ({prints['skip_share'] * 100:+.2f}%) (docs/sdc.md) |"
+    )

@@ -232,10 +232,10 @@ def main() -> None:
         _job(args.job, args.hold_seconds, scratch / "hold", scratch / "url", scratch / "save")
         return
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch_root:
         for repeat in range(args.repeats):
             for kind in ("holds", "releases"):
-                results.append(measure(kind, args.hold_seconds, Path(scratch, f"{kind}-{repeat}")))
+                results.append(measure(kind, args.hold_seconds, Path(scratch_root, f"{kind}-{repeat}")))
                 print(json.dumps(results[-1]), flush=True)
     command = "python -m benchmarks.gil_hold" + (f" --output {args.output}" if args.output else "")
     text = render(results, command)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import TARGETS, table, verdict
+
 
 def _restored(states: Any) -> None:
     """Restore the newest state and read a Parameter back: an assign may return before it is done."""
@@ -108,6 +110,49 @@ def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps
         "by_size": by_size,
         "n": captures,
     }
+
+
+def rollback_row(goods: dict[str, Any]) -> str:
+    """Rollback's line of the targets table."""
+    return (
+        f"| rollback: a good state every 100 steps < 2% of step time (demo model, GRAPH) | "
+        f"{verdict(goods['share'] * 100, TARGETS['rollback_share'] * 100, '%')}: keeping the state of "
+        f"{goods['parameters']:,} values ({goods['tensors']} Parameters, {goods['state_mib']:.1f} MiB: weights, "
+        f"Adam's moments and step) as device copies takes {goods['capture_ms']:.2f} ms (median of {goods['n']}), "
+        f"spread over {goods['every_n_steps']} steps of a median {goods['step_ms']:.1f} ms, plus "
+        f"{goods['identity_us']:.0f} µs a step for the batch's content hashes ({', '.join(goods['batch'])}) and "
+        f"{goods['health_us']:.1f} µs for the health score; a restore takes {goods['restore_ms']:.1f} ms "
+        f"(docs/rollback.md) |"
+    )
+
+
+def rollback_section(goods: dict[str, Any]) -> list[str]:
+    """Keeping and restoring a good state by its size."""
+    return [
+        "## Rollback: keeping and restoring a good state by its size",
+        "",
+        "A state of 16 float32 Parameters of the given total size (GRAPH mode), kept and restored by",
+        "`ms_exporter/actions/good_state.py` as device copies (memory: a copy of each Parameter on the device",
+        "where it lives, here the CPU) and on disk (the same copies, written by a background thread into one",
+        "uncompressed .npz under `save_dir/good-states`, to a temporary name then renamed); median of 5 keeps",
+        "and 3 restores. A keep is what the training thread spends (the device copies); the disk write is the",
+        "background thread's. In memory a keep reuses the memory of the state let go last, once there is one",
+        "(from the third keep on here). On an accelerator a device copy runs at the speed of its memory, queued",
+        "behind the step: these CPU figures do not carry over (docs/rollback.md says what a keep costs there).",
+        "",
+        table(
+            goods["by_size"],
+            [
+                ("mib", "state MiB", "d"),
+                ("memory_capture_ms", "memory: keep ms", ".1f"),
+                ("memory_restore_ms", "memory: restore ms", ".1f"),
+                ("disk_capture_ms", "disk: keep ms", ".1f"),
+                ("disk_write_ms", "disk: write ms (background)", ".1f"),
+                ("disk_restore_ms", "disk: restore ms", ".1f"),
+            ],
+        ),
+        "",
+    ]
 
 
 if __name__ == "__main__":

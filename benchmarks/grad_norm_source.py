@@ -1,4 +1,4 @@
-"""Where a plain Model's gradient norm could come from, and what each way costs (issue #34, item 4).
+"""Where a plain Model's gradient norm could come from, and what each way costs.
 
 python -m benchmarks.grad_norm_source [--steps 300]
 

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.report import table
 from benchmarks.stats import summary
 
 
@@ -34,7 +35,7 @@ def measure(samples: int) -> list[dict[str, Any]]:
     from tests.support.fake_nvml import FakeGpu, FakeNvml
 
     section = load_config({}).hardware
-    rows = []
+    rows: list[dict[str, Any]] = []
     reader = host.HostReader()
     sensors = "with" if reader.read()[0].temperature_celsius is not None else "without"
     # Readings come hardware.interval apart: one sooner than MIN_CPU_INTERVAL_SECONDS after the last waits that long
@@ -66,6 +67,50 @@ def measure(samples: int) -> list[dict[str, Any]]:
     for row in rows:
         row["share_at_default"] = row["median"] / 1e3 / section.interval  # of one core, at hardware.interval
     return rows
+
+
+def hardware_section(
+    readers: list[dict[str, Any]], steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]]
+) -> list[str]:
+    """The hardware monitor (docs/hardware.md): each reader's time per sample, and whole trainings with it off."""
+    rows = [
+        (title, row)
+        for title, _, _, table_rows in steps_tables
+        for row in table_rows
+        if "hardware" in row["case"] or row["case"] == "TrainingMonitor, defaults"
+    ]
+    lines = [
+        "## Hardware readers",
+        "",
+        "The hardware monitor is on by default and reads on threads of its own, never on the step path",
+        "(docs/hardware.md). Each reader's time per sample, on its thread, and that time as a share of one core at",
+        "the default `hardware.interval` (10 s). The host reader ran for real; NVML against the scripted binding",
+        "of tests/support/fake_nvml.py (no GPU here: the reader's own Python side, without the driver's time);",
+        "npu-smi is not timed here (its cost is the npu-smi process's on an Ascend host).",
+        "",
+        table(
+            readers,
+            [
+                ("case", "reader", ""),
+                ("median", "median ms", ".3f"),
+                ("p90", "p90 ms", ".3f"),
+                ("p99", "p99 ms", ".3f"),
+                ("n", "samples", "d"),
+                ("share_at_default", "share of a core at 10 s", ".2e"),
+            ],
+        ),
+        "",
+        "Whole trainings (the rounds of the step-time tables above) with the default monitor, with its hardware",
+        "monitor off, and with it reading every 0.5 s (20 times the default rate): the ratio to no callbacks.",
+        "The step-interleaved figures cannot see a thread that runs beside every step alike; these rounds can,",
+        "within the spread of the no-callbacks control.",
+        "",
+    ]
+    lines += [
+        f"- {title}: {row['case']}: {row['ratio']:.3f} ({row['ratio_low']:.3f} to {row['ratio_high']:.3f})"
+        for title, row in rows
+    ]
+    return [*lines, ""]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
-from benchmarks.run import table
+from benchmarks.report import table
 
 ROOT = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "prometheus", "scrape-me-please"
@@ -129,7 +129,7 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
                 attacker = _attacker(case, url)
                 time.sleep(2.0)  # connected and at its pace
                 attacker.send_signal(signal.SIGSTOP)  # the first block is unloaded
-                timer = block_timer(attacker, block_steps)  # type: ignore[arg-type]
+                timer = block_timer(attacker, block_steps)
                 model.train(
                     1,
                     synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from typing import Any
 
+from benchmarks.report import TARGETS, table, verdict
+
 _PROBE = """
 import json, sys, psutil
 from benchmarks.harness import SyntheticRun
@@ -57,3 +59,37 @@ def measure(steps: int, scratch: str) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def added_mb(rss: list[dict[str, Any]]) -> float:
+    """RSS the monitor adds: the end with it less the end without (rss rows: without, with)."""
+    return float(rss[1]["end_mb"] - rss[0]["end_mb"])
+
+
+def target_row(rss: list[dict[str, Any]]) -> str:
+    return f"| RSS added < 30 MB after 10,000 steps | {verdict(added_mb(rss), TARGETS['rss_mb'], 'MB')} |"
+
+
+def memory_section(rss: list[dict[str, Any]]) -> list[str]:
+    """The process's resident set with and without the monitor."""
+    rss_added = added_mb(rss)
+    return [
+        "## Memory",
+        "",
+        "Resident set size of a fresh process running synthetic steps (prometheus + local backends, grad norm",
+        "every 10 steps from 7-tuple outputs), and of the same loop without the monitor:",
+        "",
+        table(
+            rss,
+            [
+                ("case", "case", ""),
+                ("start_mb", "start MB", ".1f"),
+                ("after_1000_mb", "after 1,000 steps MB", ".1f"),
+                ("end_mb", "end MB", ".1f"),
+                ("steps", "steps", "d"),
+            ],
+        ),
+        "",
+        f"RSS added by the monitor: {rss_added:.1f} MB (end with monitor − end without).",
+        "",
+    ]

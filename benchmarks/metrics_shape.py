@@ -39,16 +39,8 @@ def _checkout_only() -> None:
     sys.meta_path[:] = [finder for finder in sys.meta_path if "editable" not in repr(finder).lower()]
 
 
-def _demo() -> Any:
-    try:
-        from ms_exporter.tools import demo  # before issue #32
-    except ImportError:
-        from ms_exporter import demo  # type: ignore[no-redef]  # after it
-    return demo
-
-
 def _sample_memory(monitor: Any) -> None:
-    sampler = getattr(monitor, "_sampler", None)  # before issue #32
+    sampler = getattr(monitor, "_sampler", None)  # a checkout before the parts were one list
     if sampler is None:
         from ms_exporter.features.sampler import MemorySampler
 
@@ -57,7 +49,7 @@ def _sample_memory(monitor: Any) -> None:
 
 
 def _sample_hardware(monitor: Any) -> None:
-    """One round of the hardware readers, waited for (after issue #33; before it there is none)."""
+    """One round of the hardware readers, waited for (a checkout without hardware readers has none)."""
     try:
         from ms_exporter.features.hardware.monitor import HardwareMonitor
     except ImportError:
@@ -92,9 +84,8 @@ def page() -> str:
     _checkout_only()
     import mindspore as ms
 
-    from ms_exporter import TrainingMonitor
+    from ms_exporter import TrainingMonitor, demo  # demo.py has been ms_exporter's own since the first commit
 
-    demo = _demo()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     with tempfile.TemporaryDirectory() as save_dir:
@@ -114,8 +105,10 @@ def page() -> str:
             _sample_memory(monitor)  # what the sampler thread does every few seconds, once, now: no timing
             _sample_hardware(monitor)
             monitor.publish()
-            with urllib.request.urlopen(monitor.url, timeout=10) as answer:
-                page = answer.read().decode("utf-8")
+            url = monitor.url
+            assert url is not None, "DEMO_CONFIG's backend serves /metrics: the monitor has its URL"
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                page: str = answer.read().decode("utf-8")
         finally:
             monitor.close()
     return page

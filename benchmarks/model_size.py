@@ -16,7 +16,6 @@ import argparse
 import collections
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.report import machine, write_section
 
 BLOCKS = 6
 BATCH = 8
@@ -85,7 +86,8 @@ class _Counter:
         self.calls: collections.Counter[str] = collections.Counter()
         self.current = threading.local()
         self.lock = threading.Lock()
-        self.peak_growth: collections.Counter[str] = collections.Counter()  # MB of peak RSS first reached in a hook
+        self.peak_growth: collections.defaultdict[str, float] = collections.defaultdict(float)  # MB of peak RSS
+        # first reached in a hook, by part
         self.by_step: collections.Counter[tuple[str, int]] = collections.Counter()  # (part, step) -> bytes
         self.step = 0  # the step whose end the training thread is in (publication runs inside it)
 
@@ -200,7 +202,9 @@ def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = F
 
         def train_begin(run_context: Any) -> None:
             original_begin(run_context)
-            _timed(list(monitor._core.parts), counter, part_times)
+            core = monitor._core
+            assert core is not None, "the monitor is enabled: its configuration turns every part on"
+            _timed(list(core.parts), counter, part_times)
 
         monitor.on_train_begin = train_begin  # type: ignore[method-assign]
     try:
@@ -392,17 +396,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
-def write_section(section: str, path: Path, begin: str = BEGIN, end: str = END, heading: str = "") -> None:
-    """`section` (its own begin and end markers included) in place of the one between those markers in `path`, or
-    appended under `heading` where there is none yet: a page other benchmarks rewrite keeps this part."""
-    text = path.read_text()
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + (f"{heading}\n\n" if heading else "") + section + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default=",".join(WIDTHS))
@@ -421,13 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     sizes = args.sizes.split(",")
     rows = measure(sizes, args.steps)
-    from benchmarks.run import machine
 
     every_size = args.sizes == ",".join(WIDTHS)
     command = "make bench-model-size" if every_size else f"python -m benchmarks.model_size --sizes {args.sizes}"
     section = render(rows, command, time.monotonic() - started, machine())
     output = Path(args.output)
-    write_section(section, output, heading="## Cost against model size")
+    write_section(section, output, BEGIN, END, heading="## Cost against model size")
     plot(rows, output.parent / "model-size.svg")
     (output.parent / "model-size.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(section)

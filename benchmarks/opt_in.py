@@ -1,4 +1,4 @@
-"""What each opt-in, sampled feature costs per sample (issue #35): the update ratio's copy and norms, the
+"""What each opt-in, sampled feature costs per sample: the update ratio's copy and norms, the
 TensorBoard histograms' reduction on the device (training thread) and their records (writer thread), and the
 data-quality probe on one batch, on the demo model and the larger one, against that model's own step time at the
 feature's default sampling interval.
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.report import table
 
 Row = dict[str, Any]
 
@@ -159,8 +161,39 @@ def _data_quality(samples: int, step_ms: float, name: str) -> Row:
     return _row("data quality of a 16 x 32 batch", "training thread", times, step_ms, config.every_n_steps, name)
 
 
+def opt_in_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The sampled, opt-in features (docs/update-ratio.md): what one sample costs, and where."""
+    if not rows:
+        return []
+    return [
+        "",
+        "## Opt-in features, per sample",
+        "",
+        "Off by default, so the default cost above does not include them. One sample of each, called as the callback",
+        "calls it, on the trained GRAPH-mode model (benchmarks/opt_in.py); the share is the sample's time over the",
+        "model's own steps at the feature's default interval (`update_ratio.every_n_steps` 100,",
+        "`tensorboard.collect_freq` 10, `data_quality.every_n_steps` 1). Only the training thread's part adds to a",
+        "step; the writer thread's part takes a core beside it. Activation statistics switch compiled graphs around",
+        "their measured steps, so a call cannot be timed alone: `python -m benchmarks.activations` times whole",
+        "trainings with them ([activations.md](activations.md#what-it-costs)).",
+        "",
+        table(
+            rows,
+            [
+                ("case", "model: feature", ""),
+                ("where", "where", ""),
+                ("median", "median ms", ".2f"),
+                ("p90", "p90 ms", ".2f"),
+                ("n", "samples", "d"),
+                ("step_ms", "step ms", ".1f"),
+                ("every", "every n steps", "d"),
+                ("share", "share of those steps", ".2e"),
+            ],
+        ),
+    ]
+
+
 if __name__ == "__main__":
     # The section make bench writes into docs/benchmarks.md, on its own (about 3 minutes).
-    from benchmarks.run import _opt_in_section
 
-    print("\n".join(_opt_in_section(measure())))
+    print("\n".join(opt_in_section(measure())))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks import fingerprint, good_state, opt_in
-from benchmarks.run import _check_row, _fingerprint_row, _opt_in_section, _rollback_row, _rollback_section
+from benchmarks.report import replace_row, replace_section
 
 NOTE = "Refreshed by `make bench-reductions`"
 
@@ -28,28 +28,6 @@ def _commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
-
-
-def replace_row(lines: list[str], prefix: str, row: str, after: str | None = None) -> None:
-    """The table row that starts with `prefix`, replaced; where there is none, added below the row that starts with
-    `after`."""
-    index = next((i for i, line in enumerate(lines) if line.startswith(prefix)), None)
-    if index is None and after is not None:
-        lines.insert(next(i for i, line in enumerate(lines) if line.startswith(after)) + 1, row)
-        return
-    if index is None:
-        raise ValueError(f"no row starts with {prefix!r}")
-    lines[index] = row
-
-
-def replace_section(lines: list[str], heading: str, section: list[str]) -> None:
-    """From `heading` up to the next heading of its level, replaced by `section` (which starts with the heading)."""
-    start = lines.index(heading)
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    body = section[section.index(heading) :]
-    while body and not body[-1]:
-        body = body[:-1]
-    lines[start:end] = [*body, ""]
 
 
 def note_in_opening(lines: list[str], note: str) -> None:
@@ -74,11 +52,15 @@ def refresh(path: Path, quick: bool = False) -> str:
         print("opt-in features per sample ...", flush=True)
         opt_ins = opt_in.measure(5 if quick else 100, 20 if quick else 60, ((2, 64),) if quick else ((2, 64), (6, 256)))
     lines = path.read_text().splitlines()
-    replace_row(lines, "| a replica fingerprint every 100 steps", _fingerprint_row(prints))
-    replace_row(lines, "| replica checks every step", _check_row(prints), after="| a replica fingerprint every")
-    replace_row(lines, "| rollback: a good state every 100 steps", _rollback_row(goods))
-    replace_section(lines, "## Rollback: keeping and restoring a good state by its size", _rollback_section(goods))
-    replace_section(lines, "## Opt-in features, per sample", _opt_in_section(opt_ins))
+    replace_row(lines, "| a replica fingerprint every 100 steps", fingerprint.fingerprint_row(prints))
+    replace_row(
+        lines, "| replica checks every step", fingerprint.check_row(prints), after="| a replica fingerprint every"
+    )
+    replace_row(lines, "| rollback: a good state every 100 steps", good_state.rollback_row(goods))
+    replace_section(
+        lines, "## Rollback: keeping and restoring a good state by its size", good_state.rollback_section(goods)
+    )
+    replace_section(lines, "## Opt-in features, per sample", opt_in.opt_in_section(opt_ins))
     note_in_opening(
         lines,
         f"{NOTE}{' --quick (a smoke run)' if quick else ''} on {datetime.date.today().isoformat()} at commit "

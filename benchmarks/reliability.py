@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
-from benchmarks.run import machine, table
+from benchmarks.report import machine, table
 from ms_exporter.config import WebConfig
 from tests.support.waiting import free_port
 
@@ -51,7 +51,8 @@ def stop_load(loader: subprocess.Popen[str]) -> dict[str, Any]:
     loader.send_signal(signal.SIGINT)  # wrk stops, then runs done() with what it saw
     out, _ = loader.communicate(timeout=30)
     line = next(line for line in reversed(out.splitlines()) if line.startswith("{"))
-    return json.loads(line)
+    result: dict[str, Any] = json.loads(line)
+    return result
 
 
 class StaticCopy:
@@ -239,7 +240,7 @@ def soak(steps: int, every: int) -> dict[str, Any]:
         )
         if done.returncode != 0:
             raise RuntimeError(f"soak failed: {done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         result["jsonl_bytes"] = sum(p.stat().st_size for p in Path(scratch).glob("*.jsonl*"))
     return result
 

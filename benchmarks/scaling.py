@@ -22,8 +22,6 @@ import datetime
 import gzip
 import http.server
 import json
-import os
-import platform
 import re
 import shutil
 import subprocess
@@ -40,11 +38,14 @@ from typing import Any
 
 import yaml
 
+from benchmarks.report import machine, table
 from ms_exporter.config import LayerNormConfig
-from tests.support.waiting import free_port
+from tests.support.servers import PROMETHEUS, PrometheusServer
+from tests.support.waiting import wait_until
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+# What a query may raise while Prometheus has not scraped or evaluated yet: asked again.
+NOT_YET = (OSError, ValueError, KeyError, IndexError)
 # What Prometheus 2.42 sends by default: it prefers OpenMetrics, and asks for gzip.
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -71,7 +72,7 @@ RULE_SOURCE = "https://www.robustperception.io/how-much-ram-does-prometheus-2-x-
 # Layers of the demo model (per encoder layer: self_attn, self_attn.out_proj, dense1, dense2, norm1, norm2; plus
 # position, embed, head). These regexes watch 3 per encoder layer and the 3 outer ones: with 4 encoder layers that
 # is 15 = max_series - top_k, and top_k adds the 5 largest of the other 12, so the cap of 20 is reached.
-UPPER_BOUND = {
+UPPER_BOUND: dict[str, Any] = {
     "weight_norm": True,
     "grad_norm": {
         "layers": [r"encoder\.layers\.\d+\.(self_attn|dense1|dense2)$", "head$", "embed$", "position$"],
@@ -290,75 +291,6 @@ def _figures(
 # -- a real Prometheus ------------------------------------------------------------------------------------------------
 
 
-def _wait(condition: Any, seconds: float, what: str, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
-            result = condition()
-            if result:
-                return result
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {seconds:.0f} s waiting for {what}")
-
-
-class PrometheusServer:
-    """/usr/bin/prometheus on a scratch directory and a free port."""
-
-    def __init__(self, config: dict[str, Any], scratch: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        path = Path(scratch) / "prometheus.yml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.process = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={path}",
-                f"--storage.tsdb.path={scratch}/tsdb",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait(lambda: urllib.request.urlopen(f"{self.base}/-/ready", timeout=2).status == 200, 60, "Prometheus ready")
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return list(json.loads(response.read())["data"]["result"])
-
-    def scalar(self, expr: str) -> float:
-        result = self.query(expr)
-        if len(result) != 1:
-            raise ValueError(f"{expr}: {len(result)} results")
-        return float(result[0]["value"][1])
-
-    def own(self, name: str) -> float:
-        """A metric of Prometheus itself, read from its /metrics (it does not scrape itself here)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return float(sample.value)
-        raise KeyError(name)
-
-    def rss(self) -> float:
-        import psutil
-
-        return float(psutil.Process(self.process.pid).memory_info().rss)
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-
-
 def prometheus_version() -> str:
     try:
         out = subprocess.run([PROMETHEUS, "--version"], capture_output=True, text=True, timeout=30, check=False)
@@ -380,7 +312,9 @@ def prometheus_check(url: str, seconds: float) -> dict[str, Any]:
         server = PrometheusServer(config, scratch)
         try:
             # Prometheus starts scraping a few seconds after it is ready (target updates are batched).
-            _wait(lambda: server.query('up{job="mindspore"} == 1'), 60, "Prometheus scraping the rank")
+            wait_until(
+                lambda: server.query('up{job="mindspore"} == 1'), 60, "Prometheus scraping the rank", 0.5, NOT_YET
+            )
             time.sleep(seconds)
             window = f"[{int(seconds) + 60}s]"
             seen = {
@@ -478,11 +412,12 @@ def prometheus_load(
             )
             try:
                 began = time.monotonic()
-                _wait(
+                wait_until(
                     lambda: server.scalar('count(up{job="mindspore"} == 1)') == ranks,
                     interval * 4 + 60,
                     "every replayed rank scraped once",
                     every=1.0,
+                    tolerate=NOT_YET,
                 )
                 deadline = began + interval * (scrapes + 0.5)
                 time.sleep(max(0.0, deadline - time.monotonic()))
@@ -636,7 +571,13 @@ def _rate(before: tuple[float, int, int], after: tuple[float, int, int]) -> tupl
 
 def _all_scraped(scalar: Any, replay: JobReplay, interval: float, what: str) -> None:
     """Wait until `scalar` (a store's instant query) counts every replayed rank up."""
-    _wait(lambda: scalar('count(up{job="mindspore"} == 1)') == replay.ranks, interval * 4 + 120, what, every=2.0)
+    wait_until(
+        lambda: scalar('count(up{job="mindspore"} == 1)') == replay.ranks,
+        interval * 4 + 120,
+        what,
+        every=2.0,
+        tolerate=NOT_YET,
+    )
 
 
 def _over_scrapes(replay: JobReplay, interval: float, scrapes: int, metrics_url: str, counter: str) -> dict[str, float]:
@@ -798,7 +739,9 @@ def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str,
             groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
             evaluation = max(float(group["interval"].removesuffix("s")) for group in groups)
             every = max(interval, evaluation) + 1.0
-            _wait(settled, every * 6 + 120, "the shared store's series to stop growing", every=every)
+            wait_until(
+                settled, every * 6 + 120, "the shared store's series to stop growing", every=every, tolerate=NOT_YET
+            )
 
             rss = {p.name(): float(p.memory_info().rss) for p in psutil.Process().children()}
 
@@ -947,20 +890,7 @@ def _bytes_rate(value: float) -> str:
 def machine_line() -> str:
     from importlib.metadata import version
 
-    import mindspore
-    import psutil
-
-    return (
-        f"{platform.platform()}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM; "
-        f"Python {platform.python_version()}; MindSpore {mindspore.__version__}; "
-        f"prometheus-client {version('prometheus-client')}; Prometheus {prometheus_version()}"
-    )
-
-
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
-    lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(str(row[key]) for key, _ in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    return f"{machine()}; prometheus-client {version('prometheus-client')}; Prometheus {prometheus_version()}"
 
 
 def per_rank_table(figures: list[RankFigures]) -> str:
@@ -981,7 +911,7 @@ def per_rank_table(figures: list[RankFigures]) -> str:
         }
         for f in figures
     ]
-    return _table(
+    return table(
         rows,
         [
             ("case", "configuration"),
@@ -1016,7 +946,7 @@ def family_table(default: RankFigures, upper: RankFigures) -> str:
                 "upper": upper.per_family.get(name, ("", 0))[1],
             }
         )
-    return _table(rows, [("name", "family"), ("type", "type"), ("default", default.case), ("upper", upper.case)])
+    return table(rows, [("name", "family"), ("type", "type"), ("default", default.case), ("upper", upper.case)])
 
 
 def render(
@@ -1119,7 +1049,7 @@ def render(
                 }
             )
         out += [
-            _table(
+            table(
                 rows,
                 [
                     ("case", "configuration"),
@@ -1176,7 +1106,7 @@ def render(
         ("extrapolated", "head memory, extrapolated"),
     ]
     for f in figures[:2]:
-        out += [f"**{f.case}** ({f.encoder_layers} encoder layers):", "", _table(scale_rows(f, load), columns), ""]
+        out += [f"**{f.case}** ({f.encoder_layers} encoder layers):", "", table(scale_rows(f, load), columns), ""]
 
     if load:
         out += ["### A real Prometheus with replayed ranks", ""]
@@ -1214,7 +1144,7 @@ def render(
                 }
             )
         out += [
-            _table(
+            table(
                 rows,
                 [
                     ("relabel", "metric relabeling"),
@@ -1346,7 +1276,7 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
         "",
         "Series per family on a non-detail rank (histograms among them are `_sum` and `_count` only):",
         "",
-        _table(
+        table(
             [
                 {"name": f"`{name}`", "type": kind, "series": count}
                 for name, (kind, count) in sorted(lean.per_family.items(), key=lambda item: (-item[1][1], item[0]))
@@ -1358,7 +1288,7 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
         f"Where each alert of `{RULES_FILE.relative_to(RULES_FILE.parents[3])}` can fire under `large_job`, "
         "from the families it reads (through the recording rules it reads) and the two pages above:",
         "",
-        _table(alert_rows(lean, detail), [("alert", "alert"), ("where", "fires from")]),
+        table(alert_rows(lean, detail), [("alert", "alert"), ("where", "fires from")]),
         "",
     ]
     if jobs:
@@ -1377,7 +1307,7 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
             "per job are the shared store's. The goal is "
             f"under {SERIES_GOAL:,} series per 10,000 ranks (Grafana Mimir's default per-tenant limit).",
             "",
-            _table(
+            table(
                 job_rows(jobs, detail, lean),
                 [
                     ("store", "scraper and store"),

@@ -9,11 +9,12 @@ import urllib.request
 from typing import Any
 
 from benchmarks.harness import SyntheticRun
+from benchmarks.report import TARGETS, table, verdict
 from benchmarks.stats import summary
 
 # The endpoint's request budget (web.max_requests_per_second, 20 by default) is off here: these figures are
 # what a request costs once it is served, and 100 scrapes a second would otherwise be served at 20.
-UNLIMITED = {"web": {"max_requests_per_second": 0}}
+UNLIMITED: dict[str, Any] = {"web": {"max_requests_per_second": 0}}
 # A separate process scrapes at a fixed rate for a bounded time, like Prometheus would.
 _SCRAPER = """
 import sys, time, urllib.request
@@ -34,7 +35,7 @@ def latency(scrapes: int) -> list[dict[str, Any]]:
     from ms_exporter import TrainingMonitor
 
     rows = []
-    cases = [
+    cases: list[tuple[str, str, dict[str, Any]]] = [
         ("defaults, 1 rank", "scalar", {}),
         (
             "20 layer series (15 watched + top 5)",
@@ -46,18 +47,20 @@ def latency(scrapes: int) -> list[dict[str, Any]]:
         run = SyntheticRun(outputs)
         monitor = TrainingMonitor(port=0, **options, **UNLIMITED)
         try:
+            url = monitor.url
+            assert url is not None, "the default backend, prometheus, serves /metrics: the monitor has its URL"
             run.begin(monitor)
             for _ in range(200):
                 run.step(monitor)
             times, size = [], 0
             for _ in range(scrapes):
                 began = time.perf_counter()
-                with urllib.request.urlopen(monitor.url, timeout=5) as response:
+                with urllib.request.urlopen(url, timeout=5) as response:
                     size = len(response.read())
                 times.append(time.perf_counter() - began)
             layer_series = sum(
                 1
-                for line in urllib.request.urlopen(monitor.url).read().decode().splitlines()
+                for line in urllib.request.urlopen(url).read().decode().splitlines()
                 if line.startswith("mindspore_train_layer_grad_norm{")
             )
         finally:
@@ -125,3 +128,47 @@ def during_training(rates: list[float], rounds: int, steps: int) -> list[dict[st
             }
         )
     return rows
+
+
+def target_row(latency: list[dict[str, Any]]) -> str:
+    """The scrape's line of the targets table: the worst p99 of the cases."""
+    scrape_p99 = max(row["p99"] for row in latency)
+    return f"| /metrics p99 < 5 ms | {verdict(scrape_p99, TARGETS['scrape_p99_ms'], 'ms')} (worst case below) |"
+
+
+def scrape_section(latency: list[dict[str, Any]], scraped: list[dict[str, Any]]) -> list[str]:
+    """What a scrape costs, and a training's step time while it is scraped."""
+    return [
+        "## Scrape cost",
+        "",
+        "Sequential GETs of `/metrics` over loopback after 200 synthetic steps, with the endpoint's request budget",
+        "(`web.max_requests_per_second`) off: what a request costs once it is served:",
+        "",
+        table(
+            latency,
+            [
+                ("case", "case", ""),
+                ("median", "median ms", ".2f"),
+                ("p90", "p90 ms", ".2f"),
+                ("p99", "p99 ms", ".2f"),
+                ("bytes", "bytes", "d"),
+                ("layer_series", "layer series", "d"),
+            ],
+        ),
+        "",
+        "Training step time (demo model, GRAPH, default monitor with the request budget off, so that 100",
+        "scrapes a second are served at 100; with the default budget of 20 a second the endpoint serves at most",
+        "that, see docs/reliability.md) while another process scrapes the endpoint:",
+        "",
+        table(
+            scraped,
+            [
+                ("case", "case", ""),
+                ("median", "median ms/step", ".2f"),
+                ("p90", "p90 ms", ".2f"),
+                ("n", "steps", "d"),
+                ("ratio", "median / not scraped", ".3f"),
+            ],
+        ),
+        "",
+    ]

@@ -12,9 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,21 +21,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.model_size import write_section
+from benchmarks.report import write_section
+from tests.support.distributed import msrun_command, msrun_environment
+from tests.support.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = 3
 BEGIN, END = "<!-- sdc-msrun:begin -->", "<!-- sdc-msrun:end -->"
 DURATION = "mindspore_train_step_duration_seconds"
-
-
-def _port(count: int) -> int:
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count < 65000:
-            return base
 
 
 def _read(port: int) -> tuple[float, float, float]:
@@ -59,31 +49,11 @@ def _read(port: int) -> tuple[float, float, float]:
 
 def one_run(checks: bool, epochs: int, skip: int, scratch: Path) -> float:
     """The ranks' mean step time (ms) past `skip` steps, with the replica checks on or off."""
-    base, master = _port(WORKERS), _port(1)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "GLOG_v": "3",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "MS_EXPORTER_DIVERGENCE": json.dumps({"check_every_step": checks}),
-    }
+    base, master = free_port(WORKERS), free_port()
+    env = msrun_environment(MS_EXPORTER_DIVERGENCE=json.dumps({"check_every_step": checks}))
     log_dir = scratch / f"log-{checks}-{time.monotonic_ns()}"
     job = subprocess.Popen(
-        [
-            shutil.which("msrun", path=env["PATH"]) or "msrun",
-            f"--worker_num={WORKERS}",
-            f"--local_worker_num={WORKERS}",
-            f"--master_port={master}",
-            f"--log_dir={log_dir}",
-            "--join=True",
-            str(ROOT / "examples" / "distributed_train.py"),
-            "--port",
-            str(base),
-            "--epochs",
-            str(epochs),
-            "--linger",
-            "15",
-        ],
+        msrun_command(env, WORKERS, master, log_dir, "--port", str(base), "--epochs", str(epochs), "--linger", "15"),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import table
+from benchmarks.report import table
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("garbage", "fifo", "symlink", "huge")

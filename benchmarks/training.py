@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import table
 from benchmarks.stats import summary
 
 BATCH = 16
@@ -132,7 +133,7 @@ def cases(selection: str) -> list[Case]:
 
 
 @contextlib.contextmanager
-def _stdout_to(path: str) -> Iterator[None]:
+def stdout_to(path: str) -> Iterator[None]:
     """LossMonitor prints every step: send it to a file, as a training log would be."""
     saved = os.dup(1)
     with open(path, "a") as log:
@@ -175,7 +176,7 @@ def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, selec
             )
         runs.append((case, models[case.instance], case.callbacks(scratch), StepTimer()))
     log = os.path.join(scratch, "train.log")
-    with _stdout_to(log):
+    with stdout_to(log):
         for _, model, callbacks, timer in runs:  # compile and warm up every model before timing any
             model.train(
                 1,
@@ -219,3 +220,34 @@ def measure(mode: str, layers: int, d_model: int, rounds: int, steps: int, selec
             }
         )
     return rows
+
+
+STEP_COLUMNS = [
+    ("case", "configuration", ""),
+    ("median", "median ms/step", ".2f"),
+    ("p90", "p90 ms", ".2f"),
+    ("n", "steps", "d"),
+    ("ratio", "ratio to no callbacks (median of rounds)", ".3f"),
+    ("ratio_low", "lowest round", ".3f"),
+    ("ratio_high", "highest round", ".3f"),
+]
+
+
+def ratio(rows: list[dict[str, Any]], prefix: str) -> float:
+    """The median round ratio of the configuration whose name starts with `prefix`."""
+    return float(next(r["ratio"] for r in rows if r["case"].startswith(prefix)))
+
+
+def step_time_sections(steps_tables: list[tuple[str, int, int, list[dict[str, Any]]]]) -> list[str]:
+    """A section per measured model and mode: each configuration's step time in rounds."""
+    out: list[str] = []
+    for title, rounds, steps, rows in steps_tables:
+        out += [
+            f"## Training step time: {title}",
+            "",
+            f"{rounds} rounds × {steps} steps per configuration.",
+            "",
+            table(rows, STEP_COLUMNS),
+            "",
+        ]
+    return out

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.model_size import write_section
+from benchmarks.report import write_section
 from ms_exporter.config import UpdateRatioConfig
 from ms_exporter.probes.grad_norm import LayerIndex
 from ms_exporter.probes.update_ratio import Sketch

@@ -21,7 +21,6 @@ import yaml
 from mindspore import nn
 from mindspore.train import Callback, Model
 
-from benchmarks.scaling import PrometheusServer
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import PushgatewayConfig, load_config
 from ms_exporter.core import catalogue
@@ -31,7 +30,7 @@ from ms_exporter.demo import build_network, synthetic_dataset
 from ms_exporter.generate.rules import LIVE, RULES_FILE
 from ms_exporter.sinks.pushgateway import PushgatewaySink
 from tests.support.scrape import Scrape, scrape
-from tests.support.servers import Servers
+from tests.support.servers import PrometheusServer, Servers
 from tests.support.waiting import free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -355,7 +354,7 @@ import sys
 import mindspore as ms
 from mindspore import nn
 from mindspore.train import Model
-from benchmarks.scaling import PrometheusServer
+from tests.support.servers import PrometheusServer
 from ms_exporter import TrainingMonitor
 from ms_exporter.demo import build_network, synthetic_dataset
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks.detection import Stack as PrometheusStack
+from tests.support.alert_stack import ShippedStack as PrometheusStack
 from tests.support.servers import Servers, query
 from tests.support.victoriametrics import VictoriaMetrics, routing_to
 from tests.support.waiting import free_port, wait_until

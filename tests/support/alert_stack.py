@@ -11,7 +11,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import yaml
 from ms_exporter.core.thresholds import Thresholds
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from tests.support.servers import Servers, query
+from tests.support.victoriametrics import routing_to
 from tests.support.waiting import free_port
 from tests.support.webhook import Webhook
 
@@ -49,12 +49,8 @@ class Stack:
         self.servers = Servers(tmp)
         (tmp / "rules.yml").write_text(render_yaml(render_rules(THRESHOLDS, TIMING, job_regex="mindspore")))
         # The committed routing, with its placeholder webhooks pointed at the test receiver and waits shortened.
-        routing = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+        routing = routing_to(webhook)
         routing["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
-        for receiver in routing["receivers"]:
-            for hook in receiver.get("webhook_configs", []):
-                path = urllib.parse.urlparse(hook["url"]).path
-                hook["url"] = f"http://127.0.0.1:{webhook.port}{path}"
         (tmp / "alertmanager.yml").write_text(yaml.safe_dump(routing))
         (tmp / "prometheus.yml").write_text(
             yaml.safe_dump(
@@ -102,6 +98,39 @@ class Stack:
         assert job.stdout is not None
         assert job.stdout.readline().startswith(f"metrics: http://127.0.0.1:{port}/")
         return job
+
+    def stop(self) -> None:
+        self.servers.stop()
+
+
+class ShippedStack:
+    """Prometheus and Alertmanager from the shipped files (`make detection`, the remote-write tests), their ports
+    and paths moved into `scratch` (and every route's group_wait set to `group_wait` when given: tests that need not
+    wait)."""
+
+    def __init__(self, scratch: Path, webhook: Webhook, group_wait: str | None = None) -> None:
+        self.scratch = scratch
+        self.targets = scratch / "targets"
+        self.targets.mkdir()
+        self.prometheus_port, self.alertmanager_port = free_port(), free_port()
+        config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+        config["rule_files"] = [str(ROOT / "deploy/prometheus/rules/mindspore-training.rules.yml")]
+        config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{self.alertmanager_port}"]
+        config["scrape_configs"] = [job for job in config["scrape_configs"] if job["job_name"] == "mindspore"]
+        config["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(self.targets / "ms-exporter-*.json")]
+        self.intervals = dict(config["global"])
+        (scratch / "prometheus.yml").write_text(yaml.safe_dump(config))
+        routing = routing_to(webhook, group_wait)
+        (scratch / "alertmanager.yml").write_text(yaml.safe_dump(routing))
+        self.routes = {
+            route["matchers"][0]: route.get("group_wait", routing["route"]["group_wait"])
+            for route in routing["route"]["routes"]
+        }
+        self.servers = Servers(scratch)
+
+    def start(self) -> None:
+        self.servers.alertmanager(self.alertmanager_port, self.scratch / "alertmanager.yml")
+        self.servers.prometheus(self.prometheus_port, self.scratch / "prometheus.yml")
 
     def stop(self) -> None:
         self.servers.stop()

@@ -41,7 +41,34 @@ class DistributedJob:
     def alerts(self) -> list[dict[str, Any]]:
         url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"
         with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())["data"]["alerts"]
+            alerts: list[dict[str, Any]] = json.loads(response.read())["data"]["alerts"]
+            return alerts
+
+
+def msrun_environment(**extra: str) -> dict[str, str]:
+    """This process's environment for msrun's workers: the checkout importable, MindSpore's log quiet, and this
+    interpreter's folder first on PATH so that the workers' `python` is this venv's."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "GLOG_v": "3",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **extra,
+    }
+
+
+def msrun_command(env: dict[str, str], workers: int, master_port: int, log_dir: Path, *arguments: str) -> list[str]:
+    """msrun starting `workers` local CPU workers of examples/distributed_train.py with `arguments`."""
+    return [
+        shutil.which("msrun", path=env["PATH"]) or "msrun",
+        f"--worker_num={workers}",
+        f"--local_worker_num={workers}",
+        f"--master_port={master_port}",
+        f"--log_dir={log_dir}",
+        "--join=True",
+        str(ROOT / "examples" / "distributed_train.py"),
+        *arguments,
+    ]
 
 
 @contextlib.contextmanager
@@ -66,23 +93,15 @@ def distributed_job(
             }
         )
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "GLOG_v": "3",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    env = msrun_environment()
     servers = Servers(tmp_path)
     servers.prometheus(prometheus_port, tmp_path / "prometheus.yml")
     job = subprocess.Popen(
-        [
-            shutil.which("msrun", path=env["PATH"]) or "msrun",
-            f"--worker_num={workers}",
-            f"--local_worker_num={workers}",
-            f"--master_port={master_port}",
-            f"--log_dir={tmp_path / 'log'}",
-            "--join=True",
-            str(ROOT / "examples" / "distributed_train.py"),
+        msrun_command(
+            env,
+            workers,
+            master_port,
+            tmp_path / "log",
             "--port",
             str(base_port),
             "--file-sd-dir",
@@ -92,7 +111,7 @@ def distributed_job(
             "--linger",
             "300",
             *arguments,
-        ],
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

@@ -11,7 +11,11 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from tests.support.waiting import wait_until
+import yaml
+
+from tests.support.waiting import free_port, wait_until
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
 class Servers:
@@ -89,3 +93,64 @@ def query(prometheus_port: int, expr: str) -> list[dict[str, Any]]:
     assert body["status"] == "success", body
     result = body["data"]["result"]
     return result if isinstance(result, list) else [result]
+
+
+class PrometheusServer:
+    """/usr/bin/prometheus alone on a scratch directory and a free port, with its own queries, RSS and metrics: the
+    scaling benchmark and the tests that measure what Prometheus holds."""
+
+    def __init__(self, config: dict[str, Any], scratch: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        path = Path(scratch) / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={path}",
+                f"--storage.tsdb.path={scratch}/tsdb",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(
+            lambda: urllib.request.urlopen(f"{self.base}/-/ready", timeout=2).status == 200, 60, "Prometheus ready"
+        )
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return list(json.loads(response.read())["data"]["result"])
+
+    def scalar(self, expr: str) -> float:
+        result = self.query(expr)
+        if len(result) != 1:
+            raise ValueError(f"{expr}: {len(result)} results")
+        return float(result[0]["value"][1])
+
+    def own(self, name: str) -> float:
+        """A metric of Prometheus itself, read from its /metrics (it does not scrape itself here)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return float(sample.value)
+        raise KeyError(name)
+
+    def rss(self) -> float:
+        import psutil
+
+        return float(psutil.Process(self.process.pid).memory_info().rss)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)

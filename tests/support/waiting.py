@@ -25,14 +25,20 @@ def free_port(count: int = 1) -> int:
     raise RuntimeError("no free port range")
 
 
-def wait_until(condition: Any, seconds: float, what: str, every: float = 0.1) -> Any:
-    """condition() until it returns something true (an OSError counts as not yet), or fail after `seconds` naming
-    `what` was awaited."""
+def wait_until(
+    condition: Any,
+    seconds: float,
+    what: str,
+    every: float = 0.1,
+    tolerate: tuple[type[Exception], ...] = (OSError,),
+) -> Any:
+    """condition() until it returns something true (an exception of `tolerate` counts as not yet: by default an
+    OSError, a server not up yet), or fail after `seconds` naming `what` was awaited."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             result = condition()
-        except OSError:  # a server not up yet, or gone for a moment: ask again
+        except tolerate:  # a server not up yet, or gone for a moment; an answer not complete yet: ask again
             result = None
         if result:
             return result

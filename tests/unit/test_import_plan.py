@@ -1,5 +1,7 @@
-"""The package's import plan: every import inside ms_exporter/ (module level, inside functions and under
-TYPE_CHECKING alike) goes to its own folder or to a lower layer, and no set of modules imports itself round.
+"""The import plan: every import inside ms_exporter/ (module level, inside functions and under TYPE_CHECKING
+alike) goes to its own folder or to a lower layer, and no set of modules imports itself round; the same of
+benchmarks/, whose entry points nothing imports and whose shared helpers come from benchmarks/report.py and
+tests/support (never the other way).
 
 The layers, lowest first, are docs/architecture.md's "Layers" table; this test holds the table and the code to
 each other."""
@@ -12,6 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ms_exporter"
+BENCHMARKS = ROOT / "benchmarks"
+# The benchmarks that are commands only (`make bench`, `make bench-compare`): no module imports them.
+BENCHMARK_ENTRY_POINTS = {"benchmarks.run", "benchmarks.compare"}
 
 # Lowest first. A module may import its own folder and any folder of a lower layer, nothing else.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -40,8 +45,8 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+def _modules(folder: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(folder.rglob("*.py"))}
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
@@ -61,10 +66,22 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return {target for target in found if target in known and target != name}
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
+def _graph(folder: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = _modules(folder)
     known = set(modules)
     return {name: _imports(name, path, known) for name, path in modules.items()}
+
+
+def _top_level_imports(folder: Path) -> set[tuple[str, str]]:
+    """(module, first name of what it imports) for every import in `folder`: which packages it reaches into."""
+    found = set()
+    for name, path in _modules(folder).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update((name, alias.name.split(".")[0]) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add((name, node.module.split(".")[0]))
+    return found
 
 
 def _place(module: str) -> str:
@@ -89,10 +106,9 @@ def test_no_import_runs_back_up_a_layer() -> None:
     assert upward == []
 
 
-def test_no_circle_of_imports() -> None:
-    graph = _graph()
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components: each component of two or more modules is a circle."""
     circles = []
-    # Tarjan's strongly connected components: any component of two or more modules is a circle.
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -122,7 +138,32 @@ def test_no_circle_of_imports() -> None:
     for node in graph:
         if node not in index:
             visit(node)
-    assert circles == []
+    return circles
+
+
+def test_no_circle_of_imports() -> None:
+    assert _circles(_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_circle_of_imports_in_the_benchmarks_and_no_benchmark_imports_an_entry_point() -> None:
+    graph = _graph(BENCHMARKS)
+    assert _circles(graph) == []
+    assert set(graph) >= BENCHMARK_ENTRY_POINTS
+    back = sorted(
+        f"{module} -> {target}" for module, targets in graph.items() for target in targets & BENCHMARK_ENTRY_POINTS
+    )
+    assert back == [], "an entry point is a command; what others need of it belongs in benchmarks/report.py"
+
+
+def test_the_package_and_the_test_helpers_never_import_the_benchmarks() -> None:
+    # One way only: benchmarks use ms_exporter and tests/support; neither uses a benchmark.
+    reach = _top_level_imports(PACKAGE) | _top_level_imports(ROOT / "tests" / "support")
+    assert sorted(module for module, target in reach if target == "benchmarks") == []
+    assert sorted(module for module, target in _top_level_imports(PACKAGE) if target == "tests") == []
 
 
 def test_the_architecture_page_lists_the_same_layers() -> None:
