@@ -121,6 +121,7 @@ fmt: install
 # Rewrites every generated deploy file from the code; tests fail while a committed one differs.
 generate: install
 	$(BIN)/ms-exporter rules -o deploy/prometheus/rules/mindspore-training.rules.yml
+	$(BIN)/python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/rule_series.py
 	$(BIN)/ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json
 	$(BIN)/ms-exporter kubernetes -o deploy/kubernetes/base
 

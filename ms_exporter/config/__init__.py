@@ -31,10 +31,9 @@ from ms_exporter.config.checks import (
     url,
 )
 from ms_exporter.config.loading import load_config, read_config
-from ms_exporter.config.schema import DEFAULT_PORT, KEYS, Bound, MonitorConfig
+from ms_exporter.config.schema import DEFAULT_PORT, KEYS, SECTIONS, Bound, MonitorConfig
 from ms_exporter.config.sections import (
     ACTION_SECTIONS,
-    SECTIONS,
     ActionsConfig,
     DataQualityConfig,
     DivergenceConfig,

@@ -1,4 +1,4 @@
-"""The source articles' own configuration forms, read as what they mean (docs/configuration.md, "The articles' forms").
+"""The articles' own configuration forms, read as what they mean (docs/configuration.md, "The articles' forms").
 
 The product comes from three articles on monitoring MindSpore (Transformers) training with callbacks
 (docs/articles.md). A user who copies their configuration blocks gets a running monitor: each of their keys that
@@ -6,11 +6,11 @@ means one of ours is rewritten into ours before the block is checked, and `read`
 `ms-exporter check-config`. A key given both ways with different values is a problem, as is a form the articles do
 not use (an unknown strategy, a callback type that is no monitor).
 
-- The third article's `monitor_config`: `tensorboard: true` (a switch, where ours is a section) adds the
+- The monitor_config article's block: `tensorboard: true` (a switch, where ours is a section) adds the
   `tensorboard` backend; `callback: {type: MindSporeTransformersMonitor, params: {...}}` names the callback class
   and puts its settings under `params`, which are read as the block's own keys.
-- The first article's configuration file: `log_path` (its JSON Lines file), `enable_hardware_monitor` and a list of
-  `strategies`, each `{name, config}`, whose built-in names are read as our settings (STRATEGIES).
+- The strategy-container article's configuration file: `log_path` (its JSON Lines file), `enable_hardware_monitor`
+  and a list of `strategies`, each `{name, config}`, whose built-in names are read as our settings (STRATEGIES).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from ms_exporter.config.walker import shown_value
 # The callback classes the articles construct; ms_exporter's TrainingMonitor is each of them (ms_exporter.aliases).
 MONITOR_CLASSES = ("TrainingMonitor", "MindSporeTransformersMonitor", "TransformersMonitorCallback")
 
-# The first article's built-in strategies: its name -> (its config key -> our key), and the settings the strategy
-# itself stands for (what choosing it switches on).
+# The strategy-container article's built-in strategies: its name -> (its config key -> our key), and the settings
+# the strategy itself stands for (what choosing it switches on).
 STRATEGIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # "loss滑动平均窗口": the window of the smoothed loss.
     "LossMonitorStrategy": ({"window_size": "loss_window"}, {}),
@@ -48,8 +48,8 @@ STRATEGIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 }
 # Top-level keys of the articles that are one of ours under another name.
 RENAMED = {"enable_hardware_monitor": "hardware.enable"}
-# The third article's `callback.params`, and the keys of the block around them. Its build_monitor_callbacks hands
-# the class the params alone, so whatever the block says beyond them never reaches the monitor.
+# The monitor_config article's `callback.params`, and the keys of the block around them. Its build_monitor_callbacks
+# hands the class the params alone, so whatever the block says beyond them never reaches the monitor.
 CALLBACK_PARAMS = frozenset({"log_level", "warn_on_value"})
 BLOCK_KEYS = ("enable", "backend", "project", "interval", "save_dir", "tensorboard", "metrics")
 
@@ -64,7 +64,7 @@ class ArticleReading:
 
     def notes(self) -> list[str]:
         """One line per article key, for the log and check-config."""
-        return [f"read as the source articles mean it: {line}" for line in self.read]
+        return [f"read as the articles mean it: {line}" for line in self.read]
 
 
 def translate(raw: dict[str, Any]) -> ArticleReading:
@@ -82,7 +82,7 @@ def translate(raw: dict[str, Any]) -> ArticleReading:
 
 
 def params_alone(source: Any, backend: Any, interval: float, save_dir: str) -> str | None:
-    """What to tell the user when `source`, the settings a monitor was given, is the third article's
+    """What to tell the user when `source`, the settings a monitor was given, is the monitor_config article's
     `callback.params` without its block (`MindSporeTransformersMonitor(cfg["callback"]["params"])`, as its
     build_monitor_callbacks writes it); None for anything else. The block's other keys cannot be seen from here,
     only named: the message says which defaults apply instead and how to hand the whole block over."""
@@ -93,7 +93,7 @@ def params_alone(source: Any, backend: Any, interval: float, save_dir: str) -> s
         return None
     backends = ", ".join(backend) if isinstance(backend, (list, tuple)) else str(backend)
     return (
-        f"the settings given hold only {', '.join(keys)}: this looks like the third source article's "
+        f"the settings given hold only {', '.join(keys)}: this looks like the monitor_config article's "
         f"callback.params alone. The block's other keys ({', '.join(BLOCK_KEYS)}) were not given, so the "
         f"monitor runs with backend: {backends}, interval: {interval:g} s, save_dir: {save_dir}, whatever the "
         "block says. Pass the whole block: MindSporeTransformersMonitor(cfg) (or the YAML file's path); its "

@@ -1,4 +1,4 @@
-"""The first source article's built-in strategy classes, as its code builds them: `LossMonitorStrategy(config)`.
+"""The strategy-container article's built-in strategy classes, as its code builds them: `LossMonitorStrategy(config)`.
 
 Each is a name for our settings, exactly as its `strategies:` entry in YAML is (article_keys.STRATEGIES): an object
 holds its `config`, checked when it is built, and `settings` says what it switches on. `TransformersMonitorCallback`

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The names TrainingMonitor is registered under in its callback registry: ours, and the third source article's
+# The names TrainingMonitor is registered under in its callback registry: ours, and the monitor_config article's
 # `callback.type` (ms_exporter/mindformers.py, mindformers_register/).
 CALLBACK_NAMES = ("TrainingMonitor", "MindSporeTransformersMonitor")
 

@@ -51,6 +51,7 @@ from ms_exporter.config.sections import (
     UpdateRatioConfig,
     WandbConfig,
     WebConfig,
+    sections_of,
 )
 from ms_exporter.config.vocabulary import (
     LOG_LEVELS,
@@ -260,15 +261,16 @@ class MonitorConfig:
     log_level: str = setting("INFO", check=choice(*LOG_LEVELS, any_case=True))
     # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
     warmup_steps: int = setting(10, check=int_in(0, MAX_STEPS))
-    # Steps before any warn_on_value bound is watched, loss included: the third source article trains a few tens of
+    # Steps before any warn_on_value bound is watched, loss included: the monitor_config article trains a few tens of
     # steps before it trusts a bound (a warming-up loss is high). Also the grad_norm and layernorm thresholds.
     warn_warmup_steps: int = setting(50, check=int_in(0, MAX_STEPS))
     max_file_mb: float = setting(100.0, check=greater_than(0, 1024 * 1024))  # a TiB
     max_files: int = setting(5, check=int_in(1, 1000))
-    # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the first article's log_path sets it).
+    # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the strategy-container article's log_path
+    # sets it).
     jsonl_name: str = setting("metrics", check=_jsonl_name)
-    # Measurements of the user's own (docs/strategies.md); the articles' built-in strategy names are read as our
-    # settings (config/article_keys.py) and never reach this list.
+    # Measurements of the user's own (docs/strategies.md); the strategy-container article's built-in strategy names
+    # are read as our settings (config/article_keys.py) and never reach this list.
     strategies: tuple[Mapping[str, Any], ...] = setting((), check=_strategies)
     attention_mask_column: str = setting("attention_mask", check=text())
     input_ids_column: str = setting("input_ids", check=text())
@@ -363,3 +365,7 @@ def _plain(value: Any) -> Any:
 
 
 KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig))
+
+
+# The top-level sections by key (grad_norm, tensorboard, ...), as MonitorConfig declares them.
+SECTIONS = sections_of(MonitorConfig)

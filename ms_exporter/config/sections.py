@@ -86,7 +86,7 @@ class LayerNormConfig:
 @dataclass(frozen=True)
 class UpdateRatioConfig:
     """monitor_config.update_ratio: how far each layer's weights moved between two samples, ||w - w_before|| / ||w||
-    (the second source article's "parameter update size"; docs/update-ratio.md)."""
+    (the TensorBoard article's "parameter update size"; docs/update-ratio.md)."""
 
     enable: bool = setting(False, check=boolean())
     # The ratio is over these many steps: each sample reads every weight's norm and its values at sketch_size fixed
@@ -111,7 +111,7 @@ class UpdateRatioConfig:
 @dataclass(frozen=True)
 class ActivationsConfig:
     """monitor_config.activations: mean, std, max |x| and the shares of zeros and non-finite values of selected
-    layers' outputs every `every_n_steps` steps (the second source article's debug tier; docs/activations.md)."""
+    layers' outputs every `every_n_steps` steps (the TensorBoard article's debug tier; docs/activations.md)."""
 
     enable: bool = setting(False, check=boolean())
     # Matched from the start of a cell's name (its path in the network, as parameter names spell it); none: the
@@ -239,12 +239,13 @@ class ActionsConfig:
         return self.early_stop.enable or self.lr_backoff.enable or self.snapshot.enable or self.rollback.enable
 
 
-ACTION_SECTIONS = {
-    "early_stop": EarlyStopConfig,
-    "lr_backoff": LrBackoffConfig,
-    "snapshot": SnapshotConfig,
-    "rollback": RollbackConfig,
-}
+def sections_of(kind: type) -> dict[str, type]:
+    """The nested sections a config class declares (`section(...)` fields), by key: read from the class, never listed
+    by hand."""
+    return {f.name: f.metadata["check"] for f in dataclasses.fields(kind) if isinstance(f.metadata.get("check"), type)}
+
+
+ACTION_SECTIONS = sections_of(ActionsConfig)
 
 
 def _percentile(value: Any) -> float:
@@ -408,8 +409,8 @@ def _column(value: Any) -> str | int:
 @dataclass(frozen=True)
 class DataQualityConfig:
     """monitor_config.data_quality: the batch each step consumed, measured against baselines learned over the run's
-    first batches (the first source article's data-quality strategy; docs/data-quality.md). Not in sink mode: there
-    MindSpore hands the callback no batch."""
+    first batches (the strategy-container article's data-quality strategy; docs/data-quality.md). Not in sink mode:
+    there MindSpore hands the callback no batch."""
 
     enable: bool = setting(False, check=boolean())
     every_n_steps: int = setting(1, check=int_in(1, 1_000_000))  # a batch of every this many steps is measured
@@ -572,19 +573,21 @@ class TensorBoardConfig:
     # Weight histograms of the parameters whose names this regular expression matches (from the start of the name,
     # as SummaryCollector's histogram_regular, e.g. ".*weight.*"); null: no histograms.
     histogram_regular: str | None = setting(None, check=optional(regex()))
-    # A new event file once the current one holds this many MiB (the second article's rotation; 0: never).
+    # A new event file once the current one holds this many MiB (the TensorBoard article's log rotation; 0: never).
     max_file_mb: float = setting(500.0, check=at_least(0, 1024 * 1024))
 
 
 @dataclass(frozen=True)
 class HardwareConfig:
     """monitor_config.hardware: device and host health, read on threads of the monitor's own and never on the step
-    path (docs/hardware.md). The source article's top-level `enable_hardware_monitor` is read as `enable`."""
+    path (docs/hardware.md). The strategy-container article's top-level `enable_hardware_monitor` is read as
+    `enable`."""
 
     enable: bool = setting(True, check=boolean())
     # Every reader that finds a device here runs: NVML (NVIDIA GPUs, the `nvml` extra), npu-smi (Ascend NPUs), host.
     readers: tuple[str, ...] = setting(factory=registry.hardware_readers, check=names(registry.hardware_readers))
-    # A reading every this many seconds (the article samples every 10 steps because nvidia-smi costs ~80 ms).
+    # A reading every this many seconds (the strategy-container article samples every 10 steps because nvidia-smi
+    # costs ~80 ms).
     interval: float = setting(10.0, check=at_least(0.5, MAX_SECONDS))
     # A reader that has not answered after this long is counted (TimeoutError) and asked again once it answers.
     timeout: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
@@ -718,24 +721,3 @@ class WebConfig:
             say(
                 "client_auth_type", "needs client_ca_file, the CA that signs client certificates", self.client_auth_type
             )
-
-
-SECTIONS = {
-    "grad_norm": GradNormConfig,
-    "layernorm": LayerNormConfig,
-    "update_ratio": UpdateRatioConfig,
-    "activations": ActivationsConfig,
-    "otlp": OtlpConfig,
-    "pushgateway": PushgatewayConfig,
-    "web": WebConfig,
-    "actions": ActionsConfig,
-    "hang": HangConfig,
-    "goodput": GoodputConfig,
-    "failslow": FailSlowConfig,
-    "divergence": DivergenceConfig,
-    "flops": FlopsConfig,
-    "tensorboard": TensorBoardConfig,
-    "wandb": WandbConfig,
-    "hardware": HardwareConfig,
-    "data_quality": DataQualityConfig,
-}

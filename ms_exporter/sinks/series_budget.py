@@ -8,7 +8,7 @@ from a detail rank that holds them (a replica group, or rank 0 in pure data para
 
 The filter runs where the store is read (the Prometheus collector at scrape time, the pushgateway through the same
 collector, the OTLP reader on its interval): the training thread writes every series as before and pays nothing.
-tests/unit/test_series_budget.py derives the rules' families from the rules file, so this list cannot drift.
+The families come from the rules themselves (rule_series.py, generated), so the budget cannot drift from them.
 """
 
 from __future__ import annotations
@@ -21,68 +21,16 @@ from ms_exporter.config.vocabulary import FULL_PROFILE, LARGE_JOB_PROFILE
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MetricType
 from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
-
-# What every rank keeps under large_job: each family an alert or a recording rule reads, on every rank.
-EVERY_RANK = frozenset(
-    family.name
-    for family in (
-        # loss and its alerts, the project: loss rules
-        catalogue.LOSS,
-        catalogue.LOSS_RISING,
-        catalogue.NONFINITE_LOSS,
-        catalogue.GRAD_NORM,
-        # throughput, step time (the rank: and project: step rules, Straggler), goodput
-        catalogue.TOKENS_PER_SECOND,
-        catalogue.SAMPLES_PER_SECOND,
-        catalogue.STEP_DURATION,
-        catalogue.DATA_WAIT,
-        catalogue.OWN_WORK,
-        catalogue.CLEAN_CYCLE,
-        catalogue.FAILSLOW,
-        catalogue.FAILSLOW_ONSET_STEP,
-        catalogue.FAILSLOW_SIZE,
-        catalogue.PARALLEL_GROUP_INFO,
-        catalogue.RUN_TIME_SECONDS,
-        catalogue.MODEL_FLOPS_PER_SECOND,
-        catalogue.PEAK_FLOPS,
-        catalogue.MFU,
-        # who is there, who is stuck, who ended (RankDown, RankMissing, RanksNotReporting, Stalled, Hang)
-        catalogue.INFO,
-        catalogue.WORLD_SIZE,
-        catalogue.STEPS,
-        catalogue.PHASE,
-        catalogue.PHASE_SECONDS,
-        catalogue.HANG_DEADLINE,
-        catalogue.MEMORY_GROWTH_RATIO,
-        catalogue.MEMORY_GROWTH_RATE,
-        catalogue.LEARNING_RATE,
-        catalogue.LEARNING_RATE_SCHEDULED,
-        catalogue.LOSS_SCALE,
-        catalogue.OVERFLOW_STEPS,
-        catalogue.DATA_QUALITY_LOW,
-        catalogue.DATA_QUALITY_LOW_STREAK,
-        catalogue.PARAM_FINGERPRINT,
-        catalogue.PARAM_FINGERPRINT_STEP,
-        catalogue.PARAM_CHECKSUM,
-        catalogue.LOCAL_GRAD_OUTLIERS,
-        catalogue.ACTIONS_TAKEN,
-        catalogue.ERRORS,
-        # the devices (the rank_device: rules and the Device* alerts)
-        catalogue.DEVICE_TEMPERATURE,
-        catalogue.DEVICE_POWER,
-        catalogue.DEVICE_UTILIZATION,
-        catalogue.DEVICE_THROTTLED,
-        catalogue.DEVICE_ECC_UNCORRECTED,
-        catalogue.DEVICE_LINK_UP,
-        catalogue.DEVICE_INFO,
-    )
-)
+from ms_exporter.sinks.rule_series import RULE_SERIES
 
 # Families rules read that only detail ranks keep: one series per layer, the same on every replica of a layer.
 # MindSporeTrainingLayerFrozen (update ratios) and MindSporeTrainingLayerNormDrift fire from the detail ranks.
 DETAIL_ONLY_RULE_FAMILIES = frozenset(
     family.name for family in (catalogue.LAYER_UPDATE_RATIO, catalogue.UPDATE_RATIO_MEDIAN, catalogue.LAYERNORM_DRIFT)
 )
+# What every rank keeps under large_job: each other family an alert or a recording rule reads (rule_series.py is
+# written from the rendered rules by `make generate`: a new alert's families are kept without a hand edit).
+EVERY_RANK = frozenset(RULE_SERIES) - DETAIL_ONLY_RULE_FAMILIES
 
 # A histogram kept without its buckets is exposed as what it then is: a summary of `_sum` and `_count` only (an
 # OpenMetrics histogram must have a +Inf bucket; a summary without quantiles is valid). The series names are the

@@ -4,7 +4,6 @@ is read from the generated rules file, so it cannot drift from the rules)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -17,34 +16,23 @@ from ms_exporter import TrainingMonitor
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core import catalogue
 from ms_exporter.core.store import MetricStore
+from ms_exporter.generate.rule_series import render_module, series_read
+from ms_exporter.generate.rules import render_rules
 from ms_exporter.sinks import series_budget
 from ms_exporter.sinks.prometheus import StoreCollector
+from ms_exporter.sinks.rule_series import RULE_SERIES
 from tests.support.pythons import OTLP, needs
 from tests.support.scrape import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "mindspore-training.rules.yml"
 FAMILIES = {family.name: family for family in catalogue.FAMILIES}
-# A series name in a PromQL expression: not part of a recording rule's name (project:..., rank:...:mean).
-_SERIES = re.compile(r"(?<![:\w])(mindspore_[a-z0-9_]+)(?![\w:])")
-_QUERY = re.compile(r"query \(printf `([^`]*)`")  # a description's template query
+SERIES_MODULE = ROOT / "ms_exporter" / "sinks" / "rule_series.py"
 
 
 def rules_read() -> dict[str, set[str]]:
-    """Every catalogue family the rules file reads, with the series names of it that they read: in an expression,
-    or in a query of an alert's description (the onset step a description names must be there on every rank)."""
-    read: dict[str, set[str]] = {}
-    for group in yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]:
-        for rule in group["rules"]:
-            queries = _QUERY.findall(rule.get("annotations", {}).get("description", ""))
-            for name in _SERIES.findall(" ".join([rule["expr"], *queries])):
-                family = next(
-                    (name.removesuffix(s) for s in ("_sum", "_count", "_bucket") if name.removesuffix(s) in FAMILIES),
-                    name,
-                )
-                assert family in FAMILIES, (rule.get("alert") or rule.get("record"), name)
-                read.setdefault(family, set()).add(name)
-    return read
+    """Every catalogue family the committed rules file reads, with the series names of it that they read."""
+    return series_read(yaml.safe_load(RULES.read_text(encoding="utf-8")))
 
 
 def test_every_family_the_rules_read_is_kept_on_every_rank_or_named_as_detail_only() -> None:
@@ -54,6 +42,18 @@ def test_every_family_the_rules_read_is_kept_on_every_rank_or_named_as_detail_on
     assert sorted(set(read) - kept) == [], "a rule reads a family that large_job drops from non-detail ranks"
     assert sorted(kept - set(read)) == [], "large_job keeps a family on every rank that no rule reads"
     assert not series_budget.EVERY_RANK & series_budget.DETAIL_ONLY_RULE_FAMILIES
+
+
+def test_the_committed_rule_series_module_is_what_make_generate_writes() -> None:
+    written = render_module(series_read(render_rules()))
+    assert SERIES_MODULE.read_text(encoding="utf-8") == written, "run `make generate` and commit it"
+    assert {family: frozenset(names) for family, names in rules_read().items()} == RULE_SERIES
+
+
+def test_a_rule_reading_a_name_that_is_no_family_is_named() -> None:
+    rules = {"groups": [{"rules": [{"alert": "Made", "expr": "mindspore_train_made_up > 1"}]}]}
+    with pytest.raises(ValueError, match="Made reads mindspore_train_made_up"):
+        series_read(rules)
 
 
 def test_no_rule_reads_a_bucket_of_a_histogram_kept_as_sum_and_count() -> None:
