@@ -1,4 +1,4 @@
-"""A measurement of your own, as the first source article writes one: a strategy object run by the monitor.
+"""A measurement of your own, as the strategy-container article writes one: a strategy object run by the monitor.
 
 python examples/own_strategy.py [--steps 200]
 

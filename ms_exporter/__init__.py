@@ -75,13 +75,13 @@ def _require_training_side(user: str) -> None:
 def __getattr__(name: str) -> Any:
     # Importing MindSpore takes seconds and the base install has none: only these need it, so the operator
     # commands (check-config, rules, top ...) stay fast and work on a machine without it.
-    # The third source article's class name (its `callback.type`): the same class, not a copy (docs/articles.md).
+    # The monitor_config article's class name (its `callback.type`): the same class, not a copy (docs/articles.md).
     if name in ("TrainingMonitor", "MindSporeTransformersMonitor"):
         _require_training_side(name)
         from ms_exporter.monitor.callback import TrainingMonitor
 
         return TrainingMonitor
-    if name == "TransformersMonitorCallback":  # the first source article's strategy container (docs/articles.md)
+    if name == "TransformersMonitorCallback":  # the strategy-container article's container (docs/articles.md)
         _require_training_side(name)
         from ms_exporter.monitor.strategy_container import TransformersMonitorCallback
 
@@ -90,7 +90,7 @@ def __getattr__(name: str) -> Any:
         from ms_exporter.probes.strategies import Strategy
 
         return Strategy
-    if name in _ARTICLE_STRATEGIES:  # the first source article's built-in strategy classes: our settings by name
+    if name in _ARTICLE_STRATEGIES:  # the strategy-container article's built-in strategy classes: our settings
         from ms_exporter.config import article_strategies
 
         return getattr(article_strategies, name)

@@ -1,6 +1,6 @@
 """MindSpore Transformers' callback registry: `{type: TrainingMonitor, ...}` in a run YAML's `callbacks:` list.
 
-Importing this module registers TrainingMonitor (also under the third source article's name for it,
+Importing this module registers TrainingMonitor (also under the monitor_config article's name for it,
 MindSporeTransformersMonitor) when MindSpore Transformers is installed and does nothing when it is
 not (docs/mindformers.md). With 2.x it also registers PyNativeTrainingMonitor, the callback of 2.x's PyNative
 Trainer, whose callbacks are not MindSpore's (monitor/mindformers_trainer.py): both Trainers build `callbacks:`

@@ -32,7 +32,7 @@ graph compiled earlier does not see (docs/development.md).
 Files are per run, rank and process (`good-<run>-rank<r>-pid<p>-step<s>-<n>.npz` in save_dir/good-states), written
 through ms_exporter.core.safe_files (an exclusive temporary, renamed): a planted link is replaced, never followed.
 A file that cannot be read back is removed and the next older state is tried. At the start, what earlier processes
-of the same run and rank left there is removed (docs/reliability.md, "Round two: actions that fail alone").
+of the same run and rank left there is removed (docs/reliability.md, "Actions that fail alone").
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ STATE_DIR = "good-states"
 WRITE_WAIT_SECONDS = 60.0
 _BFLOAT16 = "BFloat16"  # str() of MindSpore's dtype
 _DTYPES = "dtypes"  # the archive member that records each Parameter's dtype
-_LEGACY_PARTIAL = re.compile(r"^good-step\d+-\d+\.npz\.partial$")  # the temporaries of ms_exporter before round two
+_LEGACY_PARTIAL = re.compile(r"^good-step\d+-\d+\.npz\.partial$")  # older versions' temporaries: no run, rank or pid
 
 
 @dataclass(eq=False)  # a state is itself, not its values (actions.rollback maps states in flight)
@@ -418,8 +418,9 @@ class GoodStates:
 
     def remove_leftovers(self, started: float) -> list[Path]:
         """Remove what earlier processes of this run and rank left in the directory (they were killed before
-        close): their good states and temporaries, and temporaries of ms_exporter before round two older than
-        this process (`started`, a time.time()). Files of other ranks and runs, and of this process, stay."""
+        close): their good states and temporaries, and the temporaries of older versions (no run or rank in their
+        names) older than this process (`started`, a time.time()). Files of other ranks and runs, and of this process,
+        stay."""
         removed: list[Path] = []
         if self._directory.is_symlink() or not self._directory.is_dir():
             return removed

@@ -5,7 +5,7 @@
 - gradient norm: 1 up to `grad_high` (grad_norm.threshold), falling linearly to 0 at `grad_exploding` (10 x that);
   0 when non-finite; 1 while no norm was read (no evidence against).
 - memory: 1 - (memory growth ratio / its alert threshold), clamped to [0, 1]; 1 while unknown.
-- hardware (the source article's "hardware temperature"): the hottest accelerator this rank reads, 1 up to
+- hardware (the strategy-container article's "hardware temperature"): the hottest accelerator this rank reads, 1 up to
   `device_hot_celsius` (DeviceHot's threshold), falling linearly to 0 at HOT_TO_ZERO_CELSIUS above it; 1 while no
   accelerator is read (a CPU-only rank: a host CPU's thermal limits are its own business).
 

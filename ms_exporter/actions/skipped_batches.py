@@ -151,7 +151,8 @@ class SkippedBatches:
         if directory.is_symlink() or not directory.is_dir():
             return removed
         name = re.escape(self.path.name)
-        leftover = re.compile(rf"^(\.{name}\..+|{name}\.\d+)\.partial$")  # new_temporary's, and before round two
+        # new_temporary's names, and the <name>.<n>.partial that older versions wrote
+        leftover = re.compile(rf"^(\.{name}\..+|{name}\.\d+)\.partial$")
         for entry in os.scandir(directory):
             if leftover.match(entry.name) and entry.stat(follow_symlinks=False).st_mtime < started:
                 with contextlib.suppress(FileNotFoundError):

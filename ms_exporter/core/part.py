@@ -127,5 +127,5 @@ class PartContext:
     debug_pages: dict[str, DebugPage] = field(default_factory=dict)
     port: int | None = None  # the port the endpoint really got: the prometheus builder sets it, file_sd reads it
     # A file writer (TensorBoard, W&B) that was switched off asks for JSON Lines in its place, naming itself: the
-    # first source article's rule that a failing writer falls back to the local file (monitor/assembly.py).
+    # strategy-container article's rule that a failing writer falls back to the local file (monitor/assembly.py).
     fall_back: Callable[[str], None] | None = None

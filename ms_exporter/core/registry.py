@@ -1,9 +1,10 @@
 """The registries: every backend (sink) and every probe by name, with what switches it on and what builds it.
 
 The configuration's allowed `backend` names and `metrics` groups, the `component` label values of errors, and the
-order in which probes see a step are all read from here; nothing else lists them. A user's own probe or sink
-registers exactly as the built-in ones below do (`register_probe`, `register_backend`), before the monitor is
-built: docs/development.md, "Your own probe or sink".
+order in which probes see a step are all read from here; nothing else lists them. Adding a built-in one:
+CONTRIBUTING.md, "Where a change goes". A user's own probe or sink registers exactly as the built-in ones below do
+(`register_probe`, `register_backend`), before the monitor is built: docs/development.md, "Your own probe or
+sink".
 
 A built-in entry names its builder as "module:function" and is imported only when a configuration asks for it, so
 this base module imports nothing above it, and an operator command that only checks a config imports no sink. A

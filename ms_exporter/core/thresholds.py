@@ -17,7 +17,7 @@ LOSS_SPIKE_FACTOR = 3.0
 # The health score's hardware term falls from 1 at device_hot_celsius to 0 this many degrees above it.
 HOT_TO_ZERO_CELSIUS = 15.0
 # data_quality (docs/data-quality.md): a measured batch whose quantity is below this share of its baseline is low,
-# and this many low batches in a row are a drop (the first source article's "entropy low 5 steps in a row"). The
+# and this many low batches in a row are a drop (the strategy-container article's "entropy low 5 steps in a row"). The
 # rank compares; MindSporeTrainingDataQualityDrop reads its flag, so no rule repeats these numbers.
 DATA_QUALITY_DROP_RATIO = 0.5
 DATA_QUALITY_STREAK = 5
@@ -46,7 +46,7 @@ class Thresholds:
     loss_rising_steps: int = 5
     overflow_fraction: float = 0.5
     layernorm_drift: float = 0.3
-    # LayerFrozen: a layer whose update ratio is under this share of its rank's median layer's (the second source
+    # LayerFrozen: a layer whose update ratio is under this share of its rank's median layer's (the TensorBoard
     # article's classification head that barely moved while the loss fell).
     update_ratio_frozen_fraction: float = 0.01
     # A rank the job waits for: its data wait (or step cycle) over this many times the job's median ...

@@ -4,8 +4,7 @@ A bcrypt check costs tens of milliseconds of CPU by design. Checked on every req
 let anyone who can reach the port spend the training process's CPU at will (a flood slowed training 3.7x), and
 the time of a check that ran against the time of one that did not would tell valid user names from invalid
 ones. A ration alone is not enough either: when the checks go to whoever asks first, two addresses asking five
-times a second take every one and a client with the right password never gets its check (issue #31, finding
-11). So:
+times a second take every one and a client with the right password never gets its check. So:
 - a user:password pair that passed is remembered (a scrape pays one bcrypt check per process, not per request),
   and one that failed is remembered too: repeating it costs nothing;
 - a pair not remembered is a claim, queued under its client's address (one claim per address: the first one

@@ -1,6 +1,6 @@
 """warn_on_value: one WARNING per breach episode and a counter of episodes per metric.
 
-Two habits the third source article asks of a threshold so that it does not flood the log: nothing is watched during
+Two habits the monitor_config article asks of a threshold so that it does not flood the log: nothing is watched during
 a warm-up (`warn_warmup_steps`, loss included: "loss is high while it warms up ... train a few tens of steps
 first"), and a value that crosses its bound back and forth is one episode until it has stayed inside for
 CALM_CHECKS checks in a row.

@@ -3,7 +3,7 @@ this directory (`python -m ms_exporter.mindformers` prints it), and the YAML ent
 `{type: TrainingMonitor, auto_register: ms_exporter_callback.TrainingMonitor, ...}` (docs/mindformers.md), or with
 2.x's PyNative Trainer `{type: PyNativeTrainingMonitor, auto_register: ms_exporter_callback.PyNativeTrainingMonitor}`.
 MindSpore Transformers loads this file by path and registers what it names under that class's own name; loading it
-also registers the others as ms_exporter/mindformers.py does (TrainingMonitor under the third source article's name
+also registers the others as ms_exporter/mindformers.py does (TrainingMonitor under the monitor_config article's name
 too, MindSporeTransformersMonitor), so any of those `type:` names with the same `auto_register` entry finds its
 class."""
 

@@ -1,4 +1,4 @@
-"""The first source article's strategy container, `TransformersMonitorCallback(strategies, config)`: the monitor,
+"""The strategy-container article's container, `TransformersMonitorCallback(strategies, config)`: the monitor,
 with each strategy object run as a probe of its own (probes/strategies.py; docs/strategies.md)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A file writer that gave up falls back to JSON Lines (the first source article's rule: a failing TensorBoard or
-W&B writer must not leave the run without a local record). Once, whichever writer asks first: a JSON Lines writer
+"""A file writer that gave up falls back to JSON Lines (the strategy-container article's rule: a failing TensorBoard
+or W&B writer must not leave the run without a local record). Once, whichever writer asks first: a JSON Lines writer
 (`backend: local`) joins the monitor, or, where one runs already, the log says that the numbers are there. A writer
 that could not even start (its directory cannot be made, its run does not begin) asks the same way: while the
 monitor is still being built the answer waits for `bind`, when the parts are known."""

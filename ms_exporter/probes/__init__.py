@@ -1,8 +1,7 @@
 """One measured quantity per module; each writes to the MetricStore only.
 
-Which probes a configuration gets, and in which order they see each step, is core/registry.py's PROBES: adding a
-metric means its family in ms_exporter/core/catalogue.py, a probe here with its builder in probes/builders.py and
-its registry entry, and a row in docs/metrics.md.
+Which probes a configuration gets, and in which order they see each step, is core/registry.py's PROBES. What
+adding a probe takes, and which test holds each part: CONTRIBUTING.md, "Where a change goes".
 """
 
 from __future__ import annotations

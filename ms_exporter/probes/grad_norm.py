@@ -33,7 +33,7 @@ def _warn_if_nothing_matches(
     setting: str = "grad_norm.layers",
 ) -> None:
     """A grad_norm.layers pattern that matches no layer (nor parameter) is named once at train begin, with the nearest
-    layer names (the first source article's `encoder.layer.11` matches nothing in most models, and nothing else
+    layer names (the strategy-container article's `encoder.layer.11` matches nothing in most models, and nothing else
     would say so). `setting`: the key the pattern came from (activations.layers says the same of cells)."""
     if any(regex.match(layer) for layer in layers) or any(regex.match(name) for name in names):
         return
@@ -169,7 +169,7 @@ class GradNormProbe(Probe):
         if global_norm is None:
             if not self._warned_no_source:
                 self._warned_no_source = True
-                # Once, as a warning: the source articles call the gradient norm a must-have, and a plain
+                # Once, as a warning: the TensorBoard article counts the gradient norm as a must-see, and a plain
                 # Model(network, loss_fn, optimizer) hands the callback none (its train cell computes gradients
                 # inside the compiled step). Computing them again here would cost a second backward pass per
                 # measured step; the cell measures them in the step itself.

@@ -1,4 +1,4 @@
-"""Your own measurements, as the first source article writes them: strategies (docs/strategies.md).
+"""Your own measurements, as the strategy-container article writes them: strategies (docs/strategies.md).
 
 A strategy is any object with `on_step_end(metrics, cb_params)` that returns a mapping of numbers (or None):
 `metrics` is the step's {step, epoch, loss, lr, step_time, samples, tokens, timestamp}, `cb_params` the run's

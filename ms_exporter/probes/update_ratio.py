@@ -1,6 +1,6 @@
 """Optional (`update_ratio.enable`): how far each layer's weights moved between two samples, ||w - w_before|| / ||w||.
 
-The second source article's "parameter update size", and its closing lesson: the loss fell while the
+The TensorBoard article's "parameter update size", and its closing lesson: the loss fell while the
 classification head barely moved (its learning rate was too small for it). A layer's ratio far under the other
 layers' is that head; `MindSporeTrainingLayerFrozen` compares each exported layer with the rank's median.
 """

@@ -1,9 +1,8 @@
 """Where numbers go. Sinks read the MetricStore; probes never import them.
 
 Which sinks a configuration gets is core/registry.py's BACKENDS: the `backend:` values in the order the user
-listed them, then the sinks a setting adds (file_sd with file_sd_dir, the Pushgateway with its URL). Adding a
-sink means a `Sink` subclass in this package with a `build(context)` function, its registry entry, and its row in
-docs/configuration.md.
+listed them, then the sinks a setting adds (file_sd with file_sd_dir, the Pushgateway with its URL). What adding
+a sink takes, and which test holds each part: CONTRIBUTING.md, "Where a change goes".
 """
 
 from __future__ import annotations

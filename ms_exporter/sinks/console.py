@@ -1,9 +1,11 @@
-"""backend: console: one progress line through logging every `interval` seconds (the third source article's minimal
-monitor prints the step, the loss and the learning rate; its first article keeps print() off the step path).
+"""backend: console: one progress line through logging every `interval` seconds (the monitor_config article's minimal
+monitor prints the step, the loss and the learning rate; the strategy-container article keeps print() off the
+step path).
 
-The same line comes without `backend: console` too, on rank 0, whenever `log_level` lets INFO through: the third
-article's check that the monitor works is this line in the training's output, and the other backends (Prometheus,
-OTLP, JSON Lines, TensorBoard, W&B) write nowhere a person reading the training's output looks (`progress_line`).
+The same line comes without `backend: console` too, on rank 0, whenever `log_level` lets INFO through: the
+monitor_config article's check that the monitor works is this line in the training's output, and the other backends
+(Prometheus, OTLP, JSON Lines, TensorBoard, W&B) write nowhere a person reading the training's output looks
+(`progress_line`).
 
 The line is an INFO record of the `ms_exporter` logger, written when a step is published (on the training thread,
 at most once per `interval`): `step 1200 epoch 3 loss 2.314 lr 0.0001 tokens/s 10240 step 21.3 ms`. A quantity the

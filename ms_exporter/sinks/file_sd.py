@@ -70,7 +70,7 @@ class FileSdTarget(Sink):
         if not self._checked:
             self._checked = True
             mode = self.path.parent.stat().st_mode
-            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:  # made so by a version before round two, or by hand
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:  # older versions made it 0777; or by hand
                 logger.warning(
                     "ms_exporter: %s is writable by every user without the sticky bit: any of them can "
                     "remove or replace this rank's target; chmod 1777 it (as /tmp)",

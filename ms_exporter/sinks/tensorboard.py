@@ -39,7 +39,7 @@ from ms_exporter.sinks.step_columns import StepColumns, jsonl_key_of
 
 logger = logging.getLogger("ms_exporter")
 
-# Per-layer series as TensorBoard tags with a prefix (the second source article's `grad/layer1_norm`), written
+# Per-layer series as TensorBoard tags with a prefix (the TensorBoard article's `grad/layer1_norm`), written
 # every `collect_freq` steps: `grad/<layer>`, `weight/<layer>`, `update_ratio/<layer>`.
 LAYER_TAGS: dict[MetricFamily, str] = {
     catalogue.LAYER_GRAD_NORM: "grad",

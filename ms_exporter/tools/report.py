@@ -104,7 +104,7 @@ class Run:
     last_snapshot: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     project: str = ""
-    run: str = ""  # the records' `run` (empty in files written before issue #34)
+    run: str = ""  # the records' `run` (empty in files written before records carried it)
     rank: str = ""
     # 1, or the n-th training under this run id that began again below the steps the earlier ones reached after they
     # had ended normally: a run id used again for a new run (load_runs), which the report shows apart.
@@ -198,7 +198,7 @@ def _record(line: bytes | None) -> dict[str, Any]:
 
 def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
     """The runs the files hold, in the order they first appear. Runs that shared a save_dir share its files: each
-    record names its run (`project`, and `run` since issue #34; a file written before that is one run per project).
+    record names its run (`project`, and `run` in newer files; an older file without `run` is one run per project).
     Lines that are no record are skipped and counted (Run.skipped says where the first was and why); a file whose
     first line is not JSON is the wrong file: ReportError. `nofollow`: a file that is a symlink or no regular file
     is refused (OSError), as `core/safe_files.py` opens the monitor's own files (`ms-exporter triage` walking

@@ -1,8 +1,9 @@
-"""Both source articles' configuration blocks, byte for byte, pass check-config and drive a real training: the JSON
-Lines file (and, for the third article's `tensorboard: true`, TensorBoard's event files read back with TensorBoard's
-own EventAccumulator) hold the loss and the learning rate of every step. Their code as written trains too: the
-first article's container with its strategy classes, the third article's build_monitor_callbacks (named in a
-warning) and its check that the monitor works (the progress line)."""
+"""The configuration blocks of the strategy-container and monitor_config articles, byte for byte, pass check-config
+and drive a real training: the JSON Lines file (and, for the monitor_config article's `tensorboard: true`,
+TensorBoard's event files read back with TensorBoard's own EventAccumulator) hold the loss and the learning rate of
+every step. Their code as written trains too: the strategy-container article's container with its strategy classes,
+the monitor_config article's build_monitor_callbacks (named in a warning) and its check that the monitor works (the
+progress line)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""data_quality in real training (issue #35, part 4): labels that turn to one class from a known step move the
+"""data_quality in real training: labels that turn to one class from a known step move the
 series, the streak reaches the threshold and the low flag rises; MindSporeTrainingDataQualityDrop, run by Prometheus'
 own engine (promtool) over what the rank served at each step, fires for that rank and quantity, and stays quiet for a
 healthy run with a one-batch dip; the drop's batches are listed, and a second pass through SkipListedSamples leaves

@@ -70,8 +70,9 @@ def test_every_probe_is_listed() -> None:
         monitor.close()
 
 
-# Every probe fails through the one path of probes/base.py: the suite fails four of them (progress and loss, which
-# the alerts read most, the sampled gradient norm, the memory sampler's probe); `make test-long` fails each.
+# Every probe fails through the one guard of monitor/core.py (MonitorCore._guard): the suite fails four of them
+# (progress and loss, which the alerts read most, the sampled gradient norm, the memory sampler's probe);
+# `make test-long` fails each.
 IN_THE_SUITE = {"progress", "loss", "grad_norm", "memory"}
 
 

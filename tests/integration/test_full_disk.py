@@ -1,4 +1,4 @@
-"""A full disk under save_dir (issue #19, findings 3 and 5), on a real tmpfs: close() never raises into the training
+"""A full disk under save_dir, for good or for a while, on a real tmpfs: close() never raises into the training
 script, the JSON Lines file holds whole lines only, and what could not be written is counted."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def flush(monitor: TrainingMonitor) -> None:
     writer.flush()
 
 
-def test_finding_3_close_on_a_full_disk_does_not_raise_into_the_training_script(tmp_path: Path) -> None:
+def test_close_on_a_full_disk_does_not_raise_into_the_training_script(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk") as disk:
         monitor = TrainingMonitor(port=0, backend="local", save_dir=str(disk), interval=3600)
         monitor.on_train_begin(context(0, 0.0))
@@ -48,7 +48,7 @@ def test_finding_3_close_on_a_full_disk_does_not_raise_into_the_training_script(
             records(Path(monitor.jsonl_path))  # whole lines only
 
 
-def test_finding_5_a_transient_full_disk_loses_whole_records_and_counts_them(tmp_path: Path) -> None:
+def test_a_transient_full_disk_loses_whole_records_and_counts_them(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk") as disk:
         monitor = TrainingMonitor(port=0, backend="local", save_dir=str(disk), interval=3600)
         try:
@@ -88,7 +88,7 @@ def test_finding_5_a_transient_full_disk_loses_whole_records_and_counts_them(tmp
         assert "50 records lost (not written" in report.stdout
 
 
-# Issue #31, finding 4: the TensorBoard backend on a disk that fills mid-run. Run in a child process: with
+# The TensorBoard backend on a disk that fills mid-run. Run in a child process: with
 # tensorboardX's own writer thread (dead on ENOSPC, its queue full) train end and SIGTERM waited for ever there.
 _TENSORBOARD_CHILD = r"""
 import json, os, signal, sys, time
@@ -126,7 +126,7 @@ print("RESULT " + json.dumps({"took": took, "dropped": by(c.DROPPED_RECORDS, "si
 """
 
 
-def test_round2_finding_4_tensorboard_on_a_disk_that_fills_returns_at_train_end_and_sigterm(tmp_path: Path) -> None:
+def test_tensorboard_on_a_disk_that_fills_returns_at_train_end_and_sigterm(tmp_path: Path) -> None:
     from ms_exporter.sinks.queued_writer import WAIT_SECONDS
 
     with small_disk(tmp_path / "disk") as disk:

@@ -4,13 +4,13 @@ a renamed label) rewrites the reference with
 
     PATH=.venv/bin:$PATH .venv/bin/python -m benchmarks.metrics_shape > tests/integration/data/metrics_shape.txt
 
-and says so in its commit. The reference is the page both before issue #32's move into layers, one lifecycle and
-registries (5371dd6) and after it, and the page at f94c1e4 (before issues #31 and #32) but for
-mindspore_train_phase's help text, which issue #31 changed on purpose. Issue #33 added the hardware families
-(mindspore_train_device_*, the host reader's series and its error counter) after the sinks' families; every line
-before them is as it was. The fail-slow probe added its error counter (component "slowness"); its own families
-appear past the demo page's steps (50 settling, 32 for the baseline), but for the groups the rank works in
-(mindspore_train_parallel_group_info, published at the first training call).
+and says so in its commit. The reference is the page both before the package's move into layers, one lifecycle
+and registries (5371dd6) and after it, and the page at f94c1e4 (before that move and before stops as asked entered
+phase="ended") but for mindspore_train_phase's help text, which says on purpose that `ended` includes a stop as
+asked. The hardware families (mindspore_train_device_*, the host reader's series and its error counter) come after
+the sinks' families; every line before them is as it was. The fail-slow probe added its error counter (component
+"slowness"); its own families appear past the demo page's steps (50 settling, 32 for the baseline), but for the
+groups the rank works in (mindspore_train_parallel_group_info, published at the first training call).
 """
 
 from __future__ import annotations

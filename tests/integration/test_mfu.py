@@ -1,4 +1,4 @@
-"""Model FLOPs utilisation of a real CPU training, against a peak measured on this machine (issue #22)."""
+"""Model FLOPs utilisation of a real CPU training, against a peak measured on this machine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MindSpore Transformers for real (issue #23): its own Trainer, configured from a run YAML whose `callbacks:` list
+"""MindSpore Transformers for real: its own Trainer, configured from a run YAML whose `callbacks:` list
 names TrainingMonitor, in the second virtual environment (mindformers 1.8.0, MindSpore 2.7.2;
 tests/support/mindformers_venv.py).
 The numbers the monitor serves are held against what MindSpore Transformers' MFLossMonitor prints at the same steps.
@@ -131,7 +131,8 @@ print("BUILT", type(monitor).__module__, type(monitor).__name__, "ms_exporter" i
 def test_the_third_articles_class_name_is_in_mindformers_callback_registry(
     python: Path, tmp_path: Path, how: str
 ) -> None:
-    """`type: MindSporeTransformersMonitor`, the third article's `callback.type`, builds the monitor both ways in."""
+    """`type: MindSporeTransformersMonitor`, the monitor_config article's `callback.type`, builds the monitor both
+    ways in."""
     entry = {"type": "MindSporeTransformersMonitor", "enable": False}
     if how == "import":
         setup = "import ms_exporter.mindformers\n"
@@ -151,9 +152,10 @@ print("BUILT", type(monitor).__module__, type(monitor).__name__)
 def test_the_third_articles_block_in_a_run_yamls_monitor_config_is_refused_by_mindformers(
     python: Path, tmp_path: Path
 ) -> None:
-    """What MindSpore Transformers 1.8 does with the article's block where the article puts it (docs/articles.md
-    says so and where the block goes instead): it refuses the first key it does not know while loading the file,
-    before any callback of ours exists; the same block named by the monitor's `callbacks:` entry is read."""
+    """What MindSpore Transformers 1.8 does with the monitor_config article's block where that article puts it
+    (docs/articles.md says so and where the block goes instead): it refuses the first key it does not know while
+    loading the file, before any callback of ours exists; the same block named by the monitor's `callbacks:` entry is
+    read."""
     run = yaml.safe_load(RUN_YAML.read_text())
     article = yaml.safe_load((HERE / "data" / "articles" / "third_article_monitor_config.yaml").read_text())
     refused = tmp_path / "refused.yaml"

@@ -1,4 +1,4 @@
-"""The monitor never changes the training it watches (issue #19, finding 6): it does not call user code that may
+"""The monitor never changes the training it watches: it does not call user code that may
 keep state between calls, such as a learning-rate schedule of the user's own."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def train(
         monitor.close()
 
 
-def test_finding_6_a_schedule_of_the_users_own_is_never_called_by_the_monitor() -> None:
+def test_a_schedule_of_the_users_own_is_never_called_by_the_monitor() -> None:
     schedule = CountingSchedule()
     learning_rate, weights = train(schedule)
     assert schedule.calls == STEPS  # the optimizer's calls, one a step, and none of the monitor's
@@ -72,7 +72,7 @@ def test_finding_6_a_schedule_of_the_users_own_is_never_called_by_the_monitor() 
     np.testing.assert_array_equal(weights, unmonitored)  # the same training as without the monitor
 
 
-def test_finding_6_a_schedule_named_pure_is_read_and_mindspores_own_always_are() -> None:
+def test_a_schedule_named_pure_is_read_and_mindspores_own_always_are() -> None:
     named = CountingSchedule()
     learning_rate, _ = train(named, pure_lr_schedules=["CountingSchedule"])
     assert named.calls > STEPS and learning_rate is not None  # the user said it may be called
@@ -80,7 +80,7 @@ def test_finding_6_a_schedule_named_pure_is_read_and_mindspores_own_always_are()
     assert learning_rate == pytest.approx(0.01 * 0.9 ** (STEPS - 1), rel=1e-5)
 
 
-def test_finding_6_the_lr_a_train_cell_returns_is_exported_without_calling_the_schedule() -> None:
+def test_the_lr_a_train_cell_returns_is_exported_without_calling_the_schedule() -> None:
     """A cell with MindSpore Transformers' outputs (loss, overflow, scale, lr, global_norm): the lr comes from them."""
 
     class ReportsItsLr(nn.Cell):

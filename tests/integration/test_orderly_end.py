@@ -63,7 +63,7 @@ def steps_served(port: int) -> float:
     return max(scrape(f"http://127.0.0.1:{port}/metrics").find("mindspore_train_global_step"), default=-1.0)
 
 
-def test_round2_finding_1_a_job_that_ends_as_asked_pages_nobody(stack: Stack, webhook: Webhook, tmp_path: Path) -> None:
+def test_a_job_that_ends_as_asked_pages_nobody(stack: Stack, webhook: Webhook, tmp_path: Path) -> None:
     """README's snippet as written (no close()), a Ctrl-C and a SIGTERM: each serves phase="ended" until Prometheus
     read it, so nothing pages. A SIGKILLed job beside them pages, so the pipeline would have paged the others."""
     finish, interrupt, term, kill = stack.job_ports
@@ -103,7 +103,7 @@ def test_round2_finding_1_a_job_that_ends_as_asked_pages_nobody(stack: Stack, we
                 job.wait(30)
 
 
-def test_round2_finding_2_sigterm_ends_a_training_stuck_in_native_code(tmp_path: Path) -> None:
+def test_sigterm_ends_a_training_stuck_in_native_code(tmp_path: Path) -> None:
     """The main thread waits in MindSpore's data pipeline for a sample that never comes: a Python signal handler
     never runs there. The relay's watcher makes the promised saves and ends the process with SIGTERM."""
     port = free_port()

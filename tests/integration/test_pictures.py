@@ -1,4 +1,4 @@
-"""Pictures that tell the truth and shout (issue #37): the live page and the report of a run that went NaN, of a run
+"""Pictures that tell the truth and shout: the live page and the report of a run that went NaN, of a run
 that stalled, of the same run healthy again and of it ended.
 
 Real trainings (tests/integration/fault_job.py, held open after training so that the page of a rank that ended can be

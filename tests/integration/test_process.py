@@ -168,7 +168,7 @@ def start_signal_job(tmp_path: Path, mode: str, epochs: int) -> tuple[subprocess
     return proc, line.split(" ", 1)[1].strip(), tmp_path / "sd" / "ms-exporter-default-rank0.json"
 
 
-def test_finding_7_a_sigterm_after_training_leaves_no_stale_target(tmp_path: Path) -> None:
+def test_a_sigterm_after_training_leaves_no_stale_target(tmp_path: Path) -> None:
     proc, _, target = start_signal_job(tmp_path, "default", 1)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "trained"
@@ -181,7 +181,7 @@ def test_finding_7_a_sigterm_after_training_leaves_no_stale_target(tmp_path: Pat
     assert not target.exists()
 
 
-def test_finding_7_a_job_that_ignores_sigterm_keeps_training_and_its_target(tmp_path: Path) -> None:
+def test_a_job_that_ignores_sigterm_keeps_training_and_its_target(tmp_path: Path) -> None:
     proc, url, target = start_signal_job(tmp_path, "ignore", 1000)
     try:
         seen = wait_for_step([url], proc, 10, time.monotonic() + 120)

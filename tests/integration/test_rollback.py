@@ -1,4 +1,4 @@
-"""actions.rollback in real training, GRAPH and PYNATIVE (issue #24): a batch made to blow the loss up at a known
+"""actions.rollback in real training, GRAPH and PYNATIVE: a batch made to blow the loss up at a known
 step is rolled back, the restored state is checked through the network, the batch is listed, and a rerun through
 the wrapper never sees it; a dataset that keeps poisoning ends training at the loop guard."""
 
@@ -243,7 +243,7 @@ def test_the_loss_scale_comes_back_with_the_weights(tmp_path: Path) -> None:
     assert scales.scales[POISON_STEP + 1] == scales.scales[40] == 2.0**10
 
 
-# -- issue #31, round two: actions that fail alone ------------------------------------------------------------------
+# -- actions that fail alone (docs/reliability.md) ----------------------------------------------------------------
 
 
 class AtStep(Callback):
@@ -275,7 +275,7 @@ def errors(monitor: TrainingMonitor, component: str) -> float:
     return next((s.value for s in monitor.store.series_of(c.ERRORS) if dict(s.labels)["component"] == component), 0.0)
 
 
-def test_round2_finding_5_a_full_disk_switches_off_keeping_alone_and_the_divergence_is_still_rolled_back(
+def test_a_full_disk_switches_off_keeping_alone_and_the_divergence_is_still_rolled_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The disk fills after the good state of step 10 or so: the keeps of steps 20, 21, 22 fail and keeping is
@@ -314,7 +314,7 @@ def test_round2_finding_5_a_full_disk_switches_off_keeping_alone_and_the_diverge
     assert f"rollback at step {poison}" in said and "could not be listed" in said
 
 
-def test_round2_finding_5_a_newest_state_that_cannot_be_read_gives_way_to_the_one_before(
+def test_a_newest_state_that_cannot_be_read_gives_way_to_the_one_before(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     poison = 27
@@ -347,7 +347,7 @@ def test_round2_finding_5_a_newest_state_that_cannot_be_read_gives_way_to_the_on
     assert disabled(monitor) == set()
 
 
-def test_round2_finding_9_a_corrupt_list_leaves_the_rollback_counted_announced_and_listed(
+def test_a_corrupt_list_leaves_the_rollback_counted_announced_and_listed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     poison = 27

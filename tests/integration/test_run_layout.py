@@ -1,5 +1,5 @@
 """One run, one place: two runs with different projects in the default save_dir give two TensorBoard runs and two
-runs in the report (the second source article's warning: experiments that share an output directory tangle)."""
+runs in the report (the TensorBoard article's warning: experiments that share an output directory tangle)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize(
     "kind", [kind if kind == "symlink" else pytest.param(kind, marks=pytest.mark.long) for kind in KINDS]
 )
-def test_round2_a_tampered_save_dir_neither_stops_the_next_training_nor_reaches_outside(
-    tmp_path: Path, kind: str
-) -> None:
+def test_a_tampered_save_dir_neither_stops_the_next_training_nor_reaches_outside(tmp_path: Path, kind: str) -> None:
     row = run_tampered(kind, tmp_path, timeout=300)
     assert row["returncode"] == 0, row["stderr"][-3000:]
     assert row["trained"] == STEPS

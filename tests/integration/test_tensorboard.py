@@ -1,4 +1,4 @@
-"""backend: tensorboard, read back with TensorBoard's own event reader (issue #23)."""
+"""backend: tensorboard, read back with TensorBoard's own event reader."""
 
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ def test_port_in_use_falls_back_to_a_free_port(caplog: pytest.LogCaptureFixture)
             monitor.close()
 
 
-def test_finding_12_planned_steps_follow_the_steps_taken_when_a_sink_size_is_given() -> None:
+def test_planned_steps_follow_the_steps_taken_when_a_sink_size_is_given() -> None:
     """On CPU a sink size is accepted and ignored (a step per batch): MindSpore still sets batch_num to it."""
     model = small_graph_model()
     monitor = TrainingMonitor(port=0, web={"cache_seconds": 0})

@@ -1,7 +1,7 @@
-"""The second source article's frozen head, for real: the demo model trained with the head's learning rate at 0.
+"""The TensorBoard article's frozen head, for real: the demo model trained with the head's learning rate at 0.
 The head's update ratio is 0 and every other layer's is not; Prometheus's own engine (promtool), given the scraped
 series, fires MindSporeTrainingLayerFrozen for the head alone; TensorBoard holds the same ratios under
-`update_ratio/<layer>` and weight histograms equal to numpy's at the step (issue #35)."""
+`update_ratio/<layer>` and weight histograms equal to numpy's at the step."""
 
 from __future__ import annotations
 

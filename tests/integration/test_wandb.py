@@ -1,5 +1,5 @@
 """backend: wandb, offline into save_dir, read back with the wandb library's own reader of its run files
-(`wandb leet inspect --json`, one JSON object per record of the run's .wandb log) (issue #23)."""
+(`wandb leet inspect --json`, one JSON object per record of the run's .wandb log)."""
 
 from __future__ import annotations
 

@@ -263,7 +263,7 @@ def test_basic_auth_with_sha256_and_bcrypt_hashes(
     assert status == 200 and Scrape(body).has("mindspore_train_info")
     for _ in range(2):  # the second time from the verified-credentials cache
         assert get(monitor.url, ("grafana", BCRYPT_PASSWORD))[0] == 200
-    assert get(monitor.url, ("grafana", "x" * 100))[0] == 401  # finding 2: over bcrypt's 72 bytes, an answer
+    assert get(monitor.url, ("grafana", "x" * 100))[0] == 401  # over bcrypt's 72 bytes, an answer
 
 
 def test_tls_serves_https_and_plain_http_fails(pki: Path, monitors: list[TrainingMonitor]) -> None:
@@ -484,7 +484,7 @@ def test_requests_over_the_budget_wait_and_are_all_answered(monitors: list[Train
     assert time.monotonic() - began >= 1.9  # a lower bound only: the ten requests over the budget waited
 
 
-def test_finding_1_slow_and_silent_clients_do_not_take_the_endpoint_down(monitors: list[TrainingMonitor]) -> None:
+def test_slow_and_silent_clients_do_not_take_the_endpoint_down(monitors: list[TrainingMonitor]) -> None:
     """50 connections with an unfinished request head and 200 that never send: scrapes are still answered."""
     monitor = start(monitors)
     port = port_of(monitor)
@@ -503,7 +503,7 @@ def test_finding_1_slow_and_silent_clients_do_not_take_the_endpoint_down(monitor
             sock.close()
 
 
-def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(
+def test_a_client_that_drips_bytes_cannot_extend_its_deadline(
     monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ms_exporter.endpoint import server as http_server
@@ -529,7 +529,7 @@ def test_finding_1_a_client_that_drips_bytes_cannot_extend_its_deadline(
         assert closed_after is not None and closed_after < 15, closed_after  # 2 s and a margin, not never
 
 
-def test_finding_11_requests_are_parsed_as_http_1_1_says(monitors: list[TrainingMonitor]) -> None:
+def test_requests_are_parsed_as_http_1_1_says(monitors: list[TrainingMonitor]) -> None:
     port = port_of(start(monitors))
     # Two Content-Length headers that disagree: refused, and the "body" is never taken for a second request.
     smuggled = (
@@ -546,7 +546,7 @@ def test_finding_11_requests_are_parsed_as_http_1_1_says(monitors: list[Training
     assert received.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in received  # not 501
 
 
-def test_finding_4_a_flood_of_page_requests_does_not_delay_the_scrapes(monitors: list[TrainingMonitor]) -> None:
+def test_a_flood_of_page_requests_does_not_delay_the_scrapes(monitors: list[TrainingMonitor]) -> None:
     """Requests for anything but /metrics also wait in a budget of their own (a quarter of the rate): six page
     requests at once take seconds to be served, and a scrape sent after them is answered before the last."""
     monitor = start(monitors, web={"max_requests_per_second": 4})  # the pages' budget: 1 a second
@@ -588,10 +588,10 @@ def request_from(source: str, port: int, headers: dict[str, str]) -> int:
         connection.close()
 
 
-def test_round2_finding_11_a_wrong_password_flood_neither_locks_out_nor_delays_the_honest_scraper(
+def test_a_wrong_password_flood_neither_locks_out_nor_delays_the_honest_scraper(
     monitors: list[TrainingMonitor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue #31, finding 11: eight connections from two addresses sending new wrong passwords for a bcrypt user
+    """Eight connections from two addresses sending new wrong passwords for a bcrypt user
     took every bcrypt check (the right password got 401 for a minute), and their requests waited in the request
     budget the honest scraper waits in, ahead of it: each of its scrapes waited for the whole flood's queue. Now the
     addresses take turns for checks, and a refused request waits in a budget of its own. Counted, not timed: how
@@ -663,10 +663,10 @@ def test_round2_finding_11_a_wrong_password_flood_neither_locks_out_nor_delays_t
     assert checks <= 3 + elapsed * basic_auth.CHECKS_PER_SECOND  # the flood got no more than the ration
 
 
-def test_round2_finding_13_request_heads_over_16_kib_are_refused_however_they_arrive(
+def test_request_heads_over_16_kib_are_refused_however_they_arrive(
     monitors: list[TrainingMonitor],
 ) -> None:
-    """Issue #31, finding 13: h11 measures a head only while it is incomplete, and the server read 64 KiB at a
+    """h11 measures a head only while it is incomplete, and the server read 64 KiB at a
     time, so a head of up to ~64 KB that arrived in one read was served. Now every head is held to 16 KiB."""
     from ms_exporter.endpoint.server import MAX_HEAD_BYTES
 
@@ -691,8 +691,8 @@ atexit.register(lambda: print("at exit", flush=True))
 """
 
 
-def test_round2_finding_1_the_endpoint_answers_while_atexit_closes_the_monitor(tmp_path: Path) -> None:
-    """Issue #31, finding 1: a script that never calls close() has its monitor closed from atexit, after the
+def test_the_endpoint_answers_while_atexit_closes_the_monitor(tmp_path: Path) -> None:
+    """A script that never calls close() has its monitor closed from atexit, after the
     interpreter shut down concurrent.futures' pools; the scrape that should read phase="ended" failed ("cannot
     schedule new futures after shutdown") and every normal end paged. The answer threads are the server's own."""
     process = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""Issue #31, findings 6 and 8: the writing sinks on a read-only or full save_dir and with links planted at the
+"""The writing sinks on a read-only or full save_dir and with links planted at the
 names they write; on real tmpfs mounts (root, as in CI) with real tensorboardX and wandb."""
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def train_a_little(monitor: TrainingMonitor, steps: range = range(1, 6)) -> None
     monitor.on_train_end(context(steps.stop - 1, 1.0))
 
 
-# -- finding 8 --------------------------------------------------------------------------------------------------
-def test_round2_finding_8_tensorboard_on_a_read_only_save_dir_is_counted_and_training_goes_on(tmp_path: Path) -> None:
+# -- a read-only or full save_dir, or a file where a directory goes: counted, training goes on -------------------------
+def test_tensorboard_on_a_read_only_save_dir_is_counted_and_training_goes_on(tmp_path: Path) -> None:
     with read_only_disk(tmp_path / "disk") as disk:
         monitor = TrainingMonitor(port=0, backend="tensorboard", save_dir=str(disk), interval=3600)  # no OSError
         try:
@@ -63,7 +63,7 @@ def test_round2_finding_8_tensorboard_on_a_read_only_save_dir_is_counted_and_tra
         assert counted(monitor, c.ERRORS, "component")["tensorboard"] == 1
 
 
-def test_round2_finding_8_tensorboard_with_a_file_in_place_of_its_directory(tmp_path: Path) -> None:
+def test_tensorboard_with_a_file_in_place_of_its_directory(tmp_path: Path) -> None:
     (tmp_path / "tensorboard").write_text("not a directory")
     monitor = TrainingMonitor(port=0, backend="tensorboard", save_dir=str(tmp_path), interval=3600)
     try:
@@ -74,9 +74,7 @@ def test_round2_finding_8_tensorboard_with_a_file_in_place_of_its_directory(tmp_
     assert (tmp_path / "tensorboard").read_text() == "not a directory"
 
 
-def test_round2_finding_8_wandb_on_a_read_only_save_dir_never_writes_elsewhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_wandb_on_a_read_only_save_dir_never_writes_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     elsewhere = tmp_path / "system-temp"  # where wandb falls back to: tempfile.gettempdir()
     elsewhere.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
@@ -90,7 +88,7 @@ def test_round2_finding_8_wandb_on_a_read_only_save_dir_never_writes_elsewhere(
     assert not (elsewhere / "wandb").exists()  # no run in the system temporary directory
 
 
-def test_round2_finding_8_wandb_records_lost_to_a_full_disk_are_counted(tmp_path: Path) -> None:
+def test_wandb_records_lost_to_a_full_disk_are_counted(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", size=8 << 20) as disk:
         monitor = TrainingMonitor(port=0, backend="wandb", save_dir=str(disk), interval=3600)
         try:
@@ -115,7 +113,7 @@ def test_round2_finding_8_wandb_records_lost_to_a_full_disk_are_counted(tmp_path
         assert counted(monitor, c.ERRORS, "component")["wandb"] >= 1
 
 
-# -- finding 6 --------------------------------------------------------------------------------------------------
+# -- no write follows a planted link -----------------------------------------------------------------------------------
 def victim(tmp_path: Path) -> Path:
     """A file of the training user that a planted link points at: it must stay as it is."""
     target = tmp_path / "victim.txt"
@@ -123,7 +121,7 @@ def victim(tmp_path: Path) -> Path:
     return target
 
 
-def test_round2_finding_6_a_link_at_the_json_lines_name_is_not_followed(tmp_path: Path) -> None:
+def test_a_link_at_the_json_lines_name_is_not_followed(tmp_path: Path) -> None:
     precious = victim(tmp_path)
     save_dir = tmp_path / "run"
     save_dir.mkdir()
@@ -137,7 +135,7 @@ def test_round2_finding_6_a_link_at_the_json_lines_name_is_not_followed(tmp_path
     assert counted(monitor, c.ERRORS, "component")["local"] >= 1
 
 
-def test_round2_finding_6_rotation_past_a_planted_directory_keeps_writing(tmp_path: Path) -> None:
+def test_rotation_past_a_planted_directory_keeps_writing(tmp_path: Path) -> None:
     (tmp_path / "metrics-rank0.jsonl.1").mkdir()  # no rename may land there
     monitor = TrainingMonitor(
         port=0, backend="local", save_dir=str(tmp_path), interval=3600, max_file_mb=0.001, max_files=2
@@ -161,11 +159,11 @@ def test_round2_finding_6_rotation_past_a_planted_directory_keeps_writing(tmp_pa
     assert (tmp_path / "metrics-rank0.jsonl.1").is_dir()
 
 
-def test_round2_finding_6_file_sd_writes_through_no_planted_link(tmp_path: Path) -> None:
+def test_file_sd_writes_through_no_planted_link(tmp_path: Path) -> None:
     precious = victim(tmp_path)
     shared = tmp_path / "targets"
     shared.mkdir()
-    os.chmod(shared, 0o777)  # as round one made it: any local user could plant links here
+    os.chmod(shared, 0o777)  # as older versions made it: any local user could plant links here
     name = "ms-exporter-default-rank0.json"
     (shared / f".{name}.{os.getpid()}.tmp").symlink_to(precious)  # the old, predictable temporary
     (shared / name).symlink_to(precious)
@@ -179,7 +177,7 @@ def test_round2_finding_6_file_sd_writes_through_no_planted_link(tmp_path: Path)
     assert precious.read_text() == "precious\n"
 
 
-def test_round2_finding_6_hang_dumps_write_through_no_planted_link(tmp_path: Path) -> None:
+def test_hang_dumps_write_through_no_planted_link(tmp_path: Path) -> None:
     precious = victim(tmp_path)
     path = tmp_path / "run" / "hang-rank0-20260101T000000Z.txt"
     path.parent.mkdir()
@@ -190,7 +188,7 @@ def test_round2_finding_6_hang_dumps_write_through_no_planted_link(tmp_path: Pat
     assert path.read_text() == "stacks\n" and not path.is_symlink()
 
 
-def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable(tmp_path: Path) -> None:
+def test_directories_the_monitor_creates_are_not_world_writable(tmp_path: Path) -> None:
     save_dir = tmp_path / "run" / "deeper"
     shared = tmp_path / "ms-exporter-targets"  # the documented default, /tmp/ms-exporter-targets, created fresh
     monitor = TrainingMonitor(
@@ -225,12 +223,10 @@ def test_round2_finding_6_directories_the_monitor_creates_are_not_world_writable
         assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0, path
 
 
-def test_round2_finding_6_a_shared_directory_without_the_sticky_bit_is_named(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_shared_directory_without_the_sticky_bit_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     shared = tmp_path / "ms-exporter-targets"
     shared.mkdir()
-    os.chmod(shared, 0o777)  # as versions before round two made /tmp/ms-exporter-targets
+    os.chmod(shared, 0o777)  # as older versions made /tmp/ms-exporter-targets
     monitor = TrainingMonitor(port=0, file_sd_dir=str(shared))
     try:
         assert any(

@@ -11,7 +11,7 @@ LOSS_TWICE = MetricFamily("mindspore_train_loss_twice", "gauge", "The loss, doub
 
 
 class LossSpreadStrategy:
-    """Written as the first article writes one: no base class, a config dict in, a record out."""
+    """Written as the strategy-container article writes one: no base class, a config dict in, a record out."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.scale = float(config.get("scale", 1.0))

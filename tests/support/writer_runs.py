@@ -1,4 +1,4 @@
-"""A tiny real training with a config in the shape of the seed's (issue #23), for the file-writing backends."""
+"""A tiny real training with a config shaped like the monitor_config article's block, for the file-writing backends."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def train(config: Any) -> TrainingMonitor:
 
 
 def seed_shaped_config(tmp_path: Path, backend: str) -> str:
-    """A monitor.yaml in the shape of the seed's config (issue #23), with save_dir tmp_path/out."""
+    """A monitor.yaml shaped like the monitor_config article's block (its `metrics` list, a `warn_on_value`), with
+    `backend` and save_dir tmp_path/out."""
     config = tmp_path / "monitor.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -1,4 +1,4 @@
-"""The source articles' configuration blocks, verbatim, read as what they mean (ms_exporter/config/article_keys.py);
+"""The articles' configuration blocks, verbatim, read as what they mean (ms_exporter/config/article_keys.py);
 their real mistakes stay ConfigErrors that name the key the user wrote."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The source articles' code, as they write it, does what their readers expect: the first article's strategy classes
-build its container, the third article's callback.params handed over alone is named, `enable: false` says so, and
-the article's progress line shows without `backend: console`."""
+"""The articles' code, as they write it, does what their readers expect: the strategy-container article's strategy
+classes build its container, the monitor_config article's callback.params handed over alone is named, `enable: false`
+says so, and the monitor_config article's progress line shows without `backend: console`."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_a_strategy_objects_mistake_is_a_config_error_naming_the_class() -> None
 def test_callback_params_alone_warns_naming_the_blocks_keys_and_the_fix(
     caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The third article's build_monitor_callbacks passes cfg["callback"]["params"] only."""
+    """The monitor_config article's build_monitor_callbacks passes cfg["callback"]["params"] only."""
     monkeypatch.chdir(tmp_path)
     caplog.set_level(logging.INFO, logger="ms_exporter")
     block = yaml.safe_load(THIRD.read_text())["monitor_config"]
@@ -218,7 +218,8 @@ def test_the_third_articles_block_in_a_mindformers_run_yaml_says_where_it_goes(t
         load_config(run)
     (problem,) = raised.value.problems
     held = problem.split("holds ", 1)[1].split(", which", 1)[0].split(", ")
-    assert sorted(held) == sorted(block)  # every key of the article's block, each one of ours, none of its
+    # Every key of the monitor_config article's block: each one of ours, none of MindSpore Transformers' own.
+    assert sorted(held) == sorted(block)
     assert f"unexpected key: {held[0]}" in problem and "config: monitor.yaml" in problem
     (tmp_path / "monitor.yaml").write_text(yaml.safe_dump({"monitor_config": block}))
     assert load_config(tmp_path / "monitor.yaml").backend == ("local", "tensorboard")  # where it goes: read whole

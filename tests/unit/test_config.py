@@ -485,9 +485,9 @@ def test_web_config_file_problems(tmp_path: Path) -> None:
     assert list(config.web.basic_auth_users) == ["grafana"] and config.web.cache_seconds == 0.0
 
 
-# -- issue #19, finding 9: every input ends in the one ConfigError, quickly and with a short message ------------
+# -- every input ends in the one ConfigError, quickly and with a short message --------------------------------
 @pytest.mark.parametrize("value", [10**400, -(10**400), 1e308, 2**64])
-def test_finding_9_numbers_past_any_bound_are_config_errors(value: Any) -> None:
+def test_numbers_past_any_bound_are_config_errors(value: Any) -> None:
     for path, _ in leaves(MonitorConfig):
         try:
             config: Any = load_config(nested(path, value))
@@ -503,7 +503,7 @@ def test_finding_9_numbers_past_any_bound_are_config_errors(value: Any) -> None:
         )
 
 
-def test_finding_9_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_are_refused() -> None:
+def test_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_are_refused() -> None:
     for raw in (
         {"interval": 1e10},
         {"max_file_mb": 1e308},
@@ -514,7 +514,7 @@ def test_finding_9_an_interval_no_thread_can_wait_and_a_file_size_no_int_holds_a
             load_config(raw)
 
 
-def test_finding_9_a_400_digit_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_400_digit_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MS_EXPORTER_INTERVAL", "9" * 400)
     with pytest.raises(
         ConfigError,
@@ -524,7 +524,7 @@ def test_finding_9_a_400_digit_environment_value_is_a_config_error(monkeypatch: 
         load_config()
 
 
-def test_finding_9_a_misspelt_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_misspelt_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MS_EXPORTER_INTERVL", "5")
     with pytest.raises(
         ConfigError, match="MS_EXPORTER_INTERVL: not a monitor_config key; did you mean MS_EXPORTER_INTERVAL"
@@ -550,9 +550,7 @@ BOMB = (
         ("monitor_config:\n  tags: " + "[" * 500 + "]" * 500 + "\n", "nested deeper than 64"),
     ],
 )
-def test_finding_9_yaml_alias_bombs_recursion_and_nesting_are_config_errors(
-    tmp_path: Path, text: str, said: str
-) -> None:
+def test_yaml_alias_bombs_recursion_and_nesting_are_config_errors(tmp_path: Path, text: str, said: str) -> None:
     path = tmp_path / "monitor.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=said) as raised:
@@ -560,7 +558,7 @@ def test_finding_9_yaml_alias_bombs_recursion_and_nesting_are_config_errors(
     assert len(str(raised.value)) < 1000
 
 
-def test_finding_9_a_fifo_a_device_and_a_huge_file_are_refused_without_reading_them(tmp_path: Path) -> None:
+def test_a_fifo_a_device_and_a_huge_file_are_refused_without_reading_them(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     huge = tmp_path / "huge.yaml"
@@ -588,7 +586,7 @@ def test_finding_9_a_fifo_a_device_and_a_huge_file_are_refused_without_reading_t
         assert done.stdout.startswith("ConfigError") and said in done.stdout, (path, done.stdout, done.stderr)
 
 
-def test_finding_9_two_monitors_cannot_share_one_json_lines_file(tmp_path: Path) -> None:
+def test_two_monitors_cannot_share_one_json_lines_file(tmp_path: Path) -> None:
     from ms_exporter import TrainingMonitor
 
     first = TrainingMonitor(port=0, backend=["prometheus", "local"], save_dir=str(tmp_path))
@@ -601,7 +599,7 @@ def test_finding_9_two_monitors_cannot_share_one_json_lines_file(tmp_path: Path)
     TrainingMonitor(port=0, backend=["local"], save_dir=str(tmp_path)).close()  # free again once closed
 
 
-def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_problems() -> None:
+def test_a_config_error_rebuilt_from_its_text_keeps_its_problems() -> None:
     """MindSpore Transformers' registry re-raises `type(e)(f"{cls}: {e}")`: that must read as the same problems under
     the class's name, not one problem per character; any other string is one problem."""
     with pytest.raises(ConfigError) as raised:
@@ -618,12 +616,12 @@ def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_proble
 
 @pytest.mark.parametrize("key", ["save_dir", "file_sd_dir", "web.config_file", "web.tls_cert_file"])
 @pytest.mark.parametrize("bad", ["run\x00s", "runs\n", "runs\x1b[2J", "runs\x7f"])
-def test_round2_finding_13_a_control_character_in_a_path_is_a_config_error(key: str, bad: str) -> None:
+def test_a_control_character_in_a_path_is_a_config_error(key: str, bad: str) -> None:
     with pytest.raises(ConfigError, match=rf"monitor_config\.{key}: must be a path without control characters"):
         load_config(nested(key, bad))
 
 
-def test_round2_finding_13_a_nul_in_save_dir_fails_check_config_not_the_monitor(tmp_path: Path) -> None:
+def test_a_nul_in_save_dir_fails_check_config_not_the_monitor(tmp_path: Path) -> None:
     from ms_exporter import TrainingMonitor
 
     path = write(tmp_path, 'monitor_config: {backend: [local], save_dir: "runs\\0x"}\n')
@@ -659,7 +657,7 @@ def lower_bound(key: str) -> float:
     return float(message.split("at least ")[1].split()[0])
 
 
-def test_round2_finding_13_every_interval_has_a_documented_lower_bound() -> None:
+def test_every_interval_has_a_documented_lower_bound() -> None:
     named = {path for path, _ in leaves(MonitorConfig) if path.rsplit(".", 1)[-1] in ("interval", "save_seconds")}
     assert named == set(INTERVAL_KEYS)
     rows = {
@@ -679,7 +677,7 @@ def test_round2_finding_13_every_interval_has_a_documented_lower_bound() -> None
         assert f"at least {low:g} " in rows[key], (key, rows[key])
 
 
-def test_round2_credential_check_config_hides_a_token_and_query_values_of_a_target() -> None:
+def test_check_config_hides_a_token_and_query_values_of_a_target() -> None:
     config = load_config(
         {
             "pushgateway": {"url": "https://tok3n@gateway:9091/?api_key=k3y&debug"},

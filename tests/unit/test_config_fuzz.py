@@ -29,7 +29,7 @@ scalars = st.one_of(
     st.sampled_from(
         ["prometheus", "otlp", "loss", "grpc", "train_end", "$2b$", "sha256:", "0.0.0.0", "1e3", "on", "http://u:p@h:1"]
     ),
-    # round two: control characters in paths, intervals at and past their lower bounds
+    # control characters in paths (a ConfigError at the key), intervals at and past their lower bounds
     st.sampled_from(["runs\x00x", "runs\n", "\x1b[2J", "a\x7f", "x" * 4097]),
     st.sampled_from([1e-9, 0.0499, 0.05, 0.0999, 0.1, 5e-324]),
 )
@@ -223,7 +223,7 @@ PATH_KEYS = (
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(PATH_KEYS), st.text(max_size=40))
-def test_round2_finding_13_any_text_as_a_path_is_a_config_or_a_config_error(key: str, text: str) -> None:
+def test_any_text_as_a_path_is_a_config_or_a_config_error(key: str, text: str) -> None:
     """A path key takes a path without control characters (NUL, newline, escape, DEL) or says why not, at that key."""
     section, _, sub = key.rpartition(".")
     raw: dict[str, Any] = {section: {sub: text}} if section else {sub: text}
@@ -246,9 +246,7 @@ def test_round2_finding_13_any_text_as_a_path_is_a_config_or_a_config_error(key:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(max_size=60).filter(lambda p: "\n  - " not in p), min_size=1, max_size=5), st.text(max_size=30))
-def test_round2_finding_12_a_config_error_rebuilt_from_its_text_keeps_its_problems(
-    problems: list[str], prefix: str
-) -> None:
+def test_a_config_error_rebuilt_from_its_text_keeps_its_problems(problems: list[str], prefix: str) -> None:
     """MindSpore Transformers' registry re-raises `type(e)(f"{cls}: {e}")`; the problems survive it."""
     error = ConfigError(problems)
     again = type(error)(f"{prefix}: {error}")

@@ -181,7 +181,7 @@ def run_hangs(*targets: Path, limit_bytes: int | None = None) -> subprocess.Comp
     )
 
 
-def test_round2_finding_13_hangs_refuses_a_dump_that_is_a_fifo_without_waiting(tmp_path: Path) -> None:
+def test_hangs_refuses_a_dump_that_is_a_fifo_without_waiting(tmp_path: Path) -> None:
     day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
     os.mkfifo(tmp_path / "hang-rank0-20261201T060000Z.txt")  # nothing ever writes to it
     write_dump(tmp_path, 1, "data_wait", 6.5, day)
@@ -195,7 +195,7 @@ def test_round2_finding_13_hangs_refuses_a_dump_that_is_a_fifo_without_waiting(t
     assert any(line.startswith("rank 1 (project demo): data_wait for 6 s") for line in lines), lines
 
 
-def test_round2_finding_13_hangs_reads_the_head_of_a_huge_dump_not_all_of_it(tmp_path: Path) -> None:
+def test_hangs_reads_the_head_of_a_huge_dump_not_all_of_it(tmp_path: Path) -> None:
     """A 1 GB dump (sparse) is read in a process that may not hold 512 MB: only its first lines are read."""
     day = datetime.datetime(2026, 12, 1, 6, 0, tzinfo=datetime.timezone.utc)
     path = write_dump(tmp_path, 3, "checkpoint", 1900.0, day)

@@ -1,6 +1,6 @@
 """The hardware monitor: readers run on their own threads; one that raises, hangs or returns garbage is counted
 and costs nobody a wait; readings land in the store under the device families; the host reader reads psutil;
-the `hardware` section and the article's `enable_hardware_monitor` switch it."""
+the `hardware` section and the strategy-container article's `enable_hardware_monitor` switch it."""
 
 from __future__ import annotations
 

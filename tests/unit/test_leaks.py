@@ -1,4 +1,4 @@
-"""Issue #19, finding 10: what the monitor prints and logs leaks no secret, and an open endpoint is said to be open."""
+"""What the monitor prints and logs leaks no secret, and an open endpoint is said to be open."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ms_exporter.core.store import MetricStore
 SECRET = "s3cr3t-pw"
 
 
-def test_finding_10_url_passwords_stay_out_of_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_url_passwords_stay_out_of_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "monitor.yaml"
     path.write_text(
         f"monitor_config:\n  pushgateway:\n    url: http://ops:{SECRET}@gateway:9091\n"
@@ -27,7 +27,7 @@ def test_finding_10_url_passwords_stay_out_of_check_config(tmp_path: Path, capsy
     assert "http://ops:<redacted>@gateway:9091" in printed and "https://ops:<redacted>@collector:4318" in printed
 
 
-def test_finding_10_url_passwords_stay_out_of_config_errors_and_error_logs(caplog: pytest.LogCaptureFixture) -> None:
+def test_url_passwords_stay_out_of_config_errors_and_error_logs(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ConfigError) as raised:
         load_config({"pushgateway": {"url": f"http://ops:{SECRET}@gateway:9091", "timeout": "soon"}})
     with pytest.raises(ConfigError) as bad_url:
@@ -40,7 +40,7 @@ def test_finding_10_url_passwords_stay_out_of_config_errors_and_error_logs(caplo
 
 
 @pytest.mark.parametrize(("address", "warned"), [("0.0.0.0", True), ("127.0.0.1", False), ("::1", False)])
-def test_finding_10_an_endpoint_open_to_other_hosts_without_tls_or_auth_is_warned_about(
+def test_an_endpoint_open_to_other_hosts_without_tls_or_auth_is_warned_about(
     address: str, warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
@@ -49,7 +49,7 @@ def test_finding_10_an_endpoint_open_to_other_hosts_without_tls_or_auth_is_warne
     assert ("reachable from other hosts without TLS or a password" in caplog.text) is warned
 
 
-def test_finding_10_an_open_endpoint_with_a_password_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_open_endpoint_with_a_password_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     users = {"prometheus": "sha256:" + "0" * 64}
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
         TrainingMonitor(port=0, bind_address="0.0.0.0", web={"basic_auth_users": users}).close()

@@ -1,4 +1,4 @@
-"""What the live page is handed (issue #37): the newest loss as its headline says it, non-finite steps told from steps
+"""What the live page is handed: the newest loss as its headline says it, non-finite steps told from steps
 without a loss, and the stall rule's numbers from core/thresholds.py. What the page does with them: the browser
 tests in tests/integration/test_pictures.py."""
 

@@ -1,4 +1,4 @@
-"""MindSpore Transformers' own monitor_config keys, and its run YAML as a config file (issue #23)."""
+"""MindSpore Transformers' own monitor_config keys, and its run YAML as a config file."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def build_like_mindformers(entry: dict[str, Any]) -> Any:
         raise type(e)(f"{TrainingMonitor.__name__}: {e}") from None
 
 
-def test_round2_finding_12_a_config_error_through_the_registry_names_each_problem_and_the_key_written() -> None:
+def test_a_config_error_through_the_registry_names_each_problem_and_the_key_written() -> None:
     entry = {
         "type": "TrainingMonitor",
         "port": -1,
@@ -161,7 +161,7 @@ def test_round2_finding_12_a_config_error_through_the_registry_names_each_proble
     assert port.endswith("(from keyword argument port=)")
 
 
-def test_round2_finding_12_each_read_key_is_named_for_its_own_value() -> None:
+def test_each_read_key_is_named_for_its_own_value() -> None:
     with pytest.raises(ConfigError) as raised:
         load_config({"step_interval": 0, "global_norm_spike_threshold": 0, "grad_norm": {"top_k": 3}})
     assert sorted(raised.value.problems) == [

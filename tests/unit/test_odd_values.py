@@ -88,7 +88,7 @@ class Unreadable:
         raise RuntimeError("the device is gone")
 
 
-def test_finding_8_a_loss_that_cannot_be_read_still_counts_the_step() -> None:
+def test_a_loss_that_cannot_be_read_still_counts_the_step() -> None:
     monitor = TrainingMonitor(port=0, warmup_steps=0, web={"cache_seconds": 0})
     try:
         monitor.on_train_begin(run_context(0, Unreadable()))

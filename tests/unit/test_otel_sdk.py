@@ -148,7 +148,7 @@ SECRET = "s3cr3t-pw"
         ),
     ],
 )
-def test_round2_credential_the_otlp_target_is_logged_without_its_credentials(
+def test_the_otlp_target_is_logged_without_its_credentials(
     configured: str | None,
     variable: str | None,
     shown: str,

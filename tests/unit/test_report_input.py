@@ -46,7 +46,7 @@ def write(path: Path, *lines: bytes) -> Path:
 
 
 @pytest.mark.parametrize("kind", list(BAD_LINES))
-def test_round2_finding_13_a_line_that_is_no_record_is_skipped_and_said(tmp_path: Path, kind: str) -> None:
+def test_a_line_that_is_no_record_is_skipped_and_said(tmp_path: Path, kind: str) -> None:
     line, why = BAD_LINES[kind]
     path = write(tmp_path / "metrics-rank0.jsonl", step(1), step(2), line, step(3, "NaN"), step(4, 0.25))
     run = load_run([path])
@@ -60,7 +60,7 @@ def test_round2_finding_13_a_line_that_is_no_record_is_skipped_and_said(tmp_path
     assert "odd" in render([run])  # and the page renders
 
 
-def test_round2_finding_13_the_report_command_says_what_it_skipped_and_prints_no_traceback(tmp_path: Path) -> None:
+def test_the_report_command_says_what_it_skipped_and_prints_no_traceback(tmp_path: Path) -> None:
     path = write(tmp_path / "metrics-rank0.jsonl", step(1), *(line for line, _ in BAD_LINES.values()), step(2))
     output = tmp_path / "report.html"
     done = subprocess.run(
@@ -78,7 +78,7 @@ def test_round2_finding_13_the_report_command_says_what_it_skipped_and_prints_no
     assert output.is_file()
 
 
-def test_round2_finding_13_a_50_mb_line_is_skipped_without_stopping_the_report(tmp_path: Path) -> None:
+def test_a_50_mb_line_is_skipped_without_stopping_the_report(tmp_path: Path) -> None:
     """A line longer than MAX_LINE_BYTES is read past in chunks, never held whole: even a valid record is skipped."""
     huge = json.dumps({"type": "event", "event": "x" * (50 * 1024 * 1024)}).encode() + b"\n"
     assert len(huge) > MAX_LINE_BYTES
@@ -97,7 +97,7 @@ def test_round2_finding_13_a_50_mb_line_is_skipped_without_stopping_the_report(t
     assert summary(load_run([write(tmp_path / "fits.jsonl", step(1), fits)]))["steps"] == 3
 
 
-def test_round2_finding_13_the_wrong_file_is_still_named(tmp_path: Path) -> None:
+def test_the_wrong_file_is_still_named(tmp_path: Path) -> None:
     for first in (b"\xff\xfe binary\n", b"not json\n"):
         with pytest.raises(ReportError, match=r"wrong.jsonl:1: not"):
             load_run([write(tmp_path / "wrong.jsonl", first, step(1))])

@@ -53,7 +53,7 @@ def test_max_requests_per_second_is_zero_or_positive() -> None:
         load_config({"web": {"max_requests_per_second": -1}})
 
 
-def test_finding_4_an_expensive_answer_is_paid_for_by_the_requests_after_it() -> None:
+def test_an_expensive_answer_is_paid_for_by_the_requests_after_it() -> None:
     """The budget counts work, not requests: an answer that took 5 ms of CPU costs 5 plain requests' tokens, and
     one answer's charge is capped, so clients queued behind it wait at most MAX_CHARGE tokens longer."""
     clock = FakeClock()

@@ -428,7 +428,7 @@ def test_keep_unlisted_filters_a_real_pipeline_before_batch(tmp_path: Path) -> N
     assert [row[1].tolist() for row in dataset.create_tuple_iterator(output_numpy=True)] == [[0, 1], [4, 5]]
 
 
-# -- issue #31, round two: actions that fail alone ------------------------------------------------------------------
+# -- actions that fail alone (docs/reliability.md) ----------------------------------------------------------------
 
 
 def _dense_states(directory: Path, max_kept: int = 2) -> tuple[nn.Cell, GoodStates]:
@@ -439,7 +439,7 @@ def _dense_states(directory: Path, max_kept: int = 2) -> tuple[nn.Cell, GoodStat
     return net, states
 
 
-def test_round2_finding_5_a_good_state_that_cannot_be_read_is_removed_and_the_one_before_restored(
+def test_a_good_state_that_cannot_be_read_is_removed_and_the_one_before_restored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     net, states = _dense_states(tmp_path)
@@ -465,7 +465,7 @@ def test_round2_finding_5_a_good_state_that_cannot_be_read_is_removed_and_the_on
     assert states.restore_newest() is None and states.kept_steps == []
 
 
-def test_round2_finding_6_good_states_and_the_list_replace_planted_links_never_follow_them(tmp_path: Path) -> None:
+def test_good_states_and_the_list_replace_planted_links_never_follow_them(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     victims = {name: outside / name for name in ("state", "partial", "list", "lock", "list-partial")}
@@ -477,7 +477,7 @@ def test_round2_finding_6_good_states_and_the_list_replace_planted_links_never_f
     pid = os.getpid()
     final = directory / f"good-run-rank0-pid{pid}-step000000000001-1.npz"
     final.symlink_to(victims["state"])
-    (directory / "good-step000000000001-1.npz.partial").symlink_to(victims["partial"])  # the names before round two
+    (directory / "good-step000000000001-1.npz.partial").symlink_to(victims["partial"])  # an older version's name
     (tmp_path / "skipped-batches.json").symlink_to(victims["list"])
     (tmp_path / "skipped-batches.json.lock").symlink_to(victims["lock"])
     (tmp_path / f"skipped-batches.json.{pid}.partial").symlink_to(victims["list-partial"])
@@ -492,9 +492,7 @@ def test_round2_finding_6_good_states_and_the_list_replace_planted_links_never_f
     assert list(tmp_path.glob("skipped-batches.json.unusable-*")) != []
 
 
-def test_round2_finding_9_a_corrupt_list_is_moved_aside_and_a_new_one_started(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_corrupt_list_is_moved_aside_and_a_new_one_started(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "skipped-batches.json"
     path.write_text('{"version": 1, "batches": [{"step": 3}')  # torn
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
@@ -507,7 +505,7 @@ def test_round2_finding_9_a_corrupt_list_is_moved_aside_and_a_new_one_started(
 
 
 @pytest.mark.parametrize("helper", ["SkipListedSamples", "KeepUnlisted"])
-def test_round2_finding_9_the_dataset_helpers_name_a_corrupt_list_and_what_is_wrong(
+def test_the_dataset_helpers_name_a_corrupt_list_and_what_is_wrong(
     helper: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "skipped-batches.json"
@@ -535,7 +533,7 @@ def test_round2_finding_9_the_dataset_helpers_name_a_corrupt_list_and_what_is_wr
     assert any("still left out" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
 
 
-def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_are_removed_at_the_start(
+def test_leftovers_of_earlier_processes_of_this_run_and_rank_are_removed_at_the_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from ms_exporter.actions.runner import ActionRunner
@@ -552,7 +550,7 @@ def test_round2_finding_13_leftovers_of_earlier_processes_of_this_run_and_rank_a
         states / "good-job7-rank0-pid99999-step000000000100-1.npz",  # a killed process of this run and rank
         states / ".good-job7-rank0-pid99999-step000000000200-2.npz.k3j_x9.partial",
         states / f"good-job7-rank0-pid{pid}-step000000000300-1.npz",  # this pid, but older than this process
-        states / "good-step000000000100-1.npz.partial",  # a temporary of the names before round two
+        states / "good-step000000000100-1.npz.partial",  # a temporary named by an older version
         tmp_path / "skipped-batches.json.4242.partial",
         tmp_path / ".skipped-batches.json.ab_12x.partial",
     ]

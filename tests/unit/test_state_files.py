@@ -1,5 +1,6 @@
 """The goodput ledger's state files against what an earlier process, a full disk or another job may leave in
-save_dir (issue #31, round two: findings 3, 6, 7, 10 and the saver thread of 13)."""
+save_dir: odd state files, planted links, a full disk, two processes on one save_dir and rank, and the saver
+thread of a construction that fails."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def moved_aside(directory: Path, name: str) -> list[Path]:
     return sorted(directory.glob(f"{name}.unusable-*"))
 
 
-# -- finding 7: odd run state files -----------------------------------------------------------------------------
+# -- odd run state files -----------------------------------------------------------------------------------------------
 ODD_STATES = {
     "not_utf8": b"\xff\xfe" + encoded(a_state()),
     "highest_step_text": encoded(a_state(highest_step="abc")),
@@ -116,7 +117,7 @@ ODD_STATES = {
 
 
 @pytest.mark.parametrize("content", ODD_STATES.values(), ids=ODD_STATES.keys())
-def test_round2_finding_7_an_odd_run_state_is_moved_aside_and_the_run_starts_anew(
+def test_an_odd_run_state_is_moved_aside_and_the_run_starts_anew(
     tmp_path: Path, content: bytes, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / STATE).write_bytes(content)
@@ -134,7 +135,7 @@ def test_round2_finding_7_an_odd_run_state_is_moved_aside_and_the_run_starts_ane
     assert saved["restarts"] == 0 and saved["process"]["pid"] == os.getpid()
 
 
-def test_round2_finding_7_a_fifo_as_run_state_does_not_hang_construction(
+def test_a_fifo_as_run_state_does_not_hang_construction(
     tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
     fifo = tmp_path / STATE
@@ -154,7 +155,7 @@ def test_round2_finding_7_a_fifo_as_run_state_does_not_hang_construction(
     assert aside.is_fifo() and "is not a regular file" in caplog.text
 
 
-def test_round2_finding_7_a_symlink_to_dev_zero_as_run_state_is_not_read(
+def test_a_symlink_to_dev_zero_as_run_state_is_not_read(
     tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / STATE).symlink_to("/dev/zero")
@@ -173,7 +174,7 @@ ODD_MARKS = {
 
 
 @pytest.mark.parametrize("content", ODD_MARKS.values(), ids=ODD_MARKS.keys())
-def test_round2_finding_7_an_odd_step_mark_is_moved_aside_and_the_saved_highest_step_counts(
+def test_an_odd_step_mark_is_moved_aside_and_the_saved_highest_step_counts(
     tmp_path: Path, content: bytes, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / STATE).write_bytes(encoded(a_state()))
@@ -199,8 +200,8 @@ def test_a_good_step_mark_past_the_last_save_is_the_redo_limit(
     assert moved_aside(tmp_path, MARK) == [] and moved_aside(tmp_path, STATE) == []
 
 
-# -- finding 6: no write follows a link ---------------------------------------------------------------------------
-def test_round2_finding_6_a_symlink_at_the_step_mark_is_not_written_through(
+# -- no write follows a link -------------------------------------------------------------------------------------------
+def test_a_symlink_at_the_step_mark_is_not_written_through(
     tmp_path: Path, monitor_in: Callable[..., TrainingMonitor]
 ) -> None:
     precious = tmp_path / "elsewhere" / "precious.bin"
@@ -219,7 +220,7 @@ def test_round2_finding_6_a_symlink_at_the_step_mark_is_not_written_through(
     assert aside.is_symlink()
 
 
-def test_round2_finding_6_the_run_state_is_saved_through_a_fresh_temporary(
+def test_the_run_state_is_saved_through_a_fresh_temporary(
     tmp_path: Path, monitor_in: Callable[..., TrainingMonitor]
 ) -> None:
     precious = tmp_path / "precious.txt"
@@ -240,9 +241,9 @@ def test_round2_finding_6_the_run_state_is_saved_through_a_fresh_temporary(
     assert exported(monitor)["errors"]["goodput"] == 0
 
 
-# -- finding 3: a full disk ---------------------------------------------------------------------------------------
+# -- a full disk -------------------------------------------------------------------------------------------------------
 @pytest.mark.integration
-def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_off_without_sigbus(
+def test_a_full_disk_at_construction_switches_the_ledger_files_off_without_sigbus(
     tmp_path: Path,
 ) -> None:
     from tests.support.disks import fill, small_disk
@@ -279,7 +280,7 @@ def test_round2_finding_3_a_full_disk_at_construction_switches_the_ledger_files_
         assert not any(name.endswith(".partial") for name in leftovers), leftovers
 
 
-def test_round2_finding_3_the_step_mark_is_allocated_before_it_is_mapped(
+def test_the_step_mark_is_allocated_before_it_is_mapped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without a tmpfs to fill: a file system that has no block for the mark is the same ENOSPC."""
@@ -304,8 +305,8 @@ def test_round2_finding_3_the_step_mark_is_allocated_before_it_is_mapped(
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no hole of a .step, no temporary, no lock left
 
 
-# -- finding 10: two processes on one save_dir and rank ---------------------------------------------------------
-def test_round2_finding_10_a_second_process_leaves_the_owners_files_alone(
+# -- two processes on one save_dir and rank ----------------------------------------------------------------------------
+def test_a_second_process_leaves_the_owners_files_alone(
     tmp_path: Path, monitor_in: Callable[..., TrainingMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The other process is a lock taken here on a descriptor of its own (flock is per open file description)."""
@@ -420,7 +421,7 @@ class Child:
 
 
 @pytest.mark.integration
-def test_round2_finding_10_two_processes_on_one_save_dir_keep_their_files_apart(tmp_path: Path) -> None:
+def test_two_processes_on_one_save_dir_keep_their_files_apart(tmp_path: Path) -> None:
     save_dir = tmp_path / "save"
     first = Child(save_dir, tmp_path / "first.log")
     try:
@@ -457,12 +458,12 @@ def test_round2_finding_10_two_processes_on_one_save_dir_keep_their_files_apart(
     assert not (save_dir / "ms_exporter-rank0.lock").exists()  # let go by the owner's close
 
 
-# -- 13 (smaller): a monitor whose construction fails leaves no saver thread ----------------------------------
+# -- a monitor whose construction fails leaves no saver thread ---------------------------------------------------------
 def goodput_threads() -> int:
     return sum(1 for thread in threading.enumerate() if thread.name == "ms_exporter-goodput")
 
 
-def test_round2_finding_13_goodput_starts_its_saver_only_when_told(tmp_path: Path) -> None:
+def test_goodput_starts_its_saver_only_when_told(tmp_path: Path) -> None:
     config = load_config({"save_dir": str(tmp_path), "run_id": RUN_ID, "goodput": {"save_seconds": 0.1}})
     store = MetricStore()
     before = goodput_threads()

@@ -113,7 +113,8 @@ def test_a_nan_a_strategy_returns_stays_nan() -> None:
 
 def test_every_n_steps_thins_the_calls() -> None:
     spread = LossSpreadStrategy({})
-    spread.every_n_steps = 2  # type: ignore[attr-defined]  # the article's classes may carry it too
+    # The strategy-container article's classes may carry it too.
+    spread.every_n_steps = 2  # type: ignore[attr-defined]
     monitor = TransformersMonitorCallback([spread], port=0)
     try:
         _run(monitor, steps=5)

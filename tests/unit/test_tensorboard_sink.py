@@ -59,9 +59,7 @@ def test_a_writer_that_fails_costs_its_records_never_the_training(tmp_path: Path
     assert disabled["tensorboard"] == 1
 
 
-def test_round2_finding_4_a_stuck_writer_is_given_up_within_the_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_stuck_writer_is_given_up_within_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that never returns (a disk that does not answer): train end, a signal and close each come back
     within WAIT_SECONDS, the records are counted as lost and the backend is off."""
     import threading

@@ -473,7 +473,7 @@ def test_a_rank_that_ended_and_went_is_ended_and_one_that_crashed_is_down(tmp_pa
         poller.close()
 
 
-def test_finding_10_label_values_with_terminal_escapes_are_shown_not_sent() -> None:
+def test_label_values_with_terminal_escapes_are_shown_not_sent() -> None:
     """A target's label values reach the operator's terminal: escapes (clear screen, retitle, bell) are defused."""
     hostile = "\x1b]0;owned\x07\x1b[2J"
     page = STEP8.replace('project="capture"', f'project="{hostile}"')
@@ -575,7 +575,7 @@ def test_a_cpu_only_rank_shows_its_host_or_a_dash() -> None:
     assert cells == ["-", "-", "-"]
 
 
-# -- issue #37: a stall, a non-finite loss, an ended rank and stale values at a glance ------------------------------
+# -- a stall, a non-finite loss, an ended rank and stale values at a glance -----------------------------------------
 
 
 def with_stall(page: str, phase: str, phase_seconds: float, deadline: float) -> str:

@@ -1,5 +1,5 @@
 """A TensorBoard or W&B writer that fails until it is switched off, or cannot start at all, hands the run to JSON
-Lines (the first source article's rule), once, and says so; where JSON Lines runs already, it only says so."""
+Lines (the strategy-container article's rule), once, and says so; where JSON Lines runs already, it only says so."""
 
 from __future__ import annotations
 
