@@ -70,19 +70,3 @@ class Thresholds:
 
 
 DEFAULTS = Thresholds()
-
-
-def is_straggler(
-    wait: float, cycle: float, median_wait: float, median_cycle: float, thresholds: Thresholds = DEFAULTS
-) -> bool:
-    """MindSporeTrainingStraggler's rule (generate/alerts/ranks.py writes it in PromQL) for a tool that holds
-    the per-step means itself: the rank's data wait is over `straggler_factor` times the job's median and at
-    least `straggler_wait_fraction` of its step cycle, or its whole cycle is over the factor times the median.
-
-    Synchronous ranks all take the same time per step: the one the others wait for has a short step and a long
-    data wait, while theirs grows by the wait. Ranks that do not synchronise run at their own pace: there the
-    slow rank's whole cycle is longer.
-    """
-    factor = thresholds.straggler_factor
-    waits_long = wait > factor * median_wait and wait > thresholds.straggler_wait_fraction * cycle
-    return waits_long or cycle > factor * median_cycle

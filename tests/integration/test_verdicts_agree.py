@@ -1,7 +1,7 @@
 """`ms-exporter top`'s Python verdicts and the shipped rules' PromQL give the same answer on the same series.
 
-The straggler and memory-growth rules are written twice, as Python in ms_exporter/tools/top/rows.py (with
-thresholds.is_straggler) and as PromQL in ms_exporter/generate/alerts/ranks.py. Each case here feeds both
+The straggler and memory-growth verdicts are records (ms_exporter/core/verdicts.py) that top evaluates in Python and
+the rules render as PromQL (ms_exporter/generate/alerts/verdicts.py). Each case here feeds both
 the same per-rank rates: top through two scrapes of a /metrics page a minute apart, the rules through
 `promtool test rules` with the alerts top's verdicts expect.
 """

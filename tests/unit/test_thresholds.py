@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ms_exporter import load_config
 from ms_exporter.config.thresholds_of import thresholds_of
-from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds, is_straggler
+from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds
 from ms_exporter.generate.rules import render_rules
 from tests.support.pythons import DASHBOARD_SDK, needs
 
@@ -39,14 +39,3 @@ def test_a_changed_default_moves_rules_and_dashboard_together() -> None:
         if "thresholds" in panel.get("fieldConfig", {}).get("defaults", {})
     }
     assert drawn["Loss per rank"] == 7.5 and drawn["Global gradient norm"] == 2.5
-
-
-def test_is_straggler_is_the_alert_s_rule() -> None:
-    # Synchronous ranks: equal cycles, the late one has the long data wait.
-    assert is_straggler(wait=0.18, cycle=0.26, median_wait=0.001, median_cycle=0.26)
-    assert not is_straggler(wait=0.001, cycle=0.26, median_wait=0.001, median_cycle=0.26)
-    # A long wait that is a small part of a long step is not enough.
-    assert not is_straggler(wait=0.02, cycle=0.12, median_wait=0.001, median_cycle=0.12)
-    # Ranks at their own pace: a cycle over 1.5 times the median.
-    assert is_straggler(wait=0.0, cycle=0.31, median_wait=0.0, median_cycle=0.2)
-    assert not is_straggler(wait=0.0, cycle=0.29, median_wait=0.0, median_cycle=0.2)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.thresholds import Thresholds
+from ms_exporter.core.verdicts import DEVICE_HOT
 from ms_exporter.generate.alerts.alert import WHO, Alert, number
+from ms_exporter.generate.alerts.verdicts import promql
 from ms_exporter.generate.timing import Timing
 
 _DEVICE = f"{{{{ $labels.device }}}} of {WHO}"  # after "device"
@@ -68,7 +70,7 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
         # hotter by design.
         Alert(
             "MindSporeTrainingDeviceHot",
-            expr=f"{c.RANK_DEVICE_TEMPERATURE} >= {hot}",
+            expr=promql(DEVICE_HOT, t),
             for_=w.device_for,
             severity="warning",
             summary="A training device is too hot",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.thresholds import Thresholds
+from ms_exporter.core.verdicts import MEMORY_GROWTH
 from ms_exporter.generate.alerts.alert import WHO, Alert, number
+from ms_exporter.generate.alerts.verdicts import promql
 from ms_exporter.generate.timing import Timing
 
 # Loss-scale collapse by overflow fraction needs this many steps in its window: a dynamic scaler overflows on its
@@ -17,8 +19,7 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
     return (
         Alert(
             "MindSporeTrainingMemoryGrowth",
-            expr=f"({c.MEMORY_GROWTH_RATIO.name} > {number(t.memory_growth_ratio)})"
-            f" and ({c.MEMORY_GROWTH_RATE.name} > {number(t.memory_growth_rate)})",
+            expr=promql(MEMORY_GROWTH, t),
             for_=w.trend_for,
             severity="warning",
             summary="Memory keeps growing",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from ms_exporter.core import catalogue as c
 from ms_exporter.core.thresholds import Thresholds
+from ms_exporter.core.verdicts import STRAGGLER
 from ms_exporter.generate.alerts.alert import WHO, Alert, number
 from ms_exporter.generate.alerts.devices import device_state
+from ms_exporter.generate.alerts.verdicts import promql
 from ms_exporter.generate.timing import Timing
 
 
@@ -17,7 +19,6 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
         f"on (job, instance, project, rank) "
         f'(last_over_time({c.PHASE.name}{{phase="{c.ENDED}"}}[{w.reported_window}]) == 1)'
     )
-    wait_mean, cycle_mean = c.RANK_WAIT_MEAN, c.RANK_CYCLE_MEAN
     factor = number(t.straggler_factor)
     return (
         # Only ranks that reported (any series in the last hour) and did not end normally: an unused port of a
@@ -63,15 +64,11 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
         # wait for has a short step and a long data wait, while theirs grows by the wait. So the step time
         # names the wrong rank; the data wait, where it is a real part of the step cycle, names the right one.
         # Ranks that do not synchronise run at their own pace: there the slow rank's whole cycle is longer.
-        # core/thresholds.py's is_straggler says the same in Python. The description adds the state of the rank's
-        # devices (a throttled or hot device is a cause these metrics cannot name on their own).
+        # The condition is core/verdicts.py's STRAGGLER, which `top` evaluates in Python. The description adds the
+        # state of the rank's devices (a throttled or hot device is a cause these metrics cannot name on their own).
         Alert(
             "MindSporeTrainingStraggler",
-            expr=f"(({wait_mean} > on (project) group_left ()"
-            f" ({factor} * {c.PROJECT_WAIT_MEDIAN}))"
-            f" and ({wait_mean} > {number(t.straggler_wait_fraction)} * {cycle_mean}))"
-            f" or ({cycle_mean} > on (project) group_left ()"
-            f" ({factor} * {c.PROJECT_CYCLE_MEDIAN}))",
+            expr=promql(STRAGGLER, t),
             for_=w.slow_for,
             severity="warning",
             summary="A rank is much slower than the rest of its job",

@@ -9,10 +9,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import (
+    PROJECT_CYCLE_MEDIAN,
+    PROJECT_WAIT_MEDIAN,
+    RANK_CYCLE_MEAN,
+    RANK_DEVICE_TEMPERATURE,
+    RANK_WAIT_MEAN,
+)
 from ms_exporter.core.hardware import HOST
 from ms_exporter.core.replicas import disagreeing
 from ms_exporter.core.slowness import culprits, relative_scores
-from ms_exporter.core.thresholds import DEFAULTS, STALL_CYCLES, STALL_FLOOR_SECONDS, is_straggler
+from ms_exporter.core.thresholds import DEFAULTS, STALL_CYCLES, STALL_FLOOR_SECONDS
+from ms_exporter.core.verdicts import DEVICE_HOT, MEMORY_GROWTH, STRAGGLER
 from ms_exporter.tools.rank_samples import RankSamples
 from ms_exporter.tools.targets import Target
 from ms_exporter.tools.top import formats
@@ -198,7 +206,11 @@ def build_row(
     alerts.extend(_memory_growth(samples))
     temperature = _highest(samples.by_label(catalogue.DEVICE_TEMPERATURE.name, "device"))
     throttled = _throttled(samples)
-    if temperature is not None and temperature[0] != HOST and temperature[1] >= DEFAULTS.device_hot_celsius:
+    if (
+        temperature is not None
+        and temperature[0] != HOST
+        and DEVICE_HOT.holds({RANK_DEVICE_TEMPERATURE: temperature[1]})
+    ):
         alerts.append(f"{temperature[0]} hot {temperature[1]:.0f}C")
     alerts.extend(f"{device} throttled" for device in throttled or ())
 
@@ -288,7 +300,9 @@ def _memory_growth(samples: RankSamples) -> list[str]:
     return [
         f"memory +{ratio:.0%} {_MEMORY_SHORT.get(kind, kind)}"
         for kind, ratio in sorted(ratios.items())
-        if ratio > DEFAULTS.memory_growth_ratio and rates.get(kind, 0) > DEFAULTS.memory_growth_rate
+        if MEMORY_GROWTH.holds(
+            {catalogue.MEMORY_GROWTH_RATIO.name: ratio, catalogue.MEMORY_GROWTH_RATE.name: rates.get(kind, 0.0)}
+        )
     ]
 
 
@@ -387,8 +401,8 @@ def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list
     their own pace, and the slow one has the longest cycle. Ranks that meet in a collective every step all have
     the same cycle: the slow one arrives late because of work between steps, so its step is short and its data
     wait long, while the others' steps grow by the time they wait for it. This picks one rank even when none is
-    far off; a rank that MindSporeTrainingStraggler would page for (`thresholds.is_straggler`, the same rule and
-    thresholds as the alert) also gets "straggler" in its alerts.
+    far off; a rank that MindSporeTrainingStraggler would page for (`verdicts.STRAGGLER`, the record the rule is
+    written from, with the alert's default thresholds) also gets "straggler" in its alerts.
     """
     by_project: dict[str | None, list[int]] = {}
     for index, row in enumerate(rows):
@@ -405,7 +419,10 @@ def mark_slowest(rows: Sequence[Row], tolerance: float = SYNC_TOLERANCE) -> list
         candidates = [i for i in indices if cycles[i] >= (1.0 - tolerance) * longest]
         chosen.add(max(candidates, key=lambda i: (_wait_share(rows[i]), cycles[i])))
         median_wait, median_cycle = statistics.median(waits.values()), statistics.median(cycles.values())
-        stragglers.update(i for i in indices if is_straggler(waits[i], cycles[i], median_wait, median_cycle))
+        job = {PROJECT_WAIT_MEDIAN: median_wait, PROJECT_CYCLE_MEDIAN: median_cycle}
+        stragglers.update(
+            i for i in indices if STRAGGLER.holds({**job, RANK_WAIT_MEAN: waits[i], RANK_CYCLE_MEAN: cycles[i]})
+        )
     return [
         replace(row, slowest=index in chosen, alerts=(*row.alerts, "straggler") if index in stragglers else row.alerts)
         for index, row in enumerate(rows)
