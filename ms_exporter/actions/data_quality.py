@@ -30,6 +30,7 @@ from ms_exporter.core.errors import OnPartError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.data_quality import DataQualityProbe
 
@@ -125,3 +126,6 @@ class SkippedBatchList:
                 self._on_error(exc)
                 return
             self._listed.value += len(entries)
+
+
+PART = ProbeEntry("data_quality", build, order=180)

@@ -6,8 +6,9 @@ CONTRIBUTING.md, "Where a change goes". A user's own probe or sink registers exa
 (`register_probe`, `register_backend`), before the monitor is built: docs/development.md, "Your own probe or
 sink".
 
-A built-in entry names its builder as "module:function" and is imported only when a configuration asks for it, so
-this base module imports nothing above it, and an operator command that only checks a config imports no sink. A
+A built-in part declares its entry in its own module (`PART = ...`, its builder beside it); `make generate` writes
+them into core/builtin_parts.py as "module:function" names, imported only when a configuration asks for the part,
+so this base module imports nothing above it, and an operator command that only checks a config imports no sink. A
 builder takes the monitor's `PartContext` (ms_exporter/monitor/assembly.py) and returns the parts it made (an empty
 list: nothing for this configuration, e.g. its section is off).
 """
@@ -19,6 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ms_exporter.core import builtin_parts
 
 Builder = Callable[[Any], Sequence[Any]]
 
@@ -40,6 +43,7 @@ class BackendEntry:
     extra: str | None = None  # the pip extra that installs its optional library (`ms-exporter[<extra>]`)
     selectable: bool = True
     python: tuple[int, int] = (3, 9)  # the oldest Python the extra's packages are served for
+    order: int = 1000  # a built-in's place among the built-ins (the generated index is sorted by it)
 
     def build(self, context: Any) -> list[Any]:
         """The sinks for this configuration; a missing optional library raises MissingExtra naming the extra."""
@@ -60,6 +64,7 @@ class ProbeEntry:
     name: str  # its `component` label
     builder: str | Builder  # "module:function" or a callable(PartContext) -> list of probes
     groups: tuple[str, ...] = ()
+    order: int = 1000  # a built-in's place among the built-ins: the order probes see each step
 
     def build(self, context: Any) -> list[Any]:
         return list(_load(self.builder)(context))
@@ -73,6 +78,7 @@ class ReaderEntry:
     name: str  # `hardware.readers` value; its errors count under component="hardware.<name>"
     builder: str | Builder
     extra: str | None = None  # the pip extra that installs its library, for the docs
+    order: int = 1000
 
     def build(self, section: Any) -> list[Any]:
         return list(_load(self.builder)(section))
@@ -156,53 +162,12 @@ def components() -> tuple[str, ...]:
 # The monitor's own parts, as the `component` label names them (the callback's loss read counts under `loss`).
 MONITOR_COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", "divergence")
 
-# -- the built-in probes, in the order they are built and see each step --------------------------------------------
-_PROBES = "ms_exporter.probes.builders"
-for _entry in (
-    # The rank's identity series, written once at construction (it builds no probe that follows the steps).
-    ProbeEntry("identity", f"{_PROBES}:identity", ("global_rank",)),
-    ProbeEntry("progress", f"{_PROBES}:progress"),
-    ProbeEntry("hang_deadline", f"{_PROBES}:hang_deadline"),
-    ProbeEntry("loss", f"{_PROBES}:loss", ("loss",)),
-    ProbeEntry("learning_rate", f"{_PROBES}:learning_rate", ("lr",)),
-    ProbeEntry("step_time", f"{_PROBES}:step_time", ("step_time",)),
-    ProbeEntry("slowness", f"{_PROBES}:slowness"),
-    ProbeEntry("throughput", f"{_PROBES}:throughput", ("samples_per_second", "tokens_per_second")),
-    ProbeEntry("mfu", f"{_PROBES}:mfu"),
-    ProbeEntry("loss_scale", f"{_PROBES}:loss_scale"),
-    ProbeEntry("grad_norm", f"{_PROBES}:grad_norm"),
-    ProbeEntry("weight_norm", f"{_PROBES}:weight_norm"),
-    ProbeEntry("update_ratio", f"{_PROBES}:update_ratio"),
-    ProbeEntry("layernorm", f"{_PROBES}:layernorm"),
-    ProbeEntry("activations", f"{_PROBES}:activations"),
-    ProbeEntry("memory", f"{_PROBES}:memory", ("memory_usage",)),
-    ProbeEntry("eval", f"{_PROBES}:evaluation", ("eval",)),
-    # The batch each step consumed (data_quality section). Built in actions/: its list_batches switch hands the
-    # probe rollback's skipped-batches list, which a probe (a lower layer) cannot import.
-    ProbeEntry("data_quality", "ms_exporter.actions.data_quality:build"),
-    # The user's own measurements (monitor_config.strategies, by import path): last, so that they read the step's
-    # numbers the built-in probes wrote.
-    ProbeEntry("strategies", "ms_exporter.probes.strategies:build"),
-):
-    PROBES[_entry.name] = _entry
-
-# -- the built-in sinks: the backends in the order `backend:` lists them by default, then the ones a setting adds --
-for _backend in (
-    BackendEntry("prometheus", "ms_exporter.sinks.prometheus:build"),
-    BackendEntry("otlp", "ms_exporter.sinks.otlp:build", extra="otlp", python=(3, 10)),
-    BackendEntry("local", "ms_exporter.sinks.jsonl:build"),
-    BackendEntry("tensorboard", "ms_exporter.sinks.tensorboard:build", extra="tensorboard"),
-    BackendEntry("wandb", "ms_exporter.sinks.wandb:build", extra="wandb", python=(3, 10)),
-    BackendEntry("console", "ms_exporter.sinks.console:build"),
-    BackendEntry("file_sd", "ms_exporter.sinks.file_sd:build", selectable=False),
-    BackendEntry("pushgateway", "ms_exporter.sinks.pushgateway:build", selectable=False),
-):
-    BACKENDS[_backend.name] = _backend
-
-# -- the built-in hardware readers: every one that finds a device runs --------------------------------------------
-for _reader in (
-    ReaderEntry("nvml", "ms_exporter.features.hardware.nvml:build", extra="nvml"),
-    ReaderEntry("npu_smi", "ms_exporter.features.hardware.npu_smi:build"),
-    ReaderEntry("host", "ms_exporter.features.hardware.host:build"),
-):
-    READERS[_reader.name] = _reader
+# -- the built-in parts: each declares itself in its own module (`PART = ProbeEntry(...)` beside its builder);
+# `make generate` collects the declarations into core/builtin_parts.py (ms_exporter/generate/parts.py), so that
+# nothing here imports a part before a configuration asks for it.
+for _name, _builder, _groups in builtin_parts.PROBES:
+    PROBES[_name] = ProbeEntry(_name, _builder, _groups)
+for _name, _builder, _extra, _selectable, _python in builtin_parts.BACKENDS:
+    BACKENDS[_name] = BackendEntry(_name, _builder, _extra, _selectable, _python)
+for _name, _builder, _extra in builtin_parts.READERS:
+    READERS[_name] = ReaderEntry(_name, _builder, _extra)

@@ -1,7 +1,8 @@
 """One measured quantity per module; each writes to the MetricStore only.
 
-Which probes a configuration gets, and in which order they see each step, is core/registry.py's PROBES. What
-adding a probe takes, and which test holds each part: CONTRIBUTING.md, "Where a change goes".
+Each probe module declares itself beside its builder (`PART = ProbeEntry(...)`); `make generate` collects the
+declarations into core/builtin_parts.py, which core/registry.py's PROBES registers in order. What adding a probe
+takes, and which test holds each part: CONTRIBUTING.md, "Where a change goes".
 """
 
 from __future__ import annotations

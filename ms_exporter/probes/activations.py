@@ -7,11 +7,14 @@ import math
 import re
 from typing import Any
 
+from ms_exporter.config import MonitorConfig
 from ms_exporter.config.sections import ActivationsConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import NETWORK, batch_of, sink_mode_of, step_of, train_network_of
 from ms_exporter.core.compat import zip_strict
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import _warn_if_nothing_matches
 from ms_exporter.probes.layernorm import spread_evenly
@@ -222,3 +225,11 @@ class ActivationsProbe(Probe):
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [ActivationsProbe(context.store, config.activations)] if config.activations.enable else []
+
+
+PART = ProbeEntry("activations", build, (), order=150)

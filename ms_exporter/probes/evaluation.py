@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.store import MetricStore
 
 
@@ -30,3 +32,10 @@ def _number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):  # a confusion matrix or a dict: not one number, so not a gauge
         return None
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [EvalProbe(context.store)]
+
+
+PART = ProbeEntry("eval", build, ("eval",), order=170)

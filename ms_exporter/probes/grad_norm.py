@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter.config import GradNormConfig
+from ms_exporter.config import GradNormConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
 from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.device_reductions import norms as device_norms
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample, read_scalar, to_numpy
 from ms_exporter.core.store import MetricStore, Series
 
@@ -227,3 +229,11 @@ def _vector(value: Any, index: LayerIndex | None) -> np.ndarray | None:
     array = array.reshape(-1)
     # Local norms that do not line up with the parameters cannot be named: use only the global norm then.
     return array if len(array) == len(index.names) else None
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [GradNormProbe(context.store, config.grad_norm)] if config.grad_norm.enable else []
+
+
+PART = ProbeEntry("grad_norm", build, (), order=110)

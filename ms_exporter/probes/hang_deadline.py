@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ms_exporter.config import HangConfig
+from ms_exporter.config import HangConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.learned_deadline import MIN_CYCLES, LearnedDeadline
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 
@@ -88,3 +90,11 @@ class HangDeadlineProbe(Probe):
             return math.nan
         fixed = self._fixed.get(phase)
         return fixed if fixed is not None else self.learned()
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [HangDeadlineProbe(context.store, config.hang, context.phases)] if config.hang.enable else []
+
+
+PART = ProbeEntry("hang_deadline", build, (), order=30)

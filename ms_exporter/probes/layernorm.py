@@ -6,12 +6,14 @@ import logging
 from collections import deque
 from typing import Any
 
-from ms_exporter.config import LayerNormConfig
+from ms_exporter.config import LayerNormConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import network_of, step_of
 from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.device_reductions import moments
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 from ms_exporter.probes.grad_norm import layer_of
@@ -135,3 +137,11 @@ class LayerNormProbe(Probe):
                 history.popleft()
             then = history[0][1]
             drift_series.value = (mean - then) / abs(then) if then != 0 else 0.0
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [LayerNormProbe(context.store, config.layernorm)] if config.layernorm.enable else []
+
+
+PART = ProbeEntry("layernorm", build, (), order=140)

@@ -22,7 +22,9 @@ import numpy as np
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.optimizer_step import find_optimizer, step_offset
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample, read_scalar
 from ms_exporter.core.store import MetricStore, Series
 
@@ -230,3 +232,10 @@ def _reader_for(rate: Any, series: Callable[[], Series], pure_schedules: frozens
         )
         return None
     return _FixedReader(rate, series())
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [LearningRateProbe(context.store, context.config.pure_lr_schedules)]
+
+
+PART = ProbeEntry("learning_rate", build, ("lr",), order=50)

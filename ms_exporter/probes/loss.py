@@ -6,7 +6,9 @@ import math
 from collections import deque
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 
@@ -78,3 +80,10 @@ class LossProbe(Probe):
         if self._smoothed is not None and self._rising is not None:
             self._smoothed.value = sum(window) / len(window) if window else math.nan
             self._rising.value = 0
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [LossProbe(context.store, context.config.loss_window)]
+
+
+PART = ProbeEntry("loss", build, ("loss",), order=40)

@@ -6,7 +6,9 @@ from typing import Any
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import loss_scale_manager_of, step_of
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample, read_scalar
 from ms_exporter.core.store import MetricStore, Series
 
@@ -60,3 +62,10 @@ class LossScaleProbe(Probe):
         if self._scale is None:
             self._scale = self._store.register(catalogue.LOSS_SCALE).series()
         return self._scale
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [LossScaleProbe(context.store, context.config.grad_norm.every_n_steps)]
+
+
+PART = ProbeEntry("loss_scale", build, (), order=100)

@@ -8,8 +8,11 @@ from collections.abc import Callable
 
 import psutil
 
+from ms_exporter.config import MonitorConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 
@@ -144,3 +147,11 @@ def _slope(points: deque[tuple[float, float]]) -> float:
     if var == 0:
         return 0.0
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / var
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [MemoryProbe(context.store, config.warmup_steps, config.memory_window, config.memory_interval)]
+
+
+PART = ProbeEntry("memory", build, ("memory_usage",), order=160)

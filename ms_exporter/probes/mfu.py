@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ms_exporter.config import FlopsConfig
+from ms_exporter.config import FlopsConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import network_of
 from ms_exporter.core.flops import FlopsModel, from_parameters
 from ms_exporter.core.optimizer_step import find_optimizer
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.rate_window import RateWindow
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.replicas import ranks_per_batch, read_layout
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
@@ -144,3 +146,11 @@ def attention_width(network: Any) -> int:
             width += size
             counted.append(name)
     return width
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [MfuProbe(context.store, config.flops, context.rank.world_size)] if config.flops.enable else []
+
+
+PART = ProbeEntry("mfu", build, (), order=90)

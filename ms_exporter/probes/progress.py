@@ -7,7 +7,9 @@ from typing import Any
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import dataset_of, epoch_of, epochs_of, sink_mode_of, step_of, steps_per_epoch_of
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 
@@ -68,3 +70,10 @@ def _dataset_size(dataset: Any, fallback: int) -> int:
         return int(dataset.get_dataset_size())
     except Exception:  # not a MindSpore dataset (a test's stand-in), or one that cannot tell
         return fallback
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [ProgressProbe(context.store)]
+
+
+PART = ProbeEntry("progress", build, (), order=20)

@@ -6,9 +6,12 @@ import logging
 import math
 from typing import Any
 
+from ms_exporter.config import MonitorConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.replicas import parallel_groups, read_layout
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.slowness import SCORE_WEIGHT, SETTLING_STEPS, SlownessDetector
@@ -133,3 +136,13 @@ class SlownessProbe(Probe):
                 series["size"] = self._store.register(catalogue.FAILSLOW_SIZE).series()
             series["onset"].value = float(detector.onset_step)
             series["size"].value = detector.size
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    if not config.failslow.enable:
+        return []
+    return [SlownessProbe(context.store, context.rank, config.divergence.model_parallel)]
+
+
+PART = ProbeEntry("slowness", build, (), order=70)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 
@@ -27,3 +29,10 @@ class StepTimeProbe(Probe):
         self._duration.observe(sample.duration / sample.steps, sample.steps)
         if sample.data_wait is not None:
             self._wait.observe(sample.data_wait)
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [StepTimeProbe(context.store)]
+
+
+PART = ProbeEntry("step_time", build, ("step_time",), order=60)

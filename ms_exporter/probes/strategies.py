@@ -33,6 +33,7 @@ from ms_exporter.core.catalogue import MetricFamily
 from ms_exporter.core.import_path import load_class
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import Series
 
@@ -271,3 +272,6 @@ def build(context: PartContext) -> list[Probe]:
         except ConfigError as exc:
             raise ConfigError([f"{where}: {problem}" for problem in exc.problems]) from None
     return probes
+
+
+PART = ProbeEntry("strategies", build, order=190)

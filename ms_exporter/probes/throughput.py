@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from ms_exporter.config import MonitorConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.rate_window import RateWindow
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 
@@ -66,3 +69,11 @@ class ThroughputProbe(Probe):
         self._tokens_total = self._store.register(catalogue.TOKENS).series()
         if self._want_tokens:
             self._tokens_rate = self._store.register(catalogue.TOKENS_PER_SECOND).series()
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [ThroughputProbe(context.store, config.wants("samples_per_second"), config.wants("tokens_per_second"))]
+
+
+PART = ProbeEntry("throughput", build, ("samples_per_second", "tokens_per_second"), order=80)

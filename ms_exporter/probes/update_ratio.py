@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter.config import UpdateRatioConfig
+from ms_exporter.config import MonitorConfig, UpdateRatioConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.device_reductions import fixed_positions, gathered, positions_in
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import LayerIndex
@@ -137,3 +139,11 @@ class Sketch:
         squares = np.add.reduceat(np.square(values, dtype=np.float64), self._starts)
         result: np.ndarray = np.sqrt(squares * self._scale)
         return result
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [UpdateRatioProbe(context.store, config.update_ratio)] if config.update_ratio.enable else []
+
+
+PART = ProbeEntry("update_ratio", build, (), order=130)

@@ -6,11 +6,13 @@ import math
 from collections import deque
 from typing import Any
 
-from ms_exporter.config import GradNormConfig
+from ms_exporter.config import GradNormConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.device_reductions import square_sums
+from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.grad_norm import LayerIndex
@@ -63,3 +65,11 @@ class WeightNormProbe(Probe):
             _, norms = self._pending.popleft()
             for layer, norm in norms:
                 self._family.series(layer=layer).value = norm
+
+
+def build(context: PartContext) -> list[Probe]:
+    config: MonitorConfig = context.config
+    return [WeightNormProbe(context.store, config.grad_norm)] if config.weight_norm else []
+
+
+PART = ProbeEntry("weight_norm", build, (), order=120)

@@ -1,5 +1,6 @@
 """Where numbers go. Sinks read the MetricStore; probes never import them.
 
+Each sink module declares itself beside its builder (`PART = BackendEntry(...)`, collected by `make generate`).
 Which sinks a configuration gets is core/registry.py's BACKENDS: the `backend:` values in the order the user
 listed them, then the sinks a setting adds (file_sd with file_sd_dir, the Pushgateway with its URL). What adding
 a sink takes, and which test holds each part: CONTRIBUTING.md, "Where a change goes".

@@ -19,6 +19,7 @@ import math
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.part import PartContext
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
@@ -68,3 +69,6 @@ def progress_line(context: PartContext) -> list[Sink]:
     if logging.getLevelName(config.log_level.upper()) > logging.INFO:
         return []
     return [ConsoleLine(context.store, config.interval)]
+
+
+PART = BackendEntry("console", build, order=60)

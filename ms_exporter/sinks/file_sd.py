@@ -13,6 +13,7 @@ from typing import Any
 from ms_exporter.core import safe_files
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 
@@ -119,3 +120,6 @@ def build(context: PartContext) -> list[Sink]:
         return []
     logger.info("ms_exporter: registered %s for Prometheus file_sd", target.path)
     return [target]
+
+
+PART = BackendEntry("file_sd", build, selectable=False, order=70)

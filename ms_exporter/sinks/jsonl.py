@@ -21,6 +21,7 @@ from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.errors import OnError
 from ms_exporter.core.part import PartContext
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.safe_files import UnsafeFile, append_whole, make_dir, open_append
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
@@ -368,3 +369,6 @@ def build(context: PartContext) -> list[Sink]:
             run_id_of(config),
         )
     ]
+
+
+PART = BackendEntry("local", build, order=30)

@@ -43,6 +43,7 @@ from ms_exporter.core.errors import OnError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.redaction import url_for_logs
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import Family, HistogramSeries, MetricStore, Series
 from ms_exporter.sinks import otel_sdk, series_budget
@@ -364,3 +365,6 @@ def build(context: PartContext) -> list[Sink]:
     except Exception as exc:
         context.on_error("otlp", exc)
         return []
+
+
+PART = BackendEntry("otlp", build, extra="otlp", python=(3, 10), order=20)

@@ -19,6 +19,7 @@ from ms_exporter.config import ConfigError, WebConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.errors import OnError
 from ms_exporter.core.part import DebugPage, PartContext
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.endpoint.live_history import StepHistory
@@ -247,3 +248,6 @@ def _loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:  # a host name: it may resolve anywhere
         return False
+
+
+PART = BackendEntry("prometheus", build, order=10)

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, push_to_gateway
 from ms_exporter.config import PushgatewayConfig
 from ms_exporter.core.errors import OnError
 from ms_exporter.core.part import PartContext
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.prometheus import StoreCollector
@@ -143,3 +144,6 @@ def build(context: PartContext) -> list[Sink]:
     """Pushes to the Pushgateway at pushgateway.url; none without a URL."""
     config = context.config
     return [PushgatewaySink(context.store, config.pushgateway, context.on_error)] if config.pushgateway.url else []
+
+
+PART = BackendEntry("pushgateway", build, selectable=False, order=80)

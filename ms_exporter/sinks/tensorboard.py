@@ -30,6 +30,7 @@ from ms_exporter.core.device_reductions import (
 )
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.safe_files import append_whole, make_dir, open_regular
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
@@ -317,3 +318,6 @@ def _buckets(row: np.ndarray) -> tuple[list[float], list[float]]:
     start, end = int(occupied[0]), int(occupied[-1]) + 1
     kept = counts[start - 1 : end] if start > 0 else np.concatenate([[0.0], counts[:end]])
     return edges[start : end + 1].tolist(), kept.tolist()
+
+
+PART = BackendEntry("tensorboard", build, extra="tensorboard", order=40)

@@ -14,6 +14,7 @@ from ms_exporter.core import safe_files
 from ms_exporter.core.errors import Breaker, OnError
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.queued_writer import QueuedStepWriter, writer_could_not_start
@@ -175,3 +176,6 @@ def build(context: PartContext) -> list[Sink]:
         return writer_could_not_start(context, "wandb", exc)
     writer.fall_back = context.fall_back
     return [writer]
+
+
+PART = BackendEntry("wandb", build, extra="wandb", python=(3, 10), order=50)

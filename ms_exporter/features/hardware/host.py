@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ms_exporter.core.hardware import HOST, DeviceIdentity, DeviceReading, HardwareReader
+from ms_exporter.core.registry import ReaderEntry
 
 # psutil's CPU share is over the time since its previous call: shorter than this, it says nothing (it answers 0.0),
 # so a reading that soon measures over this long instead.
@@ -69,3 +70,6 @@ class HostReader(HardwareReader):
 def build(section: Any) -> list[HardwareReader]:
     """The host is always there: one reader."""
     return [HostReader()]
+
+
+PART = ReaderEntry("host", build, order=30)

@@ -34,6 +34,7 @@ from typing import Any
 
 from ms_exporter.core.compat import SLOTS, zip_strict
 from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
+from ms_exporter.core.registry import ReaderEntry
 from ms_exporter.features.hardware.command import (
     CommandError,
     CommandTimeout,
@@ -396,3 +397,6 @@ def _healthy(value: str | None) -> bool | None:
 
 def _text(value: str | None) -> str:
     return "" if value is None or value.strip() in UNKNOWN_VALUES else value.strip()
+
+
+PART = ReaderEntry("npu_smi", build, order=20)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
+from ms_exporter.core.registry import ReaderEntry
 
 logger = logging.getLogger("ms_exporter")
 
@@ -254,3 +255,6 @@ def _text(value: Any) -> str:
     if value is None:
         return ""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+PART = ReaderEntry("nvml", build, extra="nvml", order=10)

@@ -1,0 +1,141 @@
+"""Adding a probe or a sink is writing its module (with its PART beside its builder) and a docs line: `make generate`
+collects the declaration, and from then on the configuration accepts it, the monitor builds and serves it, and the
+parts table of docs/configuration.md lists it. Tried on a copy of the package, so the checkout is left as it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ms_exporter.config import ConfigError, load_config
+from ms_exporter.core import builtin_parts
+from ms_exporter.generate.parts import declared, render_docs, render_module
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = '''
+"""The last step number: a throwaway probe, written as a new probe is."""
+
+from __future__ import annotations
+
+from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.part import PartContext
+from ms_exporter.core.probe import Probe
+from ms_exporter.core.registry import ProbeEntry
+from ms_exporter.core.sample import StepSample
+
+THROWAWAY_STEP = MetricFamily(
+    "mindspore_train_throwaway_step", "gauge", "The last step, from a throwaway probe.", "steps"
+)
+
+
+class ThrowawayProbe(Probe):
+    """| mindspore_train_throwaway_step | gauge | | steps |"""
+
+    name = "throwaway"
+
+    def __init__(self, context: PartContext) -> None:
+        self._series = context.store.register(THROWAWAY_STEP).series()
+
+    def on_step(self, sample: StepSample) -> None:
+        self._series.value = float(sample.step)
+
+
+def build(context: PartContext) -> list[Probe]:
+    return [ThrowawayProbe(context)]
+
+
+PART = ProbeEntry("throwaway", build, ("throwaway",), order=1000)
+'''
+
+SINK = '''
+"""Each published step's number in a list: a throwaway sink, written as a new sink is."""
+
+from __future__ import annotations
+
+from ms_exporter.core.part import PartContext
+from ms_exporter.core.registry import BackendEntry
+from ms_exporter.core.sample import StepSample
+from ms_exporter.core.sink import Sink
+
+
+class ThrowawaySink(Sink):
+    name = "throwaway_sink"
+    steps: list[int] = []
+
+    def on_step(self, sample: StepSample) -> None:
+        ThrowawaySink.steps.append(sample.step)
+
+
+def build(context: PartContext) -> list[Sink]:
+    return [ThrowawaySink()]
+
+
+PART = BackendEntry("throwaway_sink", build, order=1000)
+'''
+
+DRIVER = """
+import json, urllib.request
+from ms_exporter import TrainingMonitor
+from ms_exporter.sinks.throwaway_sink import ThrowawaySink
+from tests.support.cb_params import context
+
+monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, backend=["prometheus", "throwaway_sink"])
+try:
+    monitor.on_train_begin(context(0, 0.0))
+    for step in (1, 2, 3):
+        monitor.on_train_step_end(context(step, 1.0))
+    monitor.publish()
+    page = urllib.request.urlopen(monitor.url, timeout=30).read().decode()
+finally:
+    monitor.close()
+print(json.dumps({"page": page, "sink": ThrowawaySink.steps, "parts": [part.name for part in monitor.parts]}))
+"""
+
+
+def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and_documented(tmp_path: Path) -> None:
+    copy = tmp_path / "checkout"
+    shutil.copytree(ROOT / "ms_exporter", copy / "ms_exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "docs").mkdir()
+    for page in ("configuration.md", "metrics.md"):
+        shutil.copy(ROOT / "docs" / page, copy / "docs" / page)
+    (copy / "ms_exporter" / "probes" / "throwaway.py").write_text(textwrap.dedent(PROBE).lstrip())
+    (copy / "ms_exporter" / "sinks" / "throwaway_sink.py").write_text(textwrap.dedent(SINK).lstrip())
+    with (copy / "docs" / "metrics.md").open("a") as metrics:  # the docs line a new family needs
+        metrics.write("| `mindspore_train_throwaway_step` | gauge | | steps | every publication: the last step |\n")
+    env = {**os.environ, "PYTHONPATH": f"{copy}{os.pathsep}{ROOT}", "GLOG_v": "3"}
+
+    # Before `make generate`, the configuration does not know the new parts.
+    with pytest.raises(ConfigError, match="throwaway_sink"):
+        load_config({"backend": ["throwaway_sink"]})
+    generate = [sys.executable, "-m", "ms_exporter.generate.parts", "-o", "ms_exporter/core/builtin_parts.py"]
+    subprocess.run([*generate, "--docs", "docs/configuration.md"], cwd=copy, env=env, check=True, timeout=300)
+
+    ran = subprocess.run(
+        [sys.executable, "-c", DRIVER], cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert "# TYPE mindspore_train_throwaway_step gauge" in seen["page"]
+    assert "mindspore_train_throwaway_step{" in seen["page"] and "} 3.0" in seen["page"].split("throwaway_step{")[1]
+    assert seen["sink"] == [1, 2, 3]
+    assert {"throwaway", "throwaway_sink"} <= set(seen["parts"])
+    table = (copy / "docs" / "configuration.md").read_text()
+    assert "| probe | `throwaway` | `throwaway` | `ms_exporter/probes/throwaway.py` |" in table
+    assert "| backend | `throwaway_sink` | a `backend:` value | `ms_exporter/sinks/throwaway_sink.py` |" in table
+
+
+def test_the_committed_parts_index_and_table_are_what_make_generate_writes() -> None:
+    parts = declared()
+    module = (ROOT / "ms_exporter" / "core" / "builtin_parts.py").read_text(encoding="utf-8")
+    assert module == render_module(parts), "run `make generate` and commit ms_exporter/core/builtin_parts.py"
+    assert render_docs(parts) in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert [name for name, *_ in builtin_parts.PROBES][:3] == ["identity", "progress", "hang_deadline"]
