@@ -121,7 +121,7 @@ fmt: install
 # Rewrites every generated deploy file from the code; tests fail while a committed one differs.
 generate: install
 	$(BIN)/ms-exporter rules -o deploy/prometheus/rules/mindspore-training.rules.yml
-	$(BIN)/python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/rule_series.py
+	$(BIN)/python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/shared/rule_series.py
 	$(BIN)/python -m ms_exporter.generate.parts -o ms_exporter/core/builtin_parts.py --docs docs/configuration.md
 	$(BIN)/ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json
 	$(BIN)/ms-exporter kubernetes -o deploy/kubernetes/base

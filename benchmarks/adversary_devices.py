@@ -121,8 +121,8 @@ def _nvml_shown(facts: dict[str, Any]) -> str:
 def _run_stale(scratch: Path) -> dict[str, Any]:
     """An Ascend-like reader reads 91 C, healthy, link up, then fails for good: what stays on the rank's page."""
     from ms_exporter.core import catalogue as c
+    from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
     from ms_exporter.core.errors import Breaker, ErrorSink
-    from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
     from ms_exporter.core.store import MetricStore
     from ms_exporter.features.hardware.monitor import HardwareMonitor
 

@@ -198,7 +198,7 @@ def _child_fork(scratch: Path) -> None:
     from mindspore.train import Callback
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.core.run_lock import LOCK_NAME
+    from ms_exporter.core.files.run_lock import LOCK_NAME
     from ms_exporter.demo import synthetic_dataset
 
     monitor = TrainingMonitor(_monitor_config(scratch, "fork"))

@@ -11,7 +11,7 @@ every interval on the same gaps (common random numbers), so the brute-force best
 
 The advisor sees what a run sees: after n failures, the time they took, the save time and the cost of a failure,
 and advises the interval of highest expected goodput over what the MTBF may be (advised_interval in
-ms_exporter/core/checkpoint_interval.py); Daly's interval at the plain estimate (time over n) is shown beside it.
+core/analysis/checkpoint_interval.py); Daly's interval at the plain estimate (time over n) is shown beside it.
 Their goodput on the long run, over the best's, is drawn 500 times per scenario and n (other runs' first n
 failures).
 """
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import write_section
-from ms_exporter.core.checkpoint_interval import advised_interval, daly_interval, young_interval
+from ms_exporter.core.analysis.checkpoint_interval import advised_interval, daly_interval, young_interval
 
 BEGIN, END = "<!-- checkpoint-interval:begin -->", "<!-- checkpoint-interval:end -->"
 DAY = 86400.0

@@ -10,7 +10,7 @@ waits for it). Extra hiccups the trace may lack are added: with probability 1e-3
 
 Each injected job slows one rank, or one group of 8 consecutive ranks (a node, a stage), by 5%, 10% or 25% of the
 cycle from a random step: persistent (to the end) or intermittent (slow for 10-50 steps, then normal for 20-100, in
-turn). Every rank runs the probe's own detector (ms_exporter.core.slowness.SlownessDetector), one per rank.
+turn). Every rank runs the probe's own detector (ms_exporter.core.analysis.slowness.SlownessDetector), one per rank.
 
 - localised: the ranks flagged in the LOCALISE_STEPS steps from the onset are exactly the slowed rank, or exactly
   the slowed group (named as the group by `culprits`);
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import write_section
-from ms_exporter.core.slowness import SETTLING_STEPS, SlownessDetector, culprits
+from ms_exporter.core.analysis.slowness import SETTLING_STEPS, SlownessDetector, culprits
 
 BEGIN, END = "<!-- failslow:begin -->", "<!-- failslow:end -->"
 BLOCK = 50  # steps of the real trace drawn together

@@ -146,7 +146,7 @@ def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = F
     from mindspore.train import Callback, Model
 
     from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
-    from ms_exporter.core import device_reductions
+    from ms_exporter.core.device import device_reductions
 
     device_reductions.read_in_place = in_place
 

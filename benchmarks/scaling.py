@@ -233,7 +233,7 @@ def measure(case: Case, steps: int, prometheus_seconds: float = 0.0) -> RankFigu
 def measure_large_job(steps: int) -> tuple[RankFigures, RankFigures]:
     """series_profile: large_job, one real training: (the non-detail page, the same rank's page as a detail rank)."""
     from ms_exporter.probes.layernorm import find_layernorm_scales
-    from ms_exporter.sinks import series_budget
+    from ms_exporter.sinks.shared import series_budget
 
     case = Case(LARGE_JOB_LEAN, 2, LARGE_JOB)
     with trained_monitor(case, steps) as (monitor, network):

@@ -126,7 +126,7 @@ def campaign(steps: int, every: int, seed: int, factor: float) -> dict[str, Any]
 
     from ms_exporter.actions.bit_flips import flip_bit
     from ms_exporter.config.sections import BitFlip
-    from ms_exporter.core.replicas import first_disagreement
+    from ms_exporter.core.analysis.replicas import first_disagreement
     from ms_exporter.demo import synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)

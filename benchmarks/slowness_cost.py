@@ -27,9 +27,9 @@ PREFIX = "| fail-slow scores and onsets"
 
 def measure(records: int, steps: int) -> dict[str, Any]:
     from benchmarks.opt_in import trained
-    from ms_exporter.core.ledger import TimeLedger
+    from ms_exporter.core.analysis.ledger import TimeLedger
+    from ms_exporter.core.analysis.slowness import SETTLING_STEPS, WARMUP_STEPS
     from ms_exporter.core.sample import StepSample
-    from ms_exporter.core.slowness import SETTLING_STEPS, WARMUP_STEPS
     from ms_exporter.core.store import MetricStore
     from ms_exporter.features.checkpoint_advice import CheckpointAdvisor
     from ms_exporter.probes.slowness import SlownessProbe

@@ -13,7 +13,7 @@ import yaml
 
 from ms_exporter._version import __version__
 from ms_exporter.config import ConfigError, MonitorConfig, load_config, read_config
-from ms_exporter.core.flops import from_shape
+from ms_exporter.core.analysis.flops import from_shape
 from ms_exporter.tools.peak_flops import DTYPES
 from ms_exporter.tools.triage import DEFAULT_SLOW_BELOW, DEFAULT_WINDOW
 
@@ -211,7 +211,7 @@ def _kubernetes_arguments(kubernetes: argparse.ArgumentParser) -> None:
 
 
 def _rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ms_exporter.config.thresholds_of import thresholds_of
+    from ms_exporter.config.alert_thresholds import thresholds_of
     from ms_exporter.generate.rules import TEST_TIMING, Timing, render_rules, render_yaml
 
     config = _config_or_none(args.config)
@@ -237,7 +237,7 @@ def _runbook(args: argparse.Namespace, config: MonitorConfig) -> str:
 
 
 def _dashboard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ms_exporter.config.thresholds_of import thresholds_of
+    from ms_exporter.config.alert_thresholds import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
 
     config = _config_or_none(args.config)
@@ -250,7 +250,7 @@ def _dashboard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _kubernetes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import os
 
-    from ms_exporter.config.thresholds_of import thresholds_of
+    from ms_exporter.config.alert_thresholds import thresholds_of
     from ms_exporter.generate.dashboard import render_dashboard, render_json
     from ms_exporter.generate.kubernetes import render_dashboard_configmap, render_manifest, render_prometheus_rule
     from ms_exporter.generate.rules import Timing, render_rules

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from ms_exporter.config.sections import BitFlip
-from ms_exporter.core.bit_flip import fits, flip_in_words, flipped_copy
 from ms_exporter.core.cb_params import optimizer_state_of, train_network_of, trained_weights_of
-from ms_exporter.core.device_reductions import reads_in_place
+from ms_exporter.core.device.bit_flip import fits, flip_in_words, flipped_copy
+from ms_exporter.core.device.device_reductions import reads_in_place
 from ms_exporter.core.part import Part
 
 logger = logging.getLogger("ms_exporter")

@@ -30,7 +30,7 @@ lacks the dtype, also in place), which the compiled graph reads: set_data may ha
 graph compiled earlier does not see (docs/development.md).
 
 Files are per run, rank and process (`good-<run>-rank<r>-pid<p>-step<s>-<n>.npz` in save_dir/good-states), written
-through ms_exporter.core.safe_files (an exclusive temporary, renamed): a planted link is replaced, never followed.
+through ms_exporter.core.files.safe_files (an exclusive temporary, renamed): a planted link is replaced, never followed.
 A file that cannot be read back is removed and the next older state is tried. At the start, what earlier processes
 of the same run and rank left there is removed (docs/reliability.md, "Actions that fail alone").
 """
@@ -54,7 +54,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.safe_files import make_dir, new_temporary, open_regular
+from ms_exporter.core.files.safe_files import make_dir, new_temporary, open_regular
 
 logger = logging.getLogger("ms_exporter")
 

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ms_exporter.core import catalogue
-from ms_exporter.core.hardware import HOST
+from ms_exporter.core.device.reading import HOST
 from ms_exporter.core.store import MetricStore
 from ms_exporter.core.thresholds import DEFAULTS, HOT_TO_ZERO_CELSIUS
 

@@ -38,8 +38,8 @@ from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.skipped_batches import SkippedBatches, batch_identity
 from ms_exporter.config import RollbackConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.analysis.ledger import process_started
 from ms_exporter.core.cb_params import batch_of, network_of, optimizer_of, step_of, steps_per_epoch_of
-from ms_exporter.core.ledger import process_started
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 

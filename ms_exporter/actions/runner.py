@@ -25,13 +25,13 @@ from ms_exporter.actions.decisions import AnomalyEpisodes, EarlyStop, LrBackoff,
 from ms_exporter.actions.parts import PartFailures
 from ms_exporter.actions.rollback import Announce, Rollback, StateFollower
 from ms_exporter.config import MonitorConfig
+from ms_exporter.config.alert_thresholds import thresholds_of
 from ms_exporter.config.run_identity import run_id_of
-from ms_exporter.config.thresholds_of import thresholds_of
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import network_of, optimizer_of
+from ms_exporter.core.files.safe_files import make_dir, replace_file
 from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.safe_files import make_dir, replace_file
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.learning_rate import LearningRateProbe

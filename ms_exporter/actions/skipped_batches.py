@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter.core.safe_files import UnsafeFile, make_dir, move_aside, open_append, read_small, replace_file
+from ms_exporter.core.files.safe_files import UnsafeFile, make_dir, move_aside, open_append, read_small, replace_file
 
 logger = logging.getLogger("ms_exporter")
 

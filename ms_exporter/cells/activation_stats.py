@@ -20,7 +20,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import stacked
+from ms_exporter.core.device.device_reductions import stacked
 
 # The statistics vector, by position. COUNT is the number of values: 0 means the layer was not measured.
 COUNT, MEAN, STD, ABS_MAX, ZERO_RATIO, NONFINITE_RATIO = range(6)

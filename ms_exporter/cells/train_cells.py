@@ -15,8 +15,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ms_exporter.core.bit_flip import flipped_copy
-from ms_exporter.core.optimizer_step import optimizer_step
+from ms_exporter.core.device.bit_flip import flipped_copy
+from ms_exporter.core.device.optimizer_step import optimizer_step
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 _all_finite = ops.MultitypeFuncGraph("_all_finite")

@@ -301,8 +301,8 @@ class MonitorConfig:
     wandb: WandbConfig = section(WandbConfig)
     hardware: HardwareConfig = section(HardwareConfig)
     data_quality: DataQualityConfig = section(DataQualityConfig)
-    # Which series a rank exposes (sinks/series_budget.py, docs/scaling.md "Very large jobs"): `large_job` keeps what
-    # the alerts and recording rules read on every rank, the per-layer and histogram detail on detail_ranks only.
+    # Which series a rank exposes (sinks/shared/series_budget.py, docs/scaling.md "Very large jobs"): `large_job` keeps
+    # what the alerts and recording rules read on every rank, the per-layer and histogram detail on detail_ranks only.
     series_profile: str = setting("full", check=choice(*SERIES_PROFILES))
     detail_ranks: tuple[int, ...] = setting((0,), check=_detail_ranks)
 

@@ -47,7 +47,7 @@ from ms_exporter.config.vocabulary import (
     ROLLBACK_STORAGE,
 )
 from ms_exporter.core import registry
-from ms_exporter.core.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
+from ms_exporter.core.analysis.flops import PEAK_PRESETS, FlopsModel, ModelShape, from_per_token, from_shape
 from ms_exporter.core.redaction import REDACTED
 from ms_exporter.core.thresholds import DATA_QUALITY_DROP_RATIO, DATA_QUALITY_STREAK, DEFAULTS, LOSS_SPIKE_FACTOR
 

@@ -36,7 +36,7 @@ ROLLBACK_STORAGE = ("auto", "memory", "disk")
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 
 # series_profile: every series on every rank, or (large_job) the alerts' series on every rank and the per-layer and
-# histogram detail on detail_ranks only (ms_exporter/sinks/series_budget.py, docs/scaling.md "Very large jobs").
+# histogram detail on detail_ranks only (ms_exporter/sinks/shared/series_budget.py, docs/scaling.md "Very large jobs").
 FULL_PROFILE, LARGE_JOB_PROFILE = "full", "large_job"
 SERIES_PROFILES = (FULL_PROFILE, LARGE_JOB_PROFILE)
 

@@ -23,7 +23,7 @@ PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("activations", "ms_exporter.probes.activations:build", ()),
     ("memory", "ms_exporter.probes.memory:build", ("memory_usage",)),
     ("eval", "ms_exporter.probes.evaluation:build", ("eval",)),
-    ("data_quality", "ms_exporter.actions.data_quality:build", ()),
+    ("data_quality", "ms_exporter.actions.low_batches:build", ()),
     ("strategies", "ms_exporter.probes.strategies:build", ()),
 )
 # (name, builder, pip extra, a `backend:` value, oldest Python of its extra)

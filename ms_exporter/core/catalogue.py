@@ -86,7 +86,7 @@ COMPILE, DATA_WAIT_PHASE, STEP_PHASE, EVAL_PHASE, CHECKPOINT, CALLBACKS, ENDED =
 )
 PHASES = (COMPILE, DATA_WAIT_PHASE, STEP_PHASE, EVAL_PHASE, CHECKPOINT, CALLBACKS, ENDED)
 
-# mindspore_train_time_seconds_total{bucket}: where a process's wall time went (ms_exporter/core/ledger.py and
+# mindspore_train_time_seconds_total{bucket}: where a process's wall time went (ms_exporter/core/analysis/ledger.py and
 # docs/goodput.md say which bucket a second goes to when two apply).
 STARTUP, PRODUCTIVE, STALLED, REDO, OTHER = "startup", "productive", "stalled", "redo", "other"
 TIME_BUCKETS = (STARTUP, COMPILE, PRODUCTIVE, DATA_WAIT_PHASE, CHECKPOINT, EVAL_PHASE, STALLED, REDO, OTHER)
@@ -209,7 +209,7 @@ RESTARTS = MetricFamily(
 RUN_INFO = MetricFamily(
     "mindspore_train_run_info", "gauge", "The run this process belongs to; always 1.", "1", ("run_id",)
 )
-# The checkpoint interval advisor (ms_exporter/core/checkpoint_interval.py, docs/failslow.md#checkpoint-interval).
+# The checkpoint interval advisor (core/analysis/checkpoint_interval.py, docs/failslow.md#checkpoint-interval).
 CHECKPOINT_SAVE_SECONDS = MetricFamily(
     "mindspore_train_checkpoint_save_seconds",
     "gauge",
@@ -358,7 +358,7 @@ DATA_WAIT = MetricFamily(
     buckets=WAIT_BUCKETS,
 )
 
-# Fail-slow (ms_exporter/core/slowness.py, docs/failslow.md): a rank's own work per step, scored and watched for
+# Fail-slow (core/analysis/slowness.py, docs/failslow.md): a rank's own work per step, scored and watched for
 # the step a slowdown starts.
 OWN_WORK = MetricFamily(
     "mindspore_train_own_work_seconds",
@@ -919,7 +919,7 @@ PROJECT_CYCLE_MEDIAN = "project:mindspore_train_step_cycle_seconds:median"
 PROJECT_GOODPUT_1H = "project:mindspore_train_goodput:ratio1h"
 PROJECT_GOODPUT_24H = "project:mindspore_train_goodput:ratio24h"
 # Each rank's relative slowness score: the job's cycle over the cycle it would have were this rank's own work the
-# best rank's (ms_exporter/core/slowness.py's relative_scores, in PromQL).
+# best rank's (ms_exporter/core/analysis/slowness.py's relative_scores, in PromQL).
 RANK_RELATIVE_SLOWNESS = "rank:mindspore_train_slowness_relative:score"
 # The share of a group's ranks (mindspore_train_parallel_group_info, groups of two or more) whose fail-slow detector
 # has flagged a slowdown: 1 names the whole group.

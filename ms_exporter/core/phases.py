@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from ms_exporter.core import catalogue
-from ms_exporter.core.ledger import TimeLedger
+from ms_exporter.core.analysis.ledger import TimeLedger
 from ms_exporter.core.store import MetricStore
 
 

@@ -29,7 +29,7 @@ class StepSample:
     outputs: Any = None  # the train cell's net_outputs, for probes that read more than the loss
     layout: OutputLayout = SCALAR  # what each item of `outputs` is
     # Sum over the call's sequences (samples, or the documents packed into them) of their length squared: what
-    # attention costs grows with it (ms_exporter/core/flops.py). 0 when not counted.
+    # attention costs grows with it (ms_exporter/core/analysis/flops.py). 0 when not counted.
     squares: int = 0
     # Seconds from the step's begin to the collective the loop marked (loop API: collective_begin()); 0 unmarked.
     own_compute: float = 0.0

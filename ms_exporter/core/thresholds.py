@@ -1,7 +1,7 @@
 """Every default threshold, in one place: the config's defaults, the alerting rules and the dashboard read them.
 
 docs/alerts.md explains each number. A user's monitor_config moves some of them
-(`ms_exporter.config.thresholds_of.thresholds_of`): warn_on_value bounds, grad_norm.threshold,
+(`ms_exporter.config.alert_thresholds.thresholds_of`): warn_on_value bounds, grad_norm.threshold,
 layernorm.drift_threshold, goodput.alert_below and flops.alert_below; the rest are changed by editing the rendered
 rules. This module imports nothing of the package, so that the config can read its defaults here.
 """

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ms_exporter.core.errors import OnError
-from ms_exporter.core.safe_files import make_dir, read_small, replace_file
+from ms_exporter.core.files.safe_files import make_dir, read_small, replace_file
 
 CHECKS_PER_SECOND = 0.5  # bcrypt checks for all peers together (one costs ~60 ms of CPU at cost 10, more above)
 PEER_CHECK_SECONDS = 2.0  # one check per peer address this often: one peer cannot take all of them
@@ -252,7 +252,7 @@ class BasicAuth:
 class TrustedPeersFile:
     """Where a rank keeps its trusted addresses (save_dir/ms_exporter-scrapers-rank<r>.json), so that its next
     process checks its scrapers' passwords first. Addresses only: nothing in it helps to guess a password. Read
-    and written through core/safe_files.py (no link followed, a bounded read); a file that cannot be read or
+    and written through core/files/safe_files.py (no link followed, a bounded read); a file that cannot be read or
     written is counted under `prometheus` and the endpoint goes on without it."""
 
     def __init__(self, path: Path, on_error: OnError) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from ms_exporter.config import Bound
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MEMORY_IN_USE_ORDER
-from ms_exporter.core.hardware import HOST
+from ms_exporter.core.device.reading import HOST
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore, Series

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.checkpoint_interval import Advice, advise
-from ms_exporter.core.ledger import INDEX, TimeLedger
+from ms_exporter.core.analysis.checkpoint_interval import Advice, advise
+from ms_exporter.core.analysis.ledger import INDEX, TimeLedger
 from ms_exporter.core.store import MetricStore
 
 _STARTUP, _COMPILE = INDEX[c.STARTUP], INDEX[c.COMPILE]

@@ -39,6 +39,7 @@ import numpy as np
 
 from ms_exporter.config import DivergenceConfig
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.analysis.replicas import read_layout, replica_group
 from ms_exporter.core.cb_params import (
     network_of,
     optimizer_state_of,
@@ -46,11 +47,10 @@ from ms_exporter.core.cb_params import (
     train_network_of,
     trained_weights_of,
 )
-from ms_exporter.core.device_reductions import bit_sums
+from ms_exporter.core.device.device_reductions import bit_sums
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.replicas import read_layout, replica_group
 from ms_exporter.core.sample import read_scalar
 from ms_exporter.core.store import Family, MetricStore, Series
 from ms_exporter.features.local_gradients import RUN_VIEW_KEY, LimitWriter, LocalGradientCheck

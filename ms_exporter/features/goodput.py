@@ -3,7 +3,7 @@ the series that export both (docs/goodput.md).
 
 | name | type | labels | unit |
 |---|---|---|---|
-| mindspore_train_time_seconds_total | counter | bucket | seconds (core/ledger.py) |
+| mindspore_train_time_seconds_total | counter | bucket | seconds (core/analysis/ledger.py) |
 | mindspore_train_run_time_seconds_total | counter | bucket | seconds, every process of the run, as of the last save |
 | mindspore_train_restarts_total | counter | | processes of the run before this one |
 | mindspore_train_run_info | gauge | run_id | 1 |
@@ -23,11 +23,11 @@ from typing import Any
 from ms_exporter.config import MonitorConfig
 from ms_exporter.config.run_identity import run_id_of
 from ms_exporter.core import catalogue as c
-from ms_exporter.core import run_lock
+from ms_exporter.core.analysis.ledger import TimeLedger, process_started
 from ms_exporter.core.cb_params import step_of
+from ms_exporter.core.device.optimizer_step import step_offset
 from ms_exporter.core.errors import OnPartError
-from ms_exporter.core.ledger import TimeLedger, process_started
-from ms_exporter.core.optimizer_step import step_offset
+from ms_exporter.core.files import run_lock
 from ms_exporter.core.part import Part
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.phases import PhaseClock

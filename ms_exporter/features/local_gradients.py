@@ -4,7 +4,7 @@ A corruption of a local gradient (a flipped bit between the backward pass and th
 the backward pass itself) reaches every replica identically through the reducer: the replicas' weights and optimizer
 state stay equal and no checksum sees it. The norm of the rank's own gradients does: a flip that raises an element by
 orders of magnitude raises the norm far above the rank's history, and above its replicas' norms at the same step
-(`ms_exporter.core.replicas.local_gradient_outliers`, on the `/debug/checksums` pages).
+(`ms_exporter.core.analysis.replicas.local_gradient_outliers`, on the `/debug/checksums` pages).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class LimitWriter:
         if limit == written or (math.isfinite(written) and abs(limit - written) <= 0.01 * written):
             return
         self._written = limit
-        from ms_exporter.core.device_reductions import reads_in_place
+        from ms_exporter.core.device.device_reductions import reads_in_place
 
         if reads_in_place():
             np.asarray(self._parameter.asnumpy()).reshape(-1)[0] = limit

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter.core.bit_sum_reader import BitSumReader
-from ms_exporter.core.replicas import KINDS
+from ms_exporter.core.analysis.replicas import KINDS
+from ms_exporter.core.device.bit_sum_reader import BitSumReader
 
 _PRIME = (1 << 61) - 1
 LOCAL_GRAD_NORM = "local_grad_norm"  # a page row's key: the rank's local gradient norm at that step

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.core import safe_files
 from ms_exporter.core.compat import zip_strict
+from ms_exporter.core.files import safe_files
 
 logger = logging.getLogger("ms_exporter")
 

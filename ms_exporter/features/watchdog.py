@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from ms_exporter.core import catalogue, safe_files
+from ms_exporter.core import catalogue
 from ms_exporter.core.errors import OnPartError
+from ms_exporter.core.files import safe_files
 from ms_exporter.core.part import ThreadPart
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.phases import PhaseClock

@@ -1,9 +1,9 @@
 """Which catalogue families the rendered rules read, and which of their series: what every rank must keep under
-`series_profile: large_job` (sinks/series_budget.py). `make generate` writes it into ms_exporter/sinks/rule_series.py,
-so the list is the rules' own and a new alert needs no hand edit; the sinks sit below this generator and read the
-written module, not the rules.
+`series_profile: large_job` (sinks/shared/series_budget.py). `make generate` writes it into
+ms_exporter/sinks/shared/rule_series.py, so the list is the rules' own and a new alert needs no hand edit; the sinks
+sit below this generator and read the written module, not the rules.
 
-    python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/rule_series.py
+    python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/shared/rule_series.py
 """
 
 from __future__ import annotations

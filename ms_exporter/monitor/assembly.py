@@ -40,7 +40,8 @@ from ms_exporter.monitor.writer_fallback import WriterFallback
 from ms_exporter.probes import build_probes
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
 from ms_exporter.probes.memory import MemoryProbe
-from ms_exporter.sinks import build_sinks, console, series_budget
+from ms_exporter.sinks import build_sinks, console
+from ms_exporter.sinks.shared import series_budget
 
 # What a caller may hand in for a probe or a sink: the part itself, or what builds it from the context.
 Given = Any

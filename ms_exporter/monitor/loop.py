@@ -29,7 +29,7 @@ from ms_exporter.core.cb_params import (
     TRAIN_DATASET_ELEMENT,
     TRAIN_NETWORK,
 )
-from ms_exporter.core.device_reductions import norms_on_device
+from ms_exporter.core.device.device_reductions import norms_on_device
 from ms_exporter.core.output_layout import OutputLayout
 from ms_exporter.features.local_gradients import RUN_VIEW_KEY
 from ms_exporter.monitor.core import MonitorCore
@@ -231,7 +231,7 @@ class LoopDriver:
 
 class _GradNorms:
     """One L2 norm per gradient, computed where the gradients are by one compiled reduction, stacked into one tensor:
-    the probe's one read (core/device_reductions.py). Compiled at the first sampled step for the run's gradient
+    the probe's one read (core/device/device_reductions.py). Compiled at the first sampled step for the run's gradient
     shapes (about a second on CPU for the demo), and again only if they change."""
 
     def of(self, grads: Any) -> Any:

@@ -22,7 +22,7 @@ logger = logging.getLogger("ms_exporter")
 
 
 class BatchList(Protocol):
-    """Where the batches of a drop go (actions/data_quality.py: save_dir/skipped-batches.json, written by a thread
+    """Where the batches of a drop go (actions/low_batches.py: save_dir/skipped-batches.json, written by a thread
     of its own)."""
 
     @property
@@ -143,7 +143,7 @@ class DataQualityProbe(Probe):
     | mindspore_train_data_quality_baseline | gauge | quantity | the quantity's unit |
     | mindspore_train_data_quality_low_streak | gauge | quantity | batches |
     | mindspore_train_data_quality_low | gauge | quantity | 1 |
-    | mindspore_train_data_listed_batches_total | counter | | batches (with list_batches: actions/data_quality.py) |
+    | mindspore_train_data_listed_batches_total | counter | | batches (with list_batches: actions/low_batches.py) |
     """
 
     name = "data_quality"

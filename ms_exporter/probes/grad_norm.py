@@ -14,7 +14,7 @@ from ms_exporter.config import GradNormConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import optimizer_of, step_of, train_network_of
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import norms as device_norms
+from ms_exporter.core.device.device_reductions import norms as device_norms
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.registry import ProbeEntry

@@ -7,7 +7,7 @@ from typing import Any
 
 from ms_exporter.config import HangConfig, MonitorConfig
 from ms_exporter.core import catalogue
-from ms_exporter.core.learned_deadline import MIN_CYCLES, LearnedDeadline
+from ms_exporter.core.analysis.learned_deadline import MIN_CYCLES, LearnedDeadline
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.probe import Probe
@@ -27,7 +27,7 @@ class HangDeadlineProbe(Probe):
     one step's end to the next (one hook call: a whole sink in sink mode), everything between included: a callback
     or a data wait that is regularly slow raises the deadline once it is more than the percentile leaves out. Until
     MIN_CYCLES cycles are in, the first step (compilation included) stands in for them. The formula is
-    ms_exporter/core/learned_deadline.py, which `ms-exporter report` shares.
+    ms_exporter/core/analysis/learned_deadline.py, which `ms-exporter report` shares.
 
     | name | type | labels | unit |
     |---|---|---|---|

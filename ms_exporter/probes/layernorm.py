@@ -10,7 +10,7 @@ from ms_exporter.config import LayerNormConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import network_of, step_of
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import moments
+from ms_exporter.core.device.device_reductions import moments
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.registry import ProbeEntry

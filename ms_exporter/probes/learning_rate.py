@@ -21,7 +21,7 @@ import numpy as np
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of
-from ms_exporter.core.optimizer_step import find_optimizer, step_offset
+from ms_exporter.core.device.optimizer_step import find_optimizer, step_offset
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.registry import ProbeEntry

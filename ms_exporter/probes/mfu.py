@@ -7,14 +7,14 @@ from typing import Any
 
 from ms_exporter.config import FlopsConfig, MonitorConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.analysis.flops import FlopsModel, from_parameters
+from ms_exporter.core.analysis.replicas import ranks_per_batch, read_layout
 from ms_exporter.core.cb_params import network_of
-from ms_exporter.core.flops import FlopsModel, from_parameters
-from ms_exporter.core.optimizer_step import find_optimizer
+from ms_exporter.core.device.optimizer_step import find_optimizer
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.rate_window import RateWindow
 from ms_exporter.core.registry import ProbeEntry
-from ms_exporter.core.replicas import ranks_per_batch, read_layout
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore, Series
 
@@ -22,7 +22,7 @@ logger = logging.getLogger("ms_exporter")
 
 
 class MfuProbe(Probe):
-    """FLOPs of each published step from ms_exporter/core/flops.py (its tokens, and the batch's sequence lengths for
+    """FLOPs of each published step from core/analysis/flops.py (its tokens, and the batch's sequence lengths for
     attention), as rates over the same window as ThroughputProbe's, so that FLOPs/s = tokens/s x FLOPs/token (over
     the ranks that compute each batch together, where tensor or pipeline parallelism shares it).
 

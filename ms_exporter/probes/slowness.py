@@ -8,20 +8,20 @@ from typing import Any
 
 from ms_exporter.config import MonitorConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.analysis.replicas import parallel_groups, read_layout
+from ms_exporter.core.analysis.slowness import SCORE_WEIGHT, SETTLING_STEPS, SlownessDetector
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.registry import ProbeEntry
-from ms_exporter.core.replicas import parallel_groups, read_layout
 from ms_exporter.core.sample import StepSample
-from ms_exporter.core.slowness import SCORE_WEIGHT, SETTLING_STEPS, SlownessDetector
 from ms_exporter.core.store import MetricStore
 
 logger = logging.getLogger("ms_exporter")
 
 
 class SlownessProbe(Probe):
-    """Feeds ms_exporter/core/slowness.py's detector one step at a time: own work is the step's data wait, the host
+    """Feeds core/analysis/slowness.py's detector one step at a time: own work is the step's data wait, the host
     time of other callbacks' hooks, checkpoints and evaluations in its cycle, and, in the loop API, the time the loop
     marked up to its collective; the cycle is all of those and the step. The score is the detector's, or lower where
     a device of the rank runs under the clock it was seen at (its clock over its best): the one slowdown inside a

@@ -17,7 +17,7 @@ from ms_exporter.config import MonitorConfig, UpdateRatioConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import fixed_positions, gathered, positions_in
+from ms_exporter.core.device.device_reductions import fixed_positions, gathered, positions_in
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.registry import ProbeEntry

@@ -9,7 +9,7 @@ from typing import Any
 from ms_exporter.config import GradNormConfig, MonitorConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of, trained_weights_of
-from ms_exporter.core.device_reductions import square_sums
+from ms_exporter.core.device.device_reductions import square_sums
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.registry import ProbeEntry

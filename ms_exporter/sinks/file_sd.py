@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ms_exporter.core import safe_files
+from ms_exporter.core.files import safe_files
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.registry import BackendEntry

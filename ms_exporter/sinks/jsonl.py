@@ -16,17 +16,18 @@ from typing import Any
 
 from ms_exporter.config import ConfigError
 from ms_exporter.config.run_identity import run_id_of
-from ms_exporter.core import catalogue, run_lock
+from ms_exporter.core import catalogue
 from ms_exporter.core.cb_params import step_of
 from ms_exporter.core.compat import zip_strict
 from ms_exporter.core.errors import OnError
+from ms_exporter.core.files import run_lock
+from ms_exporter.core.files.safe_files import UnsafeFile, append_whole, make_dir, open_append
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.registry import BackendEntry
-from ms_exporter.core.safe_files import UnsafeFile, append_whole, make_dir, open_append
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import HistogramSeries, MetricStore, Series
-from ms_exporter.sinks.step_columns import StepColumns
+from ms_exporter.sinks.shared.step_columns import StepColumns
 
 logger = logging.getLogger("ms_exporter")
 

@@ -46,7 +46,7 @@ from ms_exporter.core.redaction import url_for_logs
 from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import Family, HistogramSeries, MetricStore, Series
-from ms_exporter.sinks import otel_sdk, series_budget
+from ms_exporter.sinks.shared import otel_sdk, series_budget
 
 logger = logging.getLogger("ms_exporter")
 

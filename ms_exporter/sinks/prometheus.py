@@ -24,7 +24,7 @@ from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
 from ms_exporter.endpoint.live_history import StepHistory
 from ms_exporter.endpoint.server import serve, tls_context
-from ms_exporter.sinks import series_budget
+from ms_exporter.sinks.shared import series_budget
 
 logger = logging.getLogger("ms_exporter")
 
@@ -50,7 +50,9 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         constant = dict(self._store.constant_labels)
         read = self._store.families(lambda exc: self._on_error("prometheus", exc))
-        for family in series_budget.kept(self._store, read):  # series_profile: large_job (sinks/series_budget.py)
+        for family in series_budget.kept(
+            self._store, read
+        ):  # series_profile: large_job (sinks/shared/series_budget.py)
             try:
                 yield _render(family, constant)
             except Exception as exc:  # one broken family costs its series, never the whole scrape

@@ -19,7 +19,7 @@ from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MetricFamily
 from ms_exporter.core.cb_params import step_of, trained_weights_of
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.device_reductions import (
+from ms_exporter.core.device.device_reductions import (
     HIST_COUNT,
     HIST_MAX,
     HIST_MIN,
@@ -29,14 +29,14 @@ from ms_exporter.core.device_reductions import (
     histograms,
 )
 from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.files.safe_files import append_whole, make_dir, open_regular
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.registry import BackendEntry
-from ms_exporter.core.safe_files import append_whole, make_dir, open_regular
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
-from ms_exporter.sinks.queued_writer import QueuedStepWriter, writer_could_not_start
-from ms_exporter.sinks.step_columns import StepColumns, jsonl_key_of
+from ms_exporter.sinks.shared.queued_writer import QueuedStepWriter, writer_could_not_start
+from ms_exporter.sinks.shared.step_columns import StepColumns, jsonl_key_of
 
 logger = logging.getLogger("ms_exporter")
 

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from ms_exporter.config import WandbConfig
-from ms_exporter.core import safe_files
 from ms_exporter.core.errors import Breaker, OnError
+from ms_exporter.core.files import safe_files
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
-from ms_exporter.sinks.queued_writer import QueuedStepWriter, writer_could_not_start
+from ms_exporter.sinks.shared.queued_writer import QueuedStepWriter, writer_could_not_start
 
 logger = logging.getLogger("ms_exporter")
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ms_exporter.core.replicas import first_disagreement, local_gradient_outliers
+from ms_exporter.core.analysis.replicas import first_disagreement, local_gradient_outliers
 from ms_exporter.tools.scrape import Access, FetchError, beside, fetch
 from ms_exporter.tools.targets import expand_targets, parse_target_argument
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ms_exporter.core import catalogue, safe_files
+from ms_exporter.core import catalogue
+from ms_exporter.core.files import safe_files
 from ms_exporter.tools.rank_samples import parse_ranks
 from ms_exporter.tools.scrape import Access, FetchError, beside, fetch
 from ms_exporter.tools.targets import expand_targets, parse_target_argument

@@ -21,9 +21,9 @@ from typing import Any, BinaryIO
 
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
+from ms_exporter.core.analysis.learned_deadline import LearnedDeadline, nearest_rank
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.learned_deadline import LearnedDeadline, nearest_rank
-from ms_exporter.core.safe_files import open_regular
+from ms_exporter.core.files.safe_files import open_regular
 from ms_exporter.core.thresholds import DEFAULTS
 
 # Step-record columns the report plots, in chart order (and the wall-clock time of each record); memory comes from
@@ -201,7 +201,7 @@ def load_runs(files: list[Path], nofollow: bool = False) -> list[Run]:
     record names its run (`project`, and `run` in newer files; an older file without `run` is one run per project).
     Lines that are no record are skipped and counted (Run.skipped says where the first was and why); a file whose
     first line is not JSON is the wrong file: ReportError. `nofollow`: a file that is a symlink or no regular file
-    is refused (OSError), as `core/safe_files.py` opens the monitor's own files (`ms-exporter triage` walking
+    is refused (OSError), as `core/files/safe_files.py` opens the monitor's own files (`ms-exporter triage` walking
     directories)."""
     runs: dict[tuple[str, str, int], Run] = {}
     last_steps: dict[tuple[str, str, int], int] = {}
@@ -435,7 +435,7 @@ def _wall_seconds(run: Run) -> float | None:
 
 def gaps(run: Run, hang: HangConfig | None = None) -> list[tuple[int, float, float, float]]:
     """(step, start, seconds, deadline) of each gap between two records: its step and wall-clock start, its length,
-    and the hang deadline the monitor had while it lasted (ms_exporter/core/learned_deadline.py, the probe's own
+    and the hang deadline the monitor had while it lasted (core/analysis/learned_deadline.py, the probe's own
     formula, fed the same cycles: the first record's step and data wait until a few cycles are in)."""
     return _learned_gaps(run, hang)[0]
 

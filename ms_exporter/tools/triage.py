@@ -26,7 +26,7 @@ from typing import Any
 from ms_exporter.config import MAX_STEPS, HangConfig
 from ms_exporter.core import catalogue
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.safe_files import open_regular
+from ms_exporter.core.files.safe_files import open_regular
 from ms_exporter.tools.report import (
     PLOTTED,
     ReportError,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ms_exporter.config import load_config
-from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.config.alert_thresholds import thresholds_of
 from ms_exporter.core.thresholds import DEFAULTS
 from ms_exporter.generate.dashboard import DASHBOARD_FILE, queries, render_dashboard, render_json
 from ms_exporter.generate.rules import RULES_FILE, render_rules, render_yaml

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.replicas import first_disagreement
+from ms_exporter.core.analysis.replicas import first_disagreement
 from tests.support.dashboard_queries import without_data
 from tests.support.distributed import DistributedJob, distributed_job
 from tests.support.top_table import table_rows

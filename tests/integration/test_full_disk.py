@@ -127,7 +127,7 @@ print("RESULT " + json.dumps({"took": took, "dropped": by(c.DROPPED_RECORDS, "si
 
 
 def test_tensorboard_on_a_disk_that_fills_returns_at_train_end_and_sigterm(tmp_path: Path) -> None:
-    from ms_exporter.sinks.queued_writer import WAIT_SECONDS
+    from ms_exporter.sinks.shared.queued_writer import WAIT_SECONDS
 
     with small_disk(tmp_path / "disk") as disk:
         try:

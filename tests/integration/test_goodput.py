@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.checkpoint_interval import advised_interval
+from ms_exporter.core.analysis.checkpoint_interval import advised_interval
 from ms_exporter.generate.rules import TEST_TIMING, render_rules, render_yaml
 from ms_exporter.tools.report import load_run, summary
 from tests.support.dashboard_queries import ADVISOR_PANELS, without_data

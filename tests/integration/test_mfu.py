@@ -11,7 +11,7 @@ from mindspore import nn
 from mindspore.train import Model
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.core.flops import ModelShape, from_parameters, from_shape
+from ms_exporter.core.analysis.flops import ModelShape, from_parameters, from_shape
 from ms_exporter.demo import PaddedTokens, build_network, demo_flops_model, synthetic_dataset
 from ms_exporter.tools.peak_flops import measure_matmul_flops
 from tests.support.scrape import Scrape, scrape

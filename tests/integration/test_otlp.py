@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ms_exporter import TrainingMonitor
 from ms_exporter.demo import build_network, synthetic_dataset
-from ms_exporter.sinks.otel_sdk import EXPORT_LOGGERS
 from ms_exporter.sinks.otlp import otlp_name
+from ms_exporter.sinks.shared.otel_sdk import EXPORT_LOGGERS
 from tests.support.otlp_receiver import GrpcReceiver, HttpReceiver, Point, free_port
 from tests.support.scrape import Scrape, scrape
 

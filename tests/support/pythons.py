@@ -31,7 +31,7 @@ def _need(python: tuple[int, int], what: str) -> Need:
 
 # The dashboard generator (`ms-exporter dashboard`, `kubernetes`) is built with it; pyproject marks it so.
 DASHBOARD_SDK = _need(DASHBOARD_SDK_PYTHON, "the Grafana Foundation SDK (the dashboard generator)")
-# The otlp extra's tested range (sinks/otel_sdk.py): its exporters are served for 3.10 on only.
+# The otlp extra's tested range (sinks/shared/otel_sdk.py): its exporters are served for 3.10 on only.
 OTLP = _need(BACKENDS["otlp"].python, "the otlp extra (OpenTelemetry exporters >= 1.42)")
 # The test extra's wandb: 0.31 brought `wandb leet inspect`, the reader the tests check the sink's files with.
 WANDB = _need(BACKENDS["wandb"].python, "wandb >= 0.31 (the W&B sink's tested range and its file reader)")

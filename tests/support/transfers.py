@@ -31,7 +31,7 @@ def count_transfers(monkeypatch: pytest.MonkeyPatch) -> Transfers:
     """Counts every Tensor.asnumpy call from now to the end of the test."""
     import mindspore as ms
 
-    from ms_exporter.core import device_reductions
+    from ms_exporter.core.device import device_reductions
 
     # What a device moves: the reductions run compiled, as on an accelerator, not in place on the CPU target's memory.
     monkeypatch.setattr(device_reductions, "read_in_place", False)

@@ -13,10 +13,10 @@ import pytest
 from ms_exporter.actions.bit_flips import BitFlips, flip_bit
 from ms_exporter.config import load_config
 from ms_exporter.config.sections import BitFlip
-from ms_exporter.core import device_reductions as d
+from ms_exporter.core.analysis.replicas import first_disagreement
+from ms_exporter.core.device import device_reductions as d
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.replicas import first_disagreement
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints
 

@@ -6,8 +6,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.core import device_reductions as d
-from ms_exporter.core.bit_sum_reader import SMALL_VALUES, BitSumReader
+from ms_exporter.core.device import device_reductions as d
+from ms_exporter.core.device.bit_sum_reader import SMALL_VALUES, BitSumReader
 
 
 def tensors() -> list[ms.Parameter]:

@@ -1,4 +1,4 @@
-"""The checkpoint interval advisor's formulas (ms_exporter/core/checkpoint_interval.py) and the saves the ledger
+"""The checkpoint interval advisor's formulas (core/analysis/checkpoint_interval.py) and the saves the ledger
 counts for it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.checkpoint_interval import (
+from ms_exporter.core.analysis.checkpoint_interval import (
     advise,
     advised_interval,
     chi2_quantile_even,
@@ -17,7 +17,7 @@ from ms_exporter.core.checkpoint_interval import (
     mtbf_range,
     young_interval,
 )
-from ms_exporter.core.ledger import TimeLedger
+from ms_exporter.core.analysis.ledger import TimeLedger
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.checkpoint_advice import CheckpointAdvisor
 

@@ -10,7 +10,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.core import device_reductions as d
+from ms_exporter.core.device import device_reductions as d
 from ms_exporter.features.replica_checks import StepChecks
 from ms_exporter.tools import checksums
 from ms_exporter.tools.scrape import Access, FetchError

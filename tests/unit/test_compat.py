@@ -21,7 +21,7 @@ from tests.support.pythons import DASHBOARD_SDK, OTLP, below
 NEEDS = {
     "ms_exporter.generate.dashboard": DASHBOARD_SDK,
     "ms_exporter.sinks.otlp": OTLP,
-    "ms_exporter.sinks.otel_sdk": OTLP,
+    "ms_exporter.sinks.shared.otel_sdk": OTLP,
 }
 
 

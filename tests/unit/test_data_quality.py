@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.actions.data_quality import SkippedBatchList
+from ms_exporter.actions.low_batches import SkippedBatchList
 from ms_exporter.actions.skipped_batches import SkippedBatches, sample_hash
 from ms_exporter.config import ConfigError, DataQualityConfig, load_config
 from ms_exporter.core import catalogue as c

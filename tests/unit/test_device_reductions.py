@@ -7,7 +7,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from ms_exporter.core import device_reductions as d
+from ms_exporter.core.device import device_reductions as d
 from ms_exporter.features.fingerprint import fingerprint
 from tests.support.transfers import Transfers, count_transfers
 

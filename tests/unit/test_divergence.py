@@ -8,9 +8,9 @@ import pytest
 
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.analysis.replicas import ParallelLayout, disagreeing, parallel_groups, read_layout, replica_group
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.replicas import ParallelLayout, disagreeing, parallel_groups, read_layout, replica_group
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints, fingerprint
 

@@ -8,8 +8,8 @@ import pytest
 
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.flops import PEAK_PRESETS, ModelShape, from_parameters, from_shape
-from ms_exporter.core.replicas import ParallelLayout, ranks_per_batch
+from ms_exporter.core.analysis.flops import PEAK_PRESETS, ModelShape, from_parameters, from_shape
+from ms_exporter.core.analysis.replicas import ParallelLayout, ranks_per_batch
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.mfu import MfuProbe, attention_width

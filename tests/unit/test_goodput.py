@@ -13,8 +13,8 @@ import pytest
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.config.run_identity import derived_run_id
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.analysis.ledger import INDEX, TimeLedger, process_started
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.ledger import INDEX, TimeLedger, process_started
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features import run_state

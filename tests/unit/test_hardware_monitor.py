@@ -13,8 +13,8 @@ import pytest
 
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.errors import Breaker, ErrorSink
-from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.hardware import host
 from ms_exporter.features.hardware.monitor import HardwareMonitor, join_labels

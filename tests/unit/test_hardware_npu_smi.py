@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.errors import Breaker, ErrorSink
-from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.hardware.command import CommandError, CommandTimeout, trusted_command
 from ms_exporter.features.hardware.npu_smi import NpuSmiReader, build, parse_table

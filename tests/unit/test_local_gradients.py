@@ -15,9 +15,9 @@ from mindspore import nn
 from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
 from ms_exporter.config import load_config
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.analysis.replicas import local_gradient_outliers
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.replicas import local_gradient_outliers
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints
 from ms_exporter.features.local_gradients import WARMUP_STEPS, LocalGradientCheck

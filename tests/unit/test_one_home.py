@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from ms_exporter.config import HangConfig, MonitorConfig, load_config
-from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.config.alert_thresholds import thresholds_of
 from ms_exporter.core import catalogue
+from ms_exporter.core.analysis.learned_deadline import MIN_CYCLES, nearest_rank
 from ms_exporter.core.compat import zip_strict
-from ms_exporter.core.learned_deadline import MIN_CYCLES, nearest_rank
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
@@ -95,23 +95,23 @@ def _package_imports(path: Path) -> set[str]:
 def test_the_thresholds_import_nothing_of_the_package_so_config_and_thresholds_make_no_circle() -> None:
     assert _package_imports(ROOT / "ms_exporter" / "core" / "thresholds.py") == set()
     # the report imports it too
-    assert _package_imports(ROOT / "ms_exporter" / "core" / "learned_deadline.py") == set()
+    assert _package_imports(ROOT / "ms_exporter" / "core" / "analysis" / "learned_deadline.py") == set()
     assert "ms_exporter.core.thresholds" in _package_imports(ROOT / "ms_exporter" / "config" / "sections.py")
 
 
 @pytest.mark.parametrize(
     "order",
     [
-        ("config", "core.thresholds", "config.thresholds_of"),
-        ("core.thresholds", "config", "config.thresholds_of"),
-        ("config.thresholds_of", "core.thresholds", "config"),
-        ("core.learned_deadline", "tools.report", "config"),
+        ("config", "core.thresholds", "config.alert_thresholds"),
+        ("core.thresholds", "config", "config.alert_thresholds"),
+        ("config.alert_thresholds", "core.thresholds", "config"),
+        ("core.analysis.learned_deadline", "tools.report", "config"),
     ],
 )
 def test_each_module_imports_first_in_a_fresh_interpreter(order: tuple[str, ...]) -> None:
     imported = _python(
         "".join(f"import ms_exporter.{name}\n" for name in order)
-        + "from ms_exporter.config.thresholds_of import thresholds_of\n"
+        + "from ms_exporter.config.alert_thresholds import thresholds_of\n"
         "from ms_exporter.config import load_config\n"
         "from ms_exporter.core.thresholds import DEFAULTS\n"
         "assert thresholds_of(load_config({})) == DEFAULTS\n"

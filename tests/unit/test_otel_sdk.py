@@ -1,4 +1,4 @@
-"""The adapter to OpenTelemetry SDK internals (ms_exporter/sinks/otel_sdk.py) against the installed SDK."""
+"""The adapter to OpenTelemetry SDK internals (ms_exporter/sinks/shared/otel_sdk.py) against the installed SDK."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from opentelemetry.sdk.resources import Resource
 from packaging.specifiers import SpecifierSet
 
 from ms_exporter.core.store import MetricStore
-from ms_exporter.sinks import otel_sdk
 from ms_exporter.sinks.otlp import SCOPE, StoreHistogramExporter
+from ms_exporter.sinks.shared import otel_sdk
 
 SDK_PACKAGES = ("opentelemetry-sdk", "opentelemetry-exporter-otlp")
 
@@ -42,7 +42,7 @@ SDK_PACKAGES = ("opentelemetry-sdk", "opentelemetry-exporter-otlp")
 def test_every_sdk_name_the_adapter_needs_is_where_it_expects() -> None:
     problems = otel_sdk.missing()
     assert not problems, (
-        f"opentelemetry-sdk {version('opentelemetry-sdk')} moved what ms_exporter/sinks/otel_sdk.py relies on "
+        f"opentelemetry-sdk {version('opentelemetry-sdk')} moved what ms_exporter/sinks/shared/otel_sdk.py relies on "
         f"(tested: {otel_sdk.TESTED_VERSIONS}):\n  " + "\n  ".join(problems)
     )
 

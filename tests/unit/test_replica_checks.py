@@ -12,10 +12,10 @@ import pytest
 
 from ms_exporter.config import load_config
 from ms_exporter.core import catalogue as c
-from ms_exporter.core import device_reductions as d
+from ms_exporter.core.analysis.replicas import first_disagreement
+from ms_exporter.core.device import device_reductions as d
 from ms_exporter.core.output_layout import LayoutResolver
 from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.replicas import first_disagreement
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.fingerprint import Fingerprints
 from ms_exporter.features.replica_checks import StepChecks, split

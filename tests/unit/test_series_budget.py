@@ -1,4 +1,4 @@
-"""series_profile: large_job (sinks/series_budget.py): what a non-detail rank's page has and lacks, that a detail
+"""series_profile: large_job (sinks/shared/series_budget.py): what a non-detail rank's page has and lacks, that a detail
 rank's page is the full one, and that every family an alert or recording rule reads stays on every rank (the list
 is read from the generated rules file, so it cannot drift from the rules)."""
 
@@ -18,16 +18,16 @@ from ms_exporter.core import catalogue
 from ms_exporter.core.store import MetricStore
 from ms_exporter.generate.rule_series import render_module, series_read
 from ms_exporter.generate.rules import render_rules
-from ms_exporter.sinks import series_budget
 from ms_exporter.sinks.prometheus import StoreCollector
-from ms_exporter.sinks.rule_series import RULE_SERIES
+from ms_exporter.sinks.shared import series_budget
+from ms_exporter.sinks.shared.rule_series import RULE_SERIES
 from tests.support.pythons import OTLP, needs
 from tests.support.scrape import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "mindspore-training.rules.yml"
 FAMILIES = {family.name: family for family in catalogue.FAMILIES}
-SERIES_MODULE = ROOT / "ms_exporter" / "sinks" / "rule_series.py"
+SERIES_MODULE = ROOT / "ms_exporter" / "sinks" / "shared" / "rule_series.py"
 
 
 def rules_read() -> dict[str, set[str]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ms_exporter.core import run_lock
+from ms_exporter.core.files import run_lock
 from ms_exporter.features.signals import SignalRelay
 from tests.support.waiting import wait_until
 

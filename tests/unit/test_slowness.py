@@ -1,4 +1,4 @@
-"""The fail-slow detector (ms_exporter/core/slowness.py) and its probe, on series whose answer is known."""
+"""The fail-slow detector (ms_exporter/core/analysis/slowness.py) and its probe, on series whose answer is known."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.ranks import RankInfo
-from ms_exporter.core.sample import StepSample
-from ms_exporter.core.slowness import (
+from ms_exporter.core.analysis.slowness import (
     SETTLING_STEPS,
     WARMUP_STEPS,
     SlownessDetector,
     culprits,
     relative_scores,
 )
+from ms_exporter.core.ranks import RankInfo
+from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.slowness import SlownessProbe
 

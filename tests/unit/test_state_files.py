@@ -27,7 +27,7 @@ import pytest
 from ms_exporter import TrainingMonitor
 from ms_exporter.config import ConfigError, load_config
 from ms_exporter.core import catalogue as c
-from ms_exporter.core import run_lock
+from ms_exporter.core.files import run_lock
 from ms_exporter.core.phases import PhaseClock
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.goodput import Goodput

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue as c
-from ms_exporter.core.device_reductions import HISTOGRAM_SAMPLE, drawn_positions
+from ms_exporter.core.device.device_reductions import HISTOGRAM_SAMPLE, drawn_positions
 from ms_exporter.core.errors import Breaker, ErrorSink
 from ms_exporter.core.output_layout import OutputLayout
 from ms_exporter.core.sample import StepSample
@@ -65,7 +65,7 @@ def test_a_stuck_writer_is_given_up_within_the_bound(tmp_path: Path, monkeypatch
     import threading
     import time
 
-    from ms_exporter.sinks import queued_writer
+    from ms_exporter.sinks.shared import queued_writer
 
     monkeypatch.setattr(queued_writer, "WAIT_SECONDS", 0.5)
     store = MetricStore()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ms_exporter import load_config
-from ms_exporter.config.thresholds_of import thresholds_of
+from ms_exporter.config.alert_thresholds import thresholds_of
 from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, Thresholds
 from ms_exporter.generate.rules import render_rules
 from tests.support.pythons import DASHBOARD_SDK, needs

@@ -11,7 +11,7 @@ from mindspore.train.callback import _InternalCallbackParam
 
 from ms_exporter.config import ConfigError, UpdateRatioConfig, load_config
 from ms_exporter.core import catalogue as c
-from ms_exporter.core import device_reductions
+from ms_exporter.core.device import device_reductions
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.probes.update_ratio import UpdateRatioProbe
@@ -109,7 +109,7 @@ def test_a_layer_of_zeros_has_no_ratio_and_a_new_training_call_starts_over() -> 
 
 
 def test_the_section_is_checked_and_sets_the_alert_threshold() -> None:
-    from ms_exporter.config.thresholds_of import thresholds_of
+    from ms_exporter.config.alert_thresholds import thresholds_of
 
     config = load_config({"update_ratio": {"enable": True, "frozen_fraction": 0.05}})
     assert config.update_ratio.enable and thresholds_of(config).update_ratio_frozen_fraction == 0.05

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ms_exporter.core.hardware import HOST, DeviceIdentity, DeviceReading, HardwareReader
+from ms_exporter.core.device.reading import HOST, DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.registry import ReaderEntry
 
 # psutil's CPU share is over the time since its previous call: shorter than this, it says nothing (it answers 0.0),

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ms_exporter.core import catalogue as c
+from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.errors import Breaker
-from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.part import ThreadPart
 from ms_exporter.core.periodic import PeriodicThread
 from ms_exporter.core.store import Family, Labels, MetricStore

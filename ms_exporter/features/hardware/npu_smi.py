@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any
 
 from ms_exporter.core.compat import SLOTS, zip_strict
-from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
+from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.registry import ReaderEntry
 from ms_exporter.features.hardware.command import (
     CommandError,

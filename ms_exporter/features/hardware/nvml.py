@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ms_exporter.core.hardware import DeviceIdentity, DeviceReading, HardwareReader
+from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
 from ms_exporter.core.registry import ReaderEntry
 
 logger = logging.getLogger("ms_exporter")

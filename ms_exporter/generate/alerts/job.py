@@ -27,7 +27,8 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
             f"{c.TIME_SECONDS.name} says where the rest went.",
         ),
         # A rank held by fewer of its group than the most common fingerprint, or, where no fingerprint has a
-        # majority (two ranks that differ), every rank of the group (core/replicas.py's disagreeing, in Python).
+        # majority (two ranks that differ), every rank of the group (core/analysis/replicas.py's disagreeing, in
+        # Python).
         Alert(
             "MindSporeTrainingReplicaDivergence",
             expr=_named_in_group(agreeing, "project, replica_group"),
@@ -85,8 +86,8 @@ def alerts(t: Thresholds, w: Timing) -> tuple[Alert, ...]:
 
 
 def _named_in_group(agreeing: str, group: str) -> str:
-    """The ranks core/replicas.py's `disagreeing` names, from a share of the group that agrees with each: a rank
-    held by fewer of its group than the most common value, or, where no value has a majority (two ranks that
+    """The ranks core/analysis/replicas.py's `disagreeing` names, from a share of the group that agrees with each: a
+    rank held by fewer of its group than the most common value, or, where no value has a majority (two ranks that
     differ), every rank of the group; the `verdict` label says which."""
     return (
         f"label_replace({agreeing} < on ({group}) group_left () max by ({group}) ({agreeing}), "

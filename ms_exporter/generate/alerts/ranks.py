@@ -76,7 +76,7 @@ def alerts(t: Thresholds, w: Timing, job_regex: str) -> tuple[Alert, ...]:
             f"of whole step cycle, where ranks do not synchronise), over {factor} times the median of the job. "
             f"Device state: {device_state()}.",
         ),
-        # The rank's own detector flagged the step its own work rose (core/slowness.py), and against the job's
+        # The rank's own detector flagged the step its own work rose (core/analysis/slowness.py), and against the job's
         # best rank it costs the job more than alert_below allows: a slowdown of every rank (shared storage) is
         # ThroughputDrop's, not a rank's. The value is the relative score.
         Alert(

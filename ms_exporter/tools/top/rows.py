@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ms_exporter.core import catalogue
+from ms_exporter.core.analysis.replicas import disagreeing
+from ms_exporter.core.analysis.slowness import culprits, relative_scores
 from ms_exporter.core.catalogue import (
     PROJECT_CYCLE_MEDIAN,
     PROJECT_WAIT_MEDIAN,
@@ -16,9 +18,7 @@ from ms_exporter.core.catalogue import (
     RANK_DEVICE_TEMPERATURE,
     RANK_WAIT_MEAN,
 )
-from ms_exporter.core.hardware import HOST
-from ms_exporter.core.replicas import disagreeing
-from ms_exporter.core.slowness import culprits, relative_scores
+from ms_exporter.core.device.reading import HOST
 from ms_exporter.core.thresholds import DEFAULTS, STALL_CYCLES, STALL_FLOOR_SECONDS
 from ms_exporter.core.verdicts import DEVICE_HOT, MEMORY_GROWTH, STRAGGLER
 from ms_exporter.tools.rank_samples import RankSamples

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_exporter.core.device_reductions import bit_sums, reads_in_place
+from ms_exporter.core.device.device_reductions import bit_sums, reads_in_place
 
 # A tensor of at most this many values is summed from the shared buffer: numpy's call would cost more than its copy.
 SMALL_VALUES = 4096

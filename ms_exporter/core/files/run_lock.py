@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ms_exporter.core import safe_files
+from ms_exporter.core.files import safe_files
 
 logger = logging.getLogger("ms_exporter")
 

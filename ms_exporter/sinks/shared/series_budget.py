@@ -21,7 +21,7 @@ from ms_exporter.config.vocabulary import FULL_PROFILE, LARGE_JOB_PROFILE
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MetricType
 from ms_exporter.core.store import FamilySnapshot, HistogramSeries, MetricStore
-from ms_exporter.sinks.rule_series import RULE_SERIES
+from ms_exporter.sinks.shared.rule_series import RULE_SERIES
 
 # Families rules read that only detail ranks keep: one series per layer, the same on every replica of a layer.
 # MindSporeTrainingLayerFrozen (update ratios) and MindSporeTrainingLayerNormDrift fire from the detail ranks.

@@ -20,7 +20,7 @@ from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 from ms_exporter.core.store import MetricStore
 from ms_exporter.sinks.jsonl import MAX_UNWRITTEN_SECONDS
-from ms_exporter.sinks.step_columns import StepColumns
+from ms_exporter.sinks.shared.step_columns import StepColumns
 
 logger = logging.getLogger("ms_exporter")
 
