@@ -123,6 +123,7 @@ generate: install
 	$(BIN)/ms-exporter rules -o deploy/prometheus/rules/mindspore-training.rules.yml
 	$(BIN)/python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/shared/rule_series.py
 	$(BIN)/python -m ms_exporter.generate.parts -o ms_exporter/core/builtin_parts.py --docs docs/configuration.md
+	$(BIN)/python -m ms_exporter.generate.module_map --docs docs/architecture.md
 	$(BIN)/ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json
 	$(BIN)/ms-exporter kubernetes -o deploy/kubernetes/base
 

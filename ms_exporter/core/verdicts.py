@@ -1,7 +1,7 @@
-"""Verdicts written once: each is a record of comparisons against the thresholds, from which the alert rules' PromQL
-(ms_exporter/generate/verdicts.py) and the Python that `ms-exporter top` runs on scraped values (`holds`) both come,
-so the rules and `top` cannot disagree. The numbers come from the Thresholds a caller passes (the defaults, or a
-config's).
+"""Verdicts written once: each is a record of comparisons against the thresholds, from which the alert rules'
+PromQL (ms_exporter/generate/alerts/verdicts.py) and the Python that `ms-exporter top` runs on scraped values
+(`holds`) both come, so the rules and `top` cannot disagree. The numbers come from the Thresholds a caller passes
+(the defaults, or a config's).
 
 A verdict holds when any of its clauses holds; a clause when each of its comparisons does. A comparison reads one
 quantity of the rank (a family or a recording rule, per label set of it) against a threshold, alone or times another
