@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
-from benchmarks.report import machine, table
+from benchmarks.report import machine, table, write_section
 from ms_exporter.config import WebConfig
 from tests.support.waiting import free_port
 
@@ -336,13 +336,6 @@ def _nonzero(lines: list[str]) -> str:
     return ", ".join(shown) if shown else "none (every dropped-sample and error counter at 0)"
 
 
-def replace_block(document: str, block: str) -> str:
-    if BEGIN in document and END in document:
-        head, rest = document.split(BEGIN, 1)
-        return head + block + rest.split(END, 1)[1]
-    return document.rstrip("\n") + "\n\n" + block + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, a short soak")
@@ -392,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     soaked = soak(500 if args.quick else 20_000, 100 if args.quick else 1000)
     block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes, attacked)
     path = Path(args.output)
-    path.write_text(replace_block(path.read_text() if path.exists() else "# Reliability\n", block))
+    if not path.exists():
+        path.write_text("# Reliability\n")
+    write_section(block, path, BEGIN, END)
     print(block)
     return 0
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ms_exporter.generate.marked_block import replace_block
 
 # `make bench`'s targets (docs/benchmarks.md, "Targets"): shares of a step, microseconds, milliseconds, MiB.
 TARGETS = {
@@ -68,11 +69,10 @@ def write_section(section: str, path: Path, begin: str, end: str, heading: str =
     """`section` (its own begin and end markers included) in place of the one between those markers in `path`, or
     appended under `heading` where there is none yet: a page other benchmarks rewrite keeps this part."""
     text = path.read_text()
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + (f"{heading}\n\n" if heading else "") + section + "\n"
-    path.write_text(text)
+    replaced = replace_block(text, section, begin, end)
+    if replaced is None:
+        replaced = text.rstrip("\n") + "\n\n" + (f"{heading}\n\n" if heading else "") + section + "\n"
+    path.write_text(replaced)
 
 
 def replace_row(lines: list[str], prefix: str, row: str, after: str | None = None) -> None:

@@ -40,6 +40,7 @@ import yaml
 
 from benchmarks.report import machine, table
 from ms_exporter.config import LayerNormConfig
+from ms_exporter.generate import marked_block
 from tests.support.servers import PROMETHEUS, PrometheusServer
 from tests.support.waiting import wait_until
 
@@ -1354,9 +1355,7 @@ def forwarded_lines(jobs: list[dict[str, Any]]) -> list[str]:
 def replace_block(document: str, block: str) -> str:
     if document.count(BEGIN) != 1 or document.count(END) != 1 or document.index(BEGIN) > document.index(END):
         raise ValueError(f"the document needs exactly one {BEGIN} ... {END} block")
-    head, rest = document.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return head + block + tail
+    return str(marked_block.replace_block(document, block, BEGIN, END))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import re
 import sys
 from pathlib import Path
+
+from ms_exporter.generate.marked_block import write_block
 
 PACKAGE = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- module-map:begin -->", "<!-- module-map:end -->"
@@ -64,17 +65,10 @@ def render_map(package: Path = PACKAGE) -> str:
     )
 
 
-def write_docs(path: Path, block: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if BEGIN not in text:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} block to write the module map into")
-    path.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S), "utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--docs", required=True, help="the page whose module-map block to rewrite")
-    write_docs(Path(parser.parse_args(argv).docs), render_map())
+    write_block(Path(parser.parse_args(argv).docs), render_map(), BEGIN, END)
     return 0
 
 

@@ -13,13 +13,13 @@ import argparse
 import importlib
 import json
 import pkgutil
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ms_exporter.core.registry import BackendEntry, ProbeEntry, ReaderEntry
+from ms_exporter.generate.marked_block import write_block
 
 PACKAGES = ("ms_exporter.probes", "ms_exporter.sinks", "ms_exporter.actions", "ms_exporter.features")
 BEGIN, END = "<!-- parts:begin -->", "<!-- parts:end -->"
@@ -120,13 +120,6 @@ def render_docs(parts: dict[str, list[tuple[str, Any]]]) -> str:
     )
 
 
-def write_docs(path: Path, block: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if BEGIN not in text:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} block to write the parts into")
-    path.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S), "utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-o", "--output", required=True, help="the index module to write")
@@ -135,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = declared()
     Path(args.output).write_text(render_module(parts), encoding="utf-8")
     if args.docs:
-        write_docs(Path(args.docs), render_docs(parts))
+        write_block(Path(args.docs), render_docs(parts), BEGIN, END)
     return 0
 
 
