@@ -24,7 +24,8 @@ DATA_QUALITY_STREAK = 5
 # The pictures (the live page and `ms-exporter top`; docs/live.md, docs/top.md): a rank with no step for longer than
 # STALL_CYCLES times its recent step cycle, and at least STALL_FLOOR_SECONDS (a step is published within a second and
 # the page polls every 2 s), shows "stalled" in amber, in red once its phase is past its hang deadline (the rank's
-# own, MindSporeTrainingStalled's rule); the values of its last step are then greyed as stale. No alert reads these.
+# own, MindSporeTrainingStalled's rule); the values of its last step are then greyed as stale. ms_exporter/core/stall.py
+# decides it for both; no alert reads these.
 STALL_CYCLES = 3.0
 STALL_FLOOR_SECONDS = 5.0
 

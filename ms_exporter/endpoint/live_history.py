@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ms_exporter.config import Bound
@@ -18,6 +18,7 @@ from ms_exporter.core.catalogue import MEMORY_IN_USE_ORDER
 from ms_exporter.core.device.reading import HOST
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
+from ms_exporter.core.stall import median_cycle, stall_of
 from ms_exporter.core.store import MetricStore, Series
 from ms_exporter.core.thresholds import DEFAULTS
 
@@ -46,7 +47,7 @@ COLUMNS = (
     *(family.short for family in DEVICE_COLUMNS),
     "breaches",
 )
-_SMOOTHED = 5  # index of loss_smoothed in a row
+_TIME, _SMOOTHED = 1, 5  # indices of the step's end time and of loss_smoothed in a row
 
 
 class StepHistory(Sink):
@@ -57,8 +58,15 @@ class StepHistory(Sink):
 
     name = "prometheus"
 
-    def __init__(self, store: MetricStore, bounds: Mapping[str, Bound], size: int = HISTORY_STEPS) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        bounds: Mapping[str, Bound],
+        size: int = HISTORY_STEPS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
+        self._clock = clock  # wall-clock seconds: the payload's `now`, and the stall's age
         self.bounds = {key: {bound.direction: bound.value} for key, bound in bounds.items()}
         # A row's loss is None where the step's outputs held no readable loss (no number, and not a non-finite one).
         self.rows: deque[tuple[float | None, ...]] = deque(maxlen=size)
@@ -129,6 +137,7 @@ class StepHistory(Sink):
     def since(self, step: int, limit: int = HISTORY_STEPS) -> dict[str, Any]:
         """Rows after `step` (at most `limit`, the newest), as JSON-ready data: non-finite numbers become null."""
         rows = list(self.rows)  # one atomic copy; the training thread keeps appending to the deque
+        now, phase = self._clock(), self._phase()
         newer = [row for row in rows if _step(row) > step][-limit:]
         return {
             "columns": list(COLUMNS),
@@ -144,8 +153,9 @@ class StepHistory(Sink):
             "memory_kind": self.memory_kind,
             "devices": dict(self.devices),
             "bounds": {key: bound for key, bound in self.bounds.items() if key in _PLOTTED} | self._device_hot(),
-            "now": time.time(),
-            **self._phase(),
+            "now": now,
+            **phase,
+            "stall": _stall(rows, now, phase),
         }
 
     def _device_hot(self) -> dict[str, dict[str, float]]:
@@ -168,6 +178,28 @@ class StepHistory(Sink):
 
 # Bounds drawn on the live page's charts (memory growth has no chart of its own).
 _PLOTTED = frozenset({"loss", "loss_smoothed", "tokens_per_second", "samples_per_second", "grad_norm"})
+
+
+def _stall(rows: list[tuple[float | None, ...]], now: float, phase: dict[str, Any]) -> dict[str, Any] | None:
+    """The page's stall banner (ms_exporter/core/stall.py, `top`'s rule): from the rows' step end times."""
+    times = [row[_TIME] for row in rows]
+    last = times[-1] if times else None
+    verdict = stall_of(
+        None if last is None else max(0.0, now - last),
+        phase["phase"],
+        median_cycle(times),
+        phase["phase_seconds"],
+        phase["hang_deadline"],
+        ended=phase["phase"] == catalogue.ENDED,
+    )
+    if verdict is None:
+        return None
+    return {
+        "seconds": verdict.seconds,
+        "past_deadline": verdict.past_deadline,
+        "deadline": verdict.deadline,
+        "phase_seconds": verdict.phase_seconds,
+    }
 
 
 def _highest(group: tuple[Series, ...]) -> float:

@@ -18,7 +18,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ms_exporter.core.part import DebugPage
-from ms_exporter.core.thresholds import STALL_CYCLES, STALL_FLOOR_SECONDS
 from ms_exporter.endpoint.basic_auth import BasicAuth
 from ms_exporter.endpoint.scrapers import ScraperLog
 
@@ -189,6 +188,4 @@ def live_page(title: str, capacity: int) -> str:
         .replace("__TITLE__", html.escape(title))
         .replace("__CAPACITY__", str(capacity))
         .replace("__REFRESH_MS__", str(LIVE_REFRESH_MS))
-        .replace("__STALL_CYCLES__", json.dumps(STALL_CYCLES))
-        .replace("__STALL_FLOOR_SECONDS__", json.dumps(STALL_FLOOR_SECONDS))
     )

@@ -357,16 +357,27 @@ CYCLE = 0.5  # seconds between the steps of the served history
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, dict[str, Any]]]:
-    """The live page and a real StepHistory's answers, with the moment (`now`) and the phase set by the test."""
+    """The live page and a real StepHistory's answers, with the moment (`now`) and the phase set by the test: the
+    endpoint's stall verdict is the one under test."""
     store = MetricStore((("rank", "0"), ("project", "pictures")))
     lr = store.register(catalogue.LEARNING_RATE).series()
     tokens = store.register(catalogue.TOKENS_PER_SECOND).series()
-    history = StepHistory(store, {})
+    moment: dict[str, Any] = {}
+    history = StepHistory(store, {}, clock=lambda: float(moment["now"]))
+    phases = store.register(catalogue.PHASE)
+    phase_seconds = store.register(catalogue.PHASE_SECONDS).series()
+    deadline = store.register(catalogue.HANG_DEADLINE).series()
+
+    def answer(since: int) -> dict[str, Any]:
+        for phase in catalogue.PHASES:
+            phases.series(phase=phase).value = float(phase == moment["phase"])
+        phase_seconds.value, deadline.value = moment["phase_seconds"], moment["hang_deadline"]
+        return history.since(since)
+
     for step in range(1, 41):
         lr.value = 0.00100 - 0.00002 * step / 40  # 0.00100 down to 0.00098: labels that need 5 decimals
         tokens.value = 9470.0
         history.on_step(sample(step, 2.0 - step / 40, t=CYCLE * step))
-    moment: dict[str, Any] = {}
     page = live_page("project pictures rank 0", history.capacity).encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -374,7 +385,7 @@ def served() -> Iterator[tuple[str, dict[str, Any]]]:
             path, _, query = self.path.partition("?")
             if path == "/api/series":
                 since = int(urllib.parse.parse_qs(query).get("since", ["-1"])[0])
-                body, kind = json.dumps(history.since(since) | moment).encode(), "application/json"
+                body, kind = json.dumps(answer(since)).encode(), "application/json"
             else:
                 body, kind = page, "text/html; charset=utf-8"
             self.send_response(200)

@@ -8,11 +8,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import replace
 
+from ms_exporter.core.stall import STALE_SECONDS
 from ms_exporter.tools.rank_samples import parse_ranks
 from ms_exporter.tools.scrape import Access, FetchError, fetch
 from ms_exporter.tools.targets import TargetSpec, expand_targets
 from ms_exporter.tools.top.rows import (
-    STALE_SECONDS,
     History,
     Row,
     build_row,

@@ -19,13 +19,13 @@ from ms_exporter.core.catalogue import (
     RANK_WAIT_MEAN,
 )
 from ms_exporter.core.device.reading import HOST
-from ms_exporter.core.thresholds import DEFAULTS, STALL_CYCLES, STALL_FLOOR_SECONDS
+from ms_exporter.core.stall import STALE_SECONDS, Stall, stall_of
+from ms_exporter.core.thresholds import DEFAULTS
 from ms_exporter.core.verdicts import DEVICE_HOT, MEMORY_GROWTH, STRAGGLER
 from ms_exporter.tools.rank_samples import RankSamples
 from ms_exporter.tools.targets import Target
 from ms_exporter.tools.top import formats
 
-STALE_SECONDS = 60.0
 # A counter that went up (a threshold breach, a non-finite loss) stays in the alerts column this long, so that
 # an episode is not a flash of one refresh.
 ALERT_HOLD_SECONDS = 60.0
@@ -42,22 +42,13 @@ _MEMORY_SHORT = {
 }
 
 
-@dataclass(frozen=True)
-class Stall:
-    """A rank with no step for longer than a few of its step cycles (docs/top.md, "Stalled"): amber; red once its
-    phase has outlasted its hang deadline (MindSporeTrainingStalled's rule, on the rank's own numbers)."""
-
-    seconds: float  # since the last step ended
-    phase: str | None
-    deadline: float | None  # the rank's hang deadline for its phase; None where it exports none
-    past_deadline: bool
-
-    def text(self) -> str:
-        where = f" in {self.phase}" if self.phase else ""
-        if self.past_deadline and self.deadline is not None:
-            return f"STALLED {formats.age(self.seconds)}{where}, past deadline {formats.age(self.deadline)}"
-        limit = f", deadline {formats.age(self.deadline)}" if self.deadline is not None else ""
-        return f"stalled {formats.age(self.seconds)}{where}{limit}"
+def stall_text(stall: Stall) -> str:
+    """The alerts column's words for a stall: capitals past the hang deadline (red), else lower case (amber)."""
+    where = f" in {stall.phase}" if stall.phase else ""
+    if stall.past_deadline and stall.deadline is not None:
+        return f"STALLED {formats.age(stall.seconds)}{where}, past deadline {formats.age(stall.deadline)}"
+    limit = f", deadline {formats.age(stall.deadline)}" if stall.deadline is not None else ""
+    return f"stalled {formats.age(stall.seconds)}{where}{limit}"
 
 
 @dataclass(frozen=True)
@@ -188,9 +179,17 @@ def build_row(
     phases = samples.by_label(catalogue.PHASE.name, "phase")
     phase = next((name for name, value in phases.items() if value == 1), None)
     call = _call_seconds(step_seconds, wait_seconds, duration_count, samples.value(catalogue.DATA_WAIT.count))
-    stall = _stall(samples, age, phase, call, stale_seconds)
+    stall = stall_of(
+        age,
+        phase,
+        call,
+        samples.value(catalogue.PHASE_SECONDS.name),
+        samples.value(catalogue.HANG_DEADLINE.name),
+        ended=phase == catalogue.ENDED,
+        at_latest=stale_seconds,
+    )
     if stall is not None:
-        alerts.append(stall.text())
+        alerts.append(stall_text(stall))
     alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
     if LOCAL_GRADIENTS in held:
         alerts.append(LOCAL_GRADIENTS)
@@ -272,24 +271,6 @@ def _call_seconds(
         return None
     per_call = steps / (waits + 1) if steps and waits is not None else 1.0
     return (step_seconds + (wait_seconds or 0.0)) * max(1.0, per_call)
-
-
-def _stall(
-    samples: RankSamples, age: float | None, phase: str | None, call: float | None, stale_seconds: float
-) -> Stall | None:
-    """Stalled: no step for longer than STALL_CYCLES step cycles and at least STALL_FLOOR_SECONDS (at the latest
-    after `stale_seconds`, also before a cycle is known), or the phase past its deadline; never an ended rank."""
-    if phase == catalogue.ENDED or age is None:
-        return None
-    after = min(stale_seconds, max(STALL_CYCLES * call, STALL_FLOOR_SECONDS)) if call is not None else stale_seconds
-    phase_seconds = samples.value(catalogue.PHASE_SECONDS.name)
-    deadline = samples.value(catalogue.HANG_DEADLINE.name)
-    if deadline is not None and not math.isfinite(deadline):
-        deadline = None  # NaN: no deadline for this phase
-    past = phase_seconds is not None and deadline is not None and phase_seconds > deadline
-    if not past and age <= after:
-        return None
-    return Stall(age, phase, deadline, past)
 
 
 def _memory_growth(samples: RankSamples) -> list[str]:
