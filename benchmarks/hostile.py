@@ -112,20 +112,7 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
             for case, _, target in CASES:
                 monitor = monitors[target]
                 url = monitor.url or ""
-                scraper = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "benchmarks.hostile_load",
-                        "scrape",
-                        url,
-                        *([f"{USER}:{PASSWORD}"] if target == "auth" else []),
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    text=True,
-                    cwd=ROOT,
-                )
+                scraper = _scraper(url, authenticated=target == "auth")
                 attacker = _attacker(case, url)
                 time.sleep(2.0)  # connected and at its pace
                 attacker.send_signal(signal.SIGSTOP)  # the first block is unloaded
@@ -146,6 +133,34 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
     finally:
         for monitor in monitors.values():
             monitor.close()
+    return _summary(ratios, latencies, attacks, medians)
+
+
+def _scraper(url: str, authenticated: bool) -> subprocess.Popen[str]:
+    """A well-behaved scraper of `url` in a process of its own; it prints its latencies when terminated."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.hostile_load",
+            "scrape",
+            url,
+            *([f"{USER}:{PASSWORD}"] if authenticated else []),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _summary(
+    ratios: dict[str, list[float]],
+    latencies: dict[str, list[float]],
+    attacks: dict[str, dict[str, float]],
+    medians: dict[str, list[float]],
+) -> list[dict[str, Any]]:
+    """A row per case: the attacked blocks' step ratio (bootstrap 95% interval), the scraper's latencies, the attack."""
     rows = []
     rng = np.random.default_rng(0)
     for case, what, _ in CASES:

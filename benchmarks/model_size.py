@@ -145,7 +145,7 @@ def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = F
     from mindspore import nn
     from mindspore.train import Callback, Model
 
-    from ms_exporter import GradNormTrainOneStepCell, TrainingMonitor
+    from ms_exporter import GradNormTrainOneStepCell
     from ms_exporter.core.device import device_reductions
 
     device_reductions.read_in_place = in_place
@@ -156,11 +156,7 @@ def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = F
     parameters = sum(int(p.size) for p in network.trainable_params())
     optimizer = nn.Adam(network.trainable_params(), learning_rate=1e-4)
     cell = GradNormTrainOneStepCell(nn.WithLossCell(network, nn.MSELoss()), optimizer, every_n_steps=EVERY)
-    counter = _Counter()
-    part_times: dict[str, dict[int, float]] = {}
     ends: list[float] = []
-    hook_times: dict[int, float] = {}
-    callbacks: list[Any] = []
 
     class StepEnds(Callback):
         def on_train_step_end(self, run_context: Any) -> None:
@@ -168,9 +164,40 @@ def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = F
             (outputs[0] if isinstance(outputs, tuple) else outputs).asnumpy()  # GRAPH mode does not synchronise
             ends.append(time.perf_counter())
 
-    monitor = None
-    if monitored:
-        monitor = TrainingMonitor(
+    timing = _MonitorTiming(scratch) if monitored else None
+    callbacks: list[Any] = [timing.monitor] if timing is not None else []
+    callbacks.append(StepEnds())
+    model = Model(cell)
+    try:
+        model.train(1, _dataset(width, steps), callbacks=callbacks, dataset_sink_mode=False)
+    finally:
+        if timing is not None:
+            timing.monitor.close()
+    result: dict[str, Any] = {
+        "size": size,
+        "parameters": parameters,
+        "tensors": len(network.trainable_params()),
+        "monitored": monitored,
+        "in_place": in_place,
+        "step_ms": float(np.median(np.diff(ends[2:]))) * 1e3,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if timing is not None:
+        result.update(timing.figures(steps))
+    return result
+
+
+class _MonitorTiming:
+    """The monitor with every per-layer feature sampled every EVERY steps, its step-end hook timed, each part's hooks
+    timed and the bytes each reads from tensors counted per step (patched in at train begin)."""
+
+    def __init__(self, scratch: str) -> None:
+        from ms_exporter import TrainingMonitor
+
+        self.counter = _Counter()
+        self.part_times: dict[str, dict[int, float]] = {}
+        self.hook_times: dict[int, float] = {}
+        self.monitor = TrainingMonitor(
             {
                 "port": 0,
                 "save_dir": scratch,
@@ -184,67 +211,50 @@ def one(size: str, monitored: bool, steps: int, scratch: str, in_place: bool = F
                 "tensorboard": {"collect_freq": EVERY, "histogram_regular": ".*weight"},
             }
         )
-        callbacks.append(monitor)
-        original_end = monitor.on_train_step_end
+        original_end, original_begin = self.monitor.on_train_step_end, self.monitor.on_train_begin
 
         def step_end(run_context: Any) -> None:
-            counter.step = run_context.original_args().cur_step_num
+            self.counter.step = run_context.original_args().cur_step_num
             began = time.perf_counter()
             original_end(run_context)
-            hook_times[run_context.original_args().cur_step_num] = time.perf_counter() - began
-
-        monitor.on_train_step_end = step_end  # type: ignore[method-assign]
-    callbacks.append(StepEnds())
-    model = Model(cell)
-    if monitor is not None:
-        counter.patch()
-        original_begin = monitor.on_train_begin
+            self.hook_times[run_context.original_args().cur_step_num] = time.perf_counter() - began
 
         def train_begin(run_context: Any) -> None:
             original_begin(run_context)
-            core = monitor._core
+            core = self.monitor._core
             assert core is not None, "the monitor is enabled: its configuration turns every part on"
-            _timed(list(core.parts), counter, part_times)
+            _timed(list(core.parts), self.counter, self.part_times)
 
-        monitor.on_train_begin = train_begin  # type: ignore[method-assign]
-    try:
-        model.train(1, _dataset(width, steps), callbacks=callbacks, dataset_sink_mode=False)
-    finally:
-        if monitor is not None:
-            monitor.close()
-    step_ms = float(np.median(np.diff(ends[2:]))) * 1e3
-    sampled = [s for s in range(2 * EVERY, steps + 1) if s % EVERY == 0]  # past each reduction's compilation
-    result: dict[str, Any] = {
-        "size": size,
-        "parameters": parameters,
-        "tensors": len(network.trainable_params()),
-        "monitored": monitored,
-        "in_place": in_place,
-        "step_ms": step_ms,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
-    if monitored:
+        self.monitor.on_train_step_end = step_end  # type: ignore[method-assign]
+        self.monitor.on_train_begin = train_begin  # type: ignore[method-assign]
+        self.counter.patch()
+
+    def figures(self, steps: int) -> dict[str, Any]:
+        """The hook's time at sampled and other steps; bytes and time per sample, in all and per part."""
+        counter, hook_times = self.counter, self.hook_times
+        sampled = [s for s in range(2 * EVERY, steps + 1) if s % EVERY == 0]  # past each reduction's compilation
         others = [hook_times[s] for s in hook_times if s % EVERY and s > 2]
-        result["hook_sampled_ms"] = float(np.median([hook_times[s] for s in sampled])) * 1e3
-        result["hook_other_ms"] = float(np.median(others)) * 1e3
 
         # Past each reduction's first sample (compiling reads constants once): what every later sample moves.
         def per_sample(parts: list[str]) -> float:
             return float(np.median([sum(counter.by_step[(p, s)] for p in parts) for s in sampled]))
 
         every_part = sorted({part for part, _ in counter.by_step})
-        result["bytes_per_sample"] = per_sample(every_part)
-        result["first_sample_bytes"] = sum(counter.by_step[(p, EVERY)] for p in every_part)
-        result["parts"] = {
-            name: {
-                "sampled_ms": float(np.median([by_step.get(s, 0.0) for s in sampled])) * 1e3,
-                "bytes_per_sample": per_sample([name]),
-                "peak_growth_mb": counter.peak_growth.get(name, 0.0),
-            }
-            for name, by_step in part_times.items()
+        return {
+            "hook_sampled_ms": float(np.median([hook_times[s] for s in sampled])) * 1e3,
+            "hook_other_ms": float(np.median(others)) * 1e3,
+            "bytes_per_sample": per_sample(every_part),
+            "first_sample_bytes": sum(counter.by_step[(p, EVERY)] for p in every_part),
+            "parts": {
+                name: {
+                    "sampled_ms": float(np.median([by_step.get(s, 0.0) for s in sampled])) * 1e3,
+                    "bytes_per_sample": per_sample([name]),
+                    "peak_growth_mb": counter.peak_growth.get(name, 0.0),
+                }
+                for name, by_step in self.part_times.items()
+            },
+            "unattributed_bytes_per_sample": per_sample(["monitor"]),
         }
-        result["unattributed_bytes_per_sample"] = per_sample(["monitor"])
-    return result
 
 
 def measure(sizes: list[str], steps: int) -> list[dict[str, Any]]:

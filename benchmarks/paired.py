@@ -165,29 +165,32 @@ def difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, flo
     return float(np.median(first) - np.median(second)), float(low), float(high)
 
 
-def measure(steps: int, trainings: int) -> dict[str, Any]:
-    """The demo model in GRAPH mode: the default monitor, LossMonitor + TimeMonitor, the A/A control (in turns
-    within the same trainings), the monitor's publications (a training with the monitor on every step) and grad
-    norm every 10 steps."""
-    import mindspore as ms
-    from mindspore import nn
-    from mindspore.train import LossMonitor, Model, TimeMonitor
+class _Trainings:
+    """The demo model in GRAPH mode, trained with the given callbacks, each step's interval timed."""
 
-    from ms_exporter import TrainingMonitor
-    from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
-    from ms_exporter.demo import build_network, synthetic_dataset
+    def __init__(self, steps: int, scratch: str) -> None:
+        import mindspore as ms
 
-    ms.set_context(mode=ms.GRAPH_MODE)
-    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_paired_")  # removed when this returns
-    scratch = workspace.name
+        ms.set_context(mode=ms.GRAPH_MODE)
+        self.steps, self.scratch = steps, scratch
 
-    def model(cell: bool) -> Any:
+    def model(self, cell: bool) -> Any:
+        import mindspore as ms
+        from mindspore import nn
+        from mindspore.train import Model
+
+        from ms_exporter.cells.train_cells import GradNormTrainOneStepCell
+        from ms_exporter.demo import build_network
+
         ms.set_seed(0)
         network = build_network(layers=2, d_model=64, heads=4)
         optimizer = nn.AdamWeightDecay(network.trainable_params(), learning_rate=nn.CosineDecayLR(1e-5, 1e-4, 10_000))
         return Model(GradNormTrainOneStepCell(network, optimizer)) if cell else Model(network, optimizer=optimizer)
 
-    def run(train: Any, callbacks: list[Any], recorders: tuple[Publications, ...] = ()) -> dict[int, float]:
+    def run(self, train: Any, callbacks: list[Any], recorders: tuple[Publications, ...] = ()) -> dict[int, float]:
+        """Each step's interval past the first three, after a short training that compiles and warms up."""
+        from ms_exporter.demo import synthetic_dataset
+
         timer = _timer()
         train.train(
             1, synthetic_dataset(size=BATCH * 5, batch=BATCH), callbacks=[*callbacks, timer], dataset_sink_mode=False
@@ -196,17 +199,58 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
         timer.last = None
         for recorder in recorders:
             recorder.clear()
-        with stdout_to(os.path.join(scratch, "train.log")):
+        with stdout_to(os.path.join(self.scratch, "train.log")):
             train.train(
                 1,
-                synthetic_dataset(size=BATCH * steps, batch=BATCH),
+                synthetic_dataset(size=BATCH * self.steps, batch=BATCH),
                 callbacks=[*callbacks, timer],
                 dataset_sink_mode=False,
             )
         return {step: value for step, value in timer.intervals.items() if step > 3}
 
+
+def measure(steps: int, trainings: int) -> dict[str, Any]:
+    """The demo model in GRAPH mode: the default monitor, LossMonitor + TimeMonitor, the A/A control (in turns
+    within the same trainings), the monitor's publications (a training with the monitor on every step) and grad
+    norm every 10 steps."""
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_paired_") as scratch:
+        runs = _Trainings(steps, scratch)
+        plain = runs.model(cell=False)
+        pooled, rows = _interleaved(runs, plain, trainings)
+        monitor_row, loss_time_row, control_row = rows
+        publications = _publications(runs, plain)
+        extra = publications["share"]
+        monitor_row.update(
+            publish_extra=extra,
+            all_steps=monitor_row["cost"] + extra,
+            all_steps_low=monitor_row["cost_low"] + extra,
+            all_steps_high=monitor_row["cost_high"] + extra,
+        )
+        below = difference(np.concatenate(pooled[MONITOR]), np.concatenate(pooled[LOSS_TIME]))
+        grad_row = _grad_every_ten(runs)
+    return {
+        "rows": [*rows, grad_row],
+        "monitor": monitor_row,
+        "loss_time": loss_time_row,
+        "control": control_row,
+        "grad": grad_row,
+        "publications": publications,
+        "trainings": trainings,
+        "steps": steps,
+        "below_loss_time": {"difference": below[0] + extra, "low": below[1] + extra, "high": below[2] + extra},
+    }
+
+
+def _interleaved(
+    runs: _Trainings, plain: Any, trainings: int
+) -> tuple[dict[int, list[np.ndarray]], list[dict[str, Any]]]:
+    """The monitor, LossMonitor + TimeMonitor and the A/A control in turns within each training: each slot's pair
+    ratios per training, and a row per slot over them all (the monitor's publishing steps left out)."""
+    from mindspore.train import LossMonitor, TimeMonitor
+
+    from ms_exporter import TrainingMonitor
+
     bare = lambda step: step % 2 == 1  # noqa: E731
-    plain = model(cell=False)
     cases = {
         MONITOR: "TrainingMonitor, defaults (its publishing steps left out)",
         LOSS_TIME: "LossMonitor + TimeMonitor",
@@ -214,9 +258,9 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
     }
     pooled: dict[int, list[np.ndarray]] = {slot: [] for slot in cases}
     for _ in range(trainings):
-        monitor = TrainingMonitor(port=0, save_dir=scratch)
+        monitor = TrainingMonitor(port=0, save_dir=runs.scratch)
         published = Publications(monitor)
-        intervals = run(
+        intervals = runs.run(
             plain,
             [_rotate({MONITOR: [monitor], LOSS_TIME: [LossMonitor(), TimeMonitor()], CONTROL: [_nothing()]})],
             (published,),
@@ -237,15 +281,19 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
         )
         for slot, label in cases.items()
     ]
-    monitor_row, loss_time_row, control_row = rows
+    return pooled, rows
 
-    # The publications, as they happen in use: the monitor on every step, each publication timed.
-    monitor = TrainingMonitor(port=0, save_dir=scratch)
+
+def _publications(runs: _Trainings, plain: Any) -> dict[str, Any]:
+    """The publications, as they happen in use: the monitor on every step, each publication timed."""
+    from ms_exporter import TrainingMonitor
+
+    monitor = TrainingMonitor(port=0, save_dir=runs.scratch)
     published = Publications(monitor)
-    intervals = run(plain, [monitor], (published,))
+    intervals = runs.run(plain, [monitor], (published,))
     monitor.close()
     records = max(len(intervals), 1)
-    publications = {
+    return {
         "publications": len(published.steps),
         "records": records,
         "publish_ms": float(np.median(published.seconds)) * 1e3 if published.seconds else 0.0,
@@ -253,38 +301,23 @@ def measure(steps: int, trainings: int) -> dict[str, Any]:
         "step_ms": float(np.median(list(intervals.values()))) * 1e3,
         "share": sum(published.seconds) / sum(intervals.values()),
     }
-    extra = publications["share"]
-    monitor_row.update(
-        publish_extra=extra,
-        all_steps=monitor_row["cost"] + extra,
-        all_steps_low=monitor_row["cost_low"] + extra,
-        all_steps_high=monitor_row["cost_high"] + extra,
-    )
-    monitor_ratios, loss_time_ratios = np.concatenate(pooled[MONITOR]), np.concatenate(pooled[LOSS_TIME])
-    below = difference(monitor_ratios, loss_time_ratios)
 
-    # Grad norm every 10 steps: the cell's measuring graph and the monitor's reading happen on every 10th step;
-    # its cost spread over the 10 steps, on top of the monitor's per-step cost measured above.
-    monitor = TrainingMonitor(port=0, save_dir=scratch, grad_norm={"every_n_steps": 10})
+
+def _grad_every_ten(runs: _Trainings) -> dict[str, Any]:
+    """Grad norm every 10 steps: the cell's measuring graph and the monitor's reading happen on every 10th step;
+    its cost spread over the 10 steps, on top of the monitor's per-step cost measured in turns."""
+    from ms_exporter import TrainingMonitor
+
+    monitor = TrainingMonitor(port=0, save_dir=runs.scratch, grad_norm={"every_n_steps": 10})
     tenth = lambda step: step % 10 == 0  # noqa: E731
     grad_row = _summary(
         "grad norm every 10 steps (GradNormTrainOneStepCell + monitor): measured steps against "
         "their neighbours, spread over 10 steps",
-        pair_ratios(run(model(cell=True), [monitor]), tenth, lambda step: not tenth(step)),
+        pair_ratios(runs.run(runs.model(cell=True), [monitor]), tenth, lambda step: not tenth(step)),
         amortize=10,
     )
     monitor.close()
-    return {
-        "rows": [*rows, grad_row],
-        "monitor": monitor_row,
-        "loss_time": loss_time_row,
-        "control": control_row,
-        "grad": grad_row,
-        "publications": publications,
-        "trainings": trainings,
-        "steps": steps,
-        "below_loss_time": {"difference": below[0] + extra, "low": below[1] + extra, "high": below[2] + extra},
-    }
+    return grad_row
 
 
 def target_rows(pairs: dict[str, Any], graph_rows: list[dict[str, Any]]) -> list[str]:

@@ -148,6 +148,18 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
             monitor.close()
         if static is not None:
             static.close()
+    return _summary(cases, ratios, responses, loaded_seconds, medians, passes)
+
+
+def _summary(
+    cases: list[tuple[str, float, bool]],
+    ratios: dict[tuple[str, float, bool], list[float]],
+    responses: dict[tuple[str, float, bool], dict[str, float]],
+    loaded_seconds: dict[tuple[str, float, bool], float],
+    medians: dict[tuple[str, float, bool], list[float]],
+    passes: int,
+) -> list[dict[str, Any]]:
+    """A row per case: the loaded blocks' step ratio (bootstrap 95% interval) and what the load achieved."""
     rows = []
     rng = np.random.default_rng(0)
     for case in cases:

@@ -960,7 +960,6 @@ def render(
     large: tuple[RankFigures, RankFigures] | None = None,
     jobs: list[dict[str, Any]] | None = None,
 ) -> str:
-    default, upper = figures[0], figures[1]
     out = [
         BEGIN,
         "<!-- Written by `python -m benchmarks.scaling`: everything up to the end marker is replaced on each run. -->",
@@ -968,6 +967,28 @@ def render(
         f"Measured by `{command}` on {datetime.date.today().isoformat()} in {seconds:.0f} s.",
         f"Machine: {machine_line()}.",
         "",
+        *one_rank_section(figures),
+        *prometheus_seen_section(figures),
+        *computed_section(figures, load),
+    ]
+    if load:
+        out += replayed_ranks_section(figures[0], load, relabeled_load)
+    if large:
+        out += render_large_job(large[1], large[0], jobs or [])
+    if checked:
+        out += [
+            f"`promtool check config` ({prometheus_version()}) accepted the {len(checked)} Prometheus "
+            "configuration snippets on this page.",
+            "",
+        ]
+    out.append(END)
+    return "\n".join(out)
+
+
+def one_rank_section(figures: list[RankFigures]) -> list[str]:
+    """One rank's series and bytes in each configuration, its families and label values."""
+    default, upper = figures[0], figures[1]
+    out = [
         "### One rank, measured",
         "",
         f"Real GRAPH-mode training of the demo Transformer (`ms_exporter.demo.build_model`, "
@@ -1027,57 +1048,67 @@ def render(
         "",
     ]
 
-    seen = [f for f in figures[:2] if f.prometheus]
-    if seen:
-        out += [
-            "### As Prometheus saw it",
-            "",
-            "Prometheus scraped the rank every second (`scrape_interval: 1s`); the values are read through "
-            "its HTTP API.",
-            "",
-        ]
-        rows = []
-        for f in seen:
-            p = f.prometheus
-            rows.append(
-                {
-                    "case": f.case,
-                    "scrapes": f"{p['scrapes']:.0f}",
-                    "scraped": f"{p['samples_scraped']:.0f}",
-                    "added": f"{p['series_added_first_scrape']:.0f}",
-                    "head": f"{p['series_in_head']:.0f}",
-                    "synthetic": f"{p['synthetic_in_head']:.0f}",
-                }
-            )
-        out += [
-            table(
-                rows,
-                [
-                    ("case", "configuration"),
-                    ("scrapes", "scrapes"),
-                    ("scraped", "`scrape_samples_scraped`"),
-                    ("added", "`scrape_series_added` (first scrape)"),
-                    ("head", "series of the target in the head"),
-                    ("synthetic", "of which `up`/`scrape_*`"),
-                ],
-            ),
-            "",
-        ]
-        agree = all(
-            f.prometheus["samples_scraped"] == f.series
-            and f.prometheus["series_in_head"] == f.series + f.prometheus["synthetic_in_head"]
-            for f in seen
-        )
-        out += [
-            (
-                "Prometheus counted exactly the series the parser counted, plus its synthetic series per target."
-                if agree
-                else "**Prometheus's counts differ from the parser's**; see the table."
-            ),
-            "",
-        ]
+    return out
 
+
+def prometheus_seen_section(figures: list[RankFigures]) -> list[str]:
+    """What a real Prometheus counted of the first two configurations, where it scraped them."""
+    seen = [f for f in figures[:2] if f.prometheus]
+    if not seen:
+        return []
+    out = [
+        "### As Prometheus saw it",
+        "",
+        "Prometheus scraped the rank every second (`scrape_interval: 1s`); the values are read through its HTTP API.",
+        "",
+    ]
+    rows = []
+    for f in seen:
+        p = f.prometheus
+        rows.append(
+            {
+                "case": f.case,
+                "scrapes": f"{p['scrapes']:.0f}",
+                "scraped": f"{p['samples_scraped']:.0f}",
+                "added": f"{p['series_added_first_scrape']:.0f}",
+                "head": f"{p['series_in_head']:.0f}",
+                "synthetic": f"{p['synthetic_in_head']:.0f}",
+            }
+        )
     out += [
+        table(
+            rows,
+            [
+                ("case", "configuration"),
+                ("scrapes", "scrapes"),
+                ("scraped", "`scrape_samples_scraped`"),
+                ("added", "`scrape_series_added` (first scrape)"),
+                ("head", "series of the target in the head"),
+                ("synthetic", "of which `up`/`scrape_*`"),
+            ],
+        ),
+        "",
+    ]
+    agree = all(
+        f.prometheus["samples_scraped"] == f.series
+        and f.prometheus["series_in_head"] == f.series + f.prometheus["synthetic_in_head"]
+        for f in seen
+    )
+    out += [
+        (
+            "Prometheus counted exactly the series the parser counted, plus its synthetic series per target."
+            if agree
+            else "**Prometheus's counts differ from the parser's**; see the table."
+        ),
+        "",
+    ]
+
+    return out
+
+
+def computed_section(figures: list[RankFigures], load: dict[str, Any] | None) -> list[str]:
+    """1,000 and 10,000 ranks computed from one rank's figures (and the replayed load's memory per series)."""
+    out = [
         "### 1,000 and 10,000 ranks, computed",
         "",
         "Computed from the per-rank figures above: active series = ranks × (series per rank + the synthetic "
@@ -1109,70 +1140,67 @@ def render(
     for f in figures[:2]:
         out += [f"**{f.case}** ({f.encoder_layers} encoder layers):", "", table(scale_rows(f, load), columns), ""]
 
-    if load:
-        out += ["### A real Prometheus with replayed ranks", ""]
-        out += [
-            f"One Prometheus scraped {load['ranks']:,} targets every {load['interval']:g} s, each serving the "
-            "default configuration's exposition above with its own `rank` label (and its own `instance`), "
-            "gzip-compressed, from one local HTTP server; memory was read after every target had been scraped "
-            f"at least {load['scrapes_per_target']:.0f} times. RSS is the process's resident set; the same "
-            "Prometheus with no targets is subtracted. A few minutes of samples is far from the 2-3 hours a "
-            "head block holds, so this is the series cost, not the steady state.",
-            "",
-        ]
-        rows = []
-        for label, run in (("none", load), ("the relabeling below", relabeled_load)):
-            if not run:
-                continue
-            added = run["rss"] - run["empty_rss"]
-            rows.append(
-                {
-                    "relabel": label,
-                    "targets": f"{run['ranks']:,}",
-                    "failed": f"{run['failed_scrapes']:.0f}",
-                    "scraped": f"{run['samples_scraped']:,.0f}",
-                    "kept": f"{run['samples_kept']:,.0f}",
-                    "head": f"{run['head_series']:,.0f}",
-                    "rss": _bytes(run["rss"]),
-                    "added": _bytes(added),
-                    "per": f"{added / run['head_series']:,.0f} B",
-                    "heap": _bytes(run["heap_inuse"]),
-                    "rule": _bytes(
-                        rule_bytes(default, run["ranks"])
-                        * run["head_series"]
-                        / (series_in_prometheus(default) * run["ranks"])
-                    ),
-                }
-            )
-        out += [
-            table(
-                rows,
-                [
-                    ("relabel", "metric relabeling"),
-                    ("targets", "targets"),
-                    ("failed", "failed scrapes"),
-                    ("scraped", "samples in the last scrape of every target"),
-                    ("kept", "kept after relabeling"),
-                    ("head", "head series"),
-                    ("rss", "RSS"),
-                    ("added", "RSS − empty Prometheus"),
-                    ("per", "per head series"),
-                    ("heap", "Go heap in use"),
-                    ("rule", "rule of thumb for these series"),
-                ],
-            ),
-            "",
-        ]
-    if large:
-        out += render_large_job(large[1], large[0], jobs or [])
-    if checked:
-        out += [
-            f"`promtool check config` ({prometheus_version()}) accepted the {len(checked)} Prometheus "
-            "configuration snippets on this page.",
-            "",
-        ]
-    out.append(END)
-    return "\n".join(out)
+    return out
+
+
+def replayed_ranks_section(
+    default: RankFigures, load: dict[str, Any], relabeled_load: dict[str, Any] | None
+) -> list[str]:
+    """A real Prometheus scraping replayed ranks, with and without the page's relabeling."""
+    out = ["### A real Prometheus with replayed ranks", ""]
+    out += [
+        f"One Prometheus scraped {load['ranks']:,} targets every {load['interval']:g} s, each serving the "
+        "default configuration's exposition above with its own `rank` label (and its own `instance`), "
+        "gzip-compressed, from one local HTTP server; memory was read after every target had been scraped "
+        f"at least {load['scrapes_per_target']:.0f} times. RSS is the process's resident set; the same "
+        "Prometheus with no targets is subtracted. A few minutes of samples is far from the 2-3 hours a "
+        "head block holds, so this is the series cost, not the steady state.",
+        "",
+    ]
+    rows = []
+    for label, run in (("none", load), ("the relabeling below", relabeled_load)):
+        if not run:
+            continue
+        added = run["rss"] - run["empty_rss"]
+        rows.append(
+            {
+                "relabel": label,
+                "targets": f"{run['ranks']:,}",
+                "failed": f"{run['failed_scrapes']:.0f}",
+                "scraped": f"{run['samples_scraped']:,.0f}",
+                "kept": f"{run['samples_kept']:,.0f}",
+                "head": f"{run['head_series']:,.0f}",
+                "rss": _bytes(run["rss"]),
+                "added": _bytes(added),
+                "per": f"{added / run['head_series']:,.0f} B",
+                "heap": _bytes(run["heap_inuse"]),
+                "rule": _bytes(
+                    rule_bytes(default, run["ranks"])
+                    * run["head_series"]
+                    / (series_in_prometheus(default) * run["ranks"])
+                ),
+            }
+        )
+    out += [
+        table(
+            rows,
+            [
+                ("relabel", "metric relabeling"),
+                ("targets", "targets"),
+                ("failed", "failed scrapes"),
+                ("scraped", "samples in the last scrape of every target"),
+                ("kept", "kept after relabeling"),
+                ("head", "head series"),
+                ("rss", "RSS"),
+                ("added", "RSS − empty Prometheus"),
+                ("per", "per head series"),
+                ("heap", "Go heap in use"),
+                ("rule", "rule of thumb for these series"),
+            ],
+        ),
+        "",
+    ]
+    return out
 
 
 RULES_FILE = Path(__file__).resolve().parents[1] / "deploy/prometheus/rules/mindspore-training.rules.yml"

@@ -122,19 +122,15 @@ def draw(rng: random.Random, location: str, sizes: dict[str, list[int]]) -> tupl
 
 
 def campaign(steps: int, every: int, seed: int, factor: float) -> dict[str, Any]:
+    """`steps` steps of REPLICAS replicas on the same batches, a flip every `every` steps past the local check's
+    warm-up, each judged at its step; the steps without one count false positives."""
     import mindspore as ms
 
-    from ms_exporter.actions.bit_flips import flip_bit
-    from ms_exporter.config.sections import BitFlip
-    from ms_exporter.core.analysis.replicas import first_disagreement
     from ms_exporter.demo import synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     replicas = [Replica(0, every, factor) for _ in range(REPLICAS)]
-    sizes = {kind: [int(t.size) for t in replicas[0].tensors[kind]] for kind in ("weights", "optimizer")}
-    # Only float tensors: an integer step counter's bits are not a float's classes.
-    floats = {kind: [i for i, t in enumerate(replicas[0].tensors[kind]) if "Float" in str(t.dtype)] for kind in sizes}
-    sizes = {kind: [s if i in floats[kind] else 0 for i, s in enumerate(sizes[kind])] for kind in sizes}
+    sizes = _float_sizes(replicas[0])
     rng = random.Random(seed)
     batches = list(synthetic_dataset(size=512).create_tuple_iterator())
     results: list[dict[str, Any]] = []
@@ -143,81 +139,33 @@ def campaign(steps: int, every: int, seed: int, factor: float) -> dict[str, Any]
     began = time.perf_counter()
     for step in range(1, steps + 1):
         batch = batches[(step - 1) % len(batches)]
-        # This step's flip, as the record campaign returns among its "injections": a key changes type on the way
-        # ("tensor" turns from an index into a name), so it is a JSON object, not a TypedDict.
-        injection: dict[str, Any] | None = None
-        if step % every == 0 and step > 32:  # after the local check's warm-up
-            location = LOCATIONS[(step // every) % len(LOCATIONS)]
-            cls, tensor, element, bit = draw(rng, location, sizes)
-            injection = {
-                "step": step,
-                "location": location,
-                "class": cls,
-                "tensor": tensor,
-                "element": element,
-                "bit": bit,
-                "replica": rng.randrange(REPLICAS),
-            }
-            if location == "gradients":
-                victim = replicas[injection["replica"]]
-                injection["scale"] = flip_scale(victim, batch, tensor, element, bit)
-                victim.cell.flip_local_gradient(step, tensor, element, bit)
+        injection = _draw_injection(rng, step, every, sizes) if step % every == 0 and step > 32 else None
+        if injection is not None and injection["location"] == "gradients":
+            victim = replicas[injection["replica"]]
+            injection["scale"] = flip_scale(victim, batch, injection["tensor"], injection["element"], injection["bit"])
+            victim.cell.flip_local_gradient(step, injection["tensor"], injection["element"], injection["bit"])
         flagged_before = [r.local.outliers for r in replicas]
         for r in replicas:
             r.cell(*batch)
-        if injection and injection["location"] != "gradients":
-            target = replicas[injection["replica"]]
-            kind = injection["location"]
-            flip = BitFlip(
-                injection["replica"], step, kind, injection["tensor"], injection["element"], injection["bit"]
-            )
-            flip_bit(target.tensors[kind], flip)
+        if injection is not None and injection["location"] != "gradients":
+            _flip(replicas[injection["replica"]], injection)
         for r in replicas:
             r.checks.read(step, r.local.read(step))
         flagged = [r.local.outliers > before for r, before in zip(replicas, flagged_before)]
         rows = [r.checks._window[-1][1] for r in replicas]  # the campaign reads the rows it judges
-        differs = {
-            kind: [int(np.flatnonzero(rows[i][kind] != rows[0 if i else 1][kind]).size) for i in range(REPLICAS)]
-            for kind in ("weights", "optimizer")
-        }
         if injection is None:
             clean_steps += 1
-            false_positives["checksums"] += any(any(d) for d in differs.values())
+            false_positives["checksums"] += any(
+                int(np.flatnonzero(rows[i][kind] != rows[0 if i else 1][kind]).size)
+                for kind in ("weights", "optimizer")
+                for i in range(REPLICAS)
+            )
             false_positives["local_gradients"] += any(flagged)
             continue
-        who = injection["replica"]
         if injection["location"] == "gradients":
-            twin = replicas[(who + 1) % REPLICAS]
-            changed = any(
-                not np.array_equal(np.asarray(a.asnumpy()), np.asarray(b.asnumpy()))
-                for a, b in zip(replicas[who].tensors["weights"], twin.tensors["weights"])
-            )
-            history = list(replicas[who].local._history)
-            median = float(np.median(history)) if history else float("nan")
-            injection["ratio"] = replicas[who].local.last / median if median else float("inf")
-            injection.update(
-                detected=flagged[who],
-                named=flagged[who] and not any(f for i, f in enumerate(flagged) if i != who),
-                changed_update=changed,
-                latency=0 if flagged[who] else None,
-            )
-            replicas[who].take_state_of(twin)
+            _judge_gradient_flip(injection, replicas, flagged)
         else:
-            kind = injection["location"]
-            target = replicas[who]
-            mine = rows[who][kind][injection["tensor"]]
-            others = [rows[i][kind][injection["tensor"]] for i in range(REPLICAS) if i != who]
-            detected = all(mine != other for other in others)
-            pages = {str(i): {**r.page(i), "steps": [r.page(i)["steps"][-1]]} for i, r in enumerate(replicas)}
-            found = first_disagreement(pages)
-            name = target.checks.names[kind][injection["tensor"]]
-            named = found == {"step": step, "kind": kind, "tensor": name, "ranks": [str(who)]}
-            injection.update(detected=bool(detected), named=named, changed_update=True, latency=0 if detected else None)
-            flip_bit(
-                target.tensors[kind],
-                BitFlip(who, step, kind, injection["tensor"], injection["element"], injection["bit"]),
-            )  # undone: training goes on as before
-            injection["tensor"] = name
+            _judge_stored_flip(injection, replicas, rows)
         results.append(injection)
         if step % 500 == 0:
             print(f"step {step}: {len(results)} injections, {time.perf_counter() - began:.0f} s", file=sys.stderr)
@@ -229,6 +177,84 @@ def campaign(steps: int, every: int, seed: int, factor: float) -> dict[str, Any]
         "seconds": time.perf_counter() - began,
         "factor": factor,
     }
+
+
+def _float_sizes(replica: Replica) -> dict[str, list[int]]:
+    """Each weight's and optimizer state's size, 0 for the tensors that are not floats (an integer step counter's
+    bits are not a float's classes): where draw() may land."""
+    sizes = {}
+    for kind in ("weights", "optimizer"):
+        tensors = replica.tensors[kind]
+        sizes[kind] = [int(t.size) if "Float" in str(t.dtype) else 0 for t in tensors]
+    return sizes
+
+
+def _draw_injection(rng: random.Random, step: int, every: int, sizes: dict[str, list[int]]) -> dict[str, Any]:
+    """This step's flip, as the record campaign returns among its "injections": a key changes type on the way
+    ("tensor" turns from an index into a name), so it is a JSON object, not a TypedDict. The locations take turns."""
+    location = LOCATIONS[(step // every) % len(LOCATIONS)]
+    cls, tensor, element, bit = draw(rng, location, sizes)
+    return {
+        "step": step,
+        "location": location,
+        "class": cls,
+        "tensor": tensor,
+        "element": element,
+        "bit": bit,
+        "replica": rng.randrange(REPLICAS),
+    }
+
+
+def _flip(target: Replica, injection: dict[str, Any]) -> None:
+    """Flip (or flip back) the injection's bit of a weight or optimizer state in place."""
+    from ms_exporter.actions.bit_flips import flip_bit
+    from ms_exporter.config.sections import BitFlip
+
+    kind = injection["location"]
+    flip = BitFlip(
+        injection["replica"], injection["step"], kind, injection["tensor"], injection["element"], injection["bit"]
+    )
+    flip_bit(target.tensors[kind], flip)
+
+
+def _judge_gradient_flip(injection: dict[str, Any], replicas: list[Replica], flagged: list[bool]) -> None:
+    """A local gradient's flip: flagged on its replica (and named: on no other), whether it changed the update
+    (the replica's weights differ from a twin's after the step); the replica then takes the twin's state back."""
+    who = injection["replica"]
+    twin = replicas[(who + 1) % REPLICAS]
+    changed = any(
+        not np.array_equal(np.asarray(a.asnumpy()), np.asarray(b.asnumpy()))
+        for a, b in zip(replicas[who].tensors["weights"], twin.tensors["weights"])
+    )
+    history = list(replicas[who].local._history)
+    median = float(np.median(history)) if history else float("nan")
+    injection["ratio"] = replicas[who].local.last / median if median else float("inf")
+    injection.update(
+        detected=flagged[who],
+        named=flagged[who] and not any(f for i, f in enumerate(flagged) if i != who),
+        changed_update=changed,
+        latency=0 if flagged[who] else None,
+    )
+    replicas[who].take_state_of(twin)
+
+
+def _judge_stored_flip(injection: dict[str, Any], replicas: list[Replica], rows: list[dict[str, Any]]) -> None:
+    """A weight's or a moment's flip: detected where its tensor's sum differs from every twin's, named where
+    first_disagreement names that step, kind, tensor and replica; then flipped back."""
+    from ms_exporter.core.analysis.replicas import first_disagreement
+
+    kind, who, step = injection["location"], injection["replica"], injection["step"]
+    target = replicas[who]
+    mine = rows[who][kind][injection["tensor"]]
+    others = [rows[i][kind][injection["tensor"]] for i in range(REPLICAS) if i != who]
+    detected = all(mine != other for other in others)
+    pages = {str(i): {**r.page(i), "steps": [r.page(i)["steps"][-1]]} for i, r in enumerate(replicas)}
+    found = first_disagreement(pages)
+    name = target.checks.names[kind][injection["tensor"]]
+    named = found == {"step": step, "kind": kind, "tensor": name, "ranks": [str(who)]}
+    injection.update(detected=bool(detected), named=named, changed_update=True, latency=0 if detected else None)
+    _flip(target, injection)  # undone: training goes on as before
+    injection["tensor"] = name
 
 
 def table(result: dict[str, Any]) -> list[str]:
