@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
 from benchmarks.report import table
+from benchmarks.stats import median_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "prometheus", "scrape-me-please"
@@ -165,7 +166,7 @@ def _summary(
     rng = np.random.default_rng(0)
     for case, what, _ in CASES:
         values = np.asarray(ratios[case])
-        low, high = np.percentile(np.median(rng.choice(values, size=(1000, len(values))), axis=1), [2.5, 97.5])
+        low, high = median_interval(values, rng)
         seen = np.asarray(latencies[case])
         attack = attacks[case]
         rows.append(

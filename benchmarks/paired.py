@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import TARGETS, table, verdict
+from benchmarks.stats import bootstrap_medians
 from benchmarks.training import BATCH, ratio, stdout_to
 
 SLOTS = 6  # step k runs the callbacks of slot k % 6; odd slots run none: the bare steps hooked steps pair with
@@ -135,17 +136,11 @@ def pair_ratios(intervals: dict[int, float], chosen: Any, bare: Any) -> np.ndarr
     return np.asarray(ratios)
 
 
-def _bootstrap_medians(ratios: np.ndarray, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    medians: np.ndarray = np.median(rng.choice(ratios, size=(1000, len(ratios))), axis=1)
-    return medians
-
-
 def _summary(
     label: str, ratios: np.ndarray, amortize: int = 1, per_training: list[float] | None = None
 ) -> dict[str, Any]:
     # The median of pair ratios, and a bootstrap 95% interval of that median.
-    low, high = np.percentile(_bootstrap_medians(ratios, 0), [2.5, 97.5])
+    low, high = np.percentile(bootstrap_medians(ratios, np.random.default_rng(0)), [2.5, 97.5])
     median = float(np.median(ratios))
     return {
         "case": label,
@@ -160,7 +155,7 @@ def _summary(
 
 def difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, float]:
     """Median of `first` minus median of `second`, with a bootstrap 95% interval (each resampled on its own)."""
-    spread = _bootstrap_medians(first, 1) - _bootstrap_medians(second, 2)
+    spread = bootstrap_medians(first, np.random.default_rng(1)) - bootstrap_medians(second, np.random.default_rng(2))
     low, high = np.percentile(spread, [2.5, 97.5])
     return float(np.median(first) - np.median(second)), float(low), float(high)
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
 from benchmarks.report import machine, table, write_section
+from benchmarks.stats import median_interval
 from ms_exporter.config import WebConfig
 from tests.support.waiting import free_port
 
@@ -165,7 +166,7 @@ def _summary(
     for case in cases:
         target, rate, keep_alive = case
         values = np.asarray(ratios[case])
-        low, high = np.percentile(np.median(rng.choice(values, size=(1000, len(values))), axis=1), [2.5, 97.5])
+        low, high = median_interval(values, rng)
         answered = responses[case]
         how = "kept-alive connections" if keep_alive else "a new connection per request"
         label = {
