@@ -298,8 +298,9 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
         "read the weights in place with numpy: there `asnumpy` is a view, no copy). Bytes: what ms_exporter read "
         "from tensors (`asnumpy`, `item`, `tolist`) at a sampled step past the first, compiled (median; on an "
         "accelerator each is a copy to the host; the first sample also reads the constants MindSpore folds while it "
-        "compiles each reduction). Sampled step end: the monitor's step-end hook at a sampled step (median). Peak RSS "
-        "added: with the monitor (compiled) less without.",
+        "compiles each reduction). Sampled step end: the monitor's step-end hook at a sampled step (median); other "
+        "step end: at the steps between samples, where the replica checks of every step are what reads the weights "
+        "(docs/sdc.md#what-it-costs). Peak RSS added: with the monitor (compiled) less without.",
         "",
         "| parameters | step (no monitor) | bytes to the host per sample | sampled step end | share of a step "
         "| sampled step end, read in place | share of a step | other step end | peak RSS added |",

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,7 @@ from ms_exporter.core.part import Part
 from ms_exporter.core.ranks import RankInfo
 from ms_exporter.core.sample import read_scalar
 from ms_exporter.core.store import Family, MetricStore, Series
+from ms_exporter.features.check_cost import CheckCost
 from ms_exporter.features.local_gradients import RUN_VIEW_KEY, LimitWriter, LocalGradientCheck
 from ms_exporter.features.replica_checks import StepChecks
 
@@ -82,6 +84,8 @@ class Fingerprints(Part):
         self._series: dict[str, Series] = {}
         self._group: str | None = None
         self._checks: StepChecks | None = None  # every step's bit sums (divergence.check_every_step)
+        self._cost: CheckCost | None = None  # what they cost this rank, against its step cycle
+        self._checked_at: float | None = None  # perf_counter() at the end of the last step's checks
         self._local: LocalGradientCheck | None = None
         self._run: Any = None  # the run view: where the loop API leaves a local gradient norm
         self._skips: tuple[LimitWriter, Any, Series] | None = None  # divergence.skip_local_grad_outliers
@@ -112,6 +116,8 @@ class Fingerprints(Part):
         if self._config.check_every_step:
             tensors = {"weights": self._parameters, "optimizer": optimizer_state_of(cb_params, self._parameters)}
             self._checks = StepChecks(tensors, self._config.buckets, self._config.window_steps)
+            self._cost = CheckCost(sum(int(t.size) for kind in tensors.values() for t in kind))
+            self._checked_at = None  # the first step of a training call has no cycle before it
             self._run = cb_params
             self._local = self._local or self._local_check(train_network_of(cb_params))
         step = step_of(cb_params)
@@ -165,7 +171,12 @@ class Fingerprints(Part):
         if checks is not None and self._group is not None:
             local = self._local or self._loop_local_check()
             self._local = local
+            began = time.perf_counter()
             checks.read(step, self._read_local(local, step) if local is not None else None)
+            ended = time.perf_counter()
+            if self._cost is not None and self._checked_at is not None:
+                self._cost.observe(ended - began, began - self._checked_at)
+            self._checked_at = ended
         if step >= self.next_step:
             self.take(step, outputs)
 

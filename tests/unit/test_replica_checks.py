@@ -147,3 +147,30 @@ def test_the_fingerprint_step_publishes_the_checksums_and_the_window() -> None:
     assert [row["step"] for row in page["steps"]] == [1, 2, 3, 4, 5]
     assert page["rank"] == 1 and page["tensors"]["optimizer"][-1] == "global_step"
     assert len(page["steps"][0]["optimizer"]) == len(tensors["optimizer"])
+
+
+def test_checks_that_cost_more_than_their_share_of_the_cycle_are_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The feature times each step's checks against the rest of the cycle; here a clock makes each check 2 ms of a
+    14 ms cycle (14%): one warning naming the setting, then none."""
+    import logging
+
+    from ms_exporter.features import fingerprint as module
+    from ms_exporter.features.check_cost import CHECK_WINDOW
+
+    ticks = iter(float(i) * 0.002 + (i // 2) * 0.010 for i in range(10_000))  # a check of 2 ms every 14 ms
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(ticks))
+    store = MetricStore()
+    config = load_config({"divergence": {"replica_group": "0", "every_n_steps": 1000}}).divergence
+    fingerprints = Fingerprints(store, config, RankInfo(1, 1, 3, "node"), LayoutResolver())
+    tensors = replica()
+    network = type("Network", (), {"weights": tensors["weights"]})()
+    optimizer = type("Optimizer", (), {"get_parameters": lambda self: [*tensors["weights"], *tensors["optimizer"]]})()
+    fingerprints.on_train_begin({"train_network": network, "optimizer": optimizer, "cur_step_num": 0})
+    with caplog.at_level(logging.WARNING, logger="ms_exporter"):
+        for step in range(1, 4 * CHECK_WINDOW):
+            fingerprints.on_step_end(step, None)
+    warnings = [r.getMessage() for r in caplog.records if "replica checks of every step" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "in 2.00 ms, 14.3% of this rank's median step cycle of 14.0 ms" in warnings[0]
