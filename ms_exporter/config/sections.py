@@ -371,6 +371,9 @@ class DivergenceConfig:
     # Every step, the bit sums of every weight and optimizer state tensor (silent data corruption caught at the step
     # it happens, docs/sdc.md), compared at each fingerprint step as checksums of at most `buckets` runs of tensors.
     check_every_step: bool = setting(True, check=boolean())
+    # The checks on every n-th step only, the same n on every rank (a corruption then seen up to n - 1 steps late, still
+    # named by tensor): for a rank whose checks cost more than their 1% of a step (docs/sdc.md#what-it-costs).
+    check_every_n_steps: int = setting(1, check=int_in(1, 1_000_000))
     buckets: int = setting(8, check=int_in(1, 64))
     # Per-tensor sums kept for /debug/checksums: the last this many steps, and as many of each of the two comparison
     # intervals before the current one (at least every_n_steps keeps those intervals whole).
@@ -386,6 +389,13 @@ class DivergenceConfig:
     allow_injection: bool = setting(False, check=boolean())
 
     def _cross_check(self, say: Say) -> None:
+        if self.every_n_steps % self.check_every_n_steps:
+            say(
+                "check_every_n_steps",
+                f"must divide every_n_steps ({self.every_n_steps}): the checksums are compared at the fingerprint "
+                "steps, which must be checked steps",
+                self.check_every_n_steps,
+            )
         if self.inject_flips and not self.allow_injection:
             say(
                 "inject_flips",

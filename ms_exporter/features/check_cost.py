@@ -5,14 +5,16 @@ step's grows with the work per parameter: on the demo model they take under 1% o
 and many parameters (or on a CPU, where the device's reductions share the training's cores) they can take more than
 the step itself (docs/benchmarks.md, "Cost against model size"). The monitor cannot lower their rate on its own:
 every replica must read the same steps, or their sums differ, and each rank measures only its own time. So it
-measures, and once the median check has cost more than CHECK_BUDGET of the median step over CHECK_WINDOW steps, it
-warns with the figures and the setting that turns the checks off.
+measures, and once the median check has cost more than CHECK_BUDGET of the median cycle between two checks over
+CHECK_WINDOW checks, it warns with the figures and the settings that bring them within it: the least
+`divergence.check_every_n_steps` that does (it must divide `divergence.every_n_steps`), or the checks off.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import statistics
 
 logger = logging.getLogger("ms_exporter")
@@ -22,19 +24,20 @@ CHECK_WINDOW = 64  # steps the medians are over
 
 
 class CheckCost:
-    """Each step's checks against the rest of its cycle, both in seconds, from the training thread at step end;
-    warns once when the medians put the checks over CHECK_BUDGET of the cycle."""
+    """Each check against the cycle between two checks (`every` steps), in seconds, from the training thread at step
+    end; warns once when the medians put the checks over CHECK_BUDGET of that cycle."""
 
-    def __init__(self, values: int) -> None:
-        self._values = values  # values read a step: for the warning
+    def __init__(self, values: int, every: int = 1, compared_every: int = 1) -> None:
+        self._values = values  # values read a check: for the warning
+        self._every = every  # divergence.check_every_n_steps: the steps a cycle between two checks spans
+        self._compared_every = compared_every  # divergence.every_n_steps, which a check interval must divide
         self._checks: collections.deque[float] = collections.deque(maxlen=CHECK_WINDOW)
         self._steps: collections.deque[float] = collections.deque(maxlen=CHECK_WINDOW)
         self._seen = 0
         self.warned = False
 
     def observe(self, check: float, rest: float) -> None:
-        """A step's checks took `check` seconds; the rest of its cycle (from the end of the previous step's checks)
-        `rest` seconds."""
+        """A check took `check` seconds, and the time since the end of the previous one `rest` seconds."""
         if self.warned:
             return
         self._checks.append(check)
@@ -42,17 +45,30 @@ class CheckCost:
         self._seen += 1
         if self._seen % CHECK_WINDOW:
             return  # judged once a window: a median a step would cost more than the check of a small model
-        check, step = statistics.median(self._checks), statistics.median(self._steps)
-        if check > CHECK_BUDGET * step:
+        check, cycle = statistics.median(self._checks), statistics.median(self._steps)
+        if check > CHECK_BUDGET * cycle:
             self.warned = True
             logger.warning(
-                "ms_exporter: the replica checks of every step read %s values in %.2f ms, %.1f%% of this rank's "
-                "median step cycle of %.1f ms (more than the %.0f%% they are meant to cost): "
-                "divergence.check_every_step: false keeps a fingerprint every divergence.every_n_steps steps instead "
+                "ms_exporter: the replica checks read %s values in %.2f ms every %d step(s), %.1f%% of this rank's "
+                "median %.1f ms between two checks (more than the %.0f%% they are meant to cost): %s "
                 "(docs/sdc.md#what-it-costs)",
                 f"{self._values:,}",
                 check * 1e3,
-                100 * check / step,
-                step * 1e3,
+                self._every,
+                100 * check / cycle,
+                cycle * 1e3,
                 100 * CHECK_BUDGET,
+                self._remedy(check, cycle),
             )
+
+    def _remedy(self, check: float, cycle: float) -> str:
+        """The least check interval within the budget that divides the comparison interval, set alike on every rank;
+        else the checks off."""
+        step = (cycle - check) / self._every  # a step's time without the checks
+        wanted = math.ceil(check / (CHECK_BUDGET * step)) if step > 0 else math.inf
+        fitting = [n for n in range(self._every + 1, self._compared_every + 1) if not self._compared_every % n]
+        within = [n for n in fitting if n >= wanted]
+        off = "divergence.check_every_step: false keeps only a fingerprint every divergence.every_n_steps steps"
+        if within:
+            return f"divergence.check_every_n_steps: {within[0]} on every rank brings them within it, or {off}"
+        return off

@@ -171,6 +171,39 @@ def test_checks_that_cost_more_than_their_share_of_the_cycle_are_said_once(
     with caplog.at_level(logging.WARNING, logger="ms_exporter"):
         for step in range(1, 4 * CHECK_WINDOW):
             fingerprints.on_step_end(step, None)
-    warnings = [r.getMessage() for r in caplog.records if "replica checks of every step" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "replica checks read" in r.getMessage()]
     assert len(warnings) == 1, warnings
-    assert "in 2.00 ms, 14.3% of this rank's median step cycle of 14.0 ms" in warnings[0]
+    assert "in 2.00 ms every 1 step(s), 14.3% of this rank's median 14.0 ms between two checks" in warnings[0]
+    assert "divergence.check_every_n_steps: 20 on every rank" in warnings[0]  # 17 steps would do; 20 divides 1000
+
+
+def test_checks_every_n_steps_read_those_steps_and_see_a_flip_at_the_next() -> None:
+    store = MetricStore()
+    config = load_config({"divergence": {"replica_group": "0", "every_n_steps": 10, "check_every_n_steps": 5}})
+    fingerprints = Fingerprints(store, config.divergence, RankInfo(1, 1, 3, "node"), LayoutResolver())
+    tensors = replica()
+    network = type("Network", (), {"weights": tensors["weights"]})()
+    optimizer = type("Optimizer", (), {"get_parameters": lambda self: [*tensors["weights"], *tensors["optimizer"]]})()
+    fingerprints.on_train_begin({"train_network": network, "optimizer": optimizer, "cur_step_num": 0})
+    twin = StepChecks(replica(), buckets=8, window_steps=128)
+    for step in range(1, 11):
+        if step == 7:
+            flip(tensors["weights"][2], 5, 30)
+        fingerprints.on_step_end(step, None)
+        if step % 5 == 0:
+            twin.read(step)
+    page = json.loads(fingerprints.checksums_page() or "")
+    assert [row["step"] for row in page["steps"]] == [5, 10]  # only the checked steps
+    assert store.value_of(c.PARAM_FINGERPRINT_STEP) == 10
+    theirs = json.loads(twin.page(1, "0"))
+    assert page["steps"][0]["weights"] == theirs["steps"][0]["weights"]  # step 5: the replicas agree
+    mine, other = page["steps"][1]["weights"], theirs["steps"][1]["weights"]
+    assert [i for i, (a, b) in enumerate(zip(mine, other)) if a != b] == [2]  # step 10 names the flipped tensor
+
+
+def test_a_check_interval_must_divide_the_comparison_interval() -> None:
+    from ms_exporter.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"check_every_n_steps.*must divide every_n_steps \(100\)"):
+        load_config({"divergence": {"check_every_n_steps": 30}})
+    assert load_config({"divergence": {"check_every_n_steps": 25}}).divergence.check_every_n_steps == 25
