@@ -118,6 +118,7 @@ CROSS_FIELD = {
     "web.tls_cert_file",
     "web.tls_key_file",
     "flops.alert_below",
+    "divergence.check_every_n_steps",  # must divide divergence.every_n_steps
     # one key of a model description needs the others
     *(
         f"flops.model.{key}"
