@@ -71,6 +71,10 @@ def test_the_advice_follows_daly_as_failures_accumulate_and_says_nothing_before_
     assert many == pytest.approx(daly_interval(save, 12 * HOUR), rel=0.02)
     advice = advise(5 * 12 * HOUR, 5, save, lost, current=6 * HOUR)
     assert advice is not None and advice.low < advice.interval < advice.high
+    # What is served as the best is the interval averaged over the MTBF's posterior, not Daly's at the estimate.
+    assert advice.interval == advised_interval(save, 5 * 12 * HOUR, 5, lost) != daly_interval(save, 12 * HOUR)
+    after_one = advise(12 * HOUR, 1, save, lost)
+    assert after_one is not None and after_one.interval > daly_interval(save, 12 * HOUR) * 1.03
     assert advice.loss is not None and 0 < advice.loss < 0.2
     assert advise(5 * 12 * HOUR, 5, save, lost).loss is None  # type: ignore[union-attr]
 

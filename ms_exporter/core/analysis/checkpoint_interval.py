@@ -125,8 +125,8 @@ class Advice:
 
     failures: int
     mtbf: float
-    interval: float  # Daly's interval at the estimated MTBF
-    low: float  # ... at the low and the high end of the MTBF's 90% interval
+    interval: float  # of highest goodput averaged over the MTBF's posterior (advised_interval)
+    low: float  # Daly's interval at the low and the high end of the MTBF's 90% interval
     high: float
     goodput: float  # expected at the advised interval
     current_goodput: float | None  # ... at the interval the run uses, where known
@@ -146,7 +146,7 @@ def advise(
     if failures < 1 or save <= 0 or exposure <= 0:
         return None
     low_mtbf, mtbf, high_mtbf = mtbf_range(exposure, failures)
-    interval = daly_interval(save, mtbf)
+    interval = advised_interval(save, exposure, failures, lost_per_failure)
     return Advice(
         failures,
         mtbf,
