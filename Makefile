@@ -124,6 +124,8 @@ generate: install
 	$(BIN)/python -m ms_exporter.generate.rule_series -o ms_exporter/sinks/shared/rule_series.py
 	$(BIN)/python -m ms_exporter.generate.parts -o ms_exporter/core/builtin_parts.py --docs docs/configuration.md
 	$(BIN)/python -m ms_exporter.generate.module_map --docs docs/architecture.md
+	$(BIN)/python -m ms_exporter.generate.settings_tables --docs docs/configuration.md
+	$(BIN)/python -m ms_exporter.generate.metrics_tables --docs docs/metrics.md
 	$(BIN)/ms-exporter dashboard -o deploy/grafana/dashboards/mindspore-training.json
 	$(BIN)/ms-exporter kubernetes -o deploy/kubernetes/base
 

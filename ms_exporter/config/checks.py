@@ -63,9 +63,24 @@ class _Bad(Exception):
         self.problems = [(message, value)]
 
 
-def setting(default: Any = dataclasses.MISSING, *, check: Check, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field and the check every value given for it must pass."""
-    return field(default=default, default_factory=factory, metadata={"check": check})
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    check: Check,
+    factory: Any = dataclasses.MISSING,
+    doc: str = "",
+    allowed: str = "",
+    shown: str | None = None,
+) -> Any:
+    """A dataclass field and the check every value given for it must pass, with its row of docs/configuration.md
+    (`make generate` writes the tables from these): `doc` what it means, `allowed` what the check accepts in words,
+    `shown` the default in words where it is not a literal (unset, derived). A setting with no `doc` shares the row
+    of the one declared before it (a group of keys documented together)."""
+    return field(
+        default=default,
+        default_factory=factory,
+        metadata={"check": check, "doc": doc, "allowed": allowed, "shown": shown},
+    )
 
 
 def section(kind: type) -> Any:

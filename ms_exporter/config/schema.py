@@ -243,56 +243,251 @@ def _strategies(value: Any) -> tuple[dict[str, Any], ...]:
 class MonitorConfig:
     """The effective configuration. Field names are the YAML keys and the MS_EXPORTER_<KEY> suffixes."""
 
-    enable: bool = setting(True, check=boolean())
-    backend: tuple[str, ...] = setting(("prometheus",), check=names(registry.selectable_backends, at_least_one=True))
-    project: str = setting("default", check=text(label_value=True))
+    enable: bool = setting(
+        True,
+        check=boolean(),
+        doc=(
+            "`false` makes the callback a no-op that opens no port and starts no thread; it says so once at "
+            "construction (an INFO line naming where the switch was set)"
+        ),
+        allowed="bool",
+    )
+    backend: tuple[str, ...] = setting(
+        ("prometheus",),
+        check=names(registry.selectable_backends, at_least_one=True),
+        doc=(
+            "where numbers go: the rank's `/metrics` endpoint, OTLP export through the OpenTelemetry SDK "
+            "(section `otlp` below; needs `pip install 'ms-exporter[otlp]'`), JSON Lines files, TensorBoard "
+            "event files (section `tensorboard` below; needs `pip install 'ms-exporter[tensorboard]'`), a W&B"
+            " run (section `wandb` below; needs `pip install 'ms-exporter[wandb]'`), one progress line "
+            "through logging every `interval` seconds (`step 1200 epoch 3 loss 2.314 lr 0.0001 tokens/s 10240"
+            " step 21.3 ms`, an INFO record of the `ms_exporter` logger: the monitor_config article's minimal"
+            " monitor; without `console` the same line comes on rank 0 alone while `log_level` shows INFO: "
+            "[articles.md](articles.md#its-check-that-it-works-the-progress-line))"
+        ),
+        allowed="any of `prometheus`, `otlp`, `local`, `tensorboard`, `wandb`, `console` (a single string works)",
+    )
+    project: str = setting(
+        "default",
+        check=text(label_value=True),
+        doc="the `project` label on every series",
+        allowed="non-empty string, ≤ 128 characters",
+    )
     # The JSON Lines (TensorBoard, W&B) flush period and, up to MEMORY_SAMPLE_SECONDS, the memory sampling period:
     # twenty snapshots and samples a second at most (1e-9 s wrote 8 MB/s of JSON Lines and spun the sampler thread).
-    interval: float = setting(30.0, check=at_least(0.05, MAX_SECONDS))
-    save_dir: str = setting("./monitor_output", check=file_path())
-    port: int = setting(DEFAULT_PORT, check=_base_port)
-    bind_address: str = setting("127.0.0.1", check=_bind_address)
-    metrics: tuple[str, ...] = setting(factory=registry.metric_groups, check=names(registry.metric_groups))
-    loss_window: int = setting(50, check=int_in(1, 1_000_000))
-    warn_on_value: Mapping[str, Bound] = setting(
-        factory=dict, check=mapping(f"metric to bound, metrics from {list(WATCHABLE)}", _watch)
+    interval: float = setting(
+        30.0,
+        check=at_least(0.05, MAX_SECONDS),
+        doc=(
+            "JSON Lines snapshot period (the queued step and event records reach the file at least every 5 s "
+            "whatever `interval` says, on the writer's thread: a `kill -9` loses at most 5 s of them), and "
+            "memory sampling period up to 5 s (memory is read every `min(interval, 5)` s, so that a leak "
+            "pages within 2 minutes); the floor keeps it to 20 snapshots and memory samples a second"
+        ),
+        allowed="number of at least 0.05 (seconds), at most a week",
+        shown="`30`",
     )
-    tags: Mapping[str, str] = setting(factory=dict, check=mapping("label name to value", _tag))
-    log_level: str = setting("INFO", check=choice(*LOG_LEVELS, any_case=True))
+    save_dir: str = setting(
+        "./monitor_output",
+        check=file_path(),
+        doc="where `local` writes `metrics-rank{r}.jsonl`",
+        allowed="a path: non-empty, at most 4096 characters, no control character (NUL, newline, escape)",
+    )
+    port: int = setting(
+        DEFAULT_PORT,
+        check=_base_port,
+        doc="base port; rank `r` serves on `port + local_rank`; `0` = any free port",
+        allowed="0-65528",
+    )
+    bind_address: str = setting(
+        "127.0.0.1",
+        check=_bind_address,
+        doc="loopback by default, so nothing is exposed by accident; use `0.0.0.0` in containers",
+        allowed="an IP address or `localhost`",
+    )
+    metrics: tuple[str, ...] = setting(
+        factory=registry.metric_groups,
+        check=names(registry.metric_groups),
+        doc=(
+            "which groups of series to export ([metrics.md](metrics.md)); step, epoch, heartbeat and the "
+            "exporter's own series are always on"
+        ),
+        allowed=(
+            "`loss`, `lr`, `step_time`, `samples_per_second`, `tokens_per_second`, `memory_usage`, "
+            "`global_rank`, `eval`"
+        ),
+        shown="all groups",
+    )
+    loss_window: int = setting(
+        50, check=int_in(1, 1_000_000), doc="steps in `mindspore_train_loss_smoothed`", allowed="integer 1-1,000,000"
+    )
+    warn_on_value: Mapping[str, Bound] = setting(
+        factory=dict,
+        check=mapping(f"metric to bound, metrics from {list(WATCHABLE)}", _watch),
+        doc=(
+            "a bare number is a max for loss-like values and a min for throughput; a breach logs one WARNING "
+            "per episode and counts in `mindspore_train_threshold_breaches_total{metric}`. The watched "
+            "metric's group must be in `metrics`."
+        ),
+        allowed=(
+            "`{metric: number}` or `{metric: {max: x}}` / `{metric: {min: y}}` for `loss`, `loss_smoothed`, "
+            "`tokens_per_second`, `samples_per_second`, `memory_growth_ratio`"
+        ),
+    )
+    tags: Mapping[str, str] = setting(
+        factory=dict,
+        check=mapping("label name to value", _tag),
+        doc=(
+            "extra labels on `mindspore_train_info` (not on every series, to keep cardinality and label "
+            "clashes out). Reserved: every label of a family in `core/catalogue.py` (`rank`, `phase`, "
+            "`layer`, `kind` ...: a `group_left` join onto those series would clash) and `le`, `job`, "
+            "`instance`; the error lists them"
+        ),
+        allowed=(
+            "label-name keys (`[a-zA-Z_][a-zA-Z0-9_]*`, not one the exporter sets), string or number values ≤"
+            " 128 characters"
+        ),
+    )
+    log_level: str = setting(
+        "INFO",
+        check=choice(*LOG_LEVELS, any_case=True),
+        doc=(
+            "level of the `ms_exporter` logger; `WARNING` and above also turn off the progress line rank 0 "
+            "logs every `interval`"
+        ),
+        allowed="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL` (any case)",
+    )
     # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
-    warmup_steps: int = setting(10, check=int_in(0, MAX_STEPS))
+    warmup_steps: int = setting(
+        10,
+        check=int_in(0, MAX_STEPS),
+        doc=(
+            "steps before the memory baseline is taken and throughput bounds are checked (graph compilation "
+            "makes the first steps slow and allocation-heavy)"
+        ),
+        allowed="integer 0-10^12",
+    )
     # Steps before any warn_on_value bound is watched, loss included: the monitor_config article trains a few tens of
     # steps before it trusts a bound (a warming-up loss is high). Also the grad_norm and layernorm thresholds.
-    warn_warmup_steps: int = setting(50, check=int_in(0, MAX_STEPS))
-    max_file_mb: float = setting(100.0, check=greater_than(0, 1024 * 1024))  # a TiB
-    max_files: int = setting(5, check=int_in(1, 1000))
+    warn_warmup_steps: int = setting(
+        50,
+        check=int_in(0, MAX_STEPS),
+        doc=(
+            "steps before any `warn_on_value` bound (and the `grad_norm` and `layernorm` thresholds) is "
+            "watched, loss included: the monitor_config article trains a few tens of steps before trusting a "
+            "bound, since a warming-up loss is high. A breach warns once; a value crossing back and forth is "
+            "one episode until it has stayed inside its bound for 10 checks"
+        ),
+        allowed="integer 0-10^12",
+    )
+    max_file_mb: float = setting(
+        100.0,
+        check=greater_than(0, 1024 * 1024),
+        doc="JSON Lines file size at which it rotates",
+        allowed="number > 0, at most 1,048,576",
+        shown="`100`",
+    )  # a TiB
+    max_files: int = setting(
+        5, check=int_in(1, 1000), doc="rotated JSON Lines files kept besides the live one", allowed="integer 1-1,000"
+    )
     # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the strategy-container article's log_path
     # sets it).
-    jsonl_name: str = setting("metrics", check=_jsonl_name)
+    jsonl_name: str = setting(
+        "metrics",
+        check=_jsonl_name,
+        doc=(
+            "the JSON Lines files' name: `save_dir/<jsonl_name>-rank<r>.jsonl` (the strategy-container "
+            "article's `log_path` sets it)"
+        ),
+        allowed="1-128 letters, digits and `_.:-`, starting with a letter or digit",
+    )
     # Measurements of the user's own (docs/strategies.md); the strategy-container article's built-in strategy names
     # are read as our settings (config/article_keys.py) and never reach this list.
-    strategies: tuple[Mapping[str, Any], ...] = setting((), check=_strategies)
-    attention_mask_column: str = setting("attention_mask", check=text())
-    input_ids_column: str = setting("input_ids", check=text())
-    memory_window: int = setting(10, check=int_in(2, 10_000))
+    strategies: tuple[Mapping[str, Any], ...] = setting(
+        (),
+        check=_strategies,
+        doc=(
+            "measurements of your own ([strategies.md](strategies.md)); the strategy-container article's "
+            "built-in names (`GradNormStrategy` ...) are read as our keys instead "
+            "([articles.md](articles.md))"
+        ),
+        allowed="a list of `{name: package.module.Class, config: {...}, every_n_steps: n}`; the class must import",
+    )
+    attention_mask_column: str = setting(
+        "attention_mask",
+        check=text(),
+        doc="dataset column whose non-zero entries are counted as tokens",
+        allowed="string",
+    )
+    input_ids_column: str = setting(
+        "input_ids",
+        check=text(),
+        doc="dataset column whose shape gives batch × sequence length when there is no mask",
+        allowed="string",
+    )
+    memory_window: int = setting(
+        10, check=int_in(2, 10_000), doc="memory samples in the growth-rate fit", allowed="integer 2-10,000"
+    )
     # LearningRateSchedule classes (beyond MindSpore's own) whose construct keeps no state: the monitor may call them.
-    pure_lr_schedules: tuple[str, ...] = setting((), check=class_names())
+    pure_lr_schedules: tuple[str, ...] = setting(
+        (),
+        check=class_names(),
+        doc=(
+            "`LearningRateSchedule` classes of your own whose `construct` keeps no state, which the monitor "
+            "may therefore evaluate to export the LR; MindSpore's own schedules need no naming, any other is "
+            "never called (docs/metrics.md, learning rate)"
+        ),
+        allowed="a class name or a list of them",
+    )
     grad_norm: GradNormConfig = section(GradNormConfig)
     layernorm: LayerNormConfig = section(LayerNormConfig)
-    weight_norm: bool = setting(False, check=boolean())
+    weight_norm: bool = setting(
+        False, check=boolean(), doc="also export the weight norms of the `grad_norm.layers` layers", allowed="bool"
+    )
     update_ratio: UpdateRatioConfig = section(UpdateRatioConfig)
     activations: ActivationsConfig = section(ActivationsConfig)
-    file_sd_dir: str | None = setting(None, check=optional(file_path()))
+    file_sd_dir: str | None = setting(
+        None,
+        check=optional(file_path()),
+        doc=(
+            "write this rank's Prometheus file_sd target there (`ms-exporter-<project>-rank<r>.json`, the "
+            "real host:port and `__meta_ms_exporter_*` labels), removed on close, at exit and on "
+            "SIGTERM/SIGINT; `deploy/prometheus/prometheus.yml` discovers ranks this way (with "
+            "`/tmp/ms-exporter-targets`)"
+        ),
+        allowed="a directory (a path, as `save_dir`)",
+        shown="none",
+    )
     # Where the alerts' runbook_url links point (ms-exporter rules/kubernetes --config): the page that serves
     # docs/alerts.md with a heading anchor per alert; unset: the repository-relative docs/alerts.md.
-    runbook_url: str | None = setting(None, check=optional(_runbook_url))
+    runbook_url: str | None = setting(
+        None,
+        check=optional(_runbook_url),
+        doc=(
+            "the page serving docs/alerts.md: `ms-exporter rules --config` and `ms-exporter kubernetes "
+            "--config` make every alert's `runbook_url` this URL plus `#<alert name in lower case>` "
+            "([alerts.md](alerts.md#runbook-links)); `--runbook-url` overrides it"
+        ),
+        allowed="an http(s) URL without `#`",
+        shown="none",
+    )
     otlp: OtlpConfig = section(OtlpConfig)
     pushgateway: PushgatewayConfig = section(PushgatewayConfig)
     web: WebConfig = section(WebConfig)
     actions: ActionsConfig = section(ActionsConfig)
     hang: HangConfig = section(HangConfig)
     # Which run this process belongs to: its restarts share the goodput ledger (derived when unset, docs/goodput.md).
-    run_id: str | None = setting(None, check=optional(_run_id))
+    run_id: str | None = setting(
+        None,
+        check=optional(_run_id),
+        doc=(
+            "which run this process belongs to: processes of one run share the ledger's totals and count "
+            "restarts. Derived: the project and 8 hex digits of save_dir's absolute path. "
+            "`MS_EXPORTER_RUN_ID` sets it too (a scheduler's job id is a good one)"
+        ),
+        allowed="1 to 128 letters, digits and `_.:-`, starting with a letter or digit",
+        shown="derived",
+    )
     goodput: GoodputConfig = section(GoodputConfig)
     failslow: FailSlowConfig = section(FailSlowConfig)
     divergence: DivergenceConfig = section(DivergenceConfig)
@@ -303,8 +498,27 @@ class MonitorConfig:
     data_quality: DataQualityConfig = section(DataQualityConfig)
     # Which series a rank exposes (sinks/shared/series_budget.py, docs/scaling.md "Very large jobs"): `large_job` keeps
     # what the alerts and recording rules read on every rank, the per-layer and histogram detail on detail_ranks only.
-    series_profile: str = setting("full", check=choice(*SERIES_PROFILES))
-    detail_ranks: tuple[int, ...] = setting((0,), check=_detail_ranks)
+    series_profile: str = setting(
+        "full",
+        check=choice(*SERIES_PROFILES),
+        doc=(
+            "which series a rank exposes: `full`, everything; `large_job`, for jobs of thousands of ranks, "
+            "every series an alert or recording rule reads on every rank (a histogram among them as its "
+            "`_sum` and `_count`), and the per-layer, histogram-bucket and diagnostic series on "
+            "`detail_ranks` only. Applies to `/metrics`, the pushgateway and OTLP alike; what it keeps, what "
+            "it costs and which alerts fire where: [scaling.md](scaling.md#very-large-jobs)"
+        ),
+        allowed="`full` or `large_job`",
+    )
+    detail_ranks: tuple[int, ...] = setting(
+        (0,),
+        check=_detail_ranks,
+        doc=(
+            "the ranks that keep everything under `series_profile: large_job` (rank 0, or one replica group "
+            "where ranks hold different layers); ignored under `full`"
+        ),
+        allowed="a global rank or a list of up to 4,096 of them",
+    )
 
     def _cross_check(self, say: Say) -> None:
         for metric in self.warn_on_value:

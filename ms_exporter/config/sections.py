@@ -56,13 +56,43 @@ from ms_exporter.core.thresholds import DATA_QUALITY_DROP_RATIO, DATA_QUALITY_ST
 class GradNormConfig:
     """monitor_config.grad_norm: gradient norms read from the real training step."""
 
-    enable: bool = setting(True, check=boolean())
-    every_n_steps: int = setting(10, check=int_in(1, 1_000_000))
-    layers: tuple[str, ...] = setting((), check=regexes())  # matched (from the start) against layer names
-    top_k: int = setting(5, check=int_in(0, 1000))
-    max_series: int = setting(20, check=int_in(1, 1000))
-    threshold: float | None = setting(DEFAULTS.grad_norm_high, check=optional(greater_than(0, MAX_RATIO)))
-    clip: float | None = setting(None, check=optional(greater_than(0, MAX_RATIO)))
+    enable: bool = setting(
+        True, check=boolean(), doc="read gradient norms when the train cell reports them", allowed="bool"
+    )
+    every_n_steps: int = setting(
+        10,
+        check=int_in(1, 1_000_000),
+        doc="device-to-host reads of the norms happen only at multiples of this step",
+        allowed="integer ≥ 1",
+    )
+    layers: tuple[str, ...] = setting(
+        (),
+        check=regexes(),
+        doc="layers always exported",
+        allowed="regular expressions, matched from the start of a layer or parameter name",
+    )  # matched (from the start) against layer names
+    top_k: int = setting(
+        5, check=int_in(0, 1000), doc="the largest other layers exported at each sample", allowed="0 to `max_series`"
+    )
+    max_series: int = setting(
+        20, check=int_in(1, 1000), doc="cap on layer series (watched + top k)", allowed="1 to 1,000"
+    )
+    threshold: float | None = setting(
+        DEFAULTS.grad_norm_high,
+        check=optional(greater_than(0, MAX_RATIO)),
+        doc="a max bound on `mindspore_train_grad_norm`, with `warn_on_value` semantics",
+        allowed="number > 0 or null",
+    )
+    clip: float | None = setting(
+        None,
+        check=optional(greater_than(0, MAX_RATIO)),
+        doc=(
+            "the clip threshold for `mindspore_train_grad_norm_clipped_total`; null takes `clip_norm` of "
+            "`GradNormTrainOneStepCell`"
+        ),
+        allowed="number > 0 or null",
+        shown="`null`",
+    )
 
     def _cross_check(self, say: Say) -> None:
         if self.top_k > self.max_series:
@@ -73,14 +103,38 @@ class GradNormConfig:
 class LayerNormConfig:
     """monitor_config.layernorm: statistics of every LayerNorm scale (gamma)."""
 
-    enable: bool = setting(True, check=boolean())
+    enable: bool = setting(True, check=boolean(), doc="LayerNorm scale statistics", allowed="bool")
     # Reading every LayerNorm scale costs ~0.3 ms on the demo model: every 25 steps keeps it near 10 µs a step
     # and still gives the 100-step drift window four samples.
-    every_n_steps: int = setting(25, check=int_in(1, 1_000_000))
-    window: int = setting(100, check=int_in(1, 10_000_000))
-    drift_threshold: float | None = setting(DEFAULTS.layernorm_drift, check=optional(greater_than(0, MAX_RATIO)))
+    every_n_steps: int = setting(
+        25,
+        check=int_in(1, 1_000_000),
+        doc=(
+            "how often the scales are read (a read of every scale costs ~0.3 ms on the demo model; the "
+            "100-step window gets 4 samples)"
+        ),
+        allowed="integer ≥ 1",
+    )
+    window: int = setting(
+        100, check=int_in(1, 10_000_000), doc="the span of the drift ratio", allowed="integer ≥ 1 (steps)"
+    )
+    drift_threshold: float | None = setting(
+        DEFAULTS.layernorm_drift,
+        check=optional(greater_than(0, MAX_RATIO)),
+        doc="a bound on |drift ratio|",
+        allowed="number > 0 or null",
+    )
     # Three series per scale: a deep model (two norms a block) would otherwise be a rank's largest family.
-    max_layers: int = setting(24, check=int_in(1, 10_000))
+    max_layers: int = setting(
+        24,
+        check=int_in(1, 10_000),
+        doc=(
+            "cap on the LayerNorm (and RMSNorm) scales watched, three series each; a model with more has this"
+            " many watched, spread evenly over its depth (the first and the last included; which ones is "
+            "logged at train begin)"
+        ),
+        allowed="1 to 10,000",
+    )
 
 
 @dataclass(frozen=True)
@@ -88,20 +142,56 @@ class UpdateRatioConfig:
     """monitor_config.update_ratio: how far each layer's weights moved between two samples, ||w - w_before|| / ||w||
     (the TensorBoard article's "parameter update size"; docs/update-ratio.md)."""
 
-    enable: bool = setting(False, check=boolean())
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "each layer's update ratio ‖w − w_before‖ / ‖w‖ between samples "
+            "([update-ratio.md](update-ratio.md)); read on the device at `sketch_size` positions per weight "
+            "tensor, one transfer per sample"
+        ),
+        allowed="bool",
+    )
     # The ratio is over these many steps: each sample reads every weight's norm and its values at sketch_size fixed
     # random positions, on the device, and keeps those values on the host until the next.
-    every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    every_n_steps: int = setting(
+        100, check=int_in(1, 1_000_000), doc="steps between the samples the ratio compares", allowed="integer ≥ 1"
+    )
     # Positions per weight tensor: the movement's estimate has a relative error of about 1 / sqrt(2 x sketch_size)
     # (2% at 1024) where the values move alike, more where few move (embeddings: docs/update-ratio.md); a tensor
     # with at most this many values is compared whole, exactly.
-    sketch_size: int = setting(1024, check=int_in(16, 1_000_000))
-    layers: tuple[str, ...] = setting((), check=regexes())  # always exported; matched like grad_norm.layers
+    sketch_size: int = setting(
+        1024,
+        check=int_in(16, 1_000_000),
+        doc=(
+            "fixed random positions read per weight tensor; relative error about 1 / √(2 × sketch_size); a "
+            "tensor of at most this many values is compared whole (exact)"
+        ),
+        allowed="16 to 1,000,000",
+    )
+    layers: tuple[str, ...] = setting(
+        (),
+        check=regexes(),
+        doc="layers always exported",
+        allowed="regular expressions, matched from the start of a layer or parameter name",
+    )  # always exported; matched like grad_norm.layers
     # Besides the watched layers: the k layers that moved least and the k that moved most.
-    top_k: int = setting(3, check=int_in(0, 1000))
-    max_series: int = setting(20, check=int_in(1, 1000))
+    top_k: int = setting(
+        3,
+        check=int_in(0, 1000),
+        doc="the layers that moved least and the layers that moved most, this many each, exported besides",
+        allowed="0 to half of `max_series`",
+    )
+    max_series: int = setting(
+        20, check=int_in(1, 1000), doc="cap on layer series (watched + 2 × top k)", allowed="1 to 1,000"
+    )
     # MindSporeTrainingLayerFrozen: a layer whose ratio is under this share of the rank's median ratio.
-    frozen_fraction: float = setting(DEFAULTS.update_ratio_frozen_fraction, check=greater_than(0, 1))
+    frozen_fraction: float = setting(
+        DEFAULTS.update_ratio_frozen_fraction,
+        check=greater_than(0, 1),
+        doc=("`MindSporeTrainingLayerFrozen`: a layer whose ratio is under this share of its rank's median layer's"),
+        allowed="number in (0, 1]",
+    )
 
     def _cross_check(self, say: Say) -> None:
         if 2 * self.top_k > self.max_series:
@@ -113,15 +203,46 @@ class ActivationsConfig:
     """monitor_config.activations: mean, std, max |x| and the shares of zeros and non-finite values of selected
     layers' outputs every `every_n_steps` steps (the TensorBoard article's debug tier; docs/activations.md)."""
 
-    enable: bool = setting(False, check=boolean())
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "measure the selected layers' outputs (in GRAPH mode the selected cells are wrapped while a "
+            "training call runs, and the measured steps run a second compiled graph)"
+        ),
+        allowed="bool",
+    )
     # Matched from the start of a cell's name (its path in the network, as parameter names spell it); none: the
     # network's top-level cells.
-    layers: tuple[str, ...] = setting((), check=regexes())
+    layers: tuple[str, ...] = setting(
+        (),
+        check=regexes(),
+        doc=(
+            "the cells measured; a cell's name is its path in the network, as its parameters' names spell it "
+            "(`encoder.layers.0` for `encoder.layers.0.dense1.weight`), so the names `grad_norm.layers` uses;"
+            " `[]`: the network's top-level cells but its loss. A pattern that matches no cell is a warning "
+            "naming the nearest ones"
+        ),
+        allowed="regular expressions, matched from the start of a cell's name",
+    )
     # A measured step costs a second graph's run (GRAPH mode) or hooks and one reduction per layer (PYNATIVE); the
     # steps in between cost nothing (docs/activations.md, "What it costs").
-    every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    every_n_steps: int = setting(
+        100,
+        check=int_in(1, 1_000_000),
+        doc="the measured steps are its multiples; the steps in between run as without the monitor",
+        allowed="integer 1-1,000,000",
+    )
     # Five series per layer; more matches than this are thinned evenly over the model's depth.
-    max_layers: int = setting(16, check=int_in(1, 1000))
+    max_layers: int = setting(
+        16,
+        check=int_in(1, 1000),
+        doc=(
+            "cap on the layers measured, five series each; more matches are thinned evenly over the model's "
+            "depth (the first and the last kept; the log names the ones kept)"
+        ),
+        allowed="integer 1-1,000",
+    )
 
 
 def _headers(value: Any) -> dict[str, str]:
@@ -140,64 +261,211 @@ def _headers(value: Any) -> dict[str, str]:
 class OtlpConfig:
     """monitor_config.otlp: the `otlp` backend. None leaves a setting to the standard OTEL_* variables."""
 
-    endpoint: str | None = setting(None, check=optional(url()))
+    endpoint: str | None = setting(
+        None,
+        check=optional(url()),
+        doc=(
+            "where to send; unset: `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`,"
+            " else the SDK's default (`localhost:4317` for gRPC, `http://localhost:4318/v1/metrics` for "
+            "HTTP). For `http/protobuf`, an endpoint without a path gets `/v1/metrics`, as the SDK does for "
+            "the variable"
+        ),
+        allowed="a URL (`scheme://host:port[/path]`)",
+    )
     # grpc or http/protobuf; None: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc
-    protocol: str | None = setting(None, check=optional(choice(*OTLP_PROTOCOLS)))
+    protocol: str | None = setting(
+        None,
+        check=optional(choice(*OTLP_PROTOCOLS)),
+        doc="unset: `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, else `OTEL_EXPORTER_OTLP_PROTOCOL`, else `grpc`",
+        allowed="`grpc`, `http/protobuf`",
+    )
     # seconds between exports; None: OTEL_METRIC_EXPORT_INTERVAL, else 60. Each export renders every series on the
     # SDK's reader thread: ten a second at most.
-    interval: float | None = setting(None, check=optional(at_least(0.1, MAX_SECONDS)))
-    timeout: float = setting(10.0, check=greater_than(0, MAX_SECONDS))  # seconds one export may take, retries included
-    headers: Mapping[str, str] | None = setting(None, check=optional(_headers))
-    insecure: bool | None = setting(None, check=optional(boolean()))
+    interval: float | None = setting(
+        None,
+        check=optional(at_least(0.1, MAX_SECONDS)),
+        doc=(
+            "time between exports (each renders every series: ten a second at most); unset: "
+            "`OTEL_METRIC_EXPORT_INTERVAL` (milliseconds), else 60 s"
+        ),
+        allowed="number of at least 0.1 (seconds), at most a week",
+    )
+    timeout: float = setting(
+        10.0,
+        check=greater_than(0, MAX_SECONDS),
+        doc="what one export may take, the exporter's retries included; also bounds the last export on close",
+        allowed="number > 0 (seconds)",
+        shown="`10`",
+    )  # seconds one export may take, retries included
+    headers: Mapping[str, str] | None = setting(
+        None,
+        check=optional(_headers),
+        doc=(
+            "request headers (gRPC metadata); unset: `OTEL_EXPORTER_OTLP_(METRICS_)HEADERS`. Values are "
+            "secrets: `check-config` prints `<redacted>`, errors never echo them"
+        ),
+        allowed="mapping, or `name=value,name2=value2`",
+    )
+    insecure: bool | None = setting(
+        None,
+        check=optional(boolean()),
+        doc=(
+            "gRPC without TLS; unset: `OTEL_EXPORTER_OTLP_(METRICS_)INSECURE`, else decided by the endpoint's"
+            " scheme (`http://` is plaintext)"
+        ),
+        allowed="bool",
+    )
 
 
 @dataclass(frozen=True)
 class PushgatewayConfig:
     """monitor_config.pushgateway: push this rank's series to a Pushgateway, grouped by project and rank."""
 
-    url: str | None = setting(None, check=optional(url()))  # None: no pushes
-    on: tuple[str, ...] = setting(("train_end",), check=names(PUSH_EVENTS))
+    url: str | None = setting(
+        None,
+        check=optional(url()),
+        doc="the Pushgateway to push to; null (the default) pushes nothing",
+        allowed="a URL such as `http://host:9091` (a path prefix is kept), or null",
+        shown="none",
+    )  # None: no pushes
+    on: tuple[str, ...] = setting(
+        ("train_end",), check=names(PUSH_EVENTS), doc="when to push (below)", allowed="any of `train_end`, `interval`"
+    )
     # seconds between pushes when `on` has interval; each push renders the whole store: ten a second at most
-    interval: float = setting(30.0, check=at_least(0.1, MAX_SECONDS))
-    timeout: float = setting(5.0, check=greater_than(0, MAX_SECONDS))
-    job: str = setting("mindspore_training", check=text())
+    interval: float = setting(
+        30.0,
+        check=at_least(0.1, MAX_SECONDS),
+        doc=("time between pushes when `on` has `interval` (each renders the whole store: ten a second at most)"),
+        allowed="number of at least 0.1 (seconds), at most a week",
+        shown="`30`",
+    )
+    timeout: float = setting(
+        5.0,
+        check=greater_than(0, MAX_SECONDS),
+        doc="per connect and per read of one push; a push that runs out of time is dropped",
+        allowed="number > 0 (seconds)",
+        shown="`5`",
+    )
+    job: str = setting(
+        "mindspore_training", check=text(), doc="the `job` label of the pushed group", allowed="non-empty string"
+    )
 
 
 @dataclass(frozen=True)
 class EarlyStopConfig:
     """monitor_config.actions.early_stop: stop when the smoothed loss stops improving, or on non-finite losses."""
 
-    enable: bool = setting(False, check=boolean())
-    patience: int = setting(5, check=int_in(1, 10_000_000))  # evaluations without improvement
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "stop training cleanly (`run_context.request_stop()`, after the current step); the JSON Lines "
+            "file gets an `action` event `early_stop` with the step and the reason, which `ms-exporter "
+            "triage` and `report` read as a stop on purpose"
+        ),
+        allowed="bool",
+    )
+    patience: int = setting(
+        5,
+        check=int_in(1, 10_000_000),
+        doc="evaluations of `mindspore_train_loss_smoothed` without an improvement; they count across epochs",
+        allowed="integer ≥ 1",
+    )  # evaluations without improvement
     # an improvement must beat the best smoothed loss by more than this
-    min_delta: float = setting(0.0, check=at_least(0, MAX_RATIO))
-    unit: str = setting("epoch", check=choice(*EARLY_STOP_UNITS))  # what one evaluation is: an epoch end or a step
+    min_delta: float = setting(
+        0.0,
+        check=at_least(0, MAX_RATIO),
+        doc="an improvement must beat the best smoothed loss so far by more than this",
+        allowed="number ≥ 0",
+        shown="`0`",
+    )
+    unit: str = setting(
+        "epoch",
+        check=choice(*EARLY_STOP_UNITS),
+        doc="what one evaluation is: each epoch end, or each step",
+        allowed="`epoch`, `step`",
+    )  # what one evaluation is: an epoch end or a step
     # non-finite losses in a row that stop at once; null: never
-    max_nonfinite: int | None = setting(3, check=optional(int_in(1, 1_000_000)))
+    max_nonfinite: int | None = setting(
+        3,
+        check=optional(int_in(1, 1_000_000)),
+        doc="this many non-finite losses in a row stop at once, whatever the patience; null: never",
+        allowed="integer ≥ 1 or null",
+    )
 
 
 @dataclass(frozen=True)
 class LrBackoffConfig:
     """monitor_config.actions.lr_backoff: scale the learning rate down on a rising loss or a large gradient norm."""
 
-    enable: bool = setting(False, check=boolean())
-    factor: float = setting(0.5, check=between(0, 1))
-    rising_steps: int = setting(20, check=int_in(1, 10_000_000))
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "multiply the learning rate by `factor` when the loss rose `rising_steps` steps in a row "
+            "(`mindspore_train_loss_consecutive_increases`) or, with `on_grad_norm`, the gradient norm is "
+            "over `grad_norm.threshold`"
+        ),
+        allowed="bool",
+    )
+    factor: float = setting(0.5, check=between(0, 1), doc="per back-off; back-offs compound", allowed="0 < x < 1")
+    rising_steps: int = setting(
+        20,
+        check=int_in(1, 10_000_000),
+        allowed="integer ≥ 1",
+        doc="how many steps in a row the loss must rise before a back-off",
+    )
     # also back off when the gradient norm passes grad_norm.threshold
-    on_grad_norm: bool = setting(True, check=boolean())
-    cooldown: int = setting(100, check=int_in(0, 10_000_000))  # steps after a back-off before the next one
-    min_lr: float = setting(0.0, check=at_least(0, MAX_RATIO))
+    on_grad_norm: bool = setting(
+        True,
+        check=boolean(),
+        doc=("needs a train cell that reports the norm (`GradNormTrainOneStepCell`, MindSpore Transformers' cells)"),
+        allowed="bool",
+    )
+    cooldown: int = setting(
+        100,
+        check=int_in(0, 10_000_000),
+        doc="after a back-off, no other one for this many steps",
+        allowed="integer ≥ 0 (steps)",
+    )  # steps after a back-off before the next one
+    min_lr: float = setting(
+        0.0,
+        check=at_least(0, MAX_RATIO),
+        doc=("the learning rate is never scaled below this (against the schedule's current value for a schedule)"),
+        allowed="number ≥ 0",
+        shown="`0`",
+    )
 
 
 @dataclass(frozen=True)
 class SnapshotConfig:
     """monitor_config.actions.snapshot: a checkpoint at the first anomaly of each episode."""
 
-    enable: bool = setting(False, check=boolean())
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc="on the first anomaly of an episode, save a checkpoint to `save_dir/snapshots/`",
+        allowed="bool",
+    )
     # a loss above this many times the smoothed loss is a spike
-    spike_factor: float = setting(LOSS_SPIKE_FACTOR, check=greater_than(1, MAX_RATIO))
-    max_snapshots: int = setting(3, check=int_in(1, 1000))
-    quiet_steps: int = setting(10, check=int_in(1, 10_000_000))  # steps without an anomaly that end an episode
+    spike_factor: float = setting(
+        LOSS_SPIKE_FACTOR,
+        check=greater_than(1, MAX_RATIO),
+        doc=(
+            "a loss above this many times the previous step's smoothed loss is a spike; non-finite losses and"
+            " a gradient norm over `grad_norm.threshold` are anomalies too"
+        ),
+        allowed="number > 1",
+    )
+    max_snapshots: int = setting(
+        3, check=int_in(1, 1000), doc="the oldest snapshots are removed beyond this", allowed="integer 1-1,000"
+    )
+    quiet_steps: int = setting(
+        10,
+        check=int_in(1, 10_000_000),
+        doc="steps without an anomaly that end an episode (the next anomaly snapshots again)",
+        allowed="integer ≥ 1",
+    )  # steps without an anomaly that end an episode
 
 
 @dataclass(frozen=True)
@@ -205,24 +473,85 @@ class RollbackConfig:
     """monitor_config.actions.rollback: keep the last good state; on a divergence restore it, list the batches
     trained since, and go on (docs/rollback.md)."""
 
-    enable: bool = setting(False, check=boolean())
-    good_every: int = setting(100, check=int_in(1, 10_000_000))  # steps between good states
-    quiet_steps: int = setting(20, check=int_in(1, 10_000_000))  # steps without a divergence before one is kept
-    min_health: float = setting(0.8, check=at_least(0, 1))  # mindspore_train_health_score needed to keep one
-    max_kept: int = setting(2, check=int_in(1, 100))
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "keep the last good state; on a divergence restore it, list the batches trained since in "
+            "`save_dir/skipped-batches.json` and go on ([rollback.md](rollback.md))"
+        ),
+        allowed="bool",
+    )
+    good_every: int = setting(
+        100, check=int_in(1, 10_000_000), doc="steps between good states", allowed="integer ≥ 1"
+    )  # steps between good states
+    quiet_steps: int = setting(
+        20,
+        check=int_in(1, 10_000_000),
+        doc="steps without a divergence before a state counts as good",
+        allowed="integer ≥ 1",
+    )  # steps without a divergence before one is kept
+    min_health: float = setting(
+        0.8, check=at_least(0, 1), doc="`mindspore_train_health_score` a good state needs", allowed="0-1"
+    )  # mindspore_train_health_score needed to keep one
+    max_kept: int = setting(
+        2, check=int_in(1, 100), doc="good states kept (a rollback restores the newest)", allowed="integer 1-100"
+    )
     # where good states live: memory (copies on the device where each Parameter lives), disk (files in
     # save_dir/good-states, written from a device copy by a background thread), or auto: memory while max_kept + 1
     # states (the newest is taken before the oldest goes) fit in memory_limit_mb, which so bounds the device memory
     # good states hold; disk holds one state's device copy while it is written (docs/rollback.md)
-    storage: str = setting("auto", check=choice(*ROLLBACK_STORAGE))
-    memory_limit_mb: float = setting(64.0, check=greater_than(0, 1024 * 1024))
+    storage: str = setting(
+        "auto",
+        check=choice(*ROLLBACK_STORAGE),
+        doc=(
+            "device copies of every Parameter, or `.npz` files in `save_dir/good-states` written from a "
+            "device copy by a background thread; auto: memory while `max_kept` + 1 states fit in "
+            "`memory_limit_mb`"
+        ),
+        allowed="`auto`, `memory`, `disk`",
+    )
+    memory_limit_mb: float = setting(
+        64.0,
+        check=greater_than(0, 1024 * 1024),
+        doc=(
+            "the device memory good states in memory may hold (`max_kept` + 1 states: the newest is taken "
+            "before the oldest goes); larger states go to disk ([rollback.md](rollback.md))"
+        ),
+        allowed="number > 0",
+        shown="`64`",
+    )
     # what a divergence is: a non-finite loss, a loss over spike_factor x the smoothed loss, a gradient norm over
     # grad_norm_above (unset: the exploding threshold, 10 x grad_norm.threshold)
-    on_nonfinite: bool = setting(True, check=boolean())
-    spike_factor: float | None = setting(LOSS_SPIKE_FACTOR, check=optional(greater_than(1, MAX_RATIO)))
-    grad_norm_above: float | None = setting(None, check=optional(greater_than(0, MAX_RATIO)))
-    max_rollbacks: int = setting(3, check=int_in(1, 1000))  # within window_steps; one more stops the training
-    window_steps: int = setting(1000, check=int_in(1, 10_000_000))
+    on_nonfinite: bool = setting(True, check=boolean(), doc="a non-finite loss is a divergence", allowed="bool")
+    spike_factor: float | None = setting(
+        LOSS_SPIKE_FACTOR,
+        check=optional(greater_than(1, MAX_RATIO)),
+        doc=(
+            "a loss above this many times the smoothed loss before it is a divergence (after `warmup_steps`);"
+            " null: never"
+        ),
+        allowed="number > 1 or null",
+    )
+    grad_norm_above: float | None = setting(
+        None,
+        check=optional(greater_than(0, MAX_RATIO)),
+        doc="a gradient norm above this is a divergence; null: 10 x `grad_norm.threshold`",
+        allowed="number > 0 or null",
+        shown="the exploding threshold",
+    )
+    max_rollbacks: int = setting(
+        3,
+        check=int_in(1, 1000),
+        doc="rollbacks allowed within `window_steps`; the next divergence stops training",
+        allowed="integer 1-1,000",
+    )
+    window_steps: int = setting(
+        1000,
+        check=int_in(1, 10_000_000),
+        allowed="integer ≥ 1",
+        doc="the span, in steps, over which rollbacks are counted against `max_rollbacks`",
+    )
 
 
 @dataclass(frozen=True)
@@ -262,20 +591,106 @@ class HangConfig:
     `window` step cycles (from one step's end to the next), never below `min_seconds`. The other phases have fixed
     deadlines."""
 
-    enable: bool = setting(True, check=boolean())
-    min_seconds: float = setting(120.0, check=greater_than(0, MAX_SECONDS))
-    factor: float = setting(3.0, check=at_least(1, MAX_RATIO))
-    percentile: float = setting(99.0, check=_percentile)
-    window: int = setting(500, check=int_in(10, 1_000_000))  # step cycles
-    compile_seconds: float = setting(3600.0, check=greater_than(0, MAX_SECONDS))  # train begin to the first step's end
-    eval_seconds: float = setting(1800.0, check=greater_than(0, MAX_SECONDS))
-    checkpoint_seconds: float = setting(1800.0, check=greater_than(0, MAX_SECONDS))
+    enable: bool = setting(
+        True,
+        check=boolean(),
+        doc="export the deadline and run the hang watchdog (the phases are always exported)",
+        allowed="bool",
+    )
+    min_seconds: float = setting(
+        120.0,
+        check=greater_than(0, MAX_SECONDS),
+        doc=(
+            "the floor of the learned deadline. 120 s: longer than a garbage collection, a log rotation or an"
+            " epoch boundary's data reload on a busy host, short enough that a stall of sub-second steps "
+            "pages within 3 minutes"
+        ),
+        allowed="number > 0",
+        shown="`120`",
+    )
+    factor: float = setting(
+        3.0,
+        check=at_least(1, MAX_RATIO),
+        doc="the learned deadline is this many times the recent step cycle",
+        allowed="number ≥ 1",
+        shown="`3`",
+    )
+    percentile: float = setting(
+        99.0,
+        check=_percentile,
+        doc=(
+            "which percentile of the recent step cycles (from one step's end to the next, everything between "
+            "included) the factor multiplies: a high one, so that the run's own regular slow cycles (an epoch"
+            " boundary, a shard read from slow storage, a callback that uploads every 20 steps) raise the "
+            "deadline instead of tripping it"
+        ),
+        allowed="50 to 100",
+        shown="`99`",
+    )
+    window: int = setting(
+        500,
+        check=int_in(10, 1_000_000),
+        doc="how many recent cycles the percentile is taken over",
+        allowed="integer ≥ 10 (step cycles; sink cycles in sink mode)",
+    )  # step cycles
+    compile_seconds: float = setting(
+        3600.0,
+        check=greater_than(0, MAX_SECONDS),
+        doc=(
+            "the deadline from train begin to the end of the first step (graph compilation of a large model "
+            "on Ascend takes tens of minutes)"
+        ),
+        allowed="number > 0",
+        shown="`3600`",
+    )  # train begin to the first step's end
+    eval_seconds: float = setting(
+        1800.0,
+        check=greater_than(0, MAX_SECONDS),
+        doc="the deadline of an evaluation pass",
+        allowed="number > 0",
+        shown="`1800`",
+    )
+    checkpoint_seconds: float = setting(
+        1800.0,
+        check=greater_than(0, MAX_SECONDS),
+        doc=(
+            "the deadline of a checkpoint save: a `ModelCheckpoint`'s (or subclass's) step or epoch hook "
+            "(writing hundreds of GB to shared storage)"
+        ),
+        allowed="number > 0",
+        shown="`1800`",
+    )
     # Callbacks whose step and epoch hooks count as `checkpoint` (their class or a base class has one of these
     # names), besides ModelCheckpoint and its subclasses: an uploader, a custom saver.
-    checkpoint_callbacks: tuple[str, ...] = setting((), check=class_names())
+    checkpoint_callbacks: tuple[str, ...] = setting(
+        (),
+        check=class_names(),
+        doc=(
+            "callbacks whose step and epoch hooks also count as `checkpoint` (their class or a base class has"
+            " one of these names: an uploader, a custom saver); any other callback's hooks are the "
+            "`callbacks` phase, with the learned deadline"
+        ),
+        allowed="a class name or a list of them",
+    )
     # GET /debug/stacks on the rank's endpoint serves the latest dump (same TLS and auth as /metrics)
-    debug_endpoint: bool = setting(True, check=boolean())
-    native_stacks: bool = setting(True, check=boolean())  # add py-spy's native frames when py-spy is installed
+    debug_endpoint: bool = setting(
+        True,
+        check=boolean(),
+        doc=(
+            "serve the latest stack dump at `GET /debug/stacks` on the rank's endpoint (same TLS and auth as "
+            "`/metrics`; 404 before any dump)"
+        ),
+        allowed="bool",
+    )
+    native_stacks: bool = setting(
+        True,
+        check=boolean(),
+        doc=(
+            "add native (C/C++) frames to a dump through `py-spy dump --native` when `py-spy` is on PATH and "
+            "may read the process; the dump says which it has"
+        ),
+        allowed="bool",
+    )  # add py-spy's native frames when py-spy is installed
 
 
 @dataclass(frozen=True)
@@ -283,10 +698,26 @@ class FailSlowConfig:
     """monitor_config.failslow: each rank's own work per step scored, and a slowdown flagged at the step it starts
     (docs/failslow.md)."""
 
-    enable: bool = setting(True, check=boolean())
+    enable: bool = setting(
+        True,
+        check=boolean(),
+        doc=(
+            "keep the detector: `mindspore_train_slowness_score`, `mindspore_train_failslow`, its onset step and size"
+        ),
+        allowed="bool",
+    )
     # MindSporeTrainingFailSlow pages for a flagged rank whose relative score (the best rank's cycle over the one this
     # rank's own work makes) is under this (ms-exporter rules).
-    alert_below: float = setting(DEFAULTS.failslow_relative, check=between(0, 1))
+    alert_below: float = setting(
+        DEFAULTS.failslow_relative,
+        check=between(0, 1),
+        doc=(
+            "`MindSporeTrainingFailSlow` pages for a flagged rank whose relative score (the job's cycle over "
+            "the one it would have were this rank's own work the best rank's) is under this (`ms-exporter "
+            "rules --config`)"
+        ),
+        allowed="a number between 0 and 1 (exclusive)",
+    )
 
 
 @dataclass(frozen=True)
@@ -295,12 +726,30 @@ class GoodputConfig:
 
     The run is `run_id` (top level, or MS_EXPORTER_RUN_ID), else one derived from project and save_dir."""
 
-    enable: bool = setting(True, check=boolean())
+    enable: bool = setting(True, check=boolean(), doc="keep the ledger and the run state file", allowed="bool")
     # How often the run state file in save_dir is rewritten (the run's totals are exported as of the last save).
     # Each save writes and renames a small file: ten a second at most.
-    save_seconds: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
+    save_seconds: float = setting(
+        5.0,
+        check=at_least(0.1, MAX_SECONDS),
+        doc=(
+            "how often the run state file is rewritten (a write and a rename each time: ten a second at "
+            "most); the run's totals (`mindspore_train_run_time_seconds_total`) are exported as of the last "
+            "save"
+        ),
+        allowed="number of at least 0.1 (seconds), at most a week",
+        shown="`5`",
+    )
     # MindSporeTrainingGoodputLow fires below this share of productive time over the last hour (ms-exporter rules).
-    alert_below: float = setting(DEFAULTS.goodput_low, check=between(0, 1))
+    alert_below: float = setting(
+        DEFAULTS.goodput_low,
+        check=between(0, 1),
+        doc=(
+            "`MindSporeTrainingGoodputLow` fires when less than this share of the last hour was productive "
+            "(`ms-exporter rules --config`)"
+        ),
+        allowed="a number between 0 and 1 (exclusive)",
+    )
 
 
 class BitFlip(NamedTuple):
@@ -361,32 +810,136 @@ class DivergenceConfig:
     """monitor_config.divergence: a fingerprint of the parameters every few steps, equal on every replica of a
     group while the replicas hold the same weights, to name the rank that left its group (docs/divergence.md)."""
 
-    enable: bool = setting(True, check=boolean())  # acts only where the job has replicas (more than one rank)
-    every_n_steps: int = setting(100, check=int_in(1, 1_000_000))
+    enable: bool = setting(
+        True,
+        check=boolean(),
+        doc="fingerprint the parameters where the job has replicas (more than one rank, not `stand_alone`)",
+        allowed="bool",
+    )  # acts only where the job has replicas (more than one rank)
+    every_n_steps: int = setting(
+        100,
+        check=int_in(1, 1_000_000),
+        doc=(
+            "how often; each fingerprint reads every parameter once (about 1 ms on the demo model, "
+            "[benchmarks.md](benchmarks.md))"
+        ),
+        allowed="integer 1-1,000,000",
+    )
     # The replica group's name, where it cannot be derived from MindSpore's parallel context.
-    replica_group: str | None = setting(None, check=optional(text(label_value=True)))
+    replica_group: str | None = setting(
+        None,
+        check=optional(text(label_value=True)),
+        doc="this rank's replica group, where MindSpore's parallel context does not give it",
+        allowed="a label value",
+        shown="derived",
+    )
     # Ranks that hold the shards of one replica within a pipeline stage (MindSpore Transformers'
     # parallel_config.model_parallel), where MindSpore's dataset_strategy does not say.
-    model_parallel: int | None = setting(None, check=optional(int_in(1, 1_000_000)))
+    model_parallel: int | None = setting(
+        None,
+        check=optional(int_in(1, 1_000_000)),
+        doc=(
+            "ranks that hold the shards of one replica within a pipeline stage (MindSpore Transformers' "
+            "`parallel_config.model_parallel`), for semi-auto and auto parallel jobs; fail-slow reads it too,"
+            " to name a model copy whose every rank slowed ([failslow.md](failslow.md#groups))"
+        ),
+        allowed="integer ≥ 1",
+        shown="from `dataset_strategy`",
+    )
     # Every step, the bit sums of every weight and optimizer state tensor (silent data corruption caught at the step
     # it happens, docs/sdc.md), compared at each fingerprint step as checksums of at most `buckets` runs of tensors.
-    check_every_step: bool = setting(True, check=boolean())
+    check_every_step: bool = setting(
+        True,
+        check=boolean(),
+        doc=(
+            "read the bit sums of every weight and optimizer state tensor at every step's end, so that a "
+            "corruption is caught at the step it happens ([sdc.md](sdc.md); 0.09 ms a step on the demo model,"
+            " growing with the parameters: a rank whose checks cost more than 1% of its step cycle says so "
+            "once, in a WARNING, [sdc.md](sdc.md#what-it-costs)). Set it alike on every rank of a group"
+        ),
+        allowed="bool",
+    )
     # The checks on every n-th step only, the same n on every rank (a corruption then seen up to n - 1 steps late, still
     # named by tensor): for a rank whose checks cost more than their 1% of a step (docs/sdc.md#what-it-costs).
-    check_every_n_steps: int = setting(1, check=int_in(1, 1_000_000))
-    buckets: int = setting(8, check=int_in(1, 64))
+    check_every_n_steps: int = setting(
+        1,
+        check=int_in(1, 1_000_000),
+        doc=(
+            "the checks on every n-th step only: a corruption is then seen up to n - 1 steps late, still "
+            "named by tensor; their cost is divided by n. The same n on every rank (replicas must read the "
+            "same steps); the cost WARNING names the least n that brings them within 1%"
+        ),
+        allowed="integer 1-1,000,000 dividing `divergence.every_n_steps`",
+    )
+    buckets: int = setting(
+        8,
+        check=int_in(1, 64),
+        doc=(
+            "runs of tensors of each kind (weights, optimizer state) compared as one checksum each: "
+            "`mindspore_train_param_checksum{kind,bucket}`"
+        ),
+        allowed="integer 1-64",
+    )
     # Per-tensor sums kept for /debug/checksums: the last this many steps, and as many of each of the two comparison
     # intervals before the current one (at least every_n_steps keeps those intervals whole).
-    window_steps: int = setting(128, check=int_in(1, 10_000))
+    window_steps: int = setting(
+        128,
+        check=int_in(1, 10_000),
+        doc=(
+            "steps of per-tensor sums kept for `/debug/checksums` (which names the step and the tensor where "
+            "replicas first differ): the last this many, and as many of each of the two comparison intervals "
+            "before the current one; at least `every_n_steps` keeps those whole"
+        ),
+        allowed="integer 1-10,000",
+    )
     # A rank's local gradient norm (before the all-reduce, measured by GradNormTrainOneStepCell every step where
     # replica checks run) more than this many times the median of its recent ones is an outlier (docs/sdc.md).
-    local_grad_factor: float = setting(1000.0, check=at_least(2, MAX_RATIO))
+    local_grad_factor: float = setting(
+        1000.0,
+        check=at_least(2, MAX_RATIO),
+        doc=(
+            "a rank's local gradient norm (before the all-reduce) more than this many times the median of its"
+            " last 128 is an outlier: logged with rank and step, counted in "
+            "`mindspore_train_local_grad_outliers_total`, paged by `MindSporeTrainingSilentDataCorruption` "
+            "([sdc.md](sdc.md#local-gradients))"
+        ),
+        allowed="number ≥ 2",
+        shown="`1000`",
+    )
     # Skip, on every replica, a step whose local gradient norm is an outlier on any of them (GradNormTrainOneStepCell:
     # one all-reduce of a number a step, and an in-graph branch).
-    skip_local_grad_outliers: bool = setting(False, check=boolean())
+    skip_local_grad_outliers: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "skip, on every replica, each step at which any replica's local gradient norm is over its limit "
+            "(`local_grad_factor` times its median) or not finite: the corrupted update is applied nowhere "
+            "(GradNormTrainOneStepCell: one all-reduce of a number and an in-graph branch a step; counted in "
+            "`mindspore_train_local_grad_skipped_steps_total`, [sdc.md](sdc.md#skipping-the-step))"
+        ),
+        allowed="bool",
+    )
     # Drills: bits flipped on purpose in the weights or the optimizer's state, refused unless allow_injection.
-    inject_flips: tuple[BitFlip, ...] = setting((), check=_flips)
-    allow_injection: bool = setting(False, check=boolean())
+    inject_flips: tuple[BitFlip, ...] = setting(
+        (),
+        check=_flips,
+        doc=(
+            "drills: flip these bits at the end of these steps ([sdc.md](sdc.md#drills)); refused unless "
+            "`allow_injection`"
+        ),
+        allowed=(
+            "a list of mappings with `rank`, `step`, `kind` (`weights`, `optimizer` or `gradients`: the local"
+            " gradient of that trained weight, before the all-reduce; GradNormTrainOneStepCell only), "
+            "`tensor` (a Parameter name or a position from 0), `element` (from 0, in the flattened tensor) "
+            "and `bit` (0-63)"
+        ),
+    )
+    allow_injection: bool = setting(
+        False,
+        check=boolean(),
+        doc="must be `true` for `inject_flips` to be accepted: a fault is never injected by a stray setting",
+        allowed="bool",
+    )
 
     def _cross_check(self, say: Say) -> None:
         if self.every_n_steps % self.check_every_n_steps:
@@ -422,23 +975,106 @@ class DataQualityConfig:
     first batches (the strategy-container article's data-quality strategy; docs/data-quality.md). Not in sink mode:
     there MindSpore hands the callback no batch."""
 
-    enable: bool = setting(False, check=boolean())
-    every_n_steps: int = setting(1, check=int_in(1, 1_000_000))  # a batch of every this many steps is measured
+    enable: bool = setting(
+        False,
+        check=boolean(),
+        doc="measure the batches; off by default (it reads the batch on the training thread)",
+        allowed="bool",
+    )
+    every_n_steps: int = setting(
+        1,
+        check=int_in(1, 1_000_000),
+        doc="the batch of every this many steps is measured (the first of each training call, then every n)",
+        allowed="integer 1-1,000,000",
+    )  # a batch of every this many steps is measured
     # The class labels whose entropy is measured; null: no label entropy.
-    label_column: str | int | None = setting(None, check=optional(_column))
+    label_column: str | int | None = setting(
+        None,
+        check=optional(_column),
+        doc=(
+            "the class labels whose entropy is measured (integer ids, an ignore index below 0 left out; "
+            "one-hot rows by their largest entry); null: no label entropy"
+        ),
+        allowed="a column name, or its position in the batch (0-10,000)",
+        shown="`null`",
+    )
     # The token ids; null: `input_ids_column` where it holds 2-D integers, else the first column that does.
-    token_column: str | int | None = setting(None, check=optional(_column))
+    token_column: str | int | None = setting(
+        None,
+        check=optional(_column),
+        doc=(
+            "the token ids (2-D integers); null: `input_ids_column` where it holds them, else the first other"
+            " column that does"
+        ),
+        allowed="a column name or position",
+        shown="`null`",
+    )
     # The padding id, where the dataset has no `attention_mask_column`; null: padding only from the mask (as the
     # token counts), and without a mask no lengths, padding or empty samples.
-    pad_id: int | None = setting(None, check=optional(int_in(-(2**31), 2**31 - 1)))
-    vocab_size: int | None = setting(None, check=optional(int_in(1, 10**9)))  # null: no out-of-vocabulary count
+    pad_id: int | None = setting(
+        None,
+        check=optional(int_in(-(2**31), 2**31 - 1)),
+        doc=(
+            "the padding id, for datasets without an `attention_mask_column` (the mask, where there is one, "
+            "says what is padding, as for the token counts); null without a mask: no lengths, padding or "
+            "empty samples"
+        ),
+        allowed="integer (int32) or null",
+        shown="`null`",
+    )
+    vocab_size: int | None = setting(
+        None,
+        check=optional(int_in(1, 10**9)),
+        doc=(
+            "token ids outside `[0, vocab_size)` are counted "
+            "(`mindspore_train_data_out_of_vocab_tokens_total`); null: not counted"
+        ),
+        allowed="integer 1-10^9 or null",
+        shown="`null`",
+    )  # null: no out-of-vocabulary count
     # The baseline of a quantity is its median over this many measured batches, the first of the process.
-    baseline_steps: int = setting(20, check=int_in(1, 1_000_000))
-    drop_ratio: float = setting(DATA_QUALITY_DROP_RATIO, check=between(0, 1))  # below baseline x this: low
-    streak: int = setting(DATA_QUALITY_STREAK, check=int_in(1, 1_000_000))  # low batches in a row: a drop
+    baseline_steps: int = setting(
+        20,
+        check=int_in(1, 1_000_000),
+        doc="a quantity's baseline is its median over this many measured batches, the first of the process",
+        allowed="integer 1-1,000,000",
+    )
+    drop_ratio: float = setting(
+        DATA_QUALITY_DROP_RATIO,
+        check=between(0, 1),
+        doc="a measured batch whose quantity is below this times its baseline is low",
+        allowed="number between 0 and 1 (exclusive)",
+    )  # below baseline x this: low
+    streak: int = setting(
+        DATA_QUALITY_STREAK,
+        check=int_in(1, 1_000_000),
+        doc=(
+            "low batches in a row that make a drop: `mindspore_train_data_quality_low` is 1 and "
+            "`MindSporeTrainingDataQualityDrop` may fire (the strategy-container article's \"5 steps in a "
+            'row")'
+        ),
+        allowed="integer 1-1,000,000",
+    )  # low batches in a row: a drop
     # The action: every batch of a drop goes to save_dir/skipped-batches.json (rollback's list, docs/rollback.md).
-    list_batches: bool = setting(False, check=boolean())
-    max_listed: int = setting(1000, check=int_in(1, 1_000_000))  # batches one process lists at most
+    list_batches: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "the action: every batch of a drop (the first `streak` too) goes to "
+            "`save_dir/skipped-batches.json`, rollback's list, so that `SkipListedSamples` / `KeepUnlisted` "
+            "keep its samples out on the next pass ([rollback.md](rollback.md#keeping-the-batches-out))"
+        ),
+        allowed="bool",
+    )
+    max_listed: int = setting(
+        1000,
+        check=int_in(1, 1_000_000),
+        doc=(
+            "batches one process lists at most (a long drop would grow the list without end); past it drops "
+            "are measured and alerted on, not listed, and the log says so once"
+        ),
+        allowed="integer 1-1,000,000",
+    )  # batches one process lists at most
 
     def _cross_check(self, say: Say) -> None:
         if self.label_column is not None and self.label_column == self.token_column:
@@ -475,22 +1111,77 @@ class FlopsModelConfig:
     names follow MindSpore Transformers' model_config where it has one (num_layers, hidden_size, num_heads,
     n_kv_heads -> num_kv_heads, ffn_hidden_size / intermediate_size, vocab_size, seq_length)."""
 
-    num_layers: int | None = setting(None, check=_SIZE)
+    num_layers: int | None = setting(
+        None,
+        check=_SIZE,
+        doc=(
+            "the description; all five together. `vocab_size: 0`: no output layer per token (a classifier on "
+            "a pooled vector). MindSpore Transformers' `model_config` names: the same, `intermediate_size` is"
+            " `ffn_hidden_size`, `n_kv_heads` is `num_kv_heads`"
+        ),
+        allowed="integers ≥ 1 (`vocab_size` ≥ 0)",
+    )
     hidden_size: int | None = setting(None, check=_SIZE)
     num_heads: int | None = setting(None, check=_SIZE)
     ffn_hidden_size: int | None = setting(None, check=_SIZE)
     vocab_size: int | None = setting(None, check=optional(int_in(0, 10**9)))  # 0: no per-token output layer
-    num_kv_heads: int | None = setting(None, check=_SIZE)
-    head_dim: int | None = setting(None, check=_SIZE)
-    gated_mlp: bool = setting(False, check=boolean())
+    num_kv_heads: int | None = setting(
+        None,
+        check=_SIZE,
+        doc="key/value heads (grouped-query and multi-query attention)",
+        allowed="integer dividing `num_heads`",
+        shown="unset: `num_heads`",
+    )
+    head_dim: int | None = setting(
+        None,
+        check=_SIZE,
+        doc="the size of one attention head, where heads x head_dim is not the hidden size",
+        allowed="integer ≥ 1",
+        shown="unset: `hidden_size / num_heads`",
+    )
+    gated_mlp: bool = setting(
+        False, check=boolean(), doc="three MLP matrices (gate, up, down: SwiGLU, GeGLU) instead of two", allowed="bool"
+    )
     # Also read without a description: the attention term of the FLOPs derived from the network's parameters.
-    causal: bool = setting(True, check=boolean())
-    num_experts: int = setting(0, check=int_in(0, 1_000_000))
+    causal: bool = setting(
+        True,
+        check=boolean(),
+        doc=(
+            "each token attends to the ones before it: half the attention square. Read without a description "
+            "too (the parameters fallback)"
+        ),
+        allowed="bool",
+    )
+    num_experts: int = setting(
+        0,
+        check=int_in(0, 1_000_000),
+        doc=(
+            "MoE: routed experts per layer, experts per token, an expert's FFN size, experts every token goes through"
+        ),
+        allowed="integers",
+    )
     moe_top_k: int | None = setting(None, check=_SIZE)
-    moe_ffn_hidden_size: int | None = setting(None, check=_SIZE)
+    moe_ffn_hidden_size: int | None = setting(None, check=_SIZE, shown="unset: `ffn_hidden_size`")
     shared_experts: int = setting(0, check=int_in(0, 1_000_000))
-    tied_embeddings: bool = setting(False, check=boolean())
-    seq_length: int | None = setting(None, check=_SIZE)  # for check-config's figure per token of a full sequence
+    tied_embeddings: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "the output layer reuses the input table: changes the parameter count, not the FLOPs "
+            "([mfu.md](mfu.md#the-formula-term-by-term))"
+        ),
+        allowed="bool",
+    )
+    seq_length: int | None = setting(
+        None,
+        check=_SIZE,
+        doc=(
+            "the model's sequence length, for `ms-exporter check-config`, which prints the description's "
+            "parameter count and its FLOPs per token of a full sequence (the monitor itself reads each "
+            "batch's real lengths)"
+        ),
+        allowed="integer ≥ 1",
+    )  # for check-config's figure per token of a full sequence
 
     _REQUIRED = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size")
 
@@ -539,17 +1230,64 @@ class FlopsConfig:
     FLOPs per token come from `per_token`, else from the `model` description, else from the network's trainable
     parameters (6N plus the attention of the attention layers found); MFU needs `peak_flops_per_device`."""
 
-    enable: bool = setting(True, check=boolean())
-    per_token: float | None = setting(None, check=optional(greater_than(0, MAX_FLOPS)))
+    enable: bool = setting(
+        True,
+        check=boolean(),
+        doc="count model FLOPs (for token data: a batch with an `input_ids` column of integers)",
+        allowed="bool",
+    )
+    per_token: float | None = setting(
+        None,
+        check=optional(greater_than(0, MAX_FLOPS)),
+        doc=(
+            "training FLOPs per token, stated: attention included, so sequence lengths do not change it. Not "
+            "with `model`"
+        ),
+        allowed="number > 0, at most 1e30",
+    )
     model: FlopsModelConfig = section(FlopsModelConfig)
-    peak_flops_per_device: float | str | None = setting(None, check=optional(_peak))
+    peak_flops_per_device: float | str | None = setting(
+        None,
+        check=optional(_peak),
+        doc="the device's peak at the precision training runs at ([mfu.md](mfu.md#peak-presets))",
+        allowed=(
+            "a number > 0 (FLOPs per second), or a preset: `nvidia_a100_bf16`, `nvidia_a100_fp16`, "
+            "`nvidia_h100_sxm_bf16`, `nvidia_h100_pcie_bf16`, `ascend_910_fp16`"
+        ),
+    )
     # A column of packed data with each document's end offset in its row (MindSpore Transformers' actual_seq_len).
-    seq_len_column: str = setting("actual_seq_len", check=text())
+    seq_len_column: str = setting(
+        "actual_seq_len",
+        check=text(),
+        doc=(
+            "packed data: each row's document end offsets (MindSpore Transformers' `actual_seq_len`); "
+            "attention then costs the sum of the documents' lengths squared"
+        ),
+        allowed="a column name",
+    )
     # Ranks that compute each batch this rank's dataset yields (tensor x pipeline parallel; all ranks with
     # full_batch): a rank's model FLOPs are its batches' over this. Default: from MindSpore's parallel context.
-    ranks_per_batch: int | None = setting(None, check=optional(int_in(1, 10**7)))
+    ranks_per_batch: int | None = setting(
+        None,
+        check=optional(int_in(1, 10**7)),
+        doc=(
+            "ranks that compute each batch this rank's dataset yields: 1 in data parallel, all ranks with "
+            "`full_batch`, tensor x pipeline parallel ranks otherwise; a rank's model FLOPs are its batches' "
+            "over this"
+        ),
+        allowed="integer ≥ 1",
+        shown="from the parallel context",
+    )
     # MindSporeTrainingMfuLow fires below this MFU of the project (ms-exporter rules); unset: no such alert.
-    alert_below: float | None = setting(None, check=optional(between(0, 1)))
+    alert_below: float | None = setting(
+        None,
+        check=optional(between(0, 1)),
+        doc=(
+            "`MindSporeTrainingMfuLow` fires when the project's MFU stays below it for 10 minutes "
+            "(`ms-exporter rules --config`)"
+        ),
+        allowed="a number between 0 and 1 (exclusive); needs a peak",
+    )
 
     def _cross_check(self, say: Say) -> None:
         if self.per_token is not None and self.model.described:
@@ -576,15 +1314,64 @@ class TensorBoardConfig:
     """monitor_config.tensorboard: the `tensorboard` backend's event files in save_dir/tensorboard/<project>/rank<r>."""
 
     # Rank 0 only by default, as MindSpore Transformers' TensorBoard writer does: every rank writes with true.
-    all_ranks: bool = setting(False, check=boolean())
+    all_ranks: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "every rank writes its own `save_dir/tensorboard/<project>/rank<r>`; by default only rank 0 does,"
+            " as MindSpore Transformers' own TensorBoard writer"
+        ),
+        allowed="bool",
+    )
     # Layer tags (grad/<layer>, weight/<layer>, update_ratio/<layer>) and histograms every this many steps, as
     # MindSpore's SummaryCollector's collect_freq (the scalars of every step are written at every step).
-    collect_freq: int = setting(10, check=int_in(1, 1_000_000))
+    collect_freq: int = setting(
+        10,
+        check=int_in(1, 1_000_000),
+        doc=(
+            "every this many steps (SummaryCollector's `collect_freq`) the per-layer tags `grad/<layer>`, "
+            "`weight/<layer>`, `update_ratio/<layer>` and the histograms are written; the step scalars are "
+            "written every step"
+        ),
+        allowed="integer ≥ 1",
+    )
     # Weight histograms of the parameters whose names this regular expression matches (from the start of the name,
     # as SummaryCollector's histogram_regular, e.g. ".*weight.*"); null: no histograms.
-    histogram_regular: str | None = setting(None, check=optional(regex()))
+    histogram_regular: str | None = setting(
+        None,
+        check=optional(regex()),
+        doc=(
+            "weight histograms (`weight/<parameter>`, 64 equal bins) of the trainable parameters it matches "
+            "(SummaryCollector's `histogram_regular`, e.g. `.*weight.*`), at most 64 of them; gradient "
+            "histograms (`grad/<parameter>`) too where the train cell returns its gradients "
+            "(`return_grad=True`). The values stay on the device: at the sampled step the training thread "
+            "reduces all the chosen parameters in one compiled call, and that step's gradients in one more, "
+            "each to min, max, count, sum, sum of squares and the 64 bins' counts of its finite values (NaN "
+            "and inf are left out), and reads them in one transfer each: 276 bytes a parameter (17.6 KB for "
+            "64 of them), whatever its size. The writer thread turns them into TensorBoard's histograms, with"
+            " the bins `numpy.histogram` gives. A parameter of more than 65,536 values is drawn from at most "
+            "65,536 of its values at fixed random places (the same at every sample): whole rows of its first "
+            "axis, as many as fit (a row is contiguous, which every device reads at the speed of memory: on "
+            "this CPU a tenth of the time of 65,536 single positions), or 65,536 single positions where one "
+            "row holds more; its count, sums and bin counts are scaled to its size, its min and max are those"
+            " of the drawn values: a histogram is a picture of the distribution, and the whole of a large "
+            "tensor cost a pass and several tensor-sized intermediates on the device (6.5 GB at 100 M "
+            "parameters)"
+        ),
+        allowed="one regular expression, matched from the start of a parameter name, or null",
+        shown="`null`",
+    )
     # A new event file once the current one holds this many MiB (the TensorBoard article's log rotation; 0: never).
-    max_file_mb: float = setting(500.0, check=at_least(0, 1024 * 1024))
+    max_file_mb: float = setting(
+        500.0,
+        check=at_least(0, 1024 * 1024),
+        doc=(
+            "an event file this large is closed and the next one begun "
+            "(`...tfevents.<time>.<host>.<pid>.<n>`; TensorBoard reads them in order); 0: one file"
+        ),
+        allowed="number ≥ 0 (MiB)",
+        shown="`500`",
+    )
 
 
 @dataclass(frozen=True)
@@ -593,19 +1380,65 @@ class HardwareConfig:
     path (docs/hardware.md). The strategy-container article's top-level `enable_hardware_monitor` is read as
     `enable`."""
 
-    enable: bool = setting(True, check=boolean())
+    enable: bool = setting(
+        True,
+        check=boolean(),
+        doc="read the hardware at all (`enable_hardware_monitor` at the top level means the same)",
+        allowed="bool",
+    )
     # Every reader that finds a device here runs: NVML (NVIDIA GPUs, the `nvml` extra), npu-smi (Ascend NPUs), host.
-    readers: tuple[str, ...] = setting(factory=registry.hardware_readers, check=names(registry.hardware_readers))
+    readers: tuple[str, ...] = setting(
+        factory=registry.hardware_readers,
+        check=names(registry.hardware_readers),
+        doc=(
+            "which readers to try; each runs where it finds a device (NVML: `pip install 'ms-exporter[nvml]'`"
+            " and an NVIDIA driver; npu-smi: the command in a trusted directory, "
+            "[hardware.md](hardware.md#failures-timeouts-output-size-featureshardwarecommandpy))"
+        ),
+        allowed="any of the registered readers (`nvml`, `npu_smi`, `host`, and ones you register)",
+    )
     # A reading every this many seconds (the strategy-container article samples every 10 steps because nvidia-smi
     # costs ~80 ms).
-    interval: float = setting(10.0, check=at_least(0.5, MAX_SECONDS))
+    interval: float = setting(
+        10.0,
+        check=at_least(0.5, MAX_SECONDS),
+        doc=(
+            "seconds between readings (the strategy-container article samples every 10 steps because "
+            "`nvidia-smi` costs about 80 ms)"
+        ),
+        allowed="number of at least 0.5 (seconds), at most a week",
+        shown="`10`",
+    )
     # A reader that has not answered after this long is counted (TimeoutError) and asked again once it answers.
-    timeout: float = setting(5.0, check=at_least(0.1, MAX_SECONDS))
+    timeout: float = setting(
+        5.0,
+        check=at_least(0.1, MAX_SECONDS),
+        doc=(
+            "a reader still busy this long is counted as a failure (`TimeoutError`), again for each further "
+            "timeout, and asked again only once it answers (three failures in a row switch it off and take "
+            "its readings off the page); npu-smi's commands share it"
+        ),
+        allowed="number of at least 0.1 (seconds), at most a week",
+        shown="`5`",
+    )
     # The npu-smi command: a name, looked for in trusted directories only (features/hardware/command.py), or an
     # absolute path.
-    npu_smi: str = setting("npu-smi", check=text())
+    npu_smi: str = setting(
+        "npu-smi",
+        check=text(),
+        doc="Huawei's npu-smi",
+        allowed=(
+            "a command name (looked for in trusted directories only: never the working directory or one other"
+            " users can write) or an absolute path"
+        ),
+    )
     # Ascend's RoCE link state (often /usr/local/Ascend/driver/tools/hccn_tool); null: no link series.
-    hccn_tool: str | None = setting("hccn_tool", check=optional(text()))
+    hccn_tool: str | None = setting(
+        "hccn_tool",
+        check=optional(text()),
+        doc=("the RoCE link state on Ascend (often `/usr/local/Ascend/driver/tools/hccn_tool`); null: no link series"),
+        allowed="a command name (trusted directories only, as `npu_smi`) or an absolute path, or null",
+    )
 
 
 @dataclass(frozen=True)
@@ -613,11 +1446,29 @@ class WandbConfig:
     """monitor_config.wandb: the `wandb` backend's W&B runs, their files in save_dir/wandb (docs/configuration.md)."""
 
     # Rank 0 only by default, as the tensorboard backend: every rank logs a run of its own with true.
-    all_ranks: bool = setting(False, check=boolean())
+    all_ranks: bool = setting(
+        False,
+        check=boolean(),
+        doc="every rank logs a run of its own; by default only rank 0 does, as for TensorBoard",
+        allowed="bool",
+    )
     # offline: files only, `wandb sync save_dir/wandb` uploads them later; online: wandb's own upload as it runs.
-    mode: str = setting("offline", check=choice("offline", "online"))
-    project: str | None = setting(None, check=optional(text()))  # the W&B project; unset: monitor_config.project
-    entity: str | None = setting(None, check=optional(text()))  # the W&B team or user; unset: wandb's default
+    mode: str = setting(
+        "offline",
+        check=choice("offline", "online"),
+        doc="files only, or wandb's live upload",
+        allowed="`offline`, `online`",
+    )
+    project: str | None = setting(
+        None,
+        check=optional(text()),
+        doc="the W&B project, when it should differ from the `project` label",
+        allowed="a string",
+        shown="unset: the `project` label",
+    )  # the W&B project; unset: monitor_config.project
+    entity: str | None = setting(
+        None, check=optional(text()), doc="the W&B user or team", allowed="a string", shown="wandb's default"
+    )  # the W&B team or user; unset: wandb's default
 
 
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
@@ -690,18 +1541,82 @@ class WebConfig:
     """monitor_config.web: who may read the endpoint, in the spirit of Prometheus' web configuration file."""
 
     # a Prometheus web config file (tls_server_config, basic_auth_users)
-    config_file: str | None = setting(None, check=optional(file_path()))
-    tls_cert_file: str | None = setting(None, check=optional(readable_file()))
+    config_file: str | None = setting(
+        None,
+        check=optional(file_path()),
+        doc=(
+            "`tls_server_config.{cert_file, key_file, client_ca_file, client_auth_type}` and "
+            "`basic_auth_users`, read at construction; keys given directly under `web` win; any other key in "
+            "the file is an error, not ignored"
+        ),
+        allowed="a Prometheus web config file (a path, as `save_dir`)",
+    )
+    tls_cert_file: str | None = setting(
+        None,
+        check=optional(readable_file()),
+        doc=(
+            "serve HTTPS (TLS 1.2+) instead of HTTP; the URL in logs and file_sd becomes `https://`. A "
+            "certificate or key that does not load is a `ConfigError` at construction: the monitor never "
+            "falls back to plain HTTP"
+        ),
+        allowed="readable files, both or neither",
+    )
     tls_key_file: str | None = setting(None, check=optional(readable_file()))
-    client_ca_file: str | None = setting(None, check=optional(readable_file()))
-    client_auth_type: str = setting("NoClientCert", check=choice(*CLIENT_AUTH_TYPES))
+    client_ca_file: str | None = setting(
+        None,
+        check=optional(readable_file()),
+        doc="the CA that signs client certificates",
+        allowed="a readable file; needs TLS",
+    )
+    client_auth_type: str = setting(
+        "NoClientCert",
+        check=choice(*CLIENT_AUTH_TYPES),
+        doc="Prometheus' names; the last two need `client_ca_file`",
+        allowed="`NoClientCert`, `VerifyClientCertIfGiven`, `RequireAndVerifyClientCert`",
+    )
     # user -> bcrypt or sha256:<hex> hash
-    basic_auth_users: Mapping[str, str] = setting(factory=dict, check=_password_hashes)
+    basic_auth_users: Mapping[str, str] = setting(
+        factory=dict,
+        check=_password_hashes,
+        doc="HTTP basic auth for every path; a request without valid credentials gets 401",
+        allowed=(
+            "user → bcrypt hash (`$2a$`/`$2b$`/`$2y$`, e.g. `htpasswd -nbBC 10 user pw`; needs `pip install "
+            "'ms-exporter[auth]'`) or `sha256:<64 hex>` (`printf %s pw | sha256sum`)"
+        ),
+    )
     # a rendered page is reused this long: a flood of requests costs one render
-    cache_seconds: float = setting(0.25, check=at_least(0, 3600))
+    cache_seconds: float = setting(
+        0.25,
+        check=at_least(0, 3600),
+        doc=(
+            "a rendered `/metrics` page is reused this long, so a flood of requests costs one render per "
+            "window (Prometheus scrapes every 5-30 s and never sees the difference); 0 renders every request"
+        ),
+        allowed="0 or a number > 0",
+    )
     # Requests read and answered per second, at most (0: no limit). Past it a request waits its turn before it
     # is read: a flood costs the training process this many requests' Python a second, whatever the load.
-    max_requests_per_second: float = setting(20.0, check=at_least(0, 1_000_000))
+    max_requests_per_second: float = setting(
+        20.0,
+        check=at_least(0, 1_000_000),
+        doc=(
+            "the endpoint reads and answers at most this many requests a second (bursts of up to a second's "
+            "worth), counting an answer that took more than 1 ms of CPU as one request per ms, at most 10 "
+            "more (a `/metrics` render ~2, the live page's whole history ~30, capped at 11); a request over "
+            "the budget waits its turn before it is read, it is never refused. Requests for anything but "
+            "`/metrics` (the live page, its series, `/debug/stacks`, a 404) also wait in a second budget of a"
+            " quarter of this rate, which their answers' work is charged to: a flood of page requests cannot "
+            "delay the scrapes. Every request costs the training process ~0.2 ms of CPU (~0.33 ms on a new "
+            "connection): the budget bounds what a flood, a misconfigured scraper or a load test can take "
+            "from training, whatever the request rate: at 20 a second, ~0.4% of a core kept-alive, ~0.7% on "
+            "new connections (a TLS handshake, which costs a few ms of CPU, takes a request's share of the "
+            "budget too). 20 is far above what Prometheus (one scrape per 5-30 s per server), the live page "
+            "(one request per 2 s per open tab) and `ms_exporter top` need; 0 serves every request as it "
+            "comes ([reliability.md](reliability.md) measures both)"
+        ),
+        allowed="0 or a number > 0, at most 1,000,000",
+        shown="`20`",
+    )
 
     @property
     def tls(self) -> bool:

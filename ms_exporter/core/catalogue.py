@@ -2,8 +2,7 @@
 
 This is the one place a name is written. Probes register their families from it, and the readers (threshold
 watching, the live page's history, the JSON Lines columns, `top`, the report, the rules and the dashboard) take
-their names from it too. docs/metrics.md is held to it by tests/unit/test_catalogue.py: a family added here
-without a row there fails, and so does a row for a family that is not here.
+their names from it too. Each family's `row` is its docs: `make generate` writes docs/metrics.md's tables from them.
 
 Importing this module costs nothing: no MindSpore, no numpy (the operator tools use it).
 """
@@ -23,8 +22,22 @@ CONSTANT_LABELS = ("rank", "project")
 
 
 @dataclass(frozen=True)
+class Row:
+    """A family's row of docs/metrics.md, which `make generate` writes (ms_exporter/generate/metrics_tables.py): the
+    table it is in, when it is updated, and a column's words where they say more than the family's declaration."""
+
+    table: str  # the docs table (its marker names it): training, gradients, activations, data, hardware, exporter
+    updated: str  # when a value is set, from what
+    group: str = ""  # the `metrics` group or section that switches it on (in the tables that show one)
+    sink_mode: str = "same"  # what dataset sink mode changes (in the tables that show it)
+    type: str = ""  # the type column, where it says more than the type ("gauge (=1)")
+    labels: str = ""  # the labels column, where it says more than the label names
+    unit: str = ""  # the unit column, where it says more than the unit
+
+
+@dataclass(frozen=True)
 class MetricFamily:
-    """One exported family. `labels` are its own label names (the constant ones come on top)."""
+    """One exported family. `labels` are its own label names (the constant ones come on top); `row` its docs."""
 
     name: str
     type: MetricType
@@ -32,6 +45,7 @@ class MetricFamily:
     unit: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    row: Row | None = None
 
     @property
     def short(self) -> str:
@@ -135,6 +149,17 @@ INFO = MetricFamily(
     "Identity of this rank; always 1.",
     "1",
     ("world_size", "local_rank", "node", "device_target", "mindspore_version", "exporter_version"),
+    row=Row(
+        "training",
+        updated="at construction",
+        group="global_rank",
+        type="gauge (=1)",
+        labels=(
+            "`world_size`, `local_rank`, `node` (host name), `device_target`, `mindspore_version`, "
+            "`exporter_version`, and every `tags` key"
+        ),
+        unit="-",
+    ),
 )
 PARALLEL_GROUP_INFO = MetricFamily(
     "mindspore_train_parallel_group_info",
@@ -143,25 +168,82 @@ PARALLEL_GROUP_INFO = MetricFamily(
     "says); always 1.",
     "1",
     ("kind", "group"),
+    row=Row(
+        "training",
+        updated=(
+            "first training call: 1 for each group of ranks this rank works in, its `node`, and where the "
+            "parallel layout says its pipeline `stage` and model copy (`replica`) "
+            "([failslow.md](failslow.md#groups))"
+        ),
+        group="failslow.enable",
+        sink_mode="only `node` (stand_alone, or no model-parallel size)",
+    ),
 )
-WORLD_SIZE = MetricFamily("mindspore_train_world_size", "gauge", "Number of ranks in the job.", "ranks")
+WORLD_SIZE = MetricFamily(
+    "mindspore_train_world_size",
+    "gauge",
+    "Number of ranks in the job.",
+    "ranks",
+    row=Row("training", updated="at construction", group="global_rank"),
+)
 
 GLOBAL_STEP = MetricFamily(
-    "mindspore_train_global_step", "gauge", "Current global step (cb_params.cur_step_num).", "steps"
+    "mindspore_train_global_step",
+    "gauge",
+    "Current global step (cb_params.cur_step_num).",
+    "steps",
+    row=Row(
+        "training",
+        updated="train begin (the step it starts from), then step end (`cb_params.cur_step_num`)",
+        group="progress",
+        sink_mode="last step of the sink",
+    ),
 )
-EPOCH = MetricFamily("mindspore_train_epoch", "gauge", "Current epoch (cb_params.cur_epoch_num).", "epochs")
-STEPS = MetricFamily("mindspore_train_steps_total", "counter", "Steps this process completed.", "steps")
+EPOCH = MetricFamily(
+    "mindspore_train_epoch",
+    "gauge",
+    "Current epoch (cb_params.cur_epoch_num).",
+    "epochs",
+    row=Row("training", updated="train begin, then step end (`cur_epoch_num`)", group="progress"),
+)
+STEPS = MetricFamily(
+    "mindspore_train_steps_total",
+    "counter",
+    "Steps this process completed.",
+    "steps",
+    row=Row("training", updated="step end", group="progress", sink_mode="adds the sink size (the step delta)"),
+)
 LAST_STEP_TIMESTAMP = MetricFamily(
     "mindspore_train_last_step_timestamp_seconds",
     "gauge",
     "Unix time the last step ended (train begin, before the first step).",
     "seconds",
+    row=Row(
+        "training",
+        updated=(
+            "step end; set to the train-begin time before the first step, so that a hang in the first step is"
+            " a stall too"
+        ),
+        group="progress",
+        sink_mode="end of the sink",
+        unit="unix seconds",
+    ),
 )
 PLANNED_STEPS = MetricFamily(
     "mindspore_train_planned_steps",
     "gauge",
     "Global step at which the current training call ends, when known.",
     "steps",
+    row=Row(
+        "training",
+        updated=(
+            "train begin: the global step at which this `Model.train` call ends (start step + epochs × steps "
+            "per epoch); for an ETA. Where a `sink_size` is given but the device trains without sinking "
+            "(CPU), an epoch is the whole dataset, as it is trained"
+        ),
+        group="progress",
+        sink_mode="counts sinks × sink size",
+    ),
 )
 
 PHASE = MetricFamily(
@@ -170,15 +252,51 @@ PHASE = MetricFamily(
     "1 for the phase this rank is in, 0 for the others (ended: training ended normally or was stopped as asked).",
     "1",
     ("phase",),
+    row=Row(
+        "training",
+        updated=(
+            "read at scrape time: 1 for the phase the rank is in, 0 for the other six (`compile`, "
+            "`data_wait`, `step`, `eval`, `checkpoint`, `callbacks`, `ended`; [hangs.md](hangs.md#phases)); "
+            "from train begin on"
+        ),
+        group="phases",
+        sink_mode="`step` spans the whole sink",
+    ),
 )
 PHASE_SECONDS = MetricFamily(
-    "mindspore_train_phase_seconds", "gauge", "Seconds since the current phase began.", "seconds"
+    "mindspore_train_phase_seconds",
+    "gauge",
+    "Seconds since the current phase began.",
+    "seconds",
+    row=Row("training", updated="read at scrape time: seconds since the current phase began", group="phases"),
 )
 HANG_SUSPECTED = MetricFamily(
-    "mindspore_train_hang_suspected", "gauge", "1 while the current phase has outlasted its hang deadline, else 0.", "1"
+    "mindspore_train_hang_suspected",
+    "gauge",
+    "1 while the current phase has outlasted its hang deadline, else 0.",
+    "1",
+    row=Row(
+        "training",
+        updated=(
+            "the watchdog thread (every 0.5 s): 1 while the current phase has outlasted its deadline, 0 once "
+            "it moves on; from train begin"
+        ),
+        group="hang",
+    ),
 )
 HANG_DUMPS = MetricFamily(
-    "mindspore_train_hang_dumps_total", "counter", "Stack dumps the hang watchdog wrote to save_dir.", "dumps"
+    "mindspore_train_hang_dumps_total",
+    "counter",
+    "Stack dumps the hang watchdog wrote to save_dir.",
+    "dumps",
+    row=Row(
+        "training",
+        updated=(
+            "one per hang episode: the stacks of every thread written to `save_dir/hang-rank{r}-{UTC}.txt` "
+            "([hangs.md](hangs.md#the-dump))"
+        ),
+        group="hang",
+    ),
 )
 HANG_DEADLINE = MetricFamily(
     "mindspore_train_hang_deadline_seconds",
@@ -186,6 +304,15 @@ HANG_DEADLINE = MetricFamily(
     "Seconds the current phase may last before it counts as a hang (learned from the "
     "run's own step cycles in step, data_wait and callbacks).",
     "seconds",
+    row=Row(
+        "training",
+        updated=(
+            "read at scrape time: how long the current phase may last ([hangs.md](hangs.md#the-deadline)); "
+            "NaN once training ended; off with `hang.enable: false`"
+        ),
+        group="hang",
+        sink_mode="learned per sink cycle",
+    ),
 )
 
 TIME_SECONDS = MetricFamily(
@@ -194,6 +321,16 @@ TIME_SECONDS = MetricFamily(
     "This process's wall time by where it went; the buckets sum to its age.",
     "seconds",
     ("bucket",),
+    row=Row(
+        "training",
+        updated=(
+            "read at scrape time: this process's wall time since it started, in nine buckets (`startup`, "
+            "`compile`, `productive`, `data_wait`, `checkpoint`, `eval`, `stalled`, `redo`, `other`) that sum"
+            " to its age ([goodput.md](goodput.md)); off with `goodput.enable: false`"
+        ),
+        group="goodput",
+        sink_mode="`step` time of a sink is one step's",
+    ),
 )
 RUN_TIME_SECONDS = MetricFamily(
     "mindspore_train_run_time_seconds_total",
@@ -202,12 +339,37 @@ RUN_TIME_SECONDS = MetricFamily(
     "state (never lower than what an earlier process exported).",
     "seconds",
     ("bucket",),
+    row=Row(
+        "training",
+        updated=(
+            "every `goodput.save_seconds` (5 s), as saved to the run state file: the run's time over all its "
+            "processes, which goes on across a restart where the counter above starts again"
+        ),
+        group="goodput",
+    ),
 )
 RESTARTS = MetricFamily(
-    "mindspore_train_restarts_total", "counter", "Processes of this run that came before this one.", "restarts"
+    "mindspore_train_restarts_total",
+    "counter",
+    "Processes of this run that came before this one.",
+    "restarts",
+    row=Row("training", updated="at construction: processes of this run before this one", group="goodput"),
 )
 RUN_INFO = MetricFamily(
-    "mindspore_train_run_info", "gauge", "The run this process belongs to; always 1.", "1", ("run_id",)
+    "mindspore_train_run_info",
+    "gauge",
+    "The run this process belongs to; always 1.",
+    "1",
+    ("run_id",),
+    row=Row(
+        "training",
+        updated=(
+            "at construction: the run this process belongs to (`run_id`, or the one derived from project and save_dir)"
+        ),
+        group="goodput",
+        type="gauge (=1)",
+        unit="-",
+    ),
 )
 # The checkpoint interval advisor (core/analysis/checkpoint_interval.py, docs/failslow.md#checkpoint-interval).
 CHECKPOINT_SAVE_SECONDS = MetricFamily(
@@ -215,18 +377,29 @@ CHECKPOINT_SAVE_SECONDS = MetricFamily(
     "gauge",
     "Seconds a checkpoint save holds training, the mean of this process's saves.",
     "seconds",
+    row=Row(
+        "training",
+        updated=(
+            "each run state save (goodput.save_seconds), once this process saved a checkpoint: the mean time "
+            "a save held training (a checkpoint hook of 1 ms or more) "
+            "([failslow.md](failslow.md#checkpoint-interval))"
+        ),
+        group="goodput",
+    ),
 )
 CHECKPOINT_INTERVAL = MetricFamily(
     "mindspore_train_checkpoint_interval_seconds",
     "gauge",
     "Seconds of training between two checkpoint saves, as this process saves (the mean, a save's time left out).",
     "seconds",
+    row=Row("training", updated="same, once it saved twice: training time between two saves", group="goodput"),
 )
 MTBF = MetricFamily(
     "mindspore_train_mtbf_seconds",
     "gauge",
     "The run's mean time between failures: its wall time over its restarts (processes that did not end normally).",
     "seconds",
+    row=Row("training", updated="same, in a restarted run: the run's wall time over its restarts", group="goodput"),
 )
 FAILURE_COST = MetricFamily(
     "mindspore_train_failure_cost_seconds",
@@ -234,6 +407,14 @@ FAILURE_COST = MetricFamily(
     "What a failure costs the run besides the work since the last save: from the failed process's last sign of "
     "life to this process's first step (detection, rescheduling, start-up, compilation).",
     "seconds",
+    row=Row(
+        "training",
+        updated=(
+            "same, in a restarted run: the previous process's last state save to this one's start, plus this "
+            "one's start-up and compilation"
+        ),
+        group="goodput",
+    ),
 )
 CHECKPOINT_INTERVAL_ADVISED = MetricFamily(
     "mindspore_train_checkpoint_interval_advised_seconds",
@@ -242,12 +423,28 @@ CHECKPOINT_INTERVAL_ADVISED = MetricFamily(
     "(Daly's model, over the MTBF's uncertainty); `bound` low and high: at the ends of the MTBF's 90% interval.",
     "seconds",
     ("bound",),
+    row=Row(
+        "training",
+        updated=(
+            "same, in a restarted run that saved: the interval of highest expected goodput; `low` and `high` "
+            "at the ends of the MTBF's 90% interval"
+        ),
+        group="goodput",
+        labels="`bound` (`best`, `low`, `high`)",
+    ),
 )
 CHECKPOINT_GOODPUT_LOSS = MetricFamily(
     "mindspore_train_checkpoint_interval_goodput_loss_ratio",
     "gauge",
     "The share of wall time the run's current checkpoint interval loses against the advised one (Daly's model).",
     "1",
+    row=Row(
+        "training",
+        updated=(
+            "same, once it saved twice: the share of wall time the current interval loses against the advised one"
+        ),
+        group="goodput",
+    ),
 )
 ADVISED_BOUNDS = ("best", "low", "high")
 
@@ -258,6 +455,17 @@ PARAM_FINGERPRINT = MetricFamily(
     "every replica of its group while they hold the same weights.",
     "1",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated=(
+            "every `divergence.every_n_steps` (100) steps, at the step's end: a checksum of the bytes of "
+            "every trainable parameter, equal on the replicas of a group while they hold the same weights "
+            "([divergence.md](divergence.md)); only in jobs with replicas"
+        ),
+        group="divergence",
+        sink_mode="at the first sink end past each multiple",
+        unit="1 (a CRC-32, 0 to 2^32 - 1)",
+    ),
 )
 PARAM_CHECKSUM = MetricFamily(
     "mindspore_train_param_checksum",
@@ -266,6 +474,17 @@ PARAM_CHECKSUM = MetricFamily(
     "fingerprint step before: equal on every replica of its group while they hold the same bits at every step.",
     "1",
     ("replica_group", "kind", "bucket"),
+    row=Row(
+        "training",
+        updated=(
+            "with the fingerprint, where `divergence.check_every_step`: one bucket of the weights "
+            '(`kind="weights"`) or the optimizer\'s state (`kind="optimizer"`), folded over the bit sums of '
+            "every step since the fingerprint before, equal on the replicas of a group while they held the "
+            "same bits at every step ([sdc.md](sdc.md))"
+        ),
+        group="divergence",
+        unit="1 (a CRC-32)",
+    ),
 )
 LOCAL_GRAD_NORM = MetricFamily(
     "mindspore_train_local_grad_norm",
@@ -274,6 +493,15 @@ LOCAL_GRAD_NORM = MetricFamily(
     "measures it: GradNormTrainOneStepCell).",
     "1",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated=(
+            "where replica checks run and the train cell measures it (GradNormTrainOneStepCell, or "
+            "`step_end(local_grad_norm=...)`): this rank's global L2 norm of its own gradients before the "
+            "all-reduce, at the last step ([sdc.md](sdc.md#local-gradients))"
+        ),
+        group="divergence",
+    ),
 )
 LOCAL_GRAD_OUTLIERS = MetricFamily(
     "mindspore_train_local_grad_outliers_total",
@@ -282,6 +510,15 @@ LOCAL_GRAD_OUTLIERS = MetricFamily(
     "this rank's recent ones: a corrupted local gradient, which every replica then applies.",
     "steps",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated=(
+            "steps whose local gradient norm was not finite or more than `divergence.local_grad_factor` times"
+            " the median of this rank's recent ones: a corrupted local gradient, which every replica then "
+            "applied ([sdc.md](sdc.md#local-gradients))"
+        ),
+        group="divergence",
+    ),
 )
 LOCAL_GRAD_SKIPPED = MetricFamily(
     "mindspore_train_local_grad_skipped_steps_total",
@@ -290,6 +527,15 @@ LOCAL_GRAD_SKIPPED = MetricFamily(
     "(divergence.skip_local_grad_outliers): the same steps on every replica.",
     "steps",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated=(
+            "with `divergence.skip_local_grad_outliers`: steps this rank applied no update because a "
+            "replica's local gradient norm was an outlier (the same steps on every replica, "
+            "[sdc.md](sdc.md#skipping-the-step))"
+        ),
+        group="divergence",
+    ),
 )
 LOCAL_GRAD_OUTLIER_STEP = MetricFamily(
     "mindspore_train_local_grad_outlier_step",
@@ -297,6 +543,7 @@ LOCAL_GRAD_OUTLIER_STEP = MetricFamily(
     "The step of this rank's last local gradient norm outlier.",
     "steps",
     ("replica_group",),
+    row=Row("training", updated="the step of this rank's last local gradient norm outlier", group="divergence"),
 )
 PARAM_FINGERPRINT_STEP = MetricFamily(
     "mindspore_train_param_fingerprint_step",
@@ -304,6 +551,11 @@ PARAM_FINGERPRINT_STEP = MetricFamily(
     "The step the fingerprint was taken at.",
     "steps",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated="with the fingerprint: the step it was taken at (the rules compare only fingerprints of one step)",
+        group="divergence",
+    ),
 )
 PARAM_FINGERPRINT_OVERFLOW = MetricFamily(
     "mindspore_train_param_fingerprint_overflow",
@@ -311,6 +563,11 @@ PARAM_FINGERPRINT_OVERFLOW = MetricFamily(
     "1 if the fingerprint step overflowed, as the train cell reported it.",
     "1",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated="with the fingerprint: that step's overflow flag, where the train cell returns one",
+        group="divergence",
+    ),
 )
 PARAM_FINGERPRINT_GRAD_NORM = MetricFamily(
     "mindspore_train_param_fingerprint_grad_norm",
@@ -319,21 +576,71 @@ PARAM_FINGERPRINT_GRAD_NORM = MetricFamily(
     "train cell reported it (NaN: not reported that step).",
     "1",
     ("replica_group",),
+    row=Row(
+        "training",
+        updated=(
+            "with the fingerprint: that step's global gradient norm after the all-reduce, where the train "
+            "cell returns one (NaN on a fingerprint step it did not measure)"
+        ),
+        group="divergence",
+    ),
 )
 
-LOSS = MetricFamily("mindspore_train_loss", "gauge", "Loss of the last step.", "loss")
+LOSS = MetricFamily(
+    "mindspore_train_loss",
+    "gauge",
+    "Loss of the last step.",
+    "loss",
+    row=Row(
+        "training", updated="step end; NaN/Inf exported as is", group="loss", sink_mode="loss of the sink's last step"
+    ),
+)
 LOSS_SMOOTHED = MetricFamily(
-    "mindspore_train_loss_smoothed", "gauge", "Mean of the last loss_window finite losses.", "loss"
+    "mindspore_train_loss_smoothed",
+    "gauge",
+    "Mean of the last loss_window finite losses.",
+    "loss",
+    row=Row(
+        "training",
+        updated="step end: mean of the last `loss_window` finite losses",
+        group="loss",
+        sink_mode="one value per sink",
+    ),
 )
 LOSS_RISING = MetricFamily(
-    "mindspore_train_loss_consecutive_increases", "gauge", "Steps in a row the loss went up.", "steps"
+    "mindspore_train_loss_consecutive_increases",
+    "gauge",
+    "Steps in a row the loss went up.",
+    "steps",
+    row=Row(
+        "training",
+        updated="step end: finite losses in a row that went up; a NaN neither extends nor breaks the streak",
+        group="loss",
+        sink_mode="counts sinks",
+    ),
 )
 NONFINITE_LOSS = MetricFamily(
-    "mindspore_train_nonfinite_loss_total", "counter", "Steps whose loss was NaN or Inf.", "steps"
+    "mindspore_train_nonfinite_loss_total",
+    "counter",
+    "Steps whose loss was NaN or Inf.",
+    "steps",
+    row=Row("training", updated="step end", group="loss", sink_mode="adds the sink size"),
 )
 
 LEARNING_RATE = MetricFamily(
-    "mindspore_train_learning_rate", "gauge", "Learning rate the optimizer used for the last step.", "1", ("group",)
+    "mindspore_train_learning_rate",
+    "gauge",
+    "Learning rate the optimizer used for the last step.",
+    "1",
+    ("group",),
+    row=Row(
+        "training",
+        updated="step end: the LR used for the step that just ended",
+        group="lr",
+        sink_mode="LR of the sink's last step",
+        labels="`group` (only with several parameter groups)",
+        unit="LR",
+    ),
 )
 LEARNING_RATE_SCHEDULED = MetricFamily(
     "mindspore_train_learning_rate_scheduled",
@@ -341,6 +648,13 @@ LEARNING_RATE_SCHEDULED = MetricFamily(
     "1 when the learning rate is a schedule (it should change), 0 when fixed.",
     "1",
     ("group",),
+    row=Row(
+        "training",
+        updated="train begin: 1 when the LR is a schedule or a list (it is meant to change), 0 for a fixed LR",
+        group="lr",
+        labels="`group` (likewise)",
+        unit="1 or 0",
+    ),
 )
 
 STEP_DURATION = MetricFamily(
@@ -349,6 +663,15 @@ STEP_DURATION = MetricFamily(
     "Wall time per step, measured after the loss was read.",
     "seconds",
     buckets=STEP_BUCKETS,
+    row=Row(
+        "training",
+        updated=(
+            "step end, measured after the loss read, less the time other callbacks' hooks took inside it "
+            "([hangs.md](hangs.md#phases))"
+        ),
+        group="step_time",
+        sink_mode="sink time / sink size, counted sink-size times",
+    ),
 )
 DATA_WAIT = MetricFamily(
     "mindspore_train_data_wait_seconds",
@@ -356,6 +679,15 @@ DATA_WAIT = MetricFamily(
     "Time from one step's end to the next step's begin (data loading, host work).",
     "seconds",
     buckets=WAIT_BUCKETS,
+    row=Row(
+        "training",
+        updated=(
+            "step begin: time since the previous step's end (data loading, host work), less the other "
+            "callbacks' hooks and evaluations in between"
+        ),
+        group="step_time",
+        sink_mode="gap between sinks",
+    ),
 )
 
 # Fail-slow (core/analysis/slowness.py, docs/failslow.md): a rank's own work per step, scored and watched for
@@ -366,12 +698,29 @@ OWN_WORK = MetricFamily(
     "This rank's own work per step, averaged over about the last 10 steps: its data wait (and, in the loop API, the "
     "time up to the collective where the loop marks it), the part of the step cycle no other rank waits in.",
     "seconds",
+    row=Row(
+        "training",
+        updated=(
+            "step end, from the 83rd step of a training call (50 settling, 32 for the baseline): this rank's "
+            "own work per step (data wait, other callbacks' hooks, checkpoints and evaluations in the cycle, "
+            "and in the loop API the time up to `collective_begin()`), averaged over about 10 steps "
+            "([failslow.md](failslow.md))"
+        ),
+        group="failslow.enable",
+        sink_mode="absent (no step of its own)",
+    ),
 )
 CLEAN_CYCLE = MetricFamily(
     "mindspore_train_clean_cycle_seconds",
     "gauge",
     "This rank's step cycle (step and data wait) before any slowdown: the fail-slow detector's baseline.",
     "seconds",
+    row=Row(
+        "training",
+        updated="same: the rank's step cycle before any slowdown (the detector's baseline)",
+        group="failslow.enable",
+        sink_mode="absent",
+    ),
 )
 SLOWNESS_SCORE = MetricFamily(
     "mindspore_train_slowness_score",
@@ -380,27 +729,59 @@ SLOWNESS_SCORE = MetricFamily(
     "its own best; 0.8: its own work adds a quarter to the cycle), or its slowest device's clock over its best where "
     "that is lower.",
     "1",
+    row=Row(
+        "training",
+        updated=(
+            "same: the individual score, clean cycle over the cycle this rank's own work makes now (1 / (1 + "
+            "recent excess)), or the slowest device's clock over its best where a hardware reader gives "
+            "clocks and that is lower"
+        ),
+        group="failslow.enable",
+        sink_mode="absent",
+    ),
 )
 FAILSLOW = MetricFamily(
     "mindspore_train_failslow",
     "gauge",
     "1 while this rank's own work is flagged as slowed (a CUSUM over its excess crossed the threshold), else 0.",
     "1",
+    row=Row(
+        "training",
+        updated="same: 1 while a slowdown of this rank's own work is flagged, else 0",
+        group="failslow.enable",
+        sink_mode="absent",
+    ),
 )
 FAILSLOW_ONSET_STEP = MetricFamily(
     "mindspore_train_failslow_onset_step",
     "gauge",
     "The first step of this rank's current (or last) flagged slowdown: the change-point estimate.",
     "steps",
+    row=Row(
+        "training",
+        updated="once a slowdown was flagged: its first step (the change-point estimate)",
+        group="failslow.enable",
+        sink_mode="absent",
+    ),
 )
 FAILSLOW_SIZE = MetricFamily(
     "mindspore_train_failslow_size_ratio",
     "gauge",
     "How much this rank's current (or last) flagged slowdown adds per step, as a share of its clean cycle.",
     "1",
+    row=Row(
+        "training",
+        updated="once a slowdown was flagged: what it adds per step, as a share of the clean cycle",
+        group="failslow.enable",
+        sink_mode="absent",
+    ),
 )
 FAILSLOW_ONSETS = MetricFamily(
-    "mindspore_train_failslow_onsets_total", "counter", "Slowdowns flagged on this rank.", "slowdowns"
+    "mindspore_train_failslow_onsets_total",
+    "counter",
+    "Slowdowns flagged on this rank.",
+    "slowdowns",
+    row=Row("training", updated="each slowdown flagged", group="failslow.enable", sink_mode="absent"),
 )
 FAILSLOW_SECONDS = MetricFamily(
     "mindspore_train_failslow_seconds_total",
@@ -408,15 +789,54 @@ FAILSLOW_SECONDS = MetricFamily(
     "Seconds of step cycle this rank's flagged slowdowns added (the job waited as long): part of the goodput "
     "ledger's data_wait and productive time, not a bucket of its own.",
     "seconds",
+    row=Row(
+        "training",
+        updated=(
+            "each step of a flagged slowdown: the cycle time it added (inside the ledger's `data_wait` and "
+            "`productive`, not a bucket of its own)"
+        ),
+        group="failslow.enable",
+        sink_mode="absent",
+    ),
 )
 
-SAMPLES = MetricFamily("mindspore_train_samples_total", "counter", "Samples consumed.", "samples")
-TOKENS = MetricFamily("mindspore_train_tokens_total", "counter", "Non-padding tokens consumed.", "tokens")
+SAMPLES = MetricFamily(
+    "mindspore_train_samples_total",
+    "counter",
+    "Samples consumed.",
+    "samples",
+    row=Row(
+        "training",
+        updated="step end",
+        group="samples_per_second or tokens_per_second",
+        sink_mode="batch size × sink size",
+    ),
+)
+TOKENS = MetricFamily(
+    "mindspore_train_tokens_total",
+    "counter",
+    "Non-padding tokens consumed.",
+    "tokens",
+    row=Row(
+        "training",
+        updated="step end; only for token data",
+        group="same",
+        sink_mode="batch × sequence length × sink size (padding included)",
+    ),
+)
 SAMPLES_PER_SECOND = MetricFamily(
-    "mindspore_train_samples_per_second", "gauge", "Samples per second over a short recent window.", "samples/s"
+    "mindspore_train_samples_per_second",
+    "gauge",
+    "Samples per second over a short recent window.",
+    "samples/s",
+    row=Row("training", updated="step end, over the last ~10 s", group="samples_per_second"),
 )
 TOKENS_PER_SECOND = MetricFamily(
-    "mindspore_train_tokens_per_second", "gauge", "Tokens per second over a short recent window.", "tokens/s"
+    "mindspore_train_tokens_per_second",
+    "gauge",
+    "Tokens per second over a short recent window.",
+    "tokens/s",
+    row=Row("training", updated="step end, over the last ~10 s; only for token data", group="tokens_per_second"),
 )
 
 FLOPS_PER_TOKEN = MetricFamily(
@@ -425,6 +845,16 @@ FLOPS_PER_TOKEN = MetricFamily(
     "Model FLOPs (forward and backward) per token over the recent window, the attention "
     "term from the batches' real sequence lengths.",
     "FLOPs/token",
+    row=Row(
+        "training",
+        updated=(
+            "step end, over the same ~10 s as tokens/s: model FLOPs (forward and backward) over the tokens of"
+            " those steps, the attention term from their real sequence lengths ([mfu.md](mfu.md)); only for "
+            "token data"
+        ),
+        group="flops",
+        sink_mode="the dataset's static shape (padding included)",
+    ),
 )
 MODEL_FLOPS_PER_SECOND = MetricFamily(
     "mindspore_train_model_flops_per_second",
@@ -433,18 +863,40 @@ MODEL_FLOPS_PER_SECOND = MetricFamily(
     "(padding is not counted as work), over the ranks that compute each batch "
     "together.",
     "FLOPs/s",
+    row=Row(
+        "training",
+        updated=(
+            "with FLOPs per token: `mindspore_train_tokens_per_second` × `mindspore_train_flops_per_token` ÷ "
+            "the ranks that compute each batch together (`ranks_per_batch`: 1 in data parallel; "
+            "[mfu.md](mfu.md#parallel-layouts))"
+        ),
+        group="flops",
+    ),
 )
 PEAK_FLOPS = MetricFamily(
     "mindspore_train_peak_flops_per_device",
     "gauge",
     "The device's peak FLOPs per second, as configured (flops.peak_flops_per_device).",
     "FLOPs/s",
+    row=Row(
+        "training",
+        updated=(
+            "with the first FLOPs, when `flops.peak_flops_per_device` is set (a number or a preset's cited figure)"
+        ),
+        group="flops",
+    ),
 )
 MFU = MetricFamily(
     "mindspore_train_mfu",
     "gauge",
     "Model FLOPs utilisation: model FLOPs per second over the device's peak (0-1).",
     "ratio",
+    row=Row(
+        "training",
+        updated="with FLOPs per second, when a peak is set: model FLOPs per second over the peak",
+        group="flops",
+        unit="ratio (0-1)",
+    ),
 )
 FLOPS_INFO = MetricFamily(
     "mindspore_train_flops_info",
@@ -454,19 +906,54 @@ FLOPS_INFO = MetricFamily(
     "that compute each batch together; always 1.",
     "1",
     ("source", "attention", "peak", "ranks_per_batch"),
+    row=Row(
+        "training",
+        updated=(
+            "with the first FLOPs: where FLOPs per token come from (`parameters`: 6N of the trainable "
+            "parameters, no description given)"
+        ),
+        group="flops",
+        type="gauge (=1)",
+        labels=(
+            "`source` (`per_token`, `model`, `parameters`), `attention` (`causal`, `full`, `none`, "
+            "`in_per_token`), `peak` (a preset's name, `number` or `none`), `ranks_per_batch`"
+        ),
+        unit="-",
+    ),
 )
 
 EVAL_METRIC = MetricFamily(
-    "mindspore_train_eval_metric", "gauge", "Each metric of the latest evaluation.", "1", ("name",)
+    "mindspore_train_eval_metric",
+    "gauge",
+    "Each metric of the latest evaluation.",
+    "1",
+    ("name",),
+    row=Row(
+        "training", updated="evaluation end (`Model.fit` with `valid_dataset`)", group="eval", unit="the metric's own"
+    ),
 )
 
-MEMORY_BYTES = MetricFamily("mindspore_train_memory_bytes", "gauge", "Memory in use, by kind.", "bytes", ("kind",))
+MEMORY_BYTES = MetricFamily(
+    "mindspore_train_memory_bytes",
+    "gauge",
+    "Memory in use, by kind.",
+    "bytes",
+    ("kind",),
+    row=Row(
+        "training",
+        updated=(
+            "every `min(interval, 5)` s: `host_rss` off the training thread, device kinds when steps are published"
+        ),
+        group="memory_usage",
+    ),
+)
 MEMORY_GROWTH_RATIO = MetricFamily(
     "mindspore_train_memory_growth_ratio",
     "gauge",
     "(current - baseline) / baseline, baseline taken after warm-up.",
     "ratio",
     ("kind",),
+    row=Row("training", updated="every `min(interval, 5)` s, after warm-up", group="memory_usage"),
 )
 MEMORY_GROWTH_RATE = MetricFamily(
     "mindspore_train_memory_growth_bytes_per_second",
@@ -474,6 +961,7 @@ MEMORY_GROWTH_RATE = MetricFamily(
     "Memory growth rate over the recent samples.",
     "bytes/s",
     ("kind",),
+    row=Row("training", updated="every `min(interval, 5)` s, after warm-up", group="memory_usage"),
 )
 MEMORY_RISING = MetricFamily(
     "mindspore_train_memory_consecutive_increases",
@@ -481,6 +969,7 @@ MEMORY_RISING = MetricFamily(
     "Samples in a row that grew by more than 1 MiB.",
     "samples",
     ("kind",),
+    row=Row("training", updated="every `min(interval, 5)` s, after warm-up", group="memory_usage"),
 )
 
 BREACHES = MetricFamily(
@@ -489,6 +978,7 @@ BREACHES = MetricFamily(
     "warn_on_value breach episodes, by metric.",
     "episodes",
     ("metric",),
+    row=Row("training", updated="when a `warn_on_value` bound is crossed", group="-"),
 )
 
 GRAD_NORM = MetricFamily(
@@ -496,6 +986,14 @@ GRAD_NORM = MetricFamily(
     "gauge",
     "Global L2 norm of the gradients (before clipping) at the last sampled step.",
     "1",
+    row=Row(
+        "gradients",
+        updated=(
+            "every `grad_norm.every_n_steps` steps (at steps that are multiples of it): the global norm of "
+            "the gradients of that step, before clipping"
+        ),
+        unit="L2 norm",
+    ),
 )
 GRAD_NORM_DISTRIBUTION = MetricFamily(
     "mindspore_train_grad_norm_distribution",
@@ -503,12 +1001,21 @@ GRAD_NORM_DISTRIBUTION = MetricFamily(
     "Global gradient norm at sampled steps.",
     "1",
     buckets=NORM_BUCKETS,
+    row=Row("gradients", updated="the same sampled values", unit="L2 norm; buckets 1e-4 to 1e4 in half-decades"),
 )
 GRAD_NORM_CLIPPED = MetricFamily(
     "mindspore_train_grad_norm_clipped_total",
     "counter",
     "Sampled steps whose gradient norm exceeded the clip threshold.",
     "steps",
+    row=Row(
+        "gradients",
+        updated=(
+            "a sampled norm above the clip threshold (`grad_norm.clip`, else the train cell's `clip_norm`); "
+            "absent when clipping is off"
+        ),
+        unit="sampled steps",
+    ),
 )
 LAYER_GRAD_NORM = MetricFamily(
     "mindspore_train_layer_grad_norm",
@@ -516,6 +1023,14 @@ LAYER_GRAD_NORM = MetricFamily(
     "L2 norm of a layer's gradients at the last sampled step.",
     "1",
     ("layer",),
+    row=Row(
+        "gradients",
+        updated=(
+            "sampled steps: the layers `grad_norm.layers` watches, plus the `top_k` largest others; a layer "
+            "that drops out of the top k loses its series"
+        ),
+        unit="L2 norm",
+    ),
 )
 LAYER_GRAD_ZERO = MetricFamily(
     "mindspore_train_layer_grad_zero_total",
@@ -523,16 +1038,58 @@ LAYER_GRAD_ZERO = MetricFamily(
     "Sampled steps where a watched layer's gradient norm was exactly zero.",
     "steps",
     ("layer",),
+    row=Row(
+        "gradients",
+        updated="a watched layer's norm was exactly 0 (frozen by accident, masked, dead)",
+        unit="sampled steps",
+    ),
 )
-LOSS_SCALE = MetricFamily("mindspore_train_loss_scale", "gauge", "Current loss scale.", "1")
+LOSS_SCALE = MetricFamily(
+    "mindspore_train_loss_scale",
+    "gauge",
+    "Current loss scale.",
+    "1",
+    row=Row(
+        "gradients",
+        updated=(
+            "with a loss-scale cell: at overflow steps and every `every_n_steps` steps; with only a "
+            "loss-scale manager: its `get_loss_scale()` at train begin"
+        ),
+        unit="scale factor",
+    ),
+)
 OVERFLOW_STEPS = MetricFamily(
-    "mindspore_train_overflow_steps_total", "counter", "Steps the loss-scale cell reported as overflow.", "steps"
+    "mindspore_train_overflow_steps_total",
+    "counter",
+    "Steps the loss-scale cell reported as overflow.",
+    "steps",
+    row=Row(
+        "gradients",
+        updated="every step whose overflow flag was set (the update was skipped); in sink mode one flag per sink",
+    ),
 )
 LAYERNORM_MEAN = MetricFamily(
-    "mindspore_train_layernorm_scale_mean", "gauge", "Mean of a LayerNorm scale (gamma).", "1", ("layer",)
+    "mindspore_train_layernorm_scale_mean",
+    "gauge",
+    "Mean of a LayerNorm scale (gamma).",
+    "1",
+    ("layer",),
+    row=Row(
+        "gradients",
+        updated=(
+            "at the first step and every `layernorm.every_n_steps` steps after it, for every LayerNorm (and "
+            "`*RMSNorm`) scale"
+        ),
+        unit="gamma units",
+    ),
 )
 LAYERNORM_STD = MetricFamily(
-    "mindspore_train_layernorm_scale_std", "gauge", "Standard deviation of a LayerNorm scale.", "1", ("layer",)
+    "mindspore_train_layernorm_scale_std",
+    "gauge",
+    "Standard deviation of a LayerNorm scale.",
+    "1",
+    ("layer",),
+    row=Row("gradients", updated="the same", unit="gamma units"),
 )
 LAYERNORM_DRIFT = MetricFamily(
     "mindspore_train_layernorm_scale_drift_ratio",
@@ -540,9 +1097,24 @@ LAYERNORM_DRIFT = MetricFamily(
     "Relative change of the LayerNorm scale mean over the last `window` steps.",
     "ratio",
     ("layer",),
+    row=Row(
+        "gradients",
+        updated=(
+            "the same: (mean now − mean `window` steps ago) / |mean then|, from the oldest sample inside the window"
+        ),
+    ),
 )
 WEIGHT_NORM = MetricFamily(
-    "mindspore_train_weight_norm", "gauge", "L2 norm of a watched layer's weights.", "1", ("layer",)
+    "mindspore_train_weight_norm",
+    "gauge",
+    "L2 norm of a watched layer's weights.",
+    "1",
+    ("layer",),
+    row=Row(
+        "gradients",
+        updated="with `weight_norm: true`: every `grad_norm.every_n_steps` steps, for the watched layers",
+        unit="L2 norm",
+    ),
 )
 LAYER_UPDATE_RATIO = MetricFamily(
     "mindspore_train_layer_update_ratio",
@@ -550,6 +1122,15 @@ LAYER_UPDATE_RATIO = MetricFamily(
     "How far a layer's weights moved between the last two samples: ||w - w_before|| / ||w||.",
     "1",
     ("layer",),
+    row=Row(
+        "gradients",
+        updated=(
+            "with `update_ratio.enable`: every `update_ratio.every_n_steps` steps from the second sample on, "
+            "‖w − w_before‖ / ‖w‖ of the `update_ratio.layers` layers and the `top_k` layers that moved least"
+            " and most ([update-ratio.md](update-ratio.md))"
+        ),
+        unit="ratio",
+    ),
 )
 UPDATE_RATIO_MEDIAN = MetricFamily(
     "mindspore_train_update_ratio_median",
@@ -557,6 +1138,7 @@ UPDATE_RATIO_MEDIAN = MetricFamily(
     "The median of every layer's update ratio at the last sample (what a layer that stopped learning is compared "
     "with).",
     "1",
+    row=Row("gradients", updated="the same: the median over every layer of the model", unit="ratio"),
 )
 # -- activation statistics (probes/activations.py; docs/activations.md): a layer's output at the last measured step --
 LAYER_ACTIVATION_MEAN = MetricFamily(
@@ -565,6 +1147,11 @@ LAYER_ACTIVATION_MEAN = MetricFamily(
     "Mean of the finite values of a layer's output at the last measured step.",
     "1",
     ("layer",),
+    row=Row(
+        "activations",
+        updated="measured steps: the mean of the output's finite values; NaN when none is finite",
+        unit="the output's units",
+    ),
 )
 LAYER_ACTIVATION_STD = MetricFamily(
     "mindspore_train_layer_activation_std",
@@ -572,6 +1159,11 @@ LAYER_ACTIVATION_STD = MetricFamily(
     "Standard deviation of the finite values of a layer's output at the last measured step.",
     "1",
     ("layer",),
+    row=Row(
+        "activations",
+        updated="the same: their standard deviation (population, around that mean)",
+        unit="the output's units",
+    ),
 )
 LAYER_ACTIVATION_ABS_MAX = MetricFamily(
     "mindspore_train_layer_activation_abs_max",
@@ -579,6 +1171,7 @@ LAYER_ACTIVATION_ABS_MAX = MetricFamily(
     "Largest absolute finite value of a layer's output at the last measured step.",
     "1",
     ("layer",),
+    row=Row("activations", updated="the same: their largest absolute value", unit="the output's units"),
 )
 LAYER_ACTIVATION_ZERO_RATIO = MetricFamily(
     "mindspore_train_layer_activation_zero_ratio",
@@ -586,6 +1179,7 @@ LAYER_ACTIVATION_ZERO_RATIO = MetricFamily(
     "Share of a layer's output values that were exactly zero at the last measured step.",
     "ratio",
     ("layer",),
+    row=Row("activations", updated="the same: the share of all the output's values that are exactly 0 (dead ReLUs)"),
 )
 LAYER_ACTIVATION_NONFINITE_RATIO = MetricFamily(
     "mindspore_train_layer_activation_nonfinite_ratio",
@@ -593,6 +1187,7 @@ LAYER_ACTIVATION_NONFINITE_RATIO = MetricFamily(
     "Share of a layer's output values that were NaN or infinite at the last measured step.",
     "ratio",
     ("layer",),
+    row=Row("activations", updated="the same: the share that are NaN or ±inf"),
 )
 
 ACTIONS_TAKEN = MetricFamily(
@@ -601,18 +1196,34 @@ ACTIONS_TAKEN = MetricFamily(
     "Actions the monitor took on the run it watches.",
     "actions",
     ("action",),
+    row=Row(
+        "exporter",
+        updated=(
+            "when `monitor_config.actions` acts on the run; `rollback_stop`: the rollback loop guard ended "
+            "training ([rollback.md](rollback.md))"
+        ),
+        labels=(
+            "`action` (`early_stop`, `lr_backoff`, `snapshot`, `rollback`, `rollback_stop`; the enabled ones, from 0)"
+        ),
+    ),
 )
 LR_BACKOFF_FACTOR = MetricFamily(
     "mindspore_train_lr_backoff_factor",
     "gauge",
     "The scale lr_backoff put on the optimizer's learning rate (1: untouched).",
     "1",
+    row=Row("exporter", updated="with `lr_backoff` on: the scale on the optimizer's learning rate (1 = untouched)"),
 )
 LAST_SNAPSHOT_STEP = MetricFamily(
     "mindspore_train_last_snapshot_step",
     "gauge",
     "Step of the newest anomaly snapshot under save_dir/snapshots.",
     "steps",
+    row=Row(
+        "exporter",
+        updated="with `snapshot` on, after the first snapshot: the step of the newest one on disk",
+        unit="step",
+    ),
 )
 HEALTH_SCORE = MetricFamily(
     "mindspore_train_health_score",
@@ -621,18 +1232,33 @@ HEALTH_SCORE = MetricFamily(
     "gradient norm, memory growth and device temperature terms (docs/rollback.md); a good state is kept only "
     "at or above actions.rollback.min_health.",
     "1",
+    row=Row(
+        "exporter",
+        updated=(
+            "with `rollback` on, every step: 0 to 1, the worst of the smoothed-loss trend, gradient-norm, "
+            "memory-growth and device-temperature terms ([rollback.md](rollback.md#the-health-score))"
+        ),
+    ),
 )
 LAST_GOOD_STEP = MetricFamily(
     "mindspore_train_last_good_step",
     "gauge",
     "Step of the newest good state actions.rollback keeps (what a rollback restores).",
     "steps",
+    row=Row(
+        "exporter",
+        updated="with `rollback` on, once a good state is kept: the step a rollback would restore",
+        unit="step",
+    ),
 )
 ROLLBACK_LOST_STEPS = MetricFamily(
     "mindspore_train_rollback_lost_steps_total",
     "counter",
     "Steps trained and then undone by rollbacks (divergence step minus good step).",
     "steps",
+    row=Row(
+        "exporter", updated="with `rollback` on: steps trained and undone (divergence step minus good step, summed)"
+    ),
 )
 
 # -- data quality (probes/data_quality.py; docs/data-quality.md) ---------------------------------------------------
@@ -646,12 +1272,20 @@ DATA_LABEL_ENTROPY = MetricFamily(
     "gauge",
     "Shannon entropy of the class labels of the last measured batch.",
     "bits",
+    row=Row(
+        "data",
+        updated=(
+            "each measured batch: the Shannon entropy of its class labels (0 for one class, log2(k) for k "
+            "classes equally often)"
+        ),
+    ),
 )
 DATA_SEQUENCE_LENGTH = MetricFamily(
     "mindspore_train_data_sequence_length",
     "gauge",
     "Mean non-padding length of the samples of the last measured batch.",
     "tokens",
+    row=Row("data", updated="each measured batch: the mean of its samples' non-padding lengths"),
 )
 DATA_SEQUENCE_LENGTH_DISTRIBUTION = MetricFamily(
     "mindspore_train_data_sequence_length_distribution",
@@ -659,33 +1293,46 @@ DATA_SEQUENCE_LENGTH_DISTRIBUTION = MetricFamily(
     "Non-padding length of each sample of the measured batches.",
     "tokens",
     buckets=SEQUENCE_LENGTH_BUCKETS,
+    row=Row(
+        "data",
+        updated="one observation per sample of the measured batches",
+        unit="tokens; buckets 1 to 131,072 in powers of 2",
+    ),
 )
 DATA_PADDING_RATIO = MetricFamily(
     "mindspore_train_data_padding_ratio",
     "gauge",
     "Share of the token positions of the last measured batch that are padding.",
     "ratio",
+    row=Row("data", updated="each measured batch: padding positions over all positions of its token column"),
 )
 DATA_CHECKED_SAMPLES = MetricFamily(
-    "mindspore_train_data_checked_samples_total", "counter", "Samples of the batches data_quality measured.", "samples"
+    "mindspore_train_data_checked_samples_total",
+    "counter",
+    "Samples of the batches data_quality measured.",
+    "samples",
+    row=Row("data", updated="the samples of the measured batches (what the three counters below are shares of)"),
 )
 DATA_DUPLICATE_SAMPLES = MetricFamily(
     "mindspore_train_data_duplicate_samples_total",
     "counter",
     "Samples of a measured batch whose tokens repeat an earlier sample of the same batch.",
     "samples",
+    row=Row("data", updated="samples whose tokens repeat an earlier sample of the same batch"),
 )
 DATA_EMPTY_SAMPLES = MetricFamily(
     "mindspore_train_data_empty_samples_total",
     "counter",
     "Samples of the measured batches without a non-padding token.",
     "samples",
+    row=Row("data", updated="samples without a non-padding token"),
 )
 DATA_OUT_OF_VOCAB = MetricFamily(
     "mindspore_train_data_out_of_vocab_tokens_total",
     "counter",
     "Non-padding token ids of the measured batches outside [0, data_quality.vocab_size).",
     "tokens",
+    row=Row("data", updated="non-padding token ids below 0 or at or above `data_quality.vocab_size`"),
 )
 DATA_QUALITY_BASELINE = MetricFamily(
     "mindspore_train_data_quality_baseline",
@@ -693,6 +1340,13 @@ DATA_QUALITY_BASELINE = MetricFamily(
     "A quantity's median over the first data_quality.baseline_steps measured batches.",
     "the quantity's unit",
     ("quantity",),
+    row=Row(
+        "data",
+        updated=(
+            "once learned: the median of the quantity over the first `data_quality.baseline_steps` measured batches"
+        ),
+        unit="the quantity's",
+    ),
 )
 DATA_QUALITY_LOW_STREAK = MetricFamily(
     "mindspore_train_data_quality_low_streak",
@@ -700,6 +1354,10 @@ DATA_QUALITY_LOW_STREAK = MetricFamily(
     "Measured batches in a row whose quantity was below data_quality.drop_ratio times its baseline.",
     "batches",
     ("quantity",),
+    row=Row(
+        "data",
+        updated=("measured batches in a row below `data_quality.drop_ratio` x the baseline (0 after one that is not)"),
+    ),
 )
 DATA_QUALITY_LOW = MetricFamily(
     "mindspore_train_data_quality_low",
@@ -707,12 +1365,19 @@ DATA_QUALITY_LOW = MetricFamily(
     "1 while the quantity's low streak is at least data_quality.streak batches, else 0.",
     "1",
     ("quantity",),
+    row=Row(
+        "data",
+        updated=("1 while the streak is at least `data_quality.streak`: what `MindSporeTrainingDataQualityDrop` reads"),
+    ),
 )
 DATA_LISTED_BATCHES = MetricFamily(
     "mindspore_train_data_listed_batches_total",
     "counter",
     "Batches of a data-quality drop listed in save_dir/skipped-batches.json (data_quality.list_batches).",
     "batches",
+    row=Row(
+        "data", updated="with `data_quality.list_batches`: batches of a drop written to `save_dir/skipped-batches.json`"
+    ),
 )
 
 HOOK_DURATION = MetricFamily(
@@ -722,6 +1387,14 @@ HOOK_DURATION = MetricFamily(
     "seconds",
     ("hook",),
     buckets=HOOK_BUCKETS,
+    row=Row(
+        "exporter",
+        updated=(
+            "every hook call; `step_end` excludes the loss read, which is the device synchronisation and "
+            "belongs to the step"
+        ),
+        labels="`hook` (`train_begin`, `step_begin`, `step_end`, `train_end`, `eval_end`)",
+    ),
 )
 ERRORS = MetricFamily(
     "mindspore_exporter_errors_total",
@@ -729,6 +1402,14 @@ ERRORS = MetricFamily(
     "Failures the monitor absorbed instead of raising into training.",
     "errors",
     ("component",),
+    row=Row(
+        "exporter",
+        updated="when the monitor absorbs a failure; each configured component is pre-created at 0",
+        labels=(
+            "`component` (a probe name, `callback`, `sampler`, `prometheus`, `local`, `otlp`, `tensorboard`, "
+            "`wandb`, `console`, `pushgateway`, `file_sd`, `hardware.<reader>`, `strategy.<name>`)"
+        ),
+    ),
 )
 COMPONENT_DISABLED = MetricFamily(
     "mindspore_exporter_component_disabled",
@@ -736,6 +1417,16 @@ COMPONENT_DISABLED = MetricFamily(
     f"1 for a component the monitor switched off after {FAILURES_BEFORE_DISABLE} failures in a row.",
     "1",
     ("component",),
+    row=Row(
+        "exporter",
+        updated=(
+            "appears (at 1) when a probe, the memory sampler, or the TensorBoard or W&B writer failed 3 times"
+            " in a row and was switched off for the rest of the process; logged once with the last error. "
+            "Network sinks (`otlp`, `pushgateway`) and the JSON Lines writer are never switched off: a peer "
+            "may come back and a full disk may get room again, so each failed export or write is counted and "
+            "tried again (JSON Lines after a back-off from its usual pause, doubling up to 60 s)"
+        ),
+    ),
 )
 DROPPED_RECORDS = MetricFamily(
     "mindspore_exporter_dropped_samples_total",
@@ -743,6 +1434,15 @@ DROPPED_RECORDS = MetricFamily(
     "Records a sink dropped: it fell behind, or could not write them (a full disk).",
     "records",
     ("sink",),
+    row=Row(
+        "exporter",
+        updated=(
+            "when the JSON Lines, TensorBoard or W&B queue (100,000 records) overflows between writes, and "
+            "for each record of a batch that could not be written (a full disk: the JSON Lines file keeps "
+            "whole lines only)"
+        ),
+        labels="`sink` (`local`, `tensorboard`, `wandb`)",
+    ),
 )
 
 STRATEGY_SECONDS = MetricFamily(
@@ -751,6 +1451,13 @@ STRATEGY_SECONDS = MetricFamily(
     "Time a strategy of the user's took in its hooks, on the training thread (docs/strategies.md).",
     "seconds",
     ("strategy",),
+    row=Row(
+        "exporter",
+        updated=(
+            "with `strategies` (yours, [strategies.md](strategies.md)): each strategy's time in its hooks, on"
+            " the training thread"
+        ),
+    ),
 )
 STRATEGY_DROPPED = MetricFamily(
     "mindspore_exporter_strategy_dropped_total",
@@ -759,6 +1466,14 @@ STRATEGY_DROPPED = MetricFamily(
     'keys), reason="value" (not a number, or beyond a float\'s range) (docs/strategies.md).',
     "values",
     ("strategy", "reason"),
+    row=Row(
+        "exporter",
+        updated=(
+            "with `strategies`: values a strategy returned that were not exported: `keys` (a key past its "
+            "first 32), `value` (not a number, or beyond a float's range) "
+            "([strategies.md](strategies.md#its-numbers))"
+        ),
+    ),
 )
 
 # -- hardware (features/hardware/; docs/hardware.md) --------------------------------------------------------------
@@ -766,11 +1481,30 @@ STRATEGY_DROPPED = MetricFamily(
 # reports it.
 
 DEVICE_TEMPERATURE = MetricFamily(
-    "mindspore_train_device_temperature_celsius", "gauge", "Device (or host CPU) temperature.", "celsius", ("device",)
+    "mindspore_train_device_temperature_celsius",
+    "gauge",
+    "Device (or host CPU) temperature.",
+    "celsius",
+    ("device",),
+    row=Row(
+        "hardware", updated="every reading: GPU (NVML), NPU (npu-smi), the host's hottest CPU sensor", group="hardware"
+    ),
 )
-DEVICE_POWER = MetricFamily("mindspore_train_device_power_watts", "gauge", "Device power draw.", "watts", ("device",))
+DEVICE_POWER = MetricFamily(
+    "mindspore_train_device_power_watts",
+    "gauge",
+    "Device power draw.",
+    "watts",
+    ("device",),
+    row=Row("hardware", updated="every reading (NVML, npu-smi)", group="hardware"),
+)
 DEVICE_POWER_LIMIT = MetricFamily(
-    "mindspore_train_device_power_limit_watts", "gauge", "Device power limit in force.", "watts", ("device",)
+    "mindspore_train_device_power_limit_watts",
+    "gauge",
+    "Device power limit in force.",
+    "watts",
+    ("device",),
+    row=Row("hardware", updated="every reading (NVML's enforced limit)", group="hardware"),
 )
 DEVICE_UTILIZATION = MetricFamily(
     "mindspore_train_device_utilization_ratio",
@@ -778,6 +1512,7 @@ DEVICE_UTILIZATION = MetricFamily(
     "Share of the last sample interval the device's compute (GPU SMs, NPU AI cores, host CPUs) was busy.",
     "ratio",
     ("device",),
+    row=Row("hardware", updated="every reading: GPU SMs, NPU AI cores, host CPUs busy", group="hardware"),
 )
 DEVICE_MEMORY_UTILIZATION = MetricFamily(
     "mindspore_train_device_memory_utilization_ratio",
@@ -785,15 +1520,39 @@ DEVICE_MEMORY_UTILIZATION = MetricFamily(
     "Share of the last sample interval the device's memory was being read or written.",
     "ratio",
     ("device",),
+    row=Row(
+        "hardware",
+        updated="every reading: the memory read or written (NVML, npu-smi's HBM bandwidth)",
+        group="hardware",
+    ),
 )
 DEVICE_MEMORY_USED = MetricFamily(
-    "mindspore_train_device_memory_used_bytes", "gauge", "Device memory in use (all processes).", "bytes", ("device",)
+    "mindspore_train_device_memory_used_bytes",
+    "gauge",
+    "Device memory in use (all processes).",
+    "bytes",
+    ("device",),
+    row=Row(
+        "hardware",
+        updated="every reading (all processes on the device; the host's total less available)",
+        group="hardware",
+    ),
 )
 DEVICE_MEMORY_TOTAL = MetricFamily(
-    "mindspore_train_device_memory_total_bytes", "gauge", "Device memory in all.", "bytes", ("device",)
+    "mindspore_train_device_memory_total_bytes",
+    "gauge",
+    "Device memory in all.",
+    "bytes",
+    ("device",),
+    row=Row("hardware", updated="every reading", group="hardware"),
 )
 DEVICE_CLOCK = MetricFamily(
-    "mindspore_train_device_clock_hertz", "gauge", "Device compute clock (GPU SM, NPU AI core).", "hertz", ("device",)
+    "mindspore_train_device_clock_hertz",
+    "gauge",
+    "Device compute clock (GPU SM, NPU AI core).",
+    "hertz",
+    ("device",),
+    row=Row("hardware", updated="every reading: GPU SM clock, NPU AI core clock", group="hardware"),
 )
 DEVICE_THROTTLED = MetricFamily(
     "mindspore_train_device_throttled",
@@ -801,6 +1560,14 @@ DEVICE_THROTTLED = MetricFamily(
     "1 while the device holds its clock down for this reason (the interface's name), 0 after.",
     "1",
     ("device", "reason"),
+    row=Row(
+        "hardware",
+        updated=(
+            "every reading (NVML's clock event reasons, lower case: `sw_power_cap`, `hw_thermal_slowdown` "
+            "...): 1 while the reason holds, 0 after"
+        ),
+        group="hardware",
+    ),
 )
 DEVICE_ECC_UNCORRECTED = MetricFamily(
     "mindspore_train_device_ecc_uncorrected_errors_total",
@@ -808,6 +1575,14 @@ DEVICE_ECC_UNCORRECTED = MetricFamily(
     "Uncorrected ECC memory errors the device counted since its driver loaded.",
     "errors",
     ("device",),
+    row=Row(
+        "hardware",
+        updated=(
+            "every reading: NVML's volatile uncorrected count, npu-smi's HBM double-bit count (both since the"
+            " driver loaded)"
+        ),
+        group="hardware",
+    ),
 )
 DEVICE_PCIE = MetricFamily(
     "mindspore_train_device_pcie_bytes_per_second",
@@ -815,6 +1590,7 @@ DEVICE_PCIE = MetricFamily(
     "Device PCIe throughput.",
     "bytes per second",
     ("device", "direction"),
+    row=Row("hardware", updated="every reading (NVML)", group="hardware", labels="`device`, `direction` (`rx`, `tx`)"),
 )
 DEVICE_LINK_UP = MetricFamily(
     "mindspore_train_device_link_up",
@@ -822,9 +1598,15 @@ DEVICE_LINK_UP = MetricFamily(
     "1 while the device's network link is up (Ascend RoCE).",
     "1",
     ("device",),
+    row=Row("hardware", updated="every reading (hccn_tool's RoCE link on Ascend)", group="hardware"),
 )
 DEVICE_HEALTHY = MetricFamily(
-    "mindspore_train_device_healthy", "gauge", "1 while the device's interface calls it healthy.", "1", ("device",)
+    "mindspore_train_device_healthy",
+    "gauge",
+    "1 while the device's interface calls it healthy.",
+    "1",
+    ("device",),
+    row=Row("hardware", updated="every reading (npu-smi's Health: OK is 1)", group="hardware"),
 )
 # The join to the device exporters: their labels in snake_case (dcgm-exporter's UUID, modelName and Hostname as
 # uuid, model_name and hostname; the recording rules rename theirs with label_replace; docs/hardware.md), empty where
@@ -847,6 +1629,19 @@ DEVICE_INFO = MetricFamily(
         "pod",
         "namespace",
         "container",
+    ),
+    row=Row(
+        "hardware",
+        updated="a reader's first reading",
+        group="hardware",
+        type="gauge (=1)",
+        labels=(
+            "`device`, `hostname`, `gpu`, `uuid`, `pci_bus_id` (dcgm-exporter's `Hostname`, `gpu`, `UUID`, "
+            "`pci_bus_id`), `model_name` (dcgm-exporter's `modelName`, npu-exporter's `model_name`), `id`, "
+            "`vdie_id`, `pcie_bus_info` (npu-exporter's), `pod`, `namespace`, `container`: empty where they "
+            "do not apply"
+        ),
+        unit="-",
     ),
 )
 

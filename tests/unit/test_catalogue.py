@@ -6,8 +6,11 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from ms_exporter.core import catalogue, registry
-from ms_exporter.core.catalogue import FAMILIES, MetricFamily
+from ms_exporter.core.catalogue import FAMILIES, MetricFamily, Row
+from ms_exporter.generate.metrics_tables import render_page, render_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ms_exporter"
@@ -16,8 +19,12 @@ NAME = re.compile(r"mindspore_(?:train|exporter)_[a-z_]+")
 ROW = re.compile(r"^\| `(mindspore_(?:train|exporter)_[a-z_]+)` \|([^|]*)\|([^|]*)\|")
 
 
+_DOC_KEYWORDS = {"doc", "allowed", "shown"}  # a setting's docs (config/checks.py), written into docs/configuration.md
+
+
 def _code_strings(path: Path) -> list[tuple[int, str]]:
-    """String constants in code, docstrings left out (they document what a class emits)."""
+    """String constants in code, docstrings and a setting's docs left out (they document what a class emits or a
+    key means)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstrings = set()
     for node in ast.walk(tree):
@@ -25,6 +32,10 @@ def _code_strings(path: Path) -> list[tuple[int, str]]:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
+        is_setting = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setting"
+        for keyword in node.keywords if is_setting else ():  # type: ignore[attr-defined]
+            if keyword.arg in _DOC_KEYWORDS:
+                docstrings.update(id(part) for part in ast.walk(keyword.value))
     return [
         (node.lineno, node.value)
         for node in ast.walk(tree)
@@ -95,3 +106,34 @@ def test_watchable_keys_name_their_families() -> None:
     for key, watch in catalogue.WATCHABLE.items():
         assert watch.family in FAMILIES
         assert watch.family.short.startswith(key) or key == "memory_growth_ratio", key
+
+
+def test_the_committed_family_tables_are_what_make_generate_writes_from_the_catalogue() -> None:
+    page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    assert render_page(page) == page, "run `make generate` and commit docs/metrics.md"
+
+
+def test_a_family_without_a_row_in_no_table_or_in_an_unknown_column_is_an_error_naming_it() -> None:
+    bare = MetricFamily("mindspore_train_bare", "gauge", "A family without docs.", "1")
+    with pytest.raises(ValueError, match="mindspore_train_bare has no row"):
+        render_page("<!-- metrics: training -->\n<!-- metrics:end -->\n", (catalogue.INFO, bare))
+    lonely = MetricFamily(
+        "mindspore_train_lonely", "gauge", "A family whose table is not on the page.", "1", row=Row("x", "y")
+    )
+    with pytest.raises(ValueError, match=r"in none \['mindspore_train_lonely'\]"):
+        render_page("<!-- metrics: training -->\n<!-- metrics:end -->\n", (catalogue.INFO, lonely))
+    with pytest.raises(ValueError, match="names columns \\['colour'\\]"):
+        render_page("<!-- metrics: training; columns: colour -->\n<!-- metrics:end -->\n", (catalogue.INFO,))
+
+
+def test_a_row_shows_what_the_declaration_says_unless_its_words_say_more() -> None:
+    family = MetricFamily(
+        "mindspore_train_example_seconds", "gauge", "An example.", "seconds", ("kind",), row=Row("t", "step | end")
+    )
+    assert render_rows([family], ("group", "sink mode")) == [
+        "| name | type | extra labels | unit | group | updated | sink mode |",
+        "|---|---|---|---|---|---|---|",
+        "| `mindspore_train_example_seconds` | gauge | `kind` | seconds | | step \\| end | same |",
+    ]
+    worded = MetricFamily("mindspore_train_x", "gauge", "X.", "1", row=Row("t", "always", type="gauge (=1)", unit="-"))
+    assert render_rows([worded])[2] == "| `mindspore_train_x` | gauge (=1) | | - | always |"

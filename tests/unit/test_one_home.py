@@ -7,7 +7,6 @@ import dataclasses
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,9 @@ from ms_exporter.core.sample import StepSample
 from ms_exporter.core.store import MetricStore
 from ms_exporter.core.thresholds import DEFAULTS, EXPLODING_FACTOR, LOSS_SPIKE_FACTOR, Thresholds
 from ms_exporter.generate.rules import render_rules
+from ms_exporter.generate.settings_tables import Key as SettingKey
+from ms_exporter.generate.settings_tables import keys as settings_keys
+from ms_exporter.generate.settings_tables import plain_value, render_page, render_rows
 from ms_exporter.probes.hang_deadline import HangDeadlineProbe
 from ms_exporter.tools import report
 
@@ -241,14 +243,6 @@ def _documented() -> dict[str, str]:
     return found
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_plain(item) for item in value]
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
-
-
 def test_every_config_key_is_in_the_docs_table_with_the_schema_default() -> None:
     schema = _schema_defaults(MonitorConfig)
     documented = _documented()
@@ -260,14 +254,49 @@ def test_every_config_key_is_in_the_docs_table_with_the_schema_default() -> None
         literal = re.fullmatch(r"`([^`]*)`", cell)
         if key in _IN_WORDS:
             words, value = _IN_WORDS[key]
-            ok = cell == words and (value is None or _plain(default) == _plain(value))
+            ok = cell == words and (value is None or plain_value(default) == plain_value(value))
         elif literal:  # a YAML value: it must be the schema's default
-            ok = _plain(default) == yaml.safe_load(literal.group(1))
+            ok = plain_value(default) == yaml.safe_load(literal.group(1))
         else:  # words (unset, derived, from the parallel context ...): the schema leaves it unset
             ok = default is None
         if not ok:
             wrong[key] = (cell, default)
     assert wrong == {}, "docs/configuration.md: (documented default, schema default)"
+
+
+def test_the_committed_key_tables_are_what_make_generate_writes_from_the_declarations() -> None:
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert render_page(page) == page, "run `make generate` and commit docs/configuration.md"
+    every = settings_keys()
+    described = [key for key in every if key.doc]
+    assert len(described) > 0.9 * len(every)  # a key without doc shares the row of the one before it
+
+
+def test_a_key_in_no_table_or_in_two_is_an_error_naming_it() -> None:
+    every = settings_keys()
+    with pytest.raises(ValueError, match="in none .*'log_level'"):
+        render_page("<!-- settings: enable -->\n<!-- settings:end -->\n", [k for k in every if "." not in k.name])
+    twice = "<!-- settings: grad_norm -->\n<!-- settings:end -->\n" * 2
+    with pytest.raises(ValueError, match="in two tables .*'grad_norm.enable'"):
+        render_page(twice, [k for k in every if k.name.startswith("grad_norm.")])
+    with pytest.raises(ValueError, match="'nope', which is no key or section"):
+        render_page("<!-- settings: nope -->\n<!-- settings:end -->\n", every)
+
+
+def test_a_key_without_doc_or_allowed_joins_the_row_before_it_and_a_default_in_words_is_shown() -> None:
+    rows = render_rows(
+        [
+            SettingKey("flops.model.num_layers", None, "the model's shape", "integers ≥ 1", None),
+            SettingKey("flops.model.hidden_size", None, "", "", None),
+            SettingKey("flops.model.num_experts", 0, "experts", "integer ≥ 0", None),
+            SettingKey("web.tags", {"a": 1}, "a | b", "mapping", "the run's"),
+        ]
+    )
+    assert rows == [
+        "| `flops.model.num_layers`, `hidden_size` | unset | integers ≥ 1 | the model's shape |",
+        "| `flops.model.num_experts` | `0` | integer ≥ 0 | experts |",
+        "| `web.tags` | the run's | mapping | a \\| b |",
+    ]
 
 
 def test_the_reserved_tag_names_are_the_catalogues_labels() -> None:

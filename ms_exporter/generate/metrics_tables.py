@@ -1,0 +1,82 @@
+"""docs/metrics.md's family tables, from the catalogue: each family's name, type, labels and unit as it is declared,
+and when it is updated (and what sink mode changes) as its `row` says (core/catalogue.py). A table's marker names it
+and the columns it shows besides the four and `updated` (`<!-- metrics: hardware; columns: group, sink mode -->` ...
+`<!-- metrics:end -->`); `make generate` writes the rows, in the catalogue's order, and every family is in exactly
+one table.
+
+    python -m ms_exporter.generate.metrics_tables --docs docs/metrics.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ms_exporter.core.catalogue import FAMILIES, MetricFamily, Row
+from ms_exporter.generate.markdown_table import check_each_once, table_row
+
+_BLOCK = re.compile(r"(<!-- metrics: (\w+)(?:; columns: ([^>]*?))? -->\n).*?(<!-- metrics:end -->)", re.S)
+OPTIONAL = ("group", "sink mode")  # the columns a table may show besides name, type, labels, unit and updated
+
+
+def _row_of(family: MetricFamily) -> Row:
+    if family.row is None:
+        raise ValueError(f"{family.name} has no row (core/catalogue.py): say when it is updated and in which table")
+    return family.row
+
+
+def render_rows(families: Sequence[MetricFamily], columns: Sequence[str] = ()) -> list[str]:
+    """The header and rows of a table of `families`, with the `columns` of OPTIONAL it shows."""
+    header = ["name", "type", "extra labels", "unit", *(["group"] if "group" in columns else []), "updated"]
+    header += ["sink mode"] if "sink mode" in columns else []
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for family in families:
+        row = _row_of(family)
+        cells = [
+            f"`{family.name}`",
+            row.type or family.type,
+            row.labels or ", ".join(f"`{label}`" for label in family.labels),
+            row.unit or family.unit,
+            *([row.group] if "group" in columns else []),
+            row.updated,
+            *([row.sink_mode] if "sink mode" in columns else []),
+        ]
+        lines.append(table_row(cells))
+    return lines
+
+
+def render_page(text: str, families: Sequence[MetricFamily] = FAMILIES) -> str:
+    """The page with each metrics block's table written; ValueError where a family is in no table or in two, or a
+    marker names an unknown column."""
+    shown: list[str] = []
+
+    def block(match: re.Match[str]) -> str:
+        table = match.group(2)
+        columns = [column.strip() for column in (match.group(3) or "").split(",") if column.strip()]
+        unknown = [column for column in columns if column not in OPTIONAL]
+        if unknown:
+            raise ValueError(f"docs/metrics.md: table {table!r} names columns {unknown}; allowed: {list(OPTIONAL)}")
+        chosen = [family for family in families if _row_of(family).table == table]
+        if not chosen:
+            raise ValueError(f"docs/metrics.md: no family's row is in table {table!r}")
+        shown.extend(family.name for family in chosen)
+        return match.group(1) + "\n".join([*render_rows(chosen, columns), ""]) + match.group(4)
+
+    page = _BLOCK.sub(block, text)
+    check_each_once("docs/metrics.md", shown, [family.name for family in families])
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--docs", required=True, help="the page whose metrics blocks to rewrite")
+    path = Path(parser.parse_args(argv).docs)
+    path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
