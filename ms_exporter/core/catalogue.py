@@ -3,6 +3,8 @@
 This is the one place a name is written. Probes register their families from it, and the readers (threshold
 watching, the live page's history, the JSON Lines columns, `top`, the report, the rules and the dashboard) take
 their names from it too. Each family's `row` is its docs: `make generate` writes docs/metrics.md's tables from them.
+A family only its own part reads may instead be declared in the part's module: `make generate` collects it
+(PART_FAMILIES), and it is in FAMILIES as one declared here is.
 
 Importing this module costs nothing: no MindSpore, no numpy (the operator tools use it).
 """
@@ -10,7 +12,9 @@ Importing this module costs nothing: no MindSpore, no numpy (the operator tools 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
+
+from ms_exporter.core import builtin_parts
 
 MetricType = Literal["gauge", "counter", "histogram"]
 
@@ -1646,9 +1650,25 @@ DEVICE_INFO = MetricFamily(
 )
 
 
-FAMILIES: tuple[MetricFamily, ...] = tuple(
+# The families declared here; a part may declare one that only it reads in its own module, beside its class, and
+# `make generate` copies it into core/builtin_parts.py (plain values, no import), so this module still imports
+# neither numpy nor MindSpore nor any part.
+CATALOGUE_FAMILIES: tuple[MetricFamily, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricFamily)
 )
+PART_FAMILIES: tuple[MetricFamily, ...] = tuple(
+    MetricFamily(
+        name,
+        cast(MetricType, kind),
+        help_text,
+        unit,
+        tuple(labels),
+        tuple(buckets),
+        None if row is None else Row(*row),
+    )
+    for name, kind, help_text, unit, labels, buckets, row in builtin_parts.FAMILIES
+)
+FAMILIES: tuple[MetricFamily, ...] = CATALOGUE_FAMILIES + PART_FAMILIES
 
 
 # -- what warn_on_value (and the grad_norm / layernorm thresholds) can watch -------------------------------------

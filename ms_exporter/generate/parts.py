@@ -10,6 +10,7 @@ core/registry.py registers them without importing any part; and the table of the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import pkgutil
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ms_exporter.core import catalogue
+from ms_exporter.core.catalogue import MetricFamily
 from ms_exporter.core.registry import BackendEntry, ProbeEntry, ReaderEntry
 from ms_exporter.generate.marked_block import write_block
 
@@ -32,24 +35,37 @@ def _modules(package: str) -> Iterator[Any]:
 
 
 def declared() -> dict[str, list[tuple[str, Any]]]:
-    """kind ("probes", "backends", "readers") -> [(its "module:function" builder, the entry)], each in its order."""
-    found: dict[str, list[tuple[str, Any]]] = {"probes": [], "backends": [], "readers": []}
+    """kind ("probes", "backends", "readers") -> [(its "module:function" builder, the entry)], each in its order;
+    "families" -> [(the module, a MetricFamily it declares that the catalogue does not)], by name."""
+    found: dict[str, list[tuple[str, Any]]] = {"probes": [], "backends": [], "readers": [], "families": []}
     kinds = {ProbeEntry: "probes", BackendEntry: "backends", ReaderEntry: "readers"}
     for package in PACKAGES:
         for module in _modules(package):
+            found["families"] += [(module.__name__, family) for family in _own_families(module)]
             part: Any = getattr(module, "PART", None)
             kind = kinds.get(type(part))
             if kind is None:
                 continue
             builder = part.builder if isinstance(part.builder, str) else f"{module.__name__}:{part.builder.__name__}"
             found[kind].append((builder, part))
-    for entries in found.values():
-        entries.sort(key=lambda item: (item[1].order, item[1].name))
+    for kind, entries in found.items():
+        entries.sort(key=lambda item: (getattr(item[1], "order", 0), item[1].name))
         names = [entry.name for _, entry in entries]
+        if kind == "families":
+            names += [family.name for family in catalogue.CATALOGUE_FAMILIES]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ValueError(f"two parts declare the same name: {duplicates}")
+            raise ValueError(f"two parts (or a part and the catalogue) declare the same name: {duplicates}")
     return found
+
+
+def _own_families(module: Any) -> list[MetricFamily]:
+    """The families `module` declares itself: those it defines, not those it imports from the catalogue."""
+    return [
+        value
+        for value in vars(module).values()
+        if isinstance(value, MetricFamily) and value not in catalogue.CATALOGUE_FAMILIES
+    ]
 
 
 def render_module(parts: dict[str, list[tuple[str, Any]]]) -> str:
@@ -59,6 +75,8 @@ def render_module(parts: dict[str, list[tuple[str, Any]]]) -> str:
         '"""',
         "",
         "from __future__ import annotations",
+        "",
+        "from typing import Any",
         "",
         "# (name, builder, metrics groups that switch it on)",
         "PROBES: tuple[tuple[str, str, tuple[str, ...]], ...] = (",
@@ -72,9 +90,19 @@ def render_module(parts: dict[str, list[tuple[str, Any]]]) -> str:
         "READERS: tuple[tuple[str, str, str | None], ...] = (",
         *(f"    {_py((e.name, b, e.extra))}," for b, e in parts["readers"]),
         ")",
+        "# Families a part declares in its own module, read by core/catalogue.py: (name, type, help, unit, labels,",
+        "# buckets, its docs row: (table, updated, group, sink mode, type, labels, unit) or None)",
+        "FAMILIES: tuple[tuple[Any, ...], ...] = " + ("(" if parts["families"] else "()"),
+        *(f"    {_py(_family_values(family))},  # {module}" for module, family in parts["families"]),
+        *([")"] if parts["families"] else []),
         "",
     ]
     return "\n".join(lines)
+
+
+def _family_values(family: MetricFamily) -> tuple[Any, ...]:
+    row = None if family.row is None else dataclasses.astuple(family.row)
+    return (family.name, family.type, family.help, family.unit, family.labels, family.buckets, row)
 
 
 def _py(value: Any) -> str:
@@ -82,7 +110,7 @@ def _py(value: Any) -> str:
     if isinstance(value, tuple):
         inner = ", ".join(_py(item) for item in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
-    return json.dumps(value) if isinstance(value, str) else repr(value)
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
 
 
 def render_docs(parts: dict[str, list[tuple[str, Any]]]) -> str:

@@ -1,6 +1,7 @@
-"""Adding a probe or a sink is writing its module (with its PART beside its builder) and a docs line: `make generate`
-collects the declaration, and from then on the configuration accepts it, the monitor builds and serves it, and the
-parts table of docs/configuration.md lists it. Tried on a copy of the package, so the checkout is left as it is."""
+"""Adding a probe or a sink is writing its module: its PART beside its builder, and a family only it reads beside
+its class with its docs row. `make generate` collects them, and from then on the configuration accepts the parts,
+the monitor builds and serves them, the parts table of docs/configuration.md lists them and docs/metrics.md's table
+has the family's row. Tried on a copy of the package, so the checkout is left as it is."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ms_exporter.config import ConfigError, load_config
-from ms_exporter.core import builtin_parts
+from ms_exporter.core import builtin_parts, catalogue
+from ms_exporter.core.catalogue import MetricFamily, Row
 from ms_exporter.generate.parts import declared, render_docs, render_module
 
 pytestmark = pytest.mark.integration
@@ -26,14 +29,18 @@ PROBE = '''
 
 from __future__ import annotations
 
-from ms_exporter.core.catalogue import MetricFamily
+from ms_exporter.core.catalogue import MetricFamily, Row
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.probe import Probe
 from ms_exporter.core.registry import ProbeEntry
 from ms_exporter.core.sample import StepSample
 
 THROWAWAY_STEP = MetricFamily(
-    "mindspore_train_throwaway_step", "gauge", "The last step, from a throwaway probe.", "steps"
+    "mindspore_train_throwaway_step",
+    "gauge",
+    "The last step, from a throwaway probe.",
+    "steps",
+    row=Row("training", updated="every publication: the last step", group="throwaway"),
 )
 
 
@@ -109,8 +116,6 @@ def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and
         shutil.copy(ROOT / "docs" / page, copy / "docs" / page)
     (copy / "ms_exporter" / "probes" / "throwaway.py").write_text(textwrap.dedent(PROBE).lstrip())
     (copy / "ms_exporter" / "sinks" / "throwaway_sink.py").write_text(textwrap.dedent(SINK).lstrip())
-    with (copy / "docs" / "metrics.md").open("a") as metrics:  # the docs line a new family needs
-        metrics.write("| `mindspore_train_throwaway_step` | gauge | | steps | every publication: the last step |\n")
     env = {**os.environ, "PYTHONPATH": f"{copy}{os.pathsep}{ROOT}", "GLOG_v": "3"}
 
     # Before `make generate`, the configuration does not know the new parts.
@@ -118,6 +123,8 @@ def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and
         load_config({"backend": ["throwaway_sink"]})
     generate = [sys.executable, "-m", "ms_exporter.generate.parts", "-o", "ms_exporter/core/builtin_parts.py"]
     subprocess.run([*generate, "--docs", "docs/configuration.md"], cwd=copy, env=env, check=True, timeout=300)
+    tables = [sys.executable, "-m", "ms_exporter.generate.metrics_tables", "--docs", "docs/metrics.md"]
+    subprocess.run(tables, cwd=copy, env=env, check=True, timeout=300)
 
     ran = subprocess.run(
         [sys.executable, "-c", DRIVER], cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False
@@ -131,6 +138,11 @@ def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and
     table = (copy / "docs" / "configuration.md").read_text()
     assert "| probe | `throwaway` | `throwaway` | `ms_exporter/probes/throwaway.py` |" in table
     assert "| backend | `throwaway_sink` | a `backend:` value | `ms_exporter/sinks/throwaway_sink.py` |" in table
+    metrics = (copy / "docs" / "metrics.md").read_text()
+    training = metrics.split("<!-- metrics: training")[1].split("<!-- metrics:end -->")[0]
+    row = "| `mindspore_train_throwaway_step` | gauge | | steps | throwaway | every publication: the last step | same |"
+    assert row in training
+    assert (copy / "docs" / "metrics.md").read_text().count("mindspore_train_throwaway_step") == 1
 
 
 def test_the_committed_parts_index_and_table_are_what_make_generate_writes() -> None:
@@ -139,3 +151,16 @@ def test_the_committed_parts_index_and_table_are_what_make_generate_writes() -> 
     assert module == render_module(parts), "run `make generate` and commit ms_exporter/core/builtin_parts.py"
     assert render_docs(parts) in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert [name for name, *_ in builtin_parts.PROBES][:3] == ["identity", "progress", "hang_deadline"]
+
+
+def test_a_family_declared_beside_its_part_is_copied_into_the_index_as_plain_values_and_read_back_equal() -> None:
+    family = MetricFamily(
+        "mindspore_train_example_ratio", "gauge", "An example’s ratio.", "1", ("kind",), row=Row("training", "always")
+    )
+    parts = {**declared(), "families": [("ms_exporter.probes.example", family)]}
+    namespace: dict[str, Any] = {}
+    exec(render_module(parts), namespace)  # the module `make generate` would write
+    (values,) = namespace["FAMILIES"]
+    name, kind, help_text, unit, labels, buckets, row = values
+    assert MetricFamily(name, kind, help_text, unit, labels, buckets, Row(*row)) == family
+    assert builtin_parts.FAMILIES == () and catalogue.FAMILIES == catalogue.CATALOGUE_FAMILIES  # none built in yet

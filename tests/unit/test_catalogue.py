@@ -23,8 +23,8 @@ _DOC_KEYWORDS = {"doc", "allowed", "shown"}  # a setting's docs (config/checks.p
 
 
 def _code_strings(path: Path) -> list[tuple[int, str]]:
-    """String constants in code, docstrings and a setting's docs left out (they document what a class emits or a
-    key means)."""
+    """String constants in code, docstrings, a setting's docs and a family's declaration left out (they document
+    what a class emits or a key means, or declare a family beside its part)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstrings = set()
     for node in ast.walk(tree):
@@ -32,10 +32,12 @@ def _code_strings(path: Path) -> list[tuple[int, str]]:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
-        is_setting = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setting"
-        for keyword in node.keywords if is_setting else ():  # type: ignore[attr-defined]
+        called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+        for keyword in node.keywords if called == "setting" else ():  # type: ignore[attr-defined]
             if keyword.arg in _DOC_KEYWORDS:
                 docstrings.update(id(part) for part in ast.walk(keyword.value))
+        if called == "MetricFamily":  # a family declared beside the one part that reads it: its name's one home
+            docstrings.update(id(part) for part in ast.walk(node))  # type: ignore[arg-type]
     return [
         (node.lineno, node.value)
         for node in ast.walk(tree)
