@@ -134,6 +134,9 @@ class LoopDriver:
             if self._core.running and context is self._context:
                 if exhausted:
                     self._core.epoch_end(self._step)
+                # The loop's last steps are served now, not when the next loop steps (the script may evaluate,
+                # save or end without close() in between): this is the training thread, between steps.
+                self._core.publish()
                 self._core.eval_begin()
                 self._between_loops = True
 

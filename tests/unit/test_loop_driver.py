@@ -89,6 +89,21 @@ def test_each_batch_handed_out_is_one_step_over_several_epochs() -> None:
     assert monitor.phases.phase == catalogue.ENDED
 
 
+def test_the_last_steps_of_a_loop_are_served_when_it_ends_without_waiting_for_the_next_loop_or_close() -> None:
+    monitor, _ = monitor_with_ends()
+    step = Step()
+    try:
+        for data, label in monitor.steps(rows(30), network=step.network, optimizer=step.optimizer):
+            loss, grads = step(data, label)
+            monitor.step_end(loss, grads=grads)
+        # No publish() here: steps of less than a second each wait for the next publication, which the loop's end is.
+        assert monitor.store.value_of(catalogue.GLOBAL_STEP) == 30
+        assert monitor.store.value_of(catalogue.STEPS) == 30
+        assert monitor.phases.phase == catalogue.EVAL_PHASE  # between loops, as documented
+    finally:
+        monitor.close()
+
+
 @pytest.mark.parametrize("iterator", ["tuple", "dict"])
 def test_a_mindspore_dataset_iterator_of_either_kind_counts_its_batches(iterator: str) -> None:
     dataset = GeneratorDataset(rows(6), ["data", "label"], shuffle=False).batch(1)
