@@ -102,22 +102,7 @@ def assemble(
         config.input_ids_column,
         config.flops.seq_len_column if config.flops.enable else None,
     )
-    watchdog = None
-    if hang is not None:
-        watchdog = HangWatchdog(
-            phases,
-            hang.current,
-            store,
-            config.save_dir,
-            rank.rank,
-            lambda exc: errors.absorb("watchdog", exc),
-            config.hang.native_stacks,
-            config.project,
-        )
-        if config.hang.debug_endpoint:
-            context.debug_pages[STACKS_PATH] = DebugPage(
-                lambda: watchdog.latest, "No hang dump yet: this rank has not outlasted a hang deadline"
-            )
+    watchdog = None if hang is None else _hang_watchdog(context, hang, errors)
     goodput = None
     if config.goodput.enable:
         deadlines = hang.deadlines if hang is not None else None
@@ -135,24 +120,11 @@ def assemble(
     # After the expected ones: a run that did not ask for the line gets no error series for it until it fails.
     sinks += console.progress_line(context)
     publisher = StepPublisher(step_probes, thresholds, actions, sinks, batch, errors, breaker)
-    fingerprints = (
-        Fingerprints(store, config.divergence, rank, publisher.layouts, announce) if config.divergence.enable else None
-    )
-    flips = None
-    if fingerprints is not None and config.divergence.allow_injection and config.divergence.inject_flips:
-        flips = BitFlips(config.divergence.inject_flips, rank.rank)  # before the checks: they read the flipped bits
-    if fingerprints is not None and config.divergence.check_every_step:
-        context.debug_pages[CHECKSUMS_PATH] = DebugPage(
-            fingerprints.checksums_page, "No replica checks yet: this rank has no replica group, or no step has ended"
-        )
+    fingerprints, flips = _replica_checks(context, publisher, announce) if config.divergence.enable else (None, None)
     sampler = None
     if memory is not None:
         sampler = MemorySampler(
-            memory,
-            config.memory_interval,
-            breaker,
-            thresholds.check_slow,
-            lambda exc: errors.absorb("sampler", exc),
+            memory, config.memory_interval, breaker, thresholds.check_slow, lambda exc: errors.absorb("sampler", exc)
         )
     hardware = _hardware(config, store, rank, breaker)
     if hardware is not None:
@@ -164,6 +136,43 @@ def assemble(
     parts = [part for part in features if part is not None]
     fall_back.bind(parts, publisher)
     return Assembly(parts, sinks, publisher, errors, breaker, batch, hook_cost)
+
+
+def _hang_watchdog(context: PartContext, hang: HangDeadlineProbe, errors: ErrorSink) -> HangWatchdog:
+    """The thread that dumps the stacks of a phase past its deadline, and its debug page where asked."""
+    config = context.config
+    watchdog = HangWatchdog(
+        context.phases,
+        hang.current,
+        context.store,
+        config.save_dir,
+        context.rank.rank,
+        lambda exc: errors.absorb("watchdog", exc),
+        config.hang.native_stacks,
+        config.project,
+    )
+    if config.hang.debug_endpoint:
+        context.debug_pages[STACKS_PATH] = DebugPage(
+            lambda: watchdog.latest, "No hang dump yet: this rank has not outlasted a hang deadline"
+        )
+    return watchdog
+
+
+def _replica_checks(
+    context: PartContext, publisher: StepPublisher, announce: Announce
+) -> tuple[Fingerprints, BitFlips | None]:
+    """The replica fingerprints and checks, the drills' bit flips where allowed and asked for (built before the
+    checks: they read the flipped bits), and the checks' debug page."""
+    divergence = context.config.divergence
+    fingerprints = Fingerprints(context.store, divergence, context.rank, publisher.layouts, announce)
+    flips = None
+    if divergence.allow_injection and divergence.inject_flips:
+        flips = BitFlips(divergence.inject_flips, context.rank.rank)
+    if divergence.check_every_step:
+        context.debug_pages[CHECKSUMS_PATH] = DebugPage(
+            fingerprints.checksums_page, "No replica checks yet: this rank has no replica group, or no step has ended"
+        )
+    return fingerprints, flips
 
 
 def _hardware(config: MonitorConfig, store: MetricStore, rank: RankInfo, breaker: Breaker) -> HardwareMonitor | None:

@@ -153,29 +153,11 @@ def build_row(
     wait_sum = samples.value(catalogue.DATA_WAIT.sum)
     step_seconds, wait_seconds = _step_means(duration, wait_sum, history)
 
-    counters = {
-        f"breach {metric}": value for metric, value in samples.by_label(catalogue.BREACHES.name, "metric").items()
-    }
-    nonfinite = samples.value(catalogue.NONFINITE_LOSS.name)
-    if nonfinite is not None:
-        counters["non-finite loss"] = nonfinite
-    local_outliers = samples.by_label(catalogue.LOCAL_GRAD_OUTLIERS.name, "replica_group")
-    if local_outliers:
-        counters[LOCAL_GRADIENTS] = sum(local_outliers.values())
-    held = {alert: until for alert, until in (history.held.items() if history else ()) if until > now}
-    if history is not None:  # on the first poll a counter above 0 is history, not news
-        for alert, value in counters.items():
-            if value > history.counters.get(alert, 0.0):
-                held[alert] = now + hold_seconds
-
+    counters = _counters(samples)
+    held = _held(counters, history, now, hold_seconds)
     loss = samples.value(catalogue.LOSS.name)
     timestamp = samples.value(catalogue.LAST_STEP_TIMESTAMP.name)
     age = max(0.0, now - timestamp) if timestamp is not None else None
-    alerts: list[str] = []
-    if loss is not None and not math.isfinite(loss):
-        alerts.append(f"loss {formats.number(loss)}")
-    elif "non-finite loss" in held:
-        alerts.append("non-finite loss")
     phases = samples.by_label(catalogue.PHASE.name, "phase")
     phase = next((name for name, value in phases.items() if value == 1), None)
     call = _call_seconds(step_seconds, wait_seconds, duration_count, samples.value(catalogue.DATA_WAIT.count))
@@ -188,30 +170,10 @@ def build_row(
         ended=phase == catalogue.ENDED,
         at_latest=stale_seconds,
     )
-    if stall is not None:
-        alerts.append(stall_text(stall))
-    alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
-    if LOCAL_GRADIENTS in held:
-        alerts.append(LOCAL_GRADIENTS)
-    disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
-    alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
-
-    memory = samples.by_label(catalogue.MEMORY_BYTES.name, "kind")
-    memory_bytes = memory_kind = None
-    for kind in catalogue.MEMORY_IN_USE_ORDER:
-        if kind in memory:
-            memory_bytes, memory_kind = memory[kind], _MEMORY_SHORT[kind]
-            break
-    alerts.extend(_memory_growth(samples))
     temperature = _highest(samples.by_label(catalogue.DEVICE_TEMPERATURE.name, "device"))
     throttled = _throttled(samples)
-    if (
-        temperature is not None
-        and temperature[0] != HOST
-        and DEVICE_HOT.holds({RANK_DEVICE_TEMPERATURE: temperature[1]})
-    ):
-        alerts.append(f"{temperature[0]} hot {temperature[1]:.0f}C")
-    alerts.extend(f"{device} throttled" for device in throttled or ())
+    alerts = _alerts(samples, loss, held, stall, temperature, throttled)
+    memory_bytes, memory_kind = _memory_in_use(samples)
 
     row = Row(
         target=target,
@@ -241,6 +203,72 @@ def build_row(
         groups=_parallel_groups(samples),
     )
     return row, History(duration, wait_sum, step_seconds, wait_seconds, counters, held, row)
+
+
+def _counters(samples: RankSamples) -> dict[str, float]:
+    """The counters whose rise `top` holds as an alert for a while: breaches, non-finite losses, local gradient
+    outliers."""
+    counters = {
+        f"breach {metric}": value for metric, value in samples.by_label(catalogue.BREACHES.name, "metric").items()
+    }
+    nonfinite = samples.value(catalogue.NONFINITE_LOSS.name)
+    if nonfinite is not None:
+        counters["non-finite loss"] = nonfinite
+    local_outliers = samples.by_label(catalogue.LOCAL_GRAD_OUTLIERS.name, "replica_group")
+    if local_outliers:
+        counters[LOCAL_GRADIENTS] = sum(local_outliers.values())
+    return counters
+
+
+def _held(counters: dict[str, float], history: History | None, now: float, hold_seconds: float) -> dict[str, float]:
+    """The alerts still held (alert -> until): those held before, and each counter that rose since the last poll."""
+    held = {alert: until for alert, until in (history.held.items() if history else ()) if until > now}
+    if history is not None:  # on the first poll a counter above 0 is history, not news
+        for alert, value in counters.items():
+            if value > history.counters.get(alert, 0.0):
+                held[alert] = now + hold_seconds
+    return held
+
+
+def _alerts(
+    samples: RankSamples,
+    loss: float | None,
+    held: dict[str, float],
+    stall: Stall | None,
+    temperature: tuple[str, float] | None,
+    throttled: tuple[str, ...] | None,
+) -> list[str]:
+    """The row's alerts, in the order `top` shows them."""
+    alerts: list[str] = []
+    if loss is not None and not math.isfinite(loss):
+        alerts.append(f"loss {formats.number(loss)}")
+    elif "non-finite loss" in held:
+        alerts.append("non-finite loss")
+    if stall is not None:
+        alerts.append(stall_text(stall))
+    alerts.extend(sorted(alert for alert in held if alert.startswith("breach ")))
+    if LOCAL_GRADIENTS in held:
+        alerts.append(LOCAL_GRADIENTS)
+    disabled = samples.by_label(catalogue.COMPONENT_DISABLED.name, "component")
+    alerts.extend(f"{component} disabled" for component, value in sorted(disabled.items()) if value >= 1)
+    alerts.extend(_memory_growth(samples))
+    if (
+        temperature is not None
+        and temperature[0] != HOST
+        and DEVICE_HOT.holds({RANK_DEVICE_TEMPERATURE: temperature[1]})
+    ):
+        alerts.append(f"{temperature[0]} hot {temperature[1]:.0f}C")
+    alerts.extend(f"{device} throttled" for device in throttled or ())
+    return alerts
+
+
+def _memory_in_use(samples: RankSamples) -> tuple[float | None, str | None]:
+    """The memory in use the row shows (bytes, its short kind): the first kind MEMORY_IN_USE_ORDER finds."""
+    memory = samples.by_label(catalogue.MEMORY_BYTES.name, "kind")
+    for kind in catalogue.MEMORY_IN_USE_ORDER:
+        if kind in memory:
+            return memory[kind], _MEMORY_SHORT[kind]
+    return None, None
 
 
 def _parallel_groups(samples: RankSamples) -> tuple[tuple[str, str], ...]:
