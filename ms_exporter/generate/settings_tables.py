@@ -65,7 +65,8 @@ def keys(kind: type = MonitorConfig, prefix: str = "") -> list[Key]:
         if isinstance(check, type) and dataclasses.is_dataclass(check):
             found += keys(check, f"{prefix}{field.name}.")
             continue
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[operator]
+        factory = field.default_factory
+        default = factory() if callable(factory) else field.default
         found.append(Key(prefix + field.name, default, meta.get("doc", ""), meta.get("allowed", ""), meta.get("shown")))
     return found
 
