@@ -71,6 +71,17 @@ def test_one_slow_step_however_long_never_flags_and_two_in_a_row_do_not_either()
     assert flagged == []
 
 
+def test_one_hiccup_that_tips_over_a_sum_left_high_by_small_slow_steps_does_not_flag() -> None:
+    shares = _clean(300, 1)
+    shares[186:200, 0] += 0.035  # fourteen steps a little slow: S at 0.14, under the threshold
+    shares[200, 0] += 1.0  # one step a whole cycle more: S over the threshold, from one slow step
+    _, flagged = _run(shares)
+    assert flagged == []
+    shares[201, 0] += 1.0  # a second such step: a slowdown, from step 200
+    _, flagged = _run(shares)
+    assert [(onset, at) for _, onset, at, _ in flagged] == [(200, 201)]
+
+
 def test_a_slowdown_that_ends_is_let_go_of_and_the_next_one_is_flagged_with_its_own_onset() -> None:
     shares = _clean(400, 1)
     shares[100:130, 0] += 0.25

@@ -15,7 +15,8 @@ The detector works on the own work as a share of the rank's clean cycle (so that
 x_0 and cycle_0 are the rank's clean baseline: the median of its first WARMUP_STEPS steps, then followed by a median
 tracker (a step of TRACK toward each new value) while the CUSUM is at 0, so a slowdown never becomes the baseline. A
 slowdown that adds d (as a share of the cycle) adds min(d, CAP) - DRIFT per step: 10% of the cycle is flagged at its
-third step, and no single slow step (a collection pause, an epoch's first batch) can flag on its own, however long.
+third step, and no single slow step (a collection pause, an epoch's first batch) can flag on its own, however long:
+nor can it tip over an S that jitter left high, since a flag needs MIN_SLOW_STEPS steps over DRIFT since its onset.
 The onset is the first step of the run above 0 from which every step carried at least half the excess it was flagged
 at (`_onset`), the size the mean excess since. CUSUM rather than Bayesian online change-point detection: O(1) per
 step and rank with a fixed memory (64 steps of the current run), one threshold with a known meaning (a share of the
@@ -42,6 +43,7 @@ THRESHOLD = 0.18  # S at which a rank is flagged
 CEILING = 2 * THRESHOLD  # S no higher: a slowdown that ended is let go of within ~13 clean steps
 TRACK = 0.001  # the baseline's step toward each clean value (share of the cycle; relative for the cycle)
 RUN_MEMORY = 64  # steps of a run above 0 kept to find its onset in
+MIN_SLOW_STEPS = 2  # steps from the onset found that carried more than DRIFT: fewer is a hiccup, not a slowdown
 SCORE_WEIGHT = 0.1  # the score's exponential average: about the last 10 steps
 
 
@@ -134,9 +136,13 @@ class SlownessDetector:
         self._excess_steps += 1
         onset = None
         if not self.flagged and cusum >= self.threshold:
-            self.flagged = True
-            self.onset_step = self._onset()
-            onset = Onset(self.onset_step, step, self._excess_sum / self._excess_steps)
+            first = self._onset()
+            # A slowdown is two slow steps at least: S left high by jitter and tipped over by one hiccup is not one.
+            slow = sum(1 for at, excess in self._run if at >= first and excess > self.drift)
+            if slow >= MIN_SLOW_STEPS:
+                self.flagged = True
+                self.onset_step = first
+                onset = Onset(first, step, self._excess_sum / self._excess_steps)
         if self.flagged:
             self.size = self._excess_sum / self._excess_steps
             if excess > 0.0:
