@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -465,6 +467,7 @@ def serve(
     `trusted_file` keeps the addresses whose password passed for the rank's next process (basic_auth.py)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     listener = socket.create_server((address, port), family=family, backlog=128, reuse_port=False)
+    _LISTENERS.add(listener)
     pages = MetricsPages(registry, web.basic_auth_users, web.cache_seconds, history, labels, debug_pages)
     if pages.auth and trusted_file is not None:
         trusted = TrustedPeersFile(trusted_file, on_error)
@@ -474,3 +477,18 @@ def serve(
     thread = threading.Thread(target=server.serve_forever, name="ms_exporter-http", daemon=True)
     thread.start()
     return server, thread
+
+
+# Every endpoint's listening socket in this process. A child forked from it (a data loader's worker, a helper) gets a
+# copy of each, and one that outlived its parent kept the rank's port bound: the rank's next process could not
+# serve on it. The child never serves (the monitor is off there), so its copies are closed at once.
+_LISTENERS: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+
+def _close_listeners_in_child() -> None:
+    for listener in list(_LISTENERS):
+        with contextlib.suppress(OSError):
+            listener.close()
+
+
+os.register_at_fork(after_in_child=_close_listeners_in_child)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -179,6 +180,31 @@ def test_a_forked_child_does_not_write_the_parents_file(tmp_path: Path) -> None:
         assert [r["step"] for r in steps] == [1]
     finally:
         monitor.close()
+
+
+def test_a_forked_child_that_outlives_the_monitor_does_not_keep_its_port_bound() -> None:
+    monitor = TrainingMonitor(port=0, backend="prometheus")
+    port = int(monitor.url.rsplit(":", 1)[1].split("/")[0])
+    release, held = os.pipe()
+    started, ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a long-lived worker: says it runs (past the at-fork hooks), then waits until the parent lets it go
+        os.close(held)
+        os.write(ready, b"1")
+        os.read(release, 1)
+        os._exit(0)
+    os.close(release)
+    os.close(ready)
+    try:
+        assert os.read(started, 1) == b"1"
+        os.close(started)
+        monitor.close()
+        # The rank's next process binds the port while the child still lives.
+        with socket.create_server(("127.0.0.1", port)):
+            pass
+    finally:
+        os.close(held)  # the child reads end-of-file and exits
+        os.waitpid(pid, 0)
 
 
 def test_a_handler_that_chains_back_to_ours_does_not_recurse(tmp_path: Path) -> None:
