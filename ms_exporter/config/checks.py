@@ -74,8 +74,8 @@ def setting(
 ) -> Any:
     """A dataclass field and the check every value given for it must pass, with its row of docs/configuration.md
     (`make generate` writes the tables from these): `doc` what it means, `allowed` what the check accepts in words,
-    `shown` the default in words where it is not a literal (unset, derived). A setting with no `doc` shares the row
-    of the one declared before it (a group of keys documented together)."""
+    `shown` the default in words where it is not a literal (unset, derived). A setting with neither `doc` nor
+    `allowed` shares the row of the one declared before it (a group of keys documented together)."""
     return field(
         default=default,
         default_factory=factory,

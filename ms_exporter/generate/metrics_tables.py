@@ -9,14 +9,12 @@ one table.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ms_exporter.core.catalogue import FAMILIES, MetricFamily, Row
-from ms_exporter.generate.markdown_table import check_each_once, table_row
+from ms_exporter.generate.markdown_table import check_each_once, rewrite_page, table_row
 
 _BLOCK = re.compile(r"(<!-- metrics: (\w+)(?:; columns: ([^>]*?))? -->\n).*?(<!-- metrics:end -->)", re.S)
 OPTIONAL = ("group", "sink mode")  # the columns a table may show besides name, type, labels, unit and updated
@@ -71,11 +69,7 @@ def render_page(text: str, families: Sequence[MetricFamily] = FAMILIES) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--docs", required=True, help="the page whose metrics blocks to rewrite")
-    path = Path(parser.parse_args(argv).docs)
-    path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
-    return 0
+    return rewrite_page(argv, (__doc__ or "").splitlines()[0], render_page)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,17 @@ one table.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ms_exporter.config.schema import MonitorConfig
-from ms_exporter.generate.markdown_table import check_each_once, table_row
+from ms_exporter.generate.markdown_table import check_each_once, rewrite_page, table_row
 
 _BLOCK = re.compile(r"(<!-- settings: ([^>]*?) -->\n).*?(<!-- settings:end -->)", re.S)
 HEADER = ("| key | default | allowed | meaning |", "|---|---|---|---|")
@@ -116,11 +114,7 @@ def render_page(text: str, every: Sequence[Key] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--docs", required=True, help="the page whose settings blocks to rewrite")
-    path = Path(parser.parse_args(argv).docs)
-    path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
-    return 0
+    return rewrite_page(argv, (__doc__ or "").splitlines()[0], render_page)
 
 
 if __name__ == "__main__":
