@@ -238,9 +238,9 @@ def _group_failslow() -> str:
 
 
 def _relative_slowness() -> str:
-    """1 / (1 + (own - the project's least own) / the project's clean cycle), per rank (core/analysis/slowness.py)."""
+    """1 / (1 + (own - the project's least own) / the rank's clean cycle), per rank (core/analysis/slowness.py)."""
     own = f"max by (project, rank) ({c.OWN_WORK.name})"
     return (
         f"1 / (1 + clamp_min({own} - on (project) group_left () min by (project) ({c.OWN_WORK.name}), 0)"
-        f" / on (project) group_left () max by (project) ({c.CLEAN_CYCLE.name}))"
+        f" / max by (project, rank) ({c.CLEAN_CYCLE.name}))"
     )

@@ -37,17 +37,27 @@ def test_the_slowed_rank_is_paged_with_its_onset_step_and_the_ranks_that_wait_ar
         onsets = job.by_rank(f'{c.FAILSLOW_ONSET_STEP.name}{{project="failslow"}}')
         # The hook sleeps from step 150's end: step 151's cycle is the first that holds it.
         assert ONSET <= onsets["2"] <= ONSET + 2, onsets
-        relative = job.by_rank(f'{c.RANK_RELATIVE_SLOWNESS}{{project="failslow"}}')
+        # Own work is a 10-step average: when the alert fires it may hold only a few of the slow steps (under load,
+        # steps are slower and fewer pass before the rule's evaluation), so the scores are read once rank 2's settled.
+        query = f'{c.RANK_RELATIVE_SLOWNESS}{{project="failslow"}}'
+        relative = wait_until(lambda: _once_rank_2_settled(job.by_rank(query)), 120, "rank 2's relative score")
         sizes = job.by_rank(f'{c.FAILSLOW_SIZE.name}{{project="failslow"}}')
-        print(f"\nfail-slow: onsets {onsets}, sizes {sizes}, relative scores {relative}")
-        # The ranks that wait score near 1 (0.99-1.00 measured under load); the slowed one far under.
-        assert relative["2"] < 0.8 and all(relative[rank] > 0.9 for rank in ("0", "1", "3")), relative
+        cycles = job.by_rank(f'{c.CLEAN_CYCLE.name}{{project="failslow"}}')
+        print(f"\nfail-slow: onsets {onsets}, sizes {sizes}, relative scores {relative}, clean cycles {cycles}")
+        # The ranks that wait score near 1 (0.99-1.00 measured under load).
+        assert all(relative[rank] > 0.9 for rank in ("0", "1", "3")), relative
         assert job.by_rank(f'{c.FAILSLOW.name}{{project="failslow"}}')["2"] == 1.0
         # The four ranks share this machine: one node group, a quarter of it flagged, so no group is named.
         groups = wait_until(lambda: job.query(f'{c.PROJECT_GROUP_FAILSLOW}{{project="failslow"}} > 0'), 60, "group")
         assert [(group["metric"]["kind"], float(group["value"][1])) for group in groups] == [("node", 0.25)], groups
         empty = without_data(job.query, "failslow", titles=(FAILSLOW_PANEL, "Slowness scores"))
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
+
+
+def _once_rank_2_settled(relative: dict[str, float]) -> dict[str, float] | None:
+    """The scores once rank 2's is far under the alert's 0.95: a 100 ms hook in a clean cycle of about 0.2 s settles
+    at 1 / 1.5 (0.67)."""
+    return relative if relative.get("2", 1.0) < 0.8 else None
 
 
 def test_make_failslows_short_version_runs_end_to_end_and_detects_what_it_injects(tmp_path: Path) -> None:

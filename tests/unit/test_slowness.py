@@ -106,8 +106,24 @@ def test_a_group_whose_every_rank_is_flagged_is_named_as_the_group() -> None:
 
 
 def test_the_relative_score_is_low_for_the_rank_the_job_waits_for_and_one_for_the_others() -> None:
-    scores = relative_scores([0.001, 0.021, 0.002], cycle=0.1)
+    scores = relative_scores([0.001, 0.021, 0.002], cycles=[0.1, 0.1, 0.1])
     assert scores[1] == pytest.approx(1 / 1.2) and scores[0] == 1.0 and scores[2] == pytest.approx(1 / 1.01)
+
+
+def test_a_long_slowdown_keeps_its_relative_score_while_the_ranks_that_wait_track_the_slower_cycle() -> None:
+    """Rank 2's own work grows by half the cycle from step 200 and the job's cycle with it. 800 steps on, the
+    ranks that wait have taken the slower cycle as their clean one (their own work did not move); rank 2's detector
+    still holds the cycle from before, and its score is the job's cost, 1 / 1.5: by the largest clean cycle of the
+    job it would read 1 / (1 + 0.5 / 1.5)."""
+    shares = _clean(1000, 4)
+    shares[200:, 2] += 0.5
+    detectors, flagged = _run(shares)
+    assert [(rank, onset) for rank, onset, _, _ in flagged] == [(2, 200)]
+    waiting = [detectors[rank].baseline_cycle for rank in (0, 1, 3)]
+    assert min(waiting) > 1.4 * CYCLE and detectors[2].baseline_cycle == pytest.approx(CYCLE, rel=0.02)
+    own = [float(shares[-100:, rank].mean()) * CYCLE for rank in range(4)]
+    scores = relative_scores(own, [detector.baseline_cycle for detector in detectors])
+    assert scores[2] == pytest.approx(1 / 1.5, abs=0.01) and min(scores[0], scores[1], scores[3]) > 0.99
 
 
 def _sample(step: int, wait: float, duration: float = 0.09, hooks: float = 0.0, own_compute: float = 0.0) -> StepSample:

@@ -180,12 +180,15 @@ class SlownessDetector:
             self.baseline_cycle *= 1.0 - TRACK
 
 
-def relative_scores(own: Sequence[float], cycle: float) -> list[float]:
+def relative_scores(own: Sequence[float], cycles: Sequence[float]) -> list[float]:
     """Each rank's relative score in (0, 1]: the job's cycle over the cycle it would have were this rank's own work
-    the best rank's, 1 / (1 + (own - min own) / cycle). The slow rank scores low; the ranks that wait for it do not,
-    since their own work did not grow. Plain floats: `ms-exporter top` runs where numpy is not installed."""
-    least, cycle = min(own), max(cycle, 1e-9)
-    return [1.0 / (1.0 + max(value - least, 0.0) / cycle) for value in own]
+    the best rank's, 1 / (1 + (own - min own) / the rank's clean cycle). The slow rank scores low; the ranks that wait
+    for it do not, since their own work did not grow. The clean cycle is the rank's own: a flagged rank's detector
+    holds the cycle from before its slowdown, where the ranks that wait track the slower cycle (their own work did not
+    move), so the job's largest would understate the cost the longer a slowdown lasts. Plain floats: `ms-exporter top`
+    runs where numpy is not installed."""
+    least = min(own)
+    return [1.0 / (1.0 + max(value - least, 0.0) / max(cycle, 1e-9)) for value, cycle in zip(own, cycles)]
 
 
 def culprits(flagged: Sequence[int], groups: Sequence[Sequence[int]] = ()) -> list[tuple[int, ...]]:

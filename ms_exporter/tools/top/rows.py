@@ -450,7 +450,7 @@ def mark_failslow(rows: Sequence[Row], alert_below: float = DEFAULTS.failslow_re
     said: dict[int, str] = {}
     for indices in by_project.values():
         slowness = [rows[i].slowness for i in indices]
-        scores = relative_scores([s.own for s in slowness if s], max(s.cycle for s in slowness if s))
+        scores = relative_scores([s.own for s in slowness if s], [s.cycle for s in slowness if s])
         named = [i for i, s, score in zip(indices, slowness, scores) if s and s.flagged and score < alert_below]
         groups = _groups(rows, indices)
         # Largest first; of groups with the same ranks, the node (a host's fault is the one an operator drains).
