@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from ms_exporter.config import part_sections
 from ms_exporter.config.checks import _close
 from ms_exporter.config.safe_yaml import _yaml_on_key, load_yaml
 from ms_exporter.config.schema import KEYS, MonitorConfig
@@ -22,7 +23,8 @@ OTHER_ENV_NAMES = ("MS_EXPORTER_TOP_PASSWORD",)
 def _unknown_env_names() -> list[str]:
     """A misspelt MS_EXPORTER_* variable is an error, as a misspelt key in the file is: silently ignored, it would
     leave the setting it meant at its default."""
-    known = [ENV_PREFIX + key.upper() for key in KEYS]
+    every = (*KEYS, *part_sections.names())
+    known = [ENV_PREFIX + key.upper() for key in every]
     found = []
     for name in sorted(os.environ):
         if name.startswith(ENV_PREFIX) and name not in known and name not in OTHER_ENV_NAMES:
@@ -30,14 +32,14 @@ def _unknown_env_names() -> list[str]:
             hint = f"did you mean {close}? " if close else ""
             found.append(
                 f"environment variable {name}: not a monitor_config key; {hint}the variables are "
-                f"{ENV_PREFIX}<KEY> for the top-level keys: {', '.join(k.upper() for k in KEYS)}"
+                f"{ENV_PREFIX}<KEY> for the top-level keys: {', '.join(k.upper() for k in every)}"
             )
     return found
 
 
 def _env_values() -> dict[str, str]:
     values = {}
-    for key in KEYS:
+    for key in (*KEYS, *part_sections.names()):
         text = os.environ.get(ENV_PREFIX + key.upper())
         if text is not None:
             values[key] = text

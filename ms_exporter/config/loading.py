@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ms_exporter.config import article_keys, mindformers_keys
+from ms_exporter.config import article_keys, mindformers_keys, part_sections
 from ms_exporter.config.checks import ConfigError
 from ms_exporter.config.environment import ENV_PREFIX, _env_values, _parse_env, _unknown_env_names
 from ms_exporter.config.safe_yaml import _yaml_on_key, load_yaml, read_small_file
@@ -60,16 +60,31 @@ def read_config(
     for key, value in overrides.items():
         _merge(raw, key, value)
         problems.set_origin(key, f"keyword argument {key}=", value)
+    own, raw = part_sections.split(raw)
     config = _build(MonitorConfig, raw, "", problems)
+    sections = {key: _part_section(key, value, problems) for key, value in own.items()}
     if problems.found or config is None:
         raise ConfigError(problems.found)
+    part_sections.attach(config, sections)
     return config, notes
+
+
+def _part_section(key: str, value: Any, problems: _Problems) -> Any:
+    """A part's own section, checked by its declarations as a built-in one is."""
+    try:
+        kind = part_sections.section_class(key)
+    except ImportError as exc:  # its part's optional library: the error names what is missing
+        problems.add(key, f"its part's module cannot be imported ({exc})")
+        return None
+    return _build(kind, value, key, problems)
 
 
 def _merge(raw: dict[str, Any], key: Any, value: Any, kind: type[DataclassInstance] = MonitorConfig) -> None:
     """A later source replaces a key; in a section (also one inside a section) it replaces the sub-keys it names."""
     declared = {f.name: f.metadata["check"] for f in dataclasses.fields(kind)}.get(key)
-    if _is_section(declared) and isinstance(raw.get(key), Mapping) and isinstance(value, Mapping):
+    if kind is MonitorConfig and key in part_sections.names():
+        raw[key] = part_sections.merged(raw.get(key), value)
+    elif _is_section(declared) and isinstance(raw.get(key), Mapping) and isinstance(value, Mapping):
         raw[key] = dict(raw[key])
         for sub_key, sub_value in value.items():
             _merge(raw[key], sub_key, sub_value, declared)

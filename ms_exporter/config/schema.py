@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ms_exporter.config import part_sections
 from ms_exporter.config.article_keys import STRATEGIES
 from ms_exporter.config.checks import (
     _MAX_LABEL_VALUE,
@@ -273,8 +274,7 @@ class MonitorConfig:
         doc="the `project` label on every series",
         allowed="non-empty string, ≤ 128 characters",
     )
-    # The JSON Lines (TensorBoard, W&B) flush period and, up to MEMORY_SAMPLE_SECONDS, the memory sampling period:
-    # twenty snapshots and samples a second at most (1e-9 s wrote 8 MB/s of JSON Lines and spun the sampler thread).
+    # The floor: 1e-9 s wrote 8 MB/s of JSON Lines and spun the sampler thread.
     interval: float = setting(
         30.0,
         check=at_least(0.05, MAX_SECONDS),
@@ -357,7 +357,7 @@ class MonitorConfig:
         ),
         allowed="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL` (any case)",
     )
-    # Keys below are not in MindSpore Transformers' vocabulary; docs/configuration.md explains each.
+    # Keys below are not in MindSpore Transformers' vocabulary.
     warmup_steps: int = setting(
         10,
         check=int_in(0, MAX_STEPS),
@@ -367,8 +367,6 @@ class MonitorConfig:
         ),
         allowed="integer 0-10^12",
     )
-    # Steps before any warn_on_value bound is watched, loss included: the monitor_config article trains a few tens of
-    # steps before it trusts a bound (a warming-up loss is high). Also the grad_norm and layernorm thresholds.
     warn_warmup_steps: int = setting(
         50,
         check=int_in(0, MAX_STEPS),
@@ -390,8 +388,6 @@ class MonitorConfig:
     max_files: int = setting(
         5, check=int_in(1, 1000), doc="rotated JSON Lines files kept besides the live one", allowed="integer 1-1,000"
     )
-    # The JSON Lines files' name: save_dir/<jsonl_name>-rank<N>.jsonl (the strategy-container article's log_path
-    # sets it).
     jsonl_name: str = setting(
         "metrics",
         check=_jsonl_name,
@@ -401,8 +397,6 @@ class MonitorConfig:
         ),
         allowed="1-128 letters, digits and `_.:-`, starting with a letter or digit",
     )
-    # Measurements of the user's own (docs/strategies.md); the strategy-container article's built-in strategy names
-    # are read as our settings (config/article_keys.py) and never reach this list.
     strategies: tuple[Mapping[str, Any], ...] = setting(
         (),
         check=_strategies,
@@ -428,7 +422,6 @@ class MonitorConfig:
     memory_window: int = setting(
         10, check=int_in(2, 10_000), doc="memory samples in the growth-rate fit", allowed="integer 2-10,000"
     )
-    # LearningRateSchedule classes (beyond MindSpore's own) whose construct keeps no state: the monitor may call them.
     pure_lr_schedules: tuple[str, ...] = setting(
         (),
         check=class_names(),
@@ -458,8 +451,6 @@ class MonitorConfig:
         allowed="a directory (a path, as `save_dir`)",
         shown="none",
     )
-    # Where the alerts' runbook_url links point (ms-exporter rules/kubernetes --config): the page that serves
-    # docs/alerts.md with a heading anchor per alert; unset: the repository-relative docs/alerts.md.
     runbook_url: str | None = setting(
         None,
         check=optional(_runbook_url),
@@ -476,7 +467,6 @@ class MonitorConfig:
     web: WebConfig = section(WebConfig)
     actions: ActionsConfig = section(ActionsConfig)
     hang: HangConfig = section(HangConfig)
-    # Which run this process belongs to: its restarts share the goodput ledger (derived when unset, docs/goodput.md).
     run_id: str | None = setting(
         None,
         check=optional(_run_id),
@@ -496,8 +486,7 @@ class MonitorConfig:
     wandb: WandbConfig = section(WandbConfig)
     hardware: HardwareConfig = section(HardwareConfig)
     data_quality: DataQualityConfig = section(DataQualityConfig)
-    # Which series a rank exposes (sinks/shared/series_budget.py, docs/scaling.md "Very large jobs"): `large_job` keeps
-    # what the alerts and recording rules read on every rank, the per-layer and histogram detail on detail_ranks only.
+    # Each profile's series: sinks/shared/series_budget.py.
     series_profile: str = setting(
         "full",
         check=choice(*SERIES_PROFILES),
@@ -559,10 +548,26 @@ class MonitorConfig:
                 out[section_name][key] = url_for_logs(out[section_name][key])
         return out
 
+    def section(self, key: str) -> Any:
+        """The config section of the part named `key`, one it declares beside its class (config/part_sections.py):
+        as this config was given it, else its defaults."""
+        given = part_sections.given(self)
+        return given[key] if key in given else part_sections.section_class(key)()
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`)."""
+        """Plain data, the shape a YAML file would have (used by `ms-exporter check-config`); the parts' own
+        sections it was given come last."""
         plain: dict[str, Any] = _plain(self)
+        plain.update({key: _plain(value) for key, value in part_sections.given(self).items()})
         return plain
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        fields = dataclasses.fields(self)
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields) and part_sections.given(
+            self
+        ) == part_sections.given(other)
 
 
 def _plain(value: Any) -> Any:

@@ -157,9 +157,6 @@ class UpdateRatioConfig:
     every_n_steps: int = setting(
         100, check=int_in(1, 1_000_000), doc="steps between the samples the ratio compares", allowed="integer ≥ 1"
     )
-    # Positions per weight tensor: the movement's estimate has a relative error of about 1 / sqrt(2 x sketch_size)
-    # (2% at 1024) where the values move alike, more where few move (embeddings: docs/update-ratio.md); a tensor
-    # with at most this many values is compared whole, exactly.
     sketch_size: int = setting(
         1024,
         check=int_in(16, 1_000_000),
@@ -175,7 +172,6 @@ class UpdateRatioConfig:
         doc="layers always exported",
         allowed="regular expressions, matched from the start of a layer or parameter name",
     )  # always exported; matched like grad_norm.layers
-    # Besides the watched layers: the k layers that moved least and the k that moved most.
     top_k: int = setting(
         3,
         check=int_in(0, 1000),
@@ -185,7 +181,6 @@ class UpdateRatioConfig:
     max_series: int = setting(
         20, check=int_in(1, 1000), doc="cap on layer series (watched + 2 × top k)", allowed="1 to 1,000"
     )
-    # MindSporeTrainingLayerFrozen: a layer whose ratio is under this share of the rank's median ratio.
     frozen_fraction: float = setting(
         DEFAULTS.update_ratio_frozen_fraction,
         check=greater_than(0, 1),
@@ -212,8 +207,6 @@ class ActivationsConfig:
         ),
         allowed="bool",
     )
-    # Matched from the start of a cell's name (its path in the network, as parameter names spell it); none: the
-    # network's top-level cells.
     layers: tuple[str, ...] = setting(
         (),
         check=regexes(),
@@ -233,7 +226,6 @@ class ActivationsConfig:
         doc="the measured steps are its multiples; the steps in between run as without the monitor",
         allowed="integer 1-1,000,000",
     )
-    # Five series per layer; more matches than this are thinned evenly over the model's depth.
     max_layers: int = setting(
         16,
         check=int_in(1, 1000),
@@ -272,15 +264,12 @@ class OtlpConfig:
         ),
         allowed="a URL (`scheme://host:port[/path]`)",
     )
-    # grpc or http/protobuf; None: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc
     protocol: str | None = setting(
         None,
         check=optional(choice(*OTLP_PROTOCOLS)),
         doc="unset: `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, else `OTEL_EXPORTER_OTLP_PROTOCOL`, else `grpc`",
         allowed="`grpc`, `http/protobuf`",
     )
-    # seconds between exports; None: OTEL_METRIC_EXPORT_INTERVAL, else 60. Each export renders every series on the
-    # SDK's reader thread: ten a second at most.
     interval: float | None = setting(
         None,
         check=optional(at_least(0.1, MAX_SECONDS)),
@@ -331,7 +320,6 @@ class PushgatewayConfig:
     on: tuple[str, ...] = setting(
         ("train_end",), check=names(PUSH_EVENTS), doc="when to push (below)", allowed="any of `train_end`, `interval`"
     )
-    # seconds between pushes when `on` has interval; each push renders the whole store: ten a second at most
     interval: float = setting(
         30.0,
         check=at_least(0.1, MAX_SECONDS),
@@ -371,7 +359,6 @@ class EarlyStopConfig:
         doc="evaluations of `mindspore_train_loss_smoothed` without an improvement; they count across epochs",
         allowed="integer ≥ 1",
     )  # evaluations without improvement
-    # an improvement must beat the best smoothed loss by more than this
     min_delta: float = setting(
         0.0,
         check=at_least(0, MAX_RATIO),
@@ -385,7 +372,6 @@ class EarlyStopConfig:
         doc="what one evaluation is: each epoch end, or each step",
         allowed="`epoch`, `step`",
     )  # what one evaluation is: an epoch end or a step
-    # non-finite losses in a row that stop at once; null: never
     max_nonfinite: int | None = setting(
         3,
         check=optional(int_in(1, 1_000_000)),
@@ -415,11 +401,13 @@ class LrBackoffConfig:
         allowed="integer ≥ 1",
         doc="how many steps in a row the loss must rise before a back-off",
     )
-    # also back off when the gradient norm passes grad_norm.threshold
     on_grad_norm: bool = setting(
         True,
         check=boolean(),
-        doc=("needs a train cell that reports the norm (`GradNormTrainOneStepCell`, MindSpore Transformers' cells)"),
+        doc=(
+            "also back off when the gradient norm passes `grad_norm.threshold`; needs a train cell that reports "
+            "the norm (`GradNormTrainOneStepCell`, MindSpore Transformers' cells)"
+        ),
         allowed="bool",
     )
     cooldown: int = setting(
@@ -447,7 +435,6 @@ class SnapshotConfig:
         doc="on the first anomaly of an episode, save a checkpoint to `save_dir/snapshots/`",
         allowed="bool",
     )
-    # a loss above this many times the smoothed loss is a spike
     spike_factor: float = setting(
         LOSS_SPIKE_FACTOR,
         check=greater_than(1, MAX_RATIO),
@@ -660,8 +647,6 @@ class HangConfig:
         allowed="number > 0",
         shown="`1800`",
     )
-    # Callbacks whose step and epoch hooks count as `checkpoint` (their class or a base class has one of these
-    # names), besides ModelCheckpoint and its subclasses: an uploader, a custom saver.
     checkpoint_callbacks: tuple[str, ...] = setting(
         (),
         check=class_names(),
@@ -672,7 +657,6 @@ class HangConfig:
         ),
         allowed="a class name or a list of them",
     )
-    # GET /debug/stacks on the rank's endpoint serves the latest dump (same TLS and auth as /metrics)
     debug_endpoint: bool = setting(
         True,
         check=boolean(),
@@ -706,8 +690,6 @@ class FailSlowConfig:
         ),
         allowed="bool",
     )
-    # MindSporeTrainingFailSlow pages for a flagged rank whose relative score (the best rank's cycle over the one this
-    # rank's own work makes) is under this (ms-exporter rules).
     alert_below: float = setting(
         DEFAULTS.failslow_relative,
         check=between(0, 1),
@@ -727,8 +709,6 @@ class GoodputConfig:
     The run is `run_id` (top level, or MS_EXPORTER_RUN_ID), else one derived from project and save_dir."""
 
     enable: bool = setting(True, check=boolean(), doc="keep the ledger and the run state file", allowed="bool")
-    # How often the run state file in save_dir is rewritten (the run's totals are exported as of the last save).
-    # Each save writes and renames a small file: ten a second at most.
     save_seconds: float = setting(
         5.0,
         check=at_least(0.1, MAX_SECONDS),
@@ -740,7 +720,6 @@ class GoodputConfig:
         allowed="number of at least 0.1 (seconds), at most a week",
         shown="`5`",
     )
-    # MindSporeTrainingGoodputLow fires below this share of productive time over the last hour (ms-exporter rules).
     alert_below: float = setting(
         DEFAULTS.goodput_low,
         check=between(0, 1),
@@ -825,7 +804,6 @@ class DivergenceConfig:
         ),
         allowed="integer 1-1,000,000",
     )
-    # The replica group's name, where it cannot be derived from MindSpore's parallel context.
     replica_group: str | None = setting(
         None,
         check=optional(text(label_value=True)),
@@ -833,8 +811,6 @@ class DivergenceConfig:
         allowed="a label value",
         shown="derived",
     )
-    # Ranks that hold the shards of one replica within a pipeline stage (MindSpore Transformers'
-    # parallel_config.model_parallel), where MindSpore's dataset_strategy does not say.
     model_parallel: int | None = setting(
         None,
         check=optional(int_in(1, 1_000_000)),
@@ -846,8 +822,6 @@ class DivergenceConfig:
         allowed="integer ≥ 1",
         shown="from `dataset_strategy`",
     )
-    # Every step, the bit sums of every weight and optimizer state tensor (silent data corruption caught at the step
-    # it happens, docs/sdc.md), compared at each fingerprint step as checksums of at most `buckets` runs of tensors.
     check_every_step: bool = setting(
         True,
         check=boolean(),
@@ -859,8 +833,6 @@ class DivergenceConfig:
         ),
         allowed="bool",
     )
-    # The checks on every n-th step only, the same n on every rank (a corruption then seen up to n - 1 steps late, still
-    # named by tensor): for a rank whose checks cost more than their 1% of a step (docs/sdc.md#what-it-costs).
     check_every_n_steps: int = setting(
         1,
         check=int_in(1, 1_000_000),
@@ -880,8 +852,6 @@ class DivergenceConfig:
         ),
         allowed="integer 1-64",
     )
-    # Per-tensor sums kept for /debug/checksums: the last this many steps, and as many of each of the two comparison
-    # intervals before the current one (at least every_n_steps keeps those intervals whole).
     window_steps: int = setting(
         128,
         check=int_in(1, 10_000),
@@ -892,8 +862,7 @@ class DivergenceConfig:
         ),
         allowed="integer 1-10,000",
     )
-    # A rank's local gradient norm (before the all-reduce, measured by GradNormTrainOneStepCell every step where
-    # replica checks run) more than this many times the median of its recent ones is an outlier (docs/sdc.md).
+    # Measured by GradNormTrainOneStepCell every step where replica checks run.
     local_grad_factor: float = setting(
         1000.0,
         check=at_least(2, MAX_RATIO),
@@ -906,8 +875,6 @@ class DivergenceConfig:
         allowed="number ≥ 2",
         shown="`1000`",
     )
-    # Skip, on every replica, a step whose local gradient norm is an outlier on any of them (GradNormTrainOneStepCell:
-    # one all-reduce of a number a step, and an in-graph branch).
     skip_local_grad_outliers: bool = setting(
         False,
         check=boolean(),
@@ -919,7 +886,6 @@ class DivergenceConfig:
         ),
         allowed="bool",
     )
-    # Drills: bits flipped on purpose in the weights or the optimizer's state, refused unless allow_injection.
     inject_flips: tuple[BitFlip, ...] = setting(
         (),
         check=_flips,
@@ -987,7 +953,6 @@ class DataQualityConfig:
         doc="the batch of every this many steps is measured (the first of each training call, then every n)",
         allowed="integer 1-1,000,000",
     )  # a batch of every this many steps is measured
-    # The class labels whose entropy is measured; null: no label entropy.
     label_column: str | int | None = setting(
         None,
         check=optional(_column),
@@ -998,7 +963,6 @@ class DataQualityConfig:
         allowed="a column name, or its position in the batch (0-10,000)",
         shown="`null`",
     )
-    # The token ids; null: `input_ids_column` where it holds 2-D integers, else the first column that does.
     token_column: str | int | None = setting(
         None,
         check=optional(_column),
@@ -1009,8 +973,6 @@ class DataQualityConfig:
         allowed="a column name or position",
         shown="`null`",
     )
-    # The padding id, where the dataset has no `attention_mask_column`; null: padding only from the mask (as the
-    # token counts), and without a mask no lengths, padding or empty samples.
     pad_id: int | None = setting(
         None,
         check=optional(int_in(-(2**31), 2**31 - 1)),
@@ -1032,7 +994,6 @@ class DataQualityConfig:
         allowed="integer 1-10^9 or null",
         shown="`null`",
     )  # null: no out-of-vocabulary count
-    # The baseline of a quantity is its median over this many measured batches, the first of the process.
     baseline_steps: int = setting(
         20,
         check=int_in(1, 1_000_000),
@@ -1055,7 +1016,6 @@ class DataQualityConfig:
         ),
         allowed="integer 1-1,000,000",
     )  # low batches in a row: a drop
-    # The action: every batch of a drop goes to save_dir/skipped-batches.json (rollback's list, docs/rollback.md).
     list_batches: bool = setting(
         False,
         check=boolean(),
@@ -1142,7 +1102,6 @@ class FlopsModelConfig:
     gated_mlp: bool = setting(
         False, check=boolean(), doc="three MLP matrices (gate, up, down: SwiGLU, GeGLU) instead of two", allowed="bool"
     )
-    # Also read without a description: the attention term of the FLOPs derived from the network's parameters.
     causal: bool = setting(
         True,
         check=boolean(),
@@ -1255,7 +1214,6 @@ class FlopsConfig:
             "`nvidia_h100_sxm_bf16`, `nvidia_h100_pcie_bf16`, `ascend_910_fp16`"
         ),
     )
-    # A column of packed data with each document's end offset in its row (MindSpore Transformers' actual_seq_len).
     seq_len_column: str = setting(
         "actual_seq_len",
         check=text(),
@@ -1265,8 +1223,6 @@ class FlopsConfig:
         ),
         allowed="a column name",
     )
-    # Ranks that compute each batch this rank's dataset yields (tensor x pipeline parallel; all ranks with
-    # full_batch): a rank's model FLOPs are its batches' over this. Default: from MindSpore's parallel context.
     ranks_per_batch: int | None = setting(
         None,
         check=optional(int_in(1, 10**7)),
@@ -1278,13 +1234,12 @@ class FlopsConfig:
         allowed="integer ≥ 1",
         shown="from the parallel context",
     )
-    # MindSporeTrainingMfuLow fires below this MFU of the project (ms-exporter rules); unset: no such alert.
     alert_below: float | None = setting(
         None,
         check=optional(between(0, 1)),
         doc=(
             "`MindSporeTrainingMfuLow` fires when the project's MFU stays below it for 10 minutes "
-            "(`ms-exporter rules --config`)"
+            "(`ms-exporter rules --config`); unset: no such alert"
         ),
         allowed="a number between 0 and 1 (exclusive); needs a peak",
     )
@@ -1313,7 +1268,6 @@ class FlopsConfig:
 class TensorBoardConfig:
     """monitor_config.tensorboard: the `tensorboard` backend's event files in save_dir/tensorboard/<project>/rank<r>."""
 
-    # Rank 0 only by default, as MindSpore Transformers' TensorBoard writer does: every rank writes with true.
     all_ranks: bool = setting(
         False,
         check=boolean(),
@@ -1323,8 +1277,6 @@ class TensorBoardConfig:
         ),
         allowed="bool",
     )
-    # Layer tags (grad/<layer>, weight/<layer>, update_ratio/<layer>) and histograms every this many steps, as
-    # MindSpore's SummaryCollector's collect_freq (the scalars of every step are written at every step).
     collect_freq: int = setting(
         10,
         check=int_in(1, 1_000_000),
@@ -1335,8 +1287,6 @@ class TensorBoardConfig:
         ),
         allowed="integer ≥ 1",
     )
-    # Weight histograms of the parameters whose names this regular expression matches (from the start of the name,
-    # as SummaryCollector's histogram_regular, e.g. ".*weight.*"); null: no histograms.
     histogram_regular: str | None = setting(
         None,
         check=optional(regex()),
@@ -1361,7 +1311,6 @@ class TensorBoardConfig:
         allowed="one regular expression, matched from the start of a parameter name, or null",
         shown="`null`",
     )
-    # A new event file once the current one holds this many MiB (the TensorBoard article's log rotation; 0: never).
     max_file_mb: float = setting(
         500.0,
         check=at_least(0, 1024 * 1024),
@@ -1386,7 +1335,6 @@ class HardwareConfig:
         doc="read the hardware at all (`enable_hardware_monitor` at the top level means the same)",
         allowed="bool",
     )
-    # Every reader that finds a device here runs: NVML (NVIDIA GPUs, the `nvml` extra), npu-smi (Ascend NPUs), host.
     readers: tuple[str, ...] = setting(
         factory=registry.hardware_readers,
         check=names(registry.hardware_readers),
@@ -1397,8 +1345,6 @@ class HardwareConfig:
         ),
         allowed="any of the registered readers (`nvml`, `npu_smi`, `host`, and ones you register)",
     )
-    # A reading every this many seconds (the strategy-container article samples every 10 steps because nvidia-smi
-    # costs ~80 ms).
     interval: float = setting(
         10.0,
         check=at_least(0.5, MAX_SECONDS),
@@ -1409,7 +1355,6 @@ class HardwareConfig:
         allowed="number of at least 0.5 (seconds), at most a week",
         shown="`10`",
     )
-    # A reader that has not answered after this long is counted (TimeoutError) and asked again once it answers.
     timeout: float = setting(
         5.0,
         check=at_least(0.1, MAX_SECONDS),
@@ -1421,8 +1366,6 @@ class HardwareConfig:
         allowed="number of at least 0.1 (seconds), at most a week",
         shown="`5`",
     )
-    # The npu-smi command: a name, looked for in trusted directories only (features/hardware/command.py), or an
-    # absolute path.
     npu_smi: str = setting(
         "npu-smi",
         check=text(),
@@ -1432,7 +1375,6 @@ class HardwareConfig:
             " users can write) or an absolute path"
         ),
     )
-    # Ascend's RoCE link state (often /usr/local/Ascend/driver/tools/hccn_tool); null: no link series.
     hccn_tool: str | None = setting(
         "hccn_tool",
         check=optional(text()),
@@ -1445,18 +1387,19 @@ class HardwareConfig:
 class WandbConfig:
     """monitor_config.wandb: the `wandb` backend's W&B runs, their files in save_dir/wandb (docs/configuration.md)."""
 
-    # Rank 0 only by default, as the tensorboard backend: every rank logs a run of its own with true.
     all_ranks: bool = setting(
         False,
         check=boolean(),
         doc="every rank logs a run of its own; by default only rank 0 does, as for TensorBoard",
         allowed="bool",
     )
-    # offline: files only, `wandb sync save_dir/wandb` uploads them later; online: wandb's own upload as it runs.
     mode: str = setting(
         "offline",
         check=choice("offline", "online"),
-        doc="files only, or wandb's live upload",
+        doc=(
+            "`offline`: files only, which `wandb sync save_dir/wandb` uploads later; `online`: wandb's own upload "
+            "as it runs"
+        ),
         allowed="`offline`, `online`",
     )
     project: str | None = setting(
@@ -1540,7 +1483,6 @@ def _read_web_config_file(path: Any, say: Say) -> dict[str, Any]:
 class WebConfig:
     """monitor_config.web: who may read the endpoint, in the spirit of Prometheus' web configuration file."""
 
-    # a Prometheus web config file (tls_server_config, basic_auth_users)
     config_file: str | None = setting(
         None,
         check=optional(file_path()),
@@ -1574,7 +1516,6 @@ class WebConfig:
         doc="Prometheus' names; the last two need `client_ca_file`",
         allowed="`NoClientCert`, `VerifyClientCertIfGiven`, `RequireAndVerifyClientCert`",
     )
-    # user -> bcrypt or sha256:<hex> hash
     basic_auth_users: Mapping[str, str] = setting(
         factory=dict,
         check=_password_hashes,
@@ -1584,7 +1525,6 @@ class WebConfig:
             "'ms-exporter[auth]'`) or `sha256:<64 hex>` (`printf %s pw | sha256sum`)"
         ),
     )
-    # a rendered page is reused this long: a flood of requests costs one render
     cache_seconds: float = setting(
         0.25,
         check=at_least(0, 3600),
@@ -1594,8 +1534,6 @@ class WebConfig:
         ),
         allowed="0 or a number > 0",
     )
-    # Requests read and answered per second, at most (0: no limit). Past it a request waits its turn before it
-    # is read: a flood costs the training process this many requests' Python a second, whatever the load.
     max_requests_per_second: float = setting(
         20.0,
         check=at_least(0, 1_000_000),

@@ -45,6 +45,8 @@ READERS: tuple[tuple[str, str, str | None], ...] = (
     ("npu_smi", "ms_exporter.features.hardware.npu_smi:build", None),
     ("host", "ms_exporter.features.hardware.host:build", None),
 )
+# (part name, its config section's "module:Class"): read at the top of a monitor_config under the name
+SECTIONS: tuple[tuple[str, str], ...] = ()
 # Families a part declares in its own module, read by core/catalogue.py: (name, type, help, unit, labels,
 # buckets, its docs row: (table, updated, group, sink mode, type, labels, unit) or None)
 FAMILIES: tuple[tuple[Any, ...], ...] = ()

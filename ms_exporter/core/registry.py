@@ -27,11 +27,16 @@ Builder = Callable[[Any], Sequence[Any]]
 
 
 def _load(builder: str | Builder) -> Builder:
-    if not isinstance(builder, str):
-        return builder
-    module, _, function = builder.partition(":")
-    loaded: Builder = getattr(importlib.import_module(module), function)
+    loaded: Builder = load_named(builder)
     return loaded
+
+
+def load_named(named: Any) -> Any:
+    """A "module:name" string imported (a builder, a section class), or the object itself."""
+    if not isinstance(named, str):
+        return named
+    module, _, name = named.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class BackendEntry:
     selectable: bool = True
     python: tuple[int, int] = (3, 9)  # the oldest Python the extra's packages are served for
     order: int = 1000  # a built-in's place among the built-ins (the generated index is sorted by it)
+    section: str | type | None = None  # its own config section, read under its name (config/part_sections.py)
 
     def build(self, context: Any) -> list[Any]:
         """The sinks for this configuration; a missing optional library raises MissingExtra naming the extra."""
@@ -65,6 +71,7 @@ class ProbeEntry:
     builder: str | Builder  # "module:function" or a callable(PartContext) -> list of probes
     groups: tuple[str, ...] = ()
     order: int = 1000  # a built-in's place among the built-ins: the order probes see each step
+    section: str | type | None = None  # its own config section, read under its name (config/part_sections.py)
 
     def build(self, context: Any) -> list[Any]:
         return list(_load(self.builder)(context))
@@ -154,6 +161,13 @@ def hardware_readers() -> tuple[str, ...]:
     return tuple(READERS)
 
 
+def part_sections() -> dict[str, str | type]:
+    """The config sections parts declare beside their class, by part name (the section's key), in registration
+    order: what config/part_sections.py reads a monitor_config's keys against."""
+    entries: list[ProbeEntry | BackendEntry] = [*PROBES.values(), *BACKENDS.values()]
+    return {entry.name: entry.section for entry in entries if entry.section is not None}
+
+
 def components() -> tuple[str, ...]:
     """Every `component` label value: the monitor's own parts, each probe, each sink, each hardware reader."""
     return (*MONITOR_COMPONENTS, *PROBES, *BACKENDS, *(f"hardware.{name}" for name in READERS))
@@ -165,9 +179,10 @@ MONITOR_COMPONENTS = ("callback", "sampler", "watchdog", "actions", "goodput", "
 # -- the built-in parts: each declares itself in its own module (`PART = ProbeEntry(...)` beside its builder);
 # `make generate` collects the declarations into core/builtin_parts.py (ms_exporter/generate/parts.py), so that
 # nothing here imports a part before a configuration asks for it.
+_SECTIONS = dict(builtin_parts.SECTIONS)
 for _name, _builder, _groups in builtin_parts.PROBES:
-    PROBES[_name] = ProbeEntry(_name, _builder, _groups)
+    PROBES[_name] = ProbeEntry(_name, _builder, _groups, section=_SECTIONS.get(_name))
 for _name, _builder, _extra, _selectable, _python in builtin_parts.BACKENDS:
-    BACKENDS[_name] = BackendEntry(_name, _builder, _extra, _selectable, _python)
+    BACKENDS[_name] = BackendEntry(_name, _builder, _extra, _selectable, _python, section=_SECTIONS.get(_name))
 for _name, _builder, _extra in builtin_parts.READERS:
     READERS[_name] = ReaderEntry(_name, _builder, _extra)

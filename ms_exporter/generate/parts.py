@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ms_exporter.config.schema import KEYS
 from ms_exporter.core import catalogue
 from ms_exporter.core.catalogue import MetricFamily
 from ms_exporter.core.registry import BackendEntry, ProbeEntry, ReaderEntry
@@ -36,8 +37,15 @@ def _modules(package: str) -> Iterator[Any]:
 
 def declared() -> dict[str, list[tuple[str, Any]]]:
     """kind ("probes", "backends", "readers") -> [(its "module:function" builder, the entry)], each in its order;
-    "families" -> [(the module, a MetricFamily it declares that the catalogue does not)], by name."""
-    found: dict[str, list[tuple[str, Any]]] = {"probes": [], "backends": [], "readers": [], "families": []}
+    "families" -> [(the module, a MetricFamily it declares that the catalogue does not)], by name;
+    "sections" -> [(its "module:Class" config section, the entry)]."""
+    found: dict[str, list[tuple[str, Any]]] = {
+        "probes": [],
+        "backends": [],
+        "readers": [],
+        "families": [],
+        "sections": [],
+    }
     kinds = {ProbeEntry: "probes", BackendEntry: "backends", ReaderEntry: "readers"}
     for package in PACKAGES:
         for module in _modules(package):
@@ -46,17 +54,28 @@ def declared() -> dict[str, list[tuple[str, Any]]]:
             kind = kinds.get(type(part))
             if kind is None:
                 continue
-            builder = part.builder if isinstance(part.builder, str) else f"{module.__name__}:{part.builder.__name__}"
-            found[kind].append((builder, part))
+            found[kind].append((_named(part.builder, module), part))
+            if getattr(part, "section", None) is not None:
+                found["sections"].append((_named(part.section, module), part))
     for kind, entries in found.items():
         entries.sort(key=lambda item: (getattr(item[1], "order", 0), item[1].name))
         names = [entry.name for _, entry in entries]
         if kind == "families":
             names += [family.name for family in catalogue.CATALOGUE_FAMILIES]
+        if kind == "sections":
+            names += list(KEYS)
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ValueError(f"two parts (or a part and the catalogue) declare the same name: {duplicates}")
+            raise ValueError(
+                f"two parts (or a part and the catalogue, or a section and a monitor_config key) declare the same "
+                f"name: {duplicates}"
+            )
     return found
+
+
+def _named(value: str | Any, module: Any) -> str:
+    """A builder or a section class as the "module:name" the index holds."""
+    return value if isinstance(value, str) else f"{module.__name__}:{value.__name__}"
 
 
 def _own_families(module: Any) -> list[MetricFamily]:
@@ -90,6 +109,10 @@ def render_module(parts: dict[str, list[tuple[str, Any]]]) -> str:
         "READERS: tuple[tuple[str, str, str | None], ...] = (",
         *(f"    {_py((e.name, b, e.extra))}," for b, e in parts["readers"]),
         ")",
+        '# (part name, its config section\'s "module:Class"): read at the top of a monitor_config under the name',
+        "SECTIONS: tuple[tuple[str, str], ...] = " + ("(" if parts["sections"] else "()"),
+        *(f"    {_py((e.name, named))}," for named, e in parts["sections"]),
+        *([")"] if parts["sections"] else []),
         "# Families a part declares in its own module, read by core/catalogue.py: (name, type, help, unit, labels,",
         "# buckets, its docs row: (table, updated, group, sink mode, type, labels, unit) or None)",
         "FAMILIES: tuple[tuple[Any, ...], ...] = " + ("(" if parts["families"] else "()"),

@@ -1,8 +1,8 @@
 """docs/configuration.md's key tables, from the settings themselves: each key with its default, what it allows and
 what it means, as its `setting()` declares them (config/checks.py). The page says which keys a table shows, in its
 marker (`<!-- settings: grad_norm layernorm weight_norm -->` ... `<!-- settings:end -->`: sections and keys, a section
-standing for every key under it in declaration order); `make generate` writes the rows, and every key is in exactly
-one table.
+standing for every key under it in declaration order, `*parts` for every key of the sections parts declare beside
+their class); `make generate` writes the rows, and every key is in exactly one table.
 
     python -m ms_exporter.generate.settings_tables --docs docs/configuration.md
 """
@@ -18,11 +18,14 @@ from typing import Any
 
 import yaml
 
+from ms_exporter.config import part_sections
 from ms_exporter.config.schema import MonitorConfig
 from ms_exporter.generate.markdown_table import check_each_once, rewrite_page, table_row
 
 _BLOCK = re.compile(r"(<!-- settings: ([^>]*?) -->\n).*?(<!-- settings:end -->)", re.S)
 HEADER = ("| key | default | allowed | meaning |", "|---|---|---|---|")
+PARTS = "*parts"  # a marker's item that stands for every key of the parts' own sections
+NO_PART_SECTIONS = "No built-in part declares a section of its own: theirs are the sections above."
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,14 @@ def keys(kind: type = MonitorConfig, prefix: str = "") -> list[Key]:
     return found
 
 
+def every_key() -> list[Key]:
+    """The built-in keys, then those of each part's own section (config/part_sections.py) under its name."""
+    found = keys()
+    for name in part_sections.names():
+        found += keys(part_sections.section_class(name), f"{name}.")
+    return found
+
+
 def render_rows(selected: Sequence[Key]) -> list[str]:
     """The table rows of `selected`: a key with neither doc nor allowed joins the row before it (its name after the
     first key's, without the section they share; its default after the first's where the two differ)."""
@@ -91,6 +102,9 @@ def select(every: Sequence[Key], items: Sequence[str]) -> list[Key]:
     """The keys a marker names: each item a key, or a section standing for every key under it."""
     chosen: list[Key] = []
     for item in items:
+        if item == PARTS:
+            chosen += [key for key in every if key.name.split(".")[0] in part_sections.names()]
+            continue
         under = [key for key in every if key.name == item or key.name.startswith(item + ".")]
         if not under:
             raise ValueError(f"docs/configuration.md: a settings marker names {item!r}, which is no key or section")
@@ -100,12 +114,14 @@ def select(every: Sequence[Key], items: Sequence[str]) -> list[Key]:
 
 def render_page(text: str, every: Sequence[Key] | None = None) -> str:
     """The page with each settings block's rows written; ValueError where a key is in no block or in two."""
-    every = keys() if every is None else every
+    every = every_key() if every is None else every
     shown: list[str] = []
 
     def block(match: re.Match[str]) -> str:
         chosen = select(every, match.group(2).split())
         shown.extend(key.name for key in chosen)
+        if not chosen:  # the parts' own sections, where no part declares one
+            return match.group(1) + NO_PART_SECTIONS + "\n" + match.group(3)
         return match.group(1) + "\n".join([*HEADER, *render_rows(chosen), ""]) + match.group(3)
 
     page = _BLOCK.sub(block, text)

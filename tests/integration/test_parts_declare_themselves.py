@@ -1,7 +1,8 @@
-"""Adding a probe or a sink is writing its module: its PART beside its builder, and a family only it reads beside
-its class with its docs row. `make generate` collects them, and from then on the configuration accepts the parts,
-the monitor builds and serves them, the parts table of docs/configuration.md lists them and docs/metrics.md's table
-has the family's row. Tried on a copy of the package, so the checkout is left as it is."""
+"""Adding a probe or a sink is writing its module: its PART beside its builder, a family only it reads beside its
+class with its docs row, and a config section of its own. `make generate` collects them, and from then on the
+configuration accepts the parts and the section, the monitor builds and serves them, the parts table of
+docs/configuration.md lists them, its key table has the section's keys, and docs/metrics.md's table has the family's
+row. Tried on a copy of the package, so the checkout is left as it is."""
 
 from __future__ import annotations
 
@@ -64,29 +65,45 @@ PART = ProbeEntry("throwaway", build, ("throwaway",), order=1000)
 '''
 
 SINK = '''
-"""Each published step's number in a list: a throwaway sink, written as a new sink is."""
+"""Each published step's number in a list, under a label its own config section sets: a throwaway sink, written
+as a new sink is."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ms_exporter.config.checks import int_in, setting, text
 from ms_exporter.core.part import PartContext
 from ms_exporter.core.registry import BackendEntry
 from ms_exporter.core.sample import StepSample
 from ms_exporter.core.sink import Sink
 
 
+@dataclass(frozen=True)
+class ThrowawaySinkSettings:
+    """monitor_config.throwaway_sink: what the throwaway sink writes."""
+
+    label: str = setting("steps", check=text(), doc="the name the steps are kept under", allowed="text")
+    every: int = setting(1, check=int_in(1, 100), doc="keep every this many steps", allowed="integer 1-100")
+
+
 class ThrowawaySink(Sink):
     name = "throwaway_sink"
-    steps: list[int] = []
+    kept: dict[str, list[int]] = {}
+
+    def __init__(self, settings: ThrowawaySinkSettings) -> None:
+        self._settings = settings
 
     def on_step(self, sample: StepSample) -> None:
-        ThrowawaySink.steps.append(sample.step)
+        if sample.step % self._settings.every == 0:
+            ThrowawaySink.kept.setdefault(self._settings.label, []).append(sample.step)
 
 
 def build(context: PartContext) -> list[Sink]:
-    return [ThrowawaySink()]
+    return [ThrowawaySink(context.config.section("throwaway_sink"))]
 
 
-PART = BackendEntry("throwaway_sink", build, order=1000)
+PART = BackendEntry("throwaway_sink", build, order=1000, section=ThrowawaySinkSettings)
 '''
 
 DRIVER = """
@@ -95,7 +112,9 @@ from ms_exporter import TrainingMonitor
 from ms_exporter.sinks.throwaway_sink import ThrowawaySink
 from tests.support.cb_params import context
 
-monitor = TrainingMonitor(port=0, web={"cache_seconds": 0}, backend=["prometheus", "throwaway_sink"])
+monitor = TrainingMonitor(
+    port=0, web={"cache_seconds": 0}, backend=["prometheus", "throwaway_sink"], throwaway_sink={"label": "mine"}
+)
 try:
     monitor.on_train_begin(context(0, 0.0))
     for step in (1, 2, 3):
@@ -104,8 +123,43 @@ try:
     page = urllib.request.urlopen(monitor.url, timeout=30).read().decode()
 finally:
     monitor.close()
-print(json.dumps({"page": page, "sink": ThrowawaySink.steps, "parts": [part.name for part in monitor.parts]}))
+print(json.dumps({"page": page, "sink": ThrowawaySink.kept, "parts": [part.name for part in monitor.parts]}))
 """
+
+# The sink's section as a user meets it: its defaults, a file, the environment over the file, its errors.
+CHECKS = """
+import json, os
+from ms_exporter.config import ConfigError, load_config
+
+def error(source):
+    try:
+        load_config(source)
+    except ConfigError as exc:
+        return exc.problems
+    return None
+
+found = {
+    "defaults": load_config({}).section("throwaway_sink").label,
+    "given": load_config({"throwaway_sink": {"every": 5}}).section("throwaway_sink").every,
+    "printed": load_config({"throwaway_sink": {"every": 5}}).to_dict()["throwaway_sink"],
+    "unknown": error({"throwaway_sink": {"evry": 5}}),
+    "bad": error({"throwaway_sink": {"every": 0}}),
+}
+os.environ["MS_EXPORTER_THROWAWAY_SINK"] = "{label: from_env}"
+found["environment"] = load_config({"throwaway_sink": {"every": 5}}).to_dict()["throwaway_sink"]
+print(json.dumps(found))
+"""
+CHECKED = {
+    "defaults": "steps",
+    "given": 5,
+    "printed": {"label": "steps", "every": 5},
+    "unknown": [
+        "monitor_config.throwaway_sink.evry: unknown key (monitor_config); did you mean 'every'? allowed keys: "
+        "label, every"
+    ],
+    "bad": ["monitor_config.throwaway_sink.every: must be an integer from 1 to 100, got 0 (from monitor_config)"],
+    "environment": {"label": "from_env", "every": 5},
+}
 
 
 def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and_documented(tmp_path: Path) -> None:
@@ -123,9 +177,15 @@ def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and
         load_config({"backend": ["throwaway_sink"]})
     generate = [sys.executable, "-m", "ms_exporter.generate.parts", "-o", "ms_exporter/core/builtin_parts.py"]
     subprocess.run([*generate, "--docs", "docs/configuration.md"], cwd=copy, env=env, check=True, timeout=300)
-    tables = [sys.executable, "-m", "ms_exporter.generate.metrics_tables", "--docs", "docs/metrics.md"]
-    subprocess.run(tables, cwd=copy, env=env, check=True, timeout=300)
+    for tables, page in (("metrics_tables", "docs/metrics.md"), ("settings_tables", "docs/configuration.md")):
+        command = [sys.executable, "-m", f"ms_exporter.generate.{tables}", "--docs", page]
+        subprocess.run(command, cwd=copy, env=env, check=True, timeout=300)
 
+    checked = subprocess.run(
+        [sys.executable, "-c", CHECKS], cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert json.loads(checked.stdout.strip().splitlines()[-1]) == CHECKED
     ran = subprocess.run(
         [sys.executable, "-c", DRIVER], cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -133,11 +193,13 @@ def test_a_probe_and_a_sink_written_as_one_module_each_are_configured_served_and
     seen = json.loads(ran.stdout.strip().splitlines()[-1])
     assert "# TYPE mindspore_train_throwaway_step gauge" in seen["page"]
     assert "mindspore_train_throwaway_step{" in seen["page"] and "} 3.0" in seen["page"].split("throwaway_step{")[1]
-    assert seen["sink"] == [1, 2, 3]
+    assert seen["sink"] == {"mine": [1, 2, 3]}
     assert {"throwaway", "throwaway_sink"} <= set(seen["parts"])
     table = (copy / "docs" / "configuration.md").read_text()
     assert "| probe | `throwaway` | `throwaway` | `ms_exporter/probes/throwaway.py` |" in table
     assert "| backend | `throwaway_sink` | a `backend:` value | `ms_exporter/sinks/throwaway_sink.py` |" in table
+    assert "| `throwaway_sink.every` | `1` | integer 1-100 | keep every this many steps |" in table
+    assert "| `throwaway_sink.label` | `steps` | text | the name the steps are kept under |" in table
     metrics = (copy / "docs" / "metrics.md").read_text()
     training = metrics.split("<!-- metrics: training")[1].split("<!-- metrics:end -->")[0]
     row = "| `mindspore_train_throwaway_step` | gauge | | steps | throwaway | every publication: the last step | same |"

@@ -6,13 +6,15 @@ as built-in ones, and their series reach /metrics with the declared help and typ
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ms_exporter import TrainingMonitor
-from ms_exporter.config import ConfigError
+from ms_exporter.config import ConfigError, load_config
+from ms_exporter.config.checks import int_in, setting
 from ms_exporter.core import registry
 from ms_exporter.core.catalogue import MetricFamily
 from ms_exporter.core.part import PartContext
@@ -200,3 +202,45 @@ def test_every_built_in_part_carries_its_registry_name(tmp_path: Path) -> None:
     probes = set(registry.PROBES) - {"identity", "strategies"}
     assert probes <= names, probes - names
     assert {"prometheus", "local", "tensorboard"} <= names
+
+
+@dataclass(frozen=True)
+class EveryNSettings:
+    """monitor_config.every_n_list: which steps the sink keeps."""
+
+    every: int = setting(1, check=int_in(1, 100), doc="keep every this many steps", allowed="integer 1-100")
+
+
+class EveryNSink(ListSink):
+    def __init__(self, settings: EveryNSettings) -> None:
+        super().__init__()
+        self.every = settings.every
+
+    def on_step(self, sample: StepSample) -> None:
+        if sample.step % self.every == 0:
+            super().on_step(sample)
+
+
+def test_a_registered_sink_reads_its_own_section_from_the_config_and_the_section_is_checked() -> None:
+    entry = registry.BackendEntry(
+        "every_n_list", lambda context: [EveryNSink(context.config.section("every_n_list"))], section=EveryNSettings
+    )
+    with pytest.raises(ConfigError, match="every_n_list"):  # not registered yet: an unknown key
+        TrainingMonitor(port=0, backend=["prometheus"], every_n_list={"every": 2})
+    registry.register_backend(entry)
+    ListSink.made.clear()
+    try:
+        with pytest.raises(ConfigError, match=r"every_n_list\.every: must be an integer from 1 to 100, got 0"):
+            TrainingMonitor(port=0, backend=["every_n_list"], every_n_list={"every": 0})
+        monitor = TrainingMonitor(port=0, backend=["every_n_list"], every_n_list={"every": 2})
+        try:
+            monitor.on_train_begin(context(0, 0.0))
+            for step in (1, 2, 3, 4):
+                monitor.on_train_step_end(context(step, 1.0))
+            monitor.publish()
+        finally:
+            monitor.close()
+        assert [sink.steps for sink in ListSink.made] == [[2, 4]]
+        assert load_config({}).section("every_n_list") == EveryNSettings()  # not given: its defaults
+    finally:
+        registry.unregister("every_n_list")
