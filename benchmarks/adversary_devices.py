@@ -121,10 +121,36 @@ def _nvml_shown(facts: dict[str, Any]) -> str:
 def _run_stale(scratch: Path) -> dict[str, Any]:
     """An Ascend-like reader reads 91 C, healthy, link up, then fails for good: what stays on the rank's page."""
     from ms_exporter.core import catalogue as c
-    from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
     from ms_exporter.core.errors import Breaker, ErrorSink
     from ms_exporter.core.store import MetricStore
     from ms_exporter.features.hardware.monitor import HardwareMonitor
+
+    store = MetricStore((("rank", "0"), ("project", "adversary")))
+    reader = _fails_for_good()
+    monitor = HardwareMonitor([reader], store, 3600.0, TIMEOUT, Breaker(ErrorSink(store), store))
+    try:
+        monitor.sample()
+        _settle(monitor)
+        before = _device_readings(store)
+        reader.broken = True
+        rounds = 0
+        while rounds < 10 and "hardware.npu_smi" not in {
+            dict(s.labels)["component"] for s in store.series_of(c.COMPONENT_DISABLED)
+        }:
+            monitor.sample()
+            _settle(monitor)
+            rounds += 1
+        disabled = rounds < 10
+        after = _device_readings(store)
+        info = len(store.series_of(c.DEVICE_INFO))
+    finally:
+        monitor.close()
+    return {"before": before, "disabled": disabled, "failed_readings": rounds, "after": after, "info_series": info}
+
+
+def _fails_for_good() -> Any:
+    """An npu_smi reader of one device that reads 91 C, healthy, link up until `broken` is set, then only fails."""
+    from ms_exporter.core.device.reading import DeviceIdentity, DeviceReading, HardwareReader
 
     class FailsForGood(HardwareReader):
         name = "npu_smi"
@@ -138,40 +164,25 @@ def _run_stale(scratch: Path) -> dict[str, Any]:
                 raise RuntimeError("npu-smi: dcmi module initialize failed")
             return [DeviceReading("npu0", temperature_celsius=91.0, healthy=True, link_up=True)]
 
-    store = MetricStore((("rank", "0"), ("project", "adversary")))
-    reader = FailsForGood()
-    monitor = HardwareMonitor([reader], store, 3600.0, TIMEOUT, Breaker(ErrorSink(store), store))
+    return FailsForGood()
 
-    def shown() -> dict[str, float]:
-        found = {}
-        for family in (c.DEVICE_TEMPERATURE, c.DEVICE_HEALTHY, c.DEVICE_LINK_UP):
-            for series in store.series_of(family):
-                found[family.name] = series.value
-        return found
 
-    def settle() -> None:
-        deadline = time.monotonic() + 30
-        while any(worker.busy_since is not None for worker in monitor._readers) and time.monotonic() < deadline:
-            time.sleep(0.02)
+def _device_readings(store: Any) -> dict[str, float]:
+    """The device's temperature, health and link series on the page, by family name."""
+    from ms_exporter.core import catalogue as c
 
-    try:
-        monitor.sample()
-        settle()
-        before = shown()
-        reader.broken = True
-        rounds = 0
-        while rounds < 10 and "hardware.npu_smi" not in {
-            dict(s.labels)["component"] for s in store.series_of(c.COMPONENT_DISABLED)
-        }:
-            monitor.sample()
-            settle()
-            rounds += 1
-        disabled = rounds < 10
-        after = shown()
-        info = len(store.series_of(c.DEVICE_INFO))
-    finally:
-        monitor.close()
-    return {"before": before, "disabled": disabled, "failed_readings": rounds, "after": after, "info_series": info}
+    found = {}
+    for family in (c.DEVICE_TEMPERATURE, c.DEVICE_HEALTHY, c.DEVICE_LINK_UP):
+        for series in store.series_of(family):
+            found[family.name] = series.value
+    return found
+
+
+def _settle(monitor: Any) -> None:
+    """Waits (30 s at most) until no reader of the monitor is busy."""
+    deadline = time.monotonic() + 30
+    while any(worker.busy_since is not None for worker in monitor._readers) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _stale_holds(facts: dict[str, Any]) -> bool:
@@ -209,17 +220,13 @@ def _alive(pid: int) -> bool:
 
 
 def _run_hung(scratch: Path) -> dict[str, Any]:
-    from ms_exporter.core import catalogue as c
     from ms_exporter.core.errors import Breaker, ErrorSink
     from ms_exporter.core.store import MetricStore
     from ms_exporter.features.hardware.monitor import HardwareMonitor
     from ms_exporter.features.hardware.npu_smi import NpuSmiReader
 
     log = scratch / "pids"
-    tool = scratch / "bin" / "npu-smi"
-    tool.parent.mkdir()
-    tool.write_text(HUNG_NPU_SMI.format(python=sys.executable, log=str(log), seconds=HANG_SECONDS))
-    tool.chmod(0o755)
+    tool = _hung_npu_smi(scratch, log)
     store = MetricStore((("rank", "0"), ("project", "adversary")))
     monitor = HardwareMonitor(
         [NpuSmiReader(str(tool), timeout=TIMEOUT, hccn_tool=None)],
@@ -228,18 +235,12 @@ def _run_hung(scratch: Path) -> dict[str, Any]:
         TIMEOUT,
         Breaker(ErrorSink(store), store),
     )
-
-    def counted() -> tuple[float, bool]:
-        errors = {dict(s.labels)["component"]: s.value for s in store.series_of(c.ERRORS)}
-        disabled = {dict(s.labels)["component"] for s in store.series_of(c.COMPONENT_DISABLED)}
-        return errors.get("hardware.npu_smi", 0.0), "hardware.npu_smi" in disabled
-
     began = time.monotonic()
     try:
-        while time.monotonic() - began < 40 and not counted()[1]:
+        while time.monotonic() - began < 40 and not _npu_smi_counted(store)[1]:
             monitor.sample()
             time.sleep(0.1)
-        timeouts, disabled = counted()
+        timeouts, disabled = _npu_smi_counted(store)
         switched_off_after = round(time.monotonic() - began, 1)
         runs_before = len(log.read_text().split()) if log.exists() else 0
         for _ in range(10):  # a switched-off reader is never asked again
@@ -247,14 +248,7 @@ def _run_hung(scratch: Path) -> dict[str, Any]:
             time.sleep(0.05)
     finally:
         monitor.close()
-    pids = [int(word) for word in log.read_text().split()] if log.exists() else []
-    deadline = time.monotonic() + 15
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [pid for pid in pids if _alive(pid)]
-    for pid in left:  # the scenario's own processes: never leave them behind, whatever the verdict
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    pids, left = _reap(log)
     return {
         "timeouts": timeouts,
         "disabled": disabled,
@@ -263,6 +257,37 @@ def _run_hung(scratch: Path) -> dict[str, Any]:
         "started_after_off": len(pids) - runs_before,
         "processes_left": len(left),
     }
+
+
+def _hung_npu_smi(scratch: Path, log: Path) -> Path:
+    """SCRATCH/bin/npu-smi: HUNG_NPU_SMI, writing the pids it starts to `log`."""
+    tool = scratch / "bin" / "npu-smi"
+    tool.parent.mkdir()
+    tool.write_text(HUNG_NPU_SMI.format(python=sys.executable, log=str(log), seconds=HANG_SECONDS))
+    tool.chmod(0o755)
+    return tool
+
+
+def _npu_smi_counted(store: Any) -> tuple[float, bool]:
+    """The npu_smi reader's errors counted, and whether it is switched off."""
+    from ms_exporter.core import catalogue as c
+
+    errors = {dict(s.labels)["component"]: s.value for s in store.series_of(c.ERRORS)}
+    disabled = {dict(s.labels)["component"] for s in store.series_of(c.COMPONENT_DISABLED)}
+    return errors.get("hardware.npu_smi", 0.0), "hardware.npu_smi" in disabled
+
+
+def _reap(log: Path) -> tuple[list[int], list[int]]:
+    """The processes the hung tool started (from `log`), and those still alive 15 s on, which are then killed."""
+    pids = [int(word) for word in log.read_text().split()] if log.exists() else []
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:  # the scenario's own processes: never leave them behind, whatever the verdict
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return pids, left
 
 
 def _hung_holds(facts: dict[str, Any]) -> bool:

@@ -213,36 +213,38 @@ def _child_fork(scratch: Path) -> None:
         sys.exit(0)
     os.close(go_read)
 
-    def reap(pid: int) -> int | None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)  # a child stuck at its exit (in the parent's threads' locks)
-        os.waitpid(pid, 0)
-        return None
-
     class Forks(Callback):
         def on_train_step_end(self, run_context: Any) -> None:
             step = run_context.original_args().cur_step_num
             if step == 20:
                 os.write(go_write, b"x")
-                facts["helper_rc"] = reap(helper)
+                facts["helper_rc"] = _reap(helper)
                 facts["target_after_helper"], facts["lock_after_helper"] = target.exists(), lock.exists()
             if step == 40:
                 child = os.fork()
                 if child == 0:  # closes what it inherited and leaves without running anything else of the parent's
                     monitor.close()
                     os._exit(0)
-                facts["closer_rc"] = reap(child)
+                facts["closer_rc"] = _reap(child)
                 facts["target_after_closer"], facts["lock_after_closer"] = target.exists(), lock.exists()
 
     _model().train(1, synthetic_dataset(size=16 * 60), callbacks=[monitor, Forks()], dataset_sink_mode=False)
     facts["steps"] = 60
     (scratch / "facts.json").write_text(json.dumps(facts))
     monitor.close()
+
+
+def _reap(pid: int) -> int | None:
+    """A forked child's exit code, once it ended (within 60 s); None for one killed because it did not."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)  # a child stuck at its exit (in the parent's threads' locks)
+    os.waitpid(pid, 0)
+    return None
 
 
 _CHILDREN: dict[str, Callable[..., None]] = {

@@ -175,15 +175,44 @@ def _labelled(page: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
 
 def _train(scenario: str, scratch: Path) -> int:
     import mindspore as ms
-    from mindspore import nn
-    from mindspore.train import Callback, Model
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
-    strategies, steps = {
+    strategies, steps = _scenario(scenario, scratch)
+    monitor = TrainingMonitor(
+        {
+            "port": 0,
+            "backend": ["prometheus", "local"],
+            "save_dir": str(scratch / "out"),
+            "interval": 1,
+            "warmup_steps": 0,
+            "web": {"cache_seconds": 0},
+            "strategies": strategies,
+        }
+    )
+    facts: dict[str, Any] = {"steps": steps, "trained": 0}
+    network, optimizer = _small_network()
+    try:
+        _train_counted(network, optimizer, monitor, steps, facts)
+    except BaseException as exc:  # what reached the training: the finding is whether anything does
+        facts["training_raised"] = type(exc).__name__
+    try:
+        _read_page(monitor, facts)
+    except BaseException as exc:
+        facts["scrape_failed"] = repr(exc)
+    try:
+        monitor.close()
+    except BaseException as exc:
+        facts["close_raised"] = type(exc).__name__
+    (scratch / "facts.json").write_text(json.dumps(facts))
+    return 130 if facts.get("training_raised") == "KeyboardInterrupt" else 0
+
+
+def _scenario(scenario: str, scratch: Path) -> tuple[list[dict[str, Any]], int]:
+    """The strategies a scenario's monitor names, and how many steps it trains."""
+    scenarios: dict[str, tuple[list[dict[str, Any]], int]] = {
         "base": (
             [
                 {"name": f"{HERE}.ExitsAtTrainBegin"},
@@ -199,49 +228,45 @@ def _train(scenario: str, scratch: Path) -> int:
             BASE_STEPS,
         ),
         "keys": ([{"name": f"{HERE}.ChangingKeys"}], KEYS_STEPS),
-    }[scenario]
-    monitor = TrainingMonitor(
-        {
-            "port": 0,
-            "backend": ["prometheus", "local"],
-            "save_dir": str(scratch / "out"),
-            "interval": 1,
-            "warmup_steps": 0,
-            "web": {"cache_seconds": 0},
-            "strategies": strategies,
-        }
-    )
-    facts: dict[str, Any] = {"steps": steps, "trained": 0}
+    }
+    return scenarios[scenario]
+
+
+def _small_network() -> tuple[Any, Any]:
+    """A one-layer demo network and its Momentum optimizer."""
+    from mindspore import nn
+
+    from ms_exporter.demo import build_network
+
+    network = build_network(layers=1, d_model=32, heads=2)
+    return network, nn.Momentum(network.trainable_params(), 0.01, 0.9)
+
+
+def _train_counted(network: Any, optimizer: Any, monitor: Any, steps: int, facts: dict[str, Any]) -> None:
+    """`steps` steps of training with the monitor; facts["trained"] follows the steps done."""
+    from mindspore.train import Callback, Model
+
+    from ms_exporter.demo import synthetic_dataset
 
     class Counter(Callback):
         def on_train_step_end(self, run_context: Any) -> None:
             facts["trained"] = int(run_context.original_args().cur_step_num)
 
-    network = build_network(layers=1, d_model=32, heads=2)
-    optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
-    try:
-        model = Model(network, optimizer=optimizer)
-        dataset = synthetic_dataset(size=steps * 8, batch=8)
-        model.train(1, dataset, callbacks=[monitor, Counter()], dataset_sink_mode=False)
-    except BaseException as exc:  # what reached the training: the finding is whether anything does
-        facts["training_raised"] = type(exc).__name__
-    try:
-        monitor.publish()
-        page = _page(monitor.url or "")
-        facts["errors"] = _labelled(page, "mindspore_exporter_errors_total", "component")
-        facts["disabled"] = _labelled(page, "mindspore_exporter_component_disabled", "component")
-        facts["user"] = {
-            name: value for (name, _), value in page.items() if name.startswith("mindspore_train_user_changing_keys_")
-        }
-        facts["dropped"] = _labelled(page, "mindspore_exporter_strategy_dropped_total", "reason")
-    except BaseException as exc:
-        facts["scrape_failed"] = repr(exc)
-    try:
-        monitor.close()
-    except BaseException as exc:
-        facts["close_raised"] = type(exc).__name__
-    (scratch / "facts.json").write_text(json.dumps(facts))
-    return 130 if facts.get("training_raised") == "KeyboardInterrupt" else 0
+    model = Model(network, optimizer=optimizer)
+    dataset = synthetic_dataset(size=steps * 8, batch=8)
+    model.train(1, dataset, callbacks=[monitor, Counter()], dataset_sink_mode=False)
+
+
+def _read_page(monitor: Any, facts: dict[str, Any]) -> None:
+    """Publishes, scrapes the monitor's page and keeps what the strategies left on it in `facts`."""
+    monitor.publish()
+    page = _page(monitor.url or "")
+    facts["errors"] = _labelled(page, "mindspore_exporter_errors_total", "component")
+    facts["disabled"] = _labelled(page, "mindspore_exporter_component_disabled", "component")
+    facts["user"] = {
+        name: value for (name, _), value in page.items() if name.startswith("mindspore_train_user_changing_keys_")
+    }
+    facts["dropped"] = _labelled(page, "mindspore_exporter_strategy_dropped_total", "reason")
 
 
 def _child(scratch: Path, *args: str) -> subprocess.Popen[bytes]:

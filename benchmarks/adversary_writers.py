@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from benchmarks.adversary import Case
 
@@ -38,10 +38,9 @@ _STARTUP_SECONDS = 120.0  # MindSpore's import and the first graph compilation, 
 def _train(spec: dict[str, Any]) -> None:
     import mindspore as ms
     from mindspore import nn
-    from mindspore.train import Callback, Model
+    from mindspore.train import Model
 
     from ms_exporter import TrainingMonitor
-    from ms_exporter.core import catalogue
     from ms_exporter.demo import build_network, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -52,20 +51,49 @@ def _train(spec: dict[str, Any]) -> None:
     pace = float(spec.get("pace", 0.0))
     monitor = TrainingMonitor({"port": 0, **spec["monitor"]})
 
-    def counters() -> dict[str, Any]:
-        def by(family: Any, label: str) -> dict[str, float]:
-            return {dict(s.labels)[label]: s.value for s in monitor.store.series_of(family)}
-
-        return {
-            "errors": by(catalogue.ERRORS, "component"),
-            "dropped": by(catalogue.DROPPED_RECORDS, "sink"),
-            "disabled": by(catalogue.COMPONENT_DISABLED, "component"),
-        }
-
     def write_status(**extra: Any) -> None:
-        temporary = scratch / "status.json.tmp"
-        temporary.write_text(json.dumps({**counters(), **extra}))
-        os.replace(temporary, scratch / "status.json")
+        _write_status(scratch, monitor, **extra)
+
+    network = build_network(layers=1, d_model=32, heads=2)
+    optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
+    model = Model(network, optimizer=optimizer)
+    steps = int(spec["steps"])
+    try:
+        model.train(
+            1,
+            synthetic_dataset(size=steps * 8, batch=8),
+            callbacks=[monitor, _pacer(progress, stop_file, pace, write_status)],
+            dataset_sink_mode=False,
+        )
+    finally:
+        monitor.close()
+    write_status(step=-1, done=True)
+
+
+def _counters(monitor: Any) -> dict[str, Any]:
+    """The monitor's own counters: errors, dropped records and components switched off."""
+    from ms_exporter.core import catalogue
+
+    def by(family: Any, label: str) -> dict[str, float]:
+        return {dict(s.labels)[label]: s.value for s in monitor.store.series_of(family)}
+
+    return {
+        "errors": by(catalogue.ERRORS, "component"),
+        "dropped": by(catalogue.DROPPED_RECORDS, "sink"),
+        "disabled": by(catalogue.COMPONENT_DISABLED, "component"),
+    }
+
+
+def _write_status(scratch: Path, monitor: Any, **extra: Any) -> None:
+    """The monitor's counters (and `extra`) into SCRATCH/status.json, replaced whole so a reader never sees half."""
+    temporary = scratch / "status.json.tmp"
+    temporary.write_text(json.dumps({**_counters(monitor), **extra}))
+    os.replace(temporary, scratch / "status.json")
+
+
+def _pacer(progress: TextIO, stop_file: Path, pace: float, write_status: Callable[..., None]) -> Any:
+    """The Pacer callback: it writes to `progress`, calls `write_status` and stops once `stop_file` exists."""
+    from mindspore.train import Callback
 
     class Pacer(Callback):
         """After the monitor: the step's wall time, the monitor's counters, the pace, and the stop file."""
@@ -85,17 +113,7 @@ def _train(spec: dict[str, Any]) -> None:
             if pace:
                 time.sleep(pace)
 
-    network = build_network(layers=1, d_model=32, heads=2)
-    optimizer = nn.Momentum(network.trainable_params(), 0.01, 0.9)
-    model = Model(network, optimizer=optimizer)
-    steps = int(spec["steps"])
-    try:
-        model.train(
-            1, synthetic_dataset(size=steps * 8, batch=8), callbacks=[monitor, Pacer()], dataset_sink_mode=False
-        )
-    finally:
-        monitor.close()
-    write_status(step=-1, done=True)
+    return Pacer()
 
 
 def _child(scratch: Path, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -249,23 +267,28 @@ def full_disk(scratch: Path) -> dict[str, Any]:
             )
         finally:
             facts["rc"] = _finish(child, scratch)
-        status = _status(scratch)
-        records = _records(path)
-        trained = max((step for step, _ in _progress(scratch)), default=0)
-        in_file = [r for r in records if r.get("type") in ("step", "event")]
-        dropped = int(status.get("dropped", {}).get("local", 0))
-        facts.update(
-            trained_steps=trained,
-            records_in_file=len(in_file),
-            dropped=dropped,
-            # Every record queued (each step, train_begin, train_end) is in the file or counted as lost.
-            accounted=len(in_file) + dropped == trained + 2,
-            disabled=int(status.get("disabled", {}).get("local", 0)),
-            done=bool(status.get("done")),
-        )
+        facts.update(_written_or_lost(scratch, path))
         if not facts["done"]:
             facts["log"] = _log_tail(scratch)
         return facts
+
+
+def _written_or_lost(scratch: Path, path: Path) -> dict[str, Any]:
+    """After the run: the steps trained, the records in the JSON Lines file and those counted as lost."""
+    status = _status(scratch)
+    records = _records(path)
+    trained = max((step for step, _ in _progress(scratch)), default=0)
+    in_file = [r for r in records if r.get("type") in ("step", "event")]
+    dropped = int(status.get("dropped", {}).get("local", 0))
+    return {
+        "trained_steps": trained,
+        "records_in_file": len(in_file),
+        "dropped": dropped,
+        # Every record queued (each step, train_begin, train_end) is in the file or counted as lost.
+        "accounted": len(in_file) + dropped == trained + 2,
+        "disabled": int(status.get("disabled", {}).get("local", 0)),
+        "done": bool(status.get("done")),
+    }
 
 
 def _full_disk_holds(facts: dict[str, Any]) -> bool:

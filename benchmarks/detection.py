@@ -204,29 +204,8 @@ def run(healthy_minutes: float, failures: tuple[Failure, ...] = FAILURES) -> dic
         jobs: dict[str, Job] = {}
         try:
             healthy_seconds = healthy_minutes * 60
-            jobs[HEALTHY] = start_job(scratch, f"detect-{HEALTHY}", "none", healthy_seconds, healthy_seconds)
-            for failure in failures:
-                time.sleep(1)  # staggered: a dozen MindSpore imports at once would make the first steps crawl
-                jobs[failure.fault] = start_job(
-                    scratch, f"detect-{failure.fault}", failure.fault, failure.healthy_seconds, 3600
-                )
-            results = {}
-            waiting = {failure.fault: failure for failure in failures}
-            while waiting:
-                for fault, failure in list(waiting.items()):
-                    job = jobs[fault]
-                    delivered = webhook.first_firing(job.project, failure.alert)
-                    through_vm = vm_webhook.first_firing(job.project, failure.alert)
-                    late = job.fault_at is not None and time.time() > job.fault_at + max(3 * failure.target, 300)
-                    gone = job.fault_at is None and job.process.poll() is not None
-                    if (delivered is not None and through_vm is not None) or late or gone:
-                        job.stop()  # the leak must not go on; a stopped job's own alerts are not counted
-                        results[fault] = {
-                            **_result(failure, job, delivered, webhook),
-                            "remote_write": _result(failure, job, through_vm, vm_webhook),
-                        }
-                        del waiting[fault]
-                time.sleep(1)
+            _start_jobs(jobs, scratch, healthy_seconds, failures)
+            results = _first_deliveries(jobs, failures, webhook, vm_webhook)
             healthy = jobs[HEALTHY]
             healthy.process.wait(healthy_seconds + 600)
             ended = time.time()
@@ -254,11 +233,51 @@ def run(healthy_minutes: float, failures: tuple[Failure, ...] = FAILURES) -> dic
         "remote_write_scrape_interval": remote.scrape_interval,
         "group_wait": stack.routes,
         "seconds": time.monotonic() - began,
-        "versions": {
-            "prometheus": _version(shutil.which("prometheus") or "prometheus"),
-            "alertmanager": _version(shutil.which("prometheus-alertmanager") or "prometheus-alertmanager"),
-            "victoria-metrics": _package_version("victoria-metrics"),
-        },
+        "versions": _versions(),
+    }
+
+
+def _start_jobs(jobs: dict[str, Job], scratch: Path, healthy_seconds: float, failures: tuple[Failure, ...]) -> None:
+    """Starts the healthy run and a run per failure, into `jobs` as each starts (so that all started are stopped
+    should a later one fail to start)."""
+    jobs[HEALTHY] = start_job(scratch, f"detect-{HEALTHY}", "none", healthy_seconds, healthy_seconds)
+    for failure in failures:
+        time.sleep(1)  # staggered: a dozen MindSpore imports at once would make the first steps crawl
+        jobs[failure.fault] = start_job(
+            scratch, f"detect-{failure.fault}", failure.fault, failure.healthy_seconds, 3600
+        )
+
+
+def _first_deliveries(
+    jobs: dict[str, Job], failures: tuple[Failure, ...], webhook: Webhook, vm_webhook: Webhook
+) -> dict[str, dict[str, Any]]:
+    """Waits for each failure's alert on both paths (or its deadline, or its job's end), stopping each job once
+    settled: a result per fault."""
+    results = {}
+    waiting = {failure.fault: failure for failure in failures}
+    while waiting:
+        for fault, failure in list(waiting.items()):
+            job = jobs[fault]
+            delivered = webhook.first_firing(job.project, failure.alert)
+            through_vm = vm_webhook.first_firing(job.project, failure.alert)
+            late = job.fault_at is not None and time.time() > job.fault_at + max(3 * failure.target, 300)
+            gone = job.fault_at is None and job.process.poll() is not None
+            if (delivered is not None and through_vm is not None) or late or gone:
+                job.stop()  # the leak must not go on; a stopped job's own alerts are not counted
+                results[fault] = {
+                    **_result(failure, job, delivered, webhook),
+                    "remote_write": _result(failure, job, through_vm, vm_webhook),
+                }
+                del waiting[fault]
+        time.sleep(1)
+    return results
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "prometheus": _version(shutil.which("prometheus") or "prometheus"),
+        "alertmanager": _version(shutil.which("prometheus-alertmanager") or "prometheus-alertmanager"),
+        "victoria-metrics": _package_version("victoria-metrics"),
     }
 
 
@@ -279,11 +298,17 @@ def _result(failure: Failure, job: Job, delivered: dict[str, Any] | None, webhoo
 
 
 def render(measured: dict[str, Any]) -> str:
+    lines = _opening(measured)
+    lines += _faults_table(measured["results"])
+    lines += ["", "## The healthy run", ""]
+    lines += _healthy_lines(measured["healthy"])
+    return "\n".join(lines)
+
+
+def _opening(measured: dict[str, Any]) -> list[str]:
+    """The title, how and where the run was made, and how both alert paths were set up."""
     today = datetime.date.today().isoformat()
-    healthy = measured["healthy"]
-    met = sum(result["met"] for result in measured["results"])
-    vm_met = sum(result.get("remote_write", {}).get("met", False) for result in measured["results"])
-    lines = [
+    return [
         "# Detection",
         "",
         f"Produced by `{COMMAND}` on {today} in {measured['seconds']:.0f} s. Every figure below was measured in "
@@ -308,15 +333,23 @@ def render(measured: dict[str, Any]) -> str:
         "VictoriaMetrics single node, vmalert evaluating the same rules file unchanged, a second Alertmanager with "
         "the same routing; every flag as deploy/victoriametrics/*.flags ship them, only ports and paths changed.",
         "",
-        f"## Faults: {met} of {len(measured['results'])} within their target through Prometheus, {vm_met} of "
-        f"{len(measured['results'])} through VictoriaMetrics",
+    ]
+
+
+def _faults_table(results: list[dict[str, Any]]) -> list[str]:
+    """How many faults paged within their target on each path, and a row per fault."""
+    met = sum(result["met"] for result in results)
+    vm_met = sum(result.get("remote_write", {}).get("met", False) for result in results)
+    lines = [
+        f"## Faults: {met} of {len(results)} within their target through Prometheus, {vm_met} of "
+        f"{len(results)} through VictoriaMetrics",
         "",
         "| failure | fault injected | alert | target | Prometheus: first POST after the fault | met | "
         "VictoriaMetrics: first POST after the fault | met | receiver | also delivered for this job before it was "
         "stopped |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for result in measured["results"]:
+    for result in results:
         remote = result.get("remote_write")
         others = ", ".join(result["others"]) or "-"
         if remote is not None and remote["others"] != result["others"]:
@@ -327,7 +360,12 @@ def render(measured: dict[str, Any]) -> str:
             f"{_latency(remote) if remote else '-'} | {'yes' if remote and remote['met'] else 'no'} | "
             f"{result['receiver'] or '-'} | {others} |"
         )
-    lines += ["", "## The healthy run", ""]
+    return lines
+
+
+def _healthy_lines(healthy: dict[str, Any]) -> list[str]:
+    """What each path delivered for the healthy run, during it and after its end."""
+    lines: list[str] = []
     for path, pages in (("Prometheus", healthy["pages"]), ("VictoriaMetrics", healthy.get("remote_write_pages"))):
         if pages is None:
             continue
@@ -343,7 +381,7 @@ def render(measured: dict[str, Any]) -> str:
             ),
             "",
         ]
-    return "\n".join(lines)
+    return lines
 
 
 def _latency(result: dict[str, Any]) -> str:

@@ -100,40 +100,9 @@ def _scrape(url: str) -> tuple[bool, float | None]:
 def measure(kind: str, hold: float, scratch: Path) -> dict[str, Any]:
     scratch.mkdir(parents=True, exist_ok=True)
     mark, port_file, save_dir = scratch / "hold", scratch / "url", scratch / "save"
-    env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gil_hold",
-            "--job",
-            kind,
-            "--hold-seconds",
-            str(hold),
-            "--scratch",
-            str(scratch),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    polls: list[tuple[float, bool]] = []
-    spy: str | None = None
+    child = _start_job(kind, hold, scratch)
     try:
-        deadline = time.time() + 300
-        while not (port_file.exists() and port_file.read_text()) and time.time() < deadline:
-            time.sleep(0.2)
-        url = port_file.read_text()
-        while child.poll() is None and time.time() < deadline:
-            began = time.time()
-            ok, _ = _scrape(url)
-            polls.append((began, ok))
-            held = json.loads(mark.read_text()) if mark.exists() else {}
-            if spy is None and "began" in held and "ended" not in held and time.time() > held["began"] + hold / 2:
-                spy = _py_spy(child.pid)
-            if "ended" in held and time.time() > held["ended"] + 10:
-                break
-            time.sleep(max(0.0, POLL - (time.time() - began)))
+        polls, spy = _watch(child, hold, mark, port_file)
     finally:
         child.kill()
         child.wait(30)
@@ -152,6 +121,51 @@ def measure(kind: str, hold: float, scratch: Path) -> dict[str, Any]:
         "dump_names_source": "__getitem__" in text,
         "py_spy": _spy_summary(spy),
     }
+
+
+def _start_job(kind: str, hold: float, scratch: Path) -> subprocess.Popen[bytes]:
+    """The training, in a child process of its own (this module's --job)."""
+    env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gil_hold",
+            "--job",
+            kind,
+            "--hold-seconds",
+            str(hold),
+            "--scratch",
+            str(scratch),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _watch(
+    child: subprocess.Popen[bytes], hold: float, mark: Path, port_file: Path
+) -> tuple[list[tuple[float, bool]], str | None]:
+    """Scrapes the child every POLL seconds until 10 s after its hold ended: when each scrape began and whether it
+    was answered, and what py-spy saw in the middle of the hold (None where the hold ended first)."""
+    polls: list[tuple[float, bool]] = []
+    spy: str | None = None
+    deadline = time.time() + 300
+    while not (port_file.exists() and port_file.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    url = port_file.read_text()
+    while child.poll() is None and time.time() < deadline:
+        began = time.time()
+        ok, _ = _scrape(url)
+        polls.append((began, ok))
+        held = json.loads(mark.read_text()) if mark.exists() else {}
+        if spy is None and "began" in held and "ended" not in held and time.time() > held["began"] + hold / 2:
+            spy = _py_spy(child.pid)
+        if "ended" in held and time.time() > held["ended"] + 10:
+            break
+        time.sleep(max(0.0, POLL - (time.time() - began)))
+    return polls, spy
 
 
 def _py_spy(pid: int) -> str:

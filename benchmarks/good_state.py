@@ -35,13 +35,42 @@ def _median_ms(func: Any, repeats: int) -> float:
 
 
 def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps: int = 100) -> dict[str, Any]:
+    from ms_exporter.actions.good_state import GoodStates
+
+    model, step_ms, columns = _trained(steps)
+    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_bench_")  # removed when this returns
+    scratch = Path(workspace.name)
+    states = GoodStates("memory", math.inf, scratch, 1)
+    states.bind(model.train_network)
+    capture_ms = _median_ms(lambda: states.capture(1), captures)
+    restore_ms = _median_ms(lambda: _restored(states), max(5, captures // 10))
+    identity_us, health_us = _bookkeeping_us(columns, captures * 20)
+    per_step_ms = (identity_us + health_us) / 1e3
+    by_size = [_keep_and_restore(size, scratch) for size in sizes_mib]
+    states.close()
+    return {
+        "parameters": int(sum(p.size for p in states._parameters)),
+        "tensors": len(states.names),
+        "state_mib": states.nbytes / 2**20,
+        "capture_ms": capture_ms,
+        "restore_ms": restore_ms,
+        "identity_us": identity_us,
+        "health_us": health_us,
+        "step_ms": step_ms,
+        "every_n_steps": every_n_steps,
+        "batch": [f"{c.dtype}{list(c.shape)}" for c in columns],
+        "share": (capture_ms / every_n_steps + per_step_ms) / step_ms,
+        "by_size": by_size,
+        "n": captures,
+    }
+
+
+def _trained(steps: int) -> tuple[Any, float, list[np.ndarray]]:
+    """The demo model after `steps` GRAPH-mode steps: the model, its median step time in ms (the first 10 steps
+    left out) and the columns of its first batch."""
     import mindspore as ms
-    from mindspore import Parameter, Tensor, nn
     from mindspore.train import Callback
 
-    from ms_exporter.actions.good_state import GoodStates
-    from ms_exporter.actions.health import HealthScore
-    from ms_exporter.actions.skipped_batches import batch_identity
     from ms_exporter.demo import BATCH, build_model, synthetic_dataset
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -59,57 +88,46 @@ def measure(captures: int, steps: int, sizes_mib: tuple[int, ...], every_n_steps
 
     model.train(1, synthetic_dataset(size=(steps + 10) * BATCH), callbacks=[StepEnds()], dataset_sink_mode=False)
     step_ms = float(np.median(np.diff(ends[10:]))) * 1e3
-    workspace = tempfile.TemporaryDirectory(prefix="ms_exporter_bench_")  # removed when this returns
-    scratch = Path(workspace.name)
-    states = GoodStates("memory", math.inf, scratch, 1)
-    states.bind(model.train_network)
-    capture_ms = _median_ms(lambda: states.capture(1), captures)
-    restore_ms = _median_ms(lambda: _restored(states), max(5, captures // 10))
-    columns = batches[0]
+    return model, step_ms, batches[0]
+
+
+def _bookkeeping_us(columns: list[np.ndarray], repeats: int) -> tuple[float, float]:
+    """What a step's bookkeeping costs, in µs: the batch's content hashes, and the health score."""
+    from ms_exporter.actions.health import HealthScore
+    from ms_exporter.actions.skipped_batches import batch_identity
+
     health = HealthScore(20, 10.0, 100.0, 0.3)
-    repeats = captures * 20
     identity_us = _median_ms(lambda: batch_identity(1, 1, 1, columns), repeats) * 1e3
     health_us = _median_ms(lambda: health.observe(0.5, 0.5, 1.0, 0.01), repeats) * 1e3
-    per_step_ms = (identity_us + health_us) / 1e3
-    by_size = []
-    for size in sizes_mib:
-        net = nn.Cell()
-        per = size * 2**20 // 16 // 4
-        for index in range(16):
-            setattr(net, f"p{index}", Parameter(Tensor(np.ones(per, np.float32)), name=f"p{index}"))
-        row: dict[str, Any] = {"mib": size}
-        for storage in ("memory", "disk"):
-            kept = GoodStates(storage, math.inf, scratch / storage, 1)
-            kept.bind(net)
-            keeps, writes = [], []
-            for _ in range(5):  # from the third on, a keep in memory reuses the memory of the state it let go
-                state = kept.capture(1)
-                keeps.append(state.seconds)
-                kept.finished(wait=600)  # the disk state's file, written in the background
-                writes.append(state.write_seconds)
-            row[f"{storage}_capture_ms"] = float(np.median(keeps)) * 1e3
-            if storage == "disk":
-                row["disk_write_ms"] = float(np.median(writes)) * 1e3
-            row[f"{storage}_restore_ms"] = _median_ms(lambda kept=kept: _restored(kept), 3)
-            kept.close()
-        by_size.append(row)
-        del net
-    states.close()
-    return {
-        "parameters": int(sum(p.size for p in states._parameters)),
-        "tensors": len(states.names),
-        "state_mib": states.nbytes / 2**20,
-        "capture_ms": capture_ms,
-        "restore_ms": restore_ms,
-        "identity_us": identity_us,
-        "health_us": health_us,
-        "step_ms": step_ms,
-        "every_n_steps": every_n_steps,
-        "batch": [f"{c.dtype}{list(c.shape)}" for c in columns],
-        "share": (capture_ms / every_n_steps + per_step_ms) / step_ms,
-        "by_size": by_size,
-        "n": captures,
-    }
+    return identity_us, health_us
+
+
+def _keep_and_restore(size: int, scratch: Path) -> dict[str, Any]:
+    """Keeping and restoring a state of 16 float32 Parameters of `size` MiB in all, in memory and on disk."""
+    from mindspore import Parameter, Tensor, nn
+
+    from ms_exporter.actions.good_state import GoodStates
+
+    net = nn.Cell()
+    per = size * 2**20 // 16 // 4
+    for index in range(16):
+        setattr(net, f"p{index}", Parameter(Tensor(np.ones(per, np.float32)), name=f"p{index}"))
+    row: dict[str, Any] = {"mib": size}
+    for storage in ("memory", "disk"):
+        kept = GoodStates(storage, math.inf, scratch / storage, 1)
+        kept.bind(net)
+        keeps, writes = [], []
+        for _ in range(5):  # from the third on, a keep in memory reuses the memory of the state it let go
+            state = kept.capture(1)
+            keeps.append(state.seconds)
+            kept.finished(wait=600)  # the disk state's file, written in the background
+            writes.append(state.write_seconds)
+        row[f"{storage}_capture_ms"] = float(np.median(keeps)) * 1e3
+        if storage == "disk":
+            row["disk_write_ms"] = float(np.median(writes)) * 1e3
+        row[f"{storage}_restore_ms"] = _median_ms(lambda kept=kept: _restored(kept), 3)
+        kept.close()
+    return row
 
 
 def rollback_row(goods: dict[str, Any]) -> str:

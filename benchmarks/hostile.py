@@ -111,30 +111,49 @@ def hostile(passes: int, blocks: int, block_steps: int) -> list[dict[str, Any]]:
             model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)
         for pass_index in range(passes):
             for case, _, target in CASES:
-                monitor = monitors[target]
-                url = monitor.url or ""
-                scraper = _scraper(url, authenticated=target == "auth")
-                attacker = _attacker(case, url)
-                time.sleep(2.0)  # connected and at its pace
-                attacker.send_signal(signal.SIGSTOP)  # the first block is unloaded
-                timer = block_timer(attacker, block_steps)
-                model.train(
-                    1,
-                    synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
-                    callbacks=[monitor, timer],
-                    dataset_sink_mode=False,
+                attack, scraped, timer = _attacked_training(
+                    model, monitors[target], case, target == "auth", blocks, block_steps, pass_index
                 )
-                for key, value in _stop_attacker(case, attacker).items():
+                for key, value in attack.items():
                     attacks[case][key] = attacks[case].get(key, 0.0) + value
-                scraper.send_signal(signal.SIGTERM)
-                out, _ = scraper.communicate(timeout=30)
-                latencies[case] += json.loads(out.strip().splitlines()[-1])["latencies"]
+                latencies[case] += scraped
                 ratios[case] += block_ratios(timer.steps, settle=SETTLE_STEPS)
                 medians[case].append(float(np.median([interval for _, _, interval in timer.steps])))
     finally:
         for monitor in monitors.values():
             monitor.close()
     return _summary(ratios, latencies, attacks, medians)
+
+
+def _attacked_training(
+    model: Any,
+    monitor: Any,
+    case: str,
+    authenticated: bool,
+    blocks: int,
+    block_steps: int,
+    pass_index: int,
+) -> tuple[dict[str, Any], list[float], Any]:
+    """One training whose blocks alternate unattacked and attacked, with the well-behaved scraper all along: what
+    the attacker saw, the scraper's latencies, and the block timer."""
+    from ms_exporter.demo import synthetic_dataset
+
+    url = monitor.url or ""
+    scraper = _scraper(url, authenticated=authenticated)
+    attacker = _attacker(case, url)
+    time.sleep(2.0)  # connected and at its pace
+    attacker.send_signal(signal.SIGSTOP)  # the first block is unloaded
+    timer = block_timer(attacker, block_steps)
+    model.train(
+        1,
+        synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
+        callbacks=[monitor, timer],
+        dataset_sink_mode=False,
+    )
+    attack = _stop_attacker(case, attacker)
+    scraper.send_signal(signal.SIGTERM)
+    out, _ = scraper.communicate(timeout=30)
+    return attack, json.loads(out.strip().splitlines()[-1])["latencies"], timer
 
 
 def _scraper(url: str, authenticated: bool) -> subprocess.Popen[str]:

@@ -302,6 +302,21 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
         "step end: at the steps between samples, where the replica checks of every step are what reads the weights "
         "(docs/sdc.md#what-it-costs). Peak RSS added: with the monitor (compiled) less without.",
         "",
+        *_sizes_table(rows, pairs),
+        "",
+        *_parts_table(pairs),
+        "",
+        *_extrapolation(pairs),
+        "",
+        "![cost against model size, log-log](model-size.svg)",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def _sizes_table(rows: list[dict[str, Any]], pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """A row per size that ran with and without the monitor, then a row per run that failed."""
+    lines = [
         "| parameters | step (no monitor) | bytes to the host per sample | sampled step end | share of a step "
         "| sampled step end, read in place | share of a step | other step end | peak RSS added |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -321,9 +336,13 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
         if "failed" in r:
             variant = "baseline" if not r["monitored"] else ("read in place" if r.get("in_place") else "compiled")
             lines.append(f"| {r['size']} ({variant}) | {r['failed']} | | | | | | | |")
+    return lines
+
+
+def _parts_table(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """Each part's time and bytes at a sampled step, by size; parts that took no measurable time left out."""
     names = sorted({name for _, r in pairs for name in r["parts"]})
-    lines += [
-        "",
+    lines = [
         "Each part at a sampled step, compiled (training thread and publication together): milliseconds, bytes read.",
         "",
         "| part | " + " | ".join(f"{r['parameters'] / 1e6:.0f} M" for _, r in pairs) + " |",
@@ -336,8 +355,7 @@ def render(rows: list[dict[str, Any]], command: str, seconds: float, machine: st
             cells.append(f"{part['sampled_ms']:.2f} ms, {part['bytes_per_sample'] / 1e3:.1f} KB")
         if any(r["parts"].get(name, {}).get("sampled_ms", 0) > 0.005 for _, r in pairs):
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", *_extrapolation(pairs), "", "![cost against model size, log-log](model-size.svg)", END]
-    return "\n".join(lines)
+    return lines
 
 
 def _extrapolation(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:

@@ -72,12 +72,7 @@ def measure(
 ) -> list[Row]:
     from mindspore.train.callback import _InternalCallbackParam
 
-    from ms_exporter.config import UpdateRatioConfig
-    from ms_exporter.core.errors import ErrorSink
-    from ms_exporter.core.sample import StepSample
     from ms_exporter.core.store import MetricStore
-    from ms_exporter.probes.update_ratio import UpdateRatioProbe
-    from ms_exporter.sinks.tensorboard import TensorBoardWriter
 
     rows: list[Row] = []
     for layers, d_model in models:
@@ -88,54 +83,71 @@ def measure(
         cb.train_network = model.train_network
 
         store = MetricStore()
-        config = UpdateRatioConfig(enable=True, every_n_steps=1)
-        probe = UpdateRatioProbe(store, config)
-        probe.on_train_begin(cb)
-        probe.on_step_end(0, None)  # the first copy
-
-        def ratio_sample(sample: int, probe: UpdateRatioProbe = probe) -> None:
-            probe.on_step_end(sample + 1, None)
-            probe.on_step(StepSample(sample + 1, 1, 1, 0.5, 0.01, None, 1, 0, 0.0, 0.0))
-
-        default_every = UpdateRatioConfig().every_n_steps
-        rows.append(
-            _row(
-                "update ratio (copy, norms, export)",
-                "training thread",
-                _time(ratio_sample, samples),
-                step_ms,
-                default_every,
-                name,
-            )
-        )
-
-        with tempfile.TemporaryDirectory(prefix="ms_exporter_opt_in_") as scratch:
-            errors = ErrorSink(store, ("tensorboard",))
-            writer = TensorBoardWriter(
-                store, Path(scratch), 3600.0, errors.absorb, collect_freq=1, histogram_regular=".*weight.*"
-            )
-            writer.on_train_begin(cb)
-            drawn = len(writer._histogram_parameters)
-
-            def reduce_sample(sample: int, writer: TensorBoardWriter = writer) -> None:
-                writer.on_step_end(sample + 1, None)
-
-            reduce_times = _time(reduce_sample, samples)
-            queued = [payload for kind, payload in writer._queue if kind == "histograms"]
-            writer._queue.clear()
-
-            def make_sample(sample: int, writer: TensorBoardWriter = writer, queued: list[Any] = queued) -> None:
-                writer._write_histograms(*queued[sample % len(queued)])
-                writer._pending.clear()
-
-            make_times = _time(make_sample, samples)
-            writer.close()
-        every = 10  # tensorboard.collect_freq's default
-        reduced = f"histograms of {drawn} weights, on the device"
-        rows.append(_row(reduced, "training thread", reduce_times, step_ms, every, name))
-        rows.append(_row(f"histograms of {drawn} weights, records", "writer thread", make_times, step_ms, every, name))
+        rows.append(_update_ratio(store, cb, samples, step_ms, name))
+        rows += _tensorboard_histograms(store, cb, samples, step_ms, name)
         rows.append(_data_quality(samples, step_ms, name))
     return rows
+
+
+def _update_ratio(store: Any, cb: Any, samples: int, step_ms: float, name: str) -> Row:
+    """The update ratio's sample (the copy, the norms and their export), at its default every_n_steps."""
+    from ms_exporter.config import UpdateRatioConfig
+    from ms_exporter.core.sample import StepSample
+    from ms_exporter.probes.update_ratio import UpdateRatioProbe
+
+    config = UpdateRatioConfig(enable=True, every_n_steps=1)
+    probe = UpdateRatioProbe(store, config)
+    probe.on_train_begin(cb)
+    probe.on_step_end(0, None)  # the first copy
+
+    def ratio_sample(sample: int, probe: UpdateRatioProbe = probe) -> None:
+        probe.on_step_end(sample + 1, None)
+        probe.on_step(StepSample(sample + 1, 1, 1, 0.5, 0.01, None, 1, 0, 0.0, 0.0))
+
+    default_every = UpdateRatioConfig().every_n_steps
+    return _row(
+        "update ratio (copy, norms, export)",
+        "training thread",
+        _time(ratio_sample, samples),
+        step_ms,
+        default_every,
+        name,
+    )
+
+
+def _tensorboard_histograms(store: Any, cb: Any, samples: int, step_ms: float, name: str) -> list[Row]:
+    """The TensorBoard histograms of the weights: their reduction on the device (the training thread's part) and
+    their records (the writer thread's), at tensorboard.collect_freq's default."""
+    from ms_exporter.core.errors import ErrorSink
+    from ms_exporter.sinks.tensorboard import TensorBoardWriter
+
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_opt_in_") as scratch:
+        errors = ErrorSink(store, ("tensorboard",))
+        writer = TensorBoardWriter(
+            store, Path(scratch), 3600.0, errors.absorb, collect_freq=1, histogram_regular=".*weight.*"
+        )
+        writer.on_train_begin(cb)
+        drawn = len(writer._histogram_parameters)
+
+        def reduce_sample(sample: int, writer: TensorBoardWriter = writer) -> None:
+            writer.on_step_end(sample + 1, None)
+
+        reduce_times = _time(reduce_sample, samples)
+        queued = [payload for kind, payload in writer._queue if kind == "histograms"]
+        writer._queue.clear()
+
+        def make_sample(sample: int, writer: TensorBoardWriter = writer, queued: list[Any] = queued) -> None:
+            writer._write_histograms(*queued[sample % len(queued)])
+            writer._pending.clear()
+
+        make_times = _time(make_sample, samples)
+        writer.close()
+    every = 10  # tensorboard.collect_freq's default
+    reduced = f"histograms of {drawn} weights, on the device"
+    return [
+        _row(reduced, "training thread", reduce_times, step_ms, every, name),
+        _row(f"histograms of {drawn} weights, records", "writer thread", make_times, step_ms, every, name),
+    ]
 
 
 def _data_quality(samples: int, step_ms: float, name: str) -> Row:

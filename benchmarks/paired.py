@@ -366,6 +366,11 @@ def interval(row: dict[str, Any]) -> str:
 
 def cost_sections(pairs: dict[str, Any]) -> list[str]:
     """What bounds the default cost, how both methods read, and the step-interleaved table."""
+    return [*_publications_cost(pairs), *_how_both_methods_read(), *_interleaved_section(pairs)]
+
+
+def _publications_cost(pairs: dict[str, Any]) -> list[str]:
+    """The section's heading and what the publications and the recording steps cost."""
     paired_monitor, control, published = pairs["monitor"], pairs["control"], pairs["publications"]
     return [
         "## What bounds the default cost",
@@ -390,6 +395,12 @@ def cost_sections(pairs: dict[str, Any]) -> list[str]:
         "not an option: MindSpore calls from a second thread during a step deadlocked, and steps overlapping such a",
         "publication slowed by about what it costs on the training thread.",
         "",
+    ]
+
+
+def _how_both_methods_read() -> list[str]:
+    """How the rounds of whole trainings read, and why the step-interleaved method sits beside them."""
+    return [
         "How to read the step-time ratios: each configuration trains its own copy of the model; configurations",
         "take turns in rounds (A B C ... then B C ... A, rotating) after a warm-up round that compiles every",
         "graph, and the first 3 steps of each round are dropped. A step's time is the interval between",
@@ -414,6 +425,12 @@ def cost_sections(pairs: dict[str, Any]) -> list[str]:
         "training time. What it does not see: the monitor's threads (the memory sampler once per `interval`;",
         "the endpoint when scraped) run during both kinds of steps; the scrape cost is measured separately below.",
         "",
+    ]
+
+
+def _interleaved_section(pairs: dict[str, Any]) -> list[str]:
+    """The step-interleaved section: how the pairs are taken, and their table."""
+    return [
         "## Step-interleaved: callbacks on one step in six",
         "",
         f"The demo model (2 layers, d_model 64) in GRAPH mode, {pairs['trainings']} `Model.train` calls of "

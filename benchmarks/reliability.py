@@ -93,17 +93,9 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
     """The demo Transformer in GRAPH mode, default monitor. For each case (the rank's endpoint or nginx serving a
     copy of the page, each rate, kept-alive or new connections) one training alternates unloaded and loaded
     blocks of `block_steps` steps; cases take turns, `passes` times over."""
-    import mindspore as ms
-    from mindspore import nn
-    from mindspore.train import Model
-
     from ms_exporter import TrainingMonitor
-    from ms_exporter.demo import build_network, synthetic_dataset
 
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_seed(0)
-    network = build_network()
-    model = Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
+    model = _demo_model()
     # The default monitor (its endpoint serves at most web.max_requests_per_second, 20) and one without that
     # budget, which shows what the endpoint's requests themselves cost.
     monitors = {
@@ -119,27 +111,16 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
     loaded_seconds = dict.fromkeys(cases, 0.0)
     medians: dict[tuple[str, float, bool], list[float]] = {case: [] for case in cases}
     try:
-        for monitor in monitors.values():  # compile, and give each endpoint a full page
-            model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)
-        with urllib.request.urlopen(monitors["monitor"].url or "", timeout=5) as response:
-            static = StaticCopy(response.read())
+        static = _warm_up(model, monitors)
         for pass_index in range(passes):
             for case in cases:
                 target, rate, keep_alive = case
                 monitor = monitors.get(target, monitors["monitor"])  # nginx's cases train with the default one
-                loader = start_load(static.url if target == "nginx" else monitor.url or "", rate, keep_alive)
-                time.sleep(1.0)  # connected and running at its pace
-                loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
-                timer = block_timer(loader, block_steps)
-                model.train(
-                    1,
-                    synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
-                    callbacks=[monitor, timer],
-                    dataset_sink_mode=False,
+                url = static.url if target == "nginx" else monitor.url or ""
+                answered, timer = _loaded_training(
+                    model, monitor, url, rate, keep_alive, blocks, block_steps, pass_index
                 )
-                loader.send_signal(signal.SIGCONT)
-                time.sleep(0.5)  # wrk ignores a SIGINT that arrives right after SIGCONT (seen with Debian's 4.1)
-                for key, value in stop_load(loader).items():
+                for key, value in answered.items():
                     responses[case][key] = responses[case].get(key, 0) + value
                 ratios[case] += block_ratios(timer.steps, settle=SETTLE_STEPS)
                 loaded_seconds[case] += timer.loaded_seconds + 1.5  # and the lead-in and tail around training
@@ -150,6 +131,58 @@ def load(rates: list[float], passes: int, blocks: int, block_steps: int) -> list
         if static is not None:
             static.close()
     return _summary(cases, ratios, responses, loaded_seconds, medians, passes)
+
+
+def _demo_model() -> Any:
+    """The demo Transformer in GRAPH mode with AdamWeightDecay, seeded."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    from ms_exporter.demo import build_network
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    network = build_network()
+    return Model(network, optimizer=nn.AdamWeightDecay(network.trainable_params(), 1e-4))
+
+
+def _warm_up(model: Any, monitors: dict[str, Any]) -> StaticCopy:
+    """Compiles, gives each endpoint a full page, and starts nginx serving a copy of the default one's."""
+    from ms_exporter.demo import synthetic_dataset
+
+    for monitor in monitors.values():
+        model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)
+    with urllib.request.urlopen(monitors["monitor"].url or "", timeout=5) as response:
+        return StaticCopy(response.read())
+
+
+def _loaded_training(
+    model: Any,
+    monitor: Any,
+    url: str,
+    rate: float,
+    keep_alive: bool,
+    blocks: int,
+    block_steps: int,
+    pass_index: int,
+) -> tuple[dict[str, Any], Any]:
+    """One training whose blocks alternate unloaded and loaded: what wrk saw, and the block timer."""
+    from ms_exporter.demo import synthetic_dataset
+
+    loader = start_load(url, rate, keep_alive)
+    time.sleep(1.0)  # connected and running at its pace
+    loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
+    timer = block_timer(loader, block_steps)
+    model.train(
+        1,
+        synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
+        callbacks=[monitor, timer],
+        dataset_sink_mode=False,
+    )
+    loader.send_signal(signal.SIGCONT)
+    time.sleep(0.5)  # wrk ignores a SIGINT that arrives right after SIGCONT (seen with Debian's 4.1)
+    return stop_load(loader), timer
 
 
 def _summary(
@@ -268,21 +301,42 @@ def render(
     passes: int,
     hostile_block: str,
 ) -> str:
-    settle = SETTLE_STEPS
-    rss = soaked["rss"]
-    mib = [(step, value / 2**20) for step, value in rss]
-    quarter = next((v for s, v in mib if s >= mib[-1][0] // 4), mib[0][1])
-    growth = mib[-1][1] - quarter
-    ours = [r for r in rows if r["target"] in ("monitor", "unlimited")]
-    floor = {(r["rate"], r["keep_alive"]): r["ratio"] for r in rows if r["target"] == "nginx"}
-    verdicts = "\n".join(
-        f"- {r['rate']:g} requests/s, {'kept-alive connections' if r['keep_alive'] else 'a new connection each'}, "
-        f"{'default settings' if r['target'] == 'monitor' else 'request budget off'}: step time x{r['ratio']:.3f} "
-        f"(95% interval x{r['ratio_low']:.3f} to x{r['ratio_high']:.3f}), x{floor[(r['rate'], r['keep_alive'])]:.3f} "
-        f"with nginx serving the same page; target: under x1.05: {_judge(r['ratio'], r['ratio_high'])}"
-        for r in ours
-    )
-    load_table = table(
+    return f"""{BEGIN}
+Measured on {datetime.date.today().isoformat()} with `{command}` ({seconds / 60:.0f} min) on: {machine()}.
+
+{_load_section(rows, blocks, block_steps, passes)}
+
+{hostile_block}
+
+{_soak_section(soaked)}
+{END}"""
+
+
+def _load_section(rows: list[dict[str, Any]], blocks: int, block_steps: int, passes: int) -> str:
+    """The endpoint under load: how it was loaded, the table, and a verdict per loaded case."""
+    return f"""### Endpoint under load during training
+The demo Transformer (2 layers, d_model 64) in GRAPH mode with the default monitor; a separate process keeps
+up the request rate: Debian's `wrk` with {CONNECTIONS} connections paced by `benchmarks/wrk_check.lua`, which
+checks every response (status 200, a complete body with the step counter). wrk keeps its connections alive
+(HTTP/1.1), as Prometheus does between scrapes; with `Connection: close` every request is a new connection
+(the costlier case, shown too). The rank's endpoint is loaded twice: with the default settings, whose
+request budget (`web.max_requests_per_second: {BUDGET:g}`) reads and answers {BUDGET:g} requests a second and
+bursts of a second's worth (wrk's other requests wait their turn; the budget refills while wrk is stopped,
+so a loaded block gets its own share plus what the unloaded block before it saved, about twice the
+budget), and with the budget off (every request served, which shows what requests themselves cost).
+Within one training per case, wrk is switched off (SIGSTOP) and on (SIGCONT) every {block_steps} steps,
+{blocks} loaded blocks per training, cases in turn, {passes} passes; the first {SETTLE_STEPS} steps of each block
+are left out (the load starting or draining). The ratio is each loaded block's median step time over each
+unloaded neighbour's: the median of those ratios, with a bootstrap 95% interval.
+Latency is given at p90: requests in flight when wrk is stopped wait for the next loaded block.
+
+{_load_table(rows)}
+
+{_load_verdicts(rows)}"""
+
+
+def _load_table(rows: list[dict[str, Any]]) -> str:
+    return table(
         rows,
         [
             ("case", "load on /metrics", ""),
@@ -297,34 +351,30 @@ def render(
             ("ratio_high", "95% high", ".3f"),
         ],
     )
+
+
+def _load_verdicts(rows: list[dict[str, Any]]) -> str:
+    """A line per case on the rank's endpoint, beside nginx's ratio at the same load."""
+    ours = [r for r in rows if r["target"] in ("monitor", "unlimited")]
+    floor = {(r["rate"], r["keep_alive"]): r["ratio"] for r in rows if r["target"] == "nginx"}
+    return "\n".join(
+        f"- {r['rate']:g} requests/s, {'kept-alive connections' if r['keep_alive'] else 'a new connection each'}, "
+        f"{'default settings' if r['target'] == 'monitor' else 'request budget off'}: step time x{r['ratio']:.3f} "
+        f"(95% interval x{r['ratio_low']:.3f} to x{r['ratio_high']:.3f}), x{floor[(r['rate'], r['keep_alive'])]:.3f} "
+        f"with nginx serving the same page; target: under x1.05: {_judge(r['ratio'], r['ratio_high'])}"
+        for r in ours
+    )
+
+
+def _soak_section(soaked: dict[str, Any]) -> str:
+    """The soak: what ran, RSS through the run, and the counters that should have stayed at 0."""
+    rss = soaked["rss"]
+    mib = [(step, value / 2**20) for step, value in rss]
+    quarter = next((v for s, v in mib if s >= mib[-1][0] // 4), mib[0][1])
+    growth = mib[-1][1] - quarter
     rss_rows = [{"step": step, "rss": value} for step, value in mib]
     rss_table = table(rss_rows, [("step", "step", "d"), ("rss", "RSS MiB", ".1f")])
-    return f"""{BEGIN}
-Measured on {datetime.date.today().isoformat()} with `{command}` ({seconds / 60:.0f} min) on: {machine()}.
-
-### Endpoint under load during training
-The demo Transformer (2 layers, d_model 64) in GRAPH mode with the default monitor; a separate process keeps
-up the request rate: Debian's `wrk` with {CONNECTIONS} connections paced by `benchmarks/wrk_check.lua`, which
-checks every response (status 200, a complete body with the step counter). wrk keeps its connections alive
-(HTTP/1.1), as Prometheus does between scrapes; with `Connection: close` every request is a new connection
-(the costlier case, shown too). The rank's endpoint is loaded twice: with the default settings, whose
-request budget (`web.max_requests_per_second: {BUDGET:g}`) reads and answers {BUDGET:g} requests a second and
-bursts of a second's worth (wrk's other requests wait their turn; the budget refills while wrk is stopped,
-so a loaded block gets its own share plus what the unloaded block before it saved, about twice the
-budget), and with the budget off (every request served, which shows what requests themselves cost).
-Within one training per case, wrk is switched off (SIGSTOP) and on (SIGCONT) every {block_steps} steps,
-{blocks} loaded blocks per training, cases in turn, {passes} passes; the first {settle} steps of each block
-are left out (the load starting or draining). The ratio is each loaded block's median step time over each
-unloaded neighbour's: the median of those ratios, with a bootstrap 95% interval.
-Latency is given at p90: requests in flight when wrk is stopped wait for the next loaded block.
-
-{load_table}
-
-{verdicts}
-
-{hostile_block}
-
-### Soak: {rss[-1][0]:,} steps with the prometheus, local and otlp backends
+    return f"""### Soak: {rss[-1][0]:,} steps with the prometheus, local and otlp backends
 One fresh process, `grad_norm.every_n_steps: 10`, scraped once a second ({soaked["scrapes"]} scrapes),
 exporting OTLP every second to a gRPC receiver in the same process ({soaked["otlp_requests"]} requests), JSON
 Lines flushed every second ({soaked["jsonl_bytes"] / 2**20:.1f} MiB written).
@@ -332,8 +382,7 @@ Lines flushed every second ({soaked["jsonl_bytes"] / 2**20:.1f} MiB written).
 {rss_table}
 
 RSS from a quarter of the run to the end: {growth:+.1f} MiB. Dropped records and absorbed errors at the end:
-{_nonzero(soaked["dropped"] + soaked["errors"])}.
-{END}"""
+{_nonzero(soaked["dropped"] + soaked["errors"])}."""
 
 
 def _judge(ratio: float, high: float) -> str:
@@ -350,6 +399,28 @@ def _nonzero(lines: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = "make reliability" if not args.quick else "python -m benchmarks.reliability --quick"
+    started = time.monotonic()
+    # Blocks of 30 steps (~0.4 s): a stopped wrk's kept-alive connections stay under the endpoint's 1 s idle limit.
+    passes, blocks, block_steps = (1, 2, 20) if args.quick else (2, 20, 30)
+    if args.hostile_only:
+        return _hostile_only(Path(args.output), started, passes, blocks, block_steps)
+    print("endpoint under load ...", flush=True)
+    rows = load([300, 600], passes, blocks, block_steps)
+    attacked = _attacked(passes, blocks, block_steps)
+    print("soak ...", flush=True)
+    soaked = soak(500 if args.quick else 20_000, 100 if args.quick else 1000)
+    block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes, attacked)
+    path = Path(args.output)
+    if not path.exists():
+        path.write_text("# Reliability\n")
+    write_section(block, path, BEGIN, END)
+    print(block)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, a short soak")
     parser.add_argument("--output", default="docs/reliability.md")
@@ -358,30 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure the hostile clients, a tampered save_dir and the adversary cases again; replace only those",
     )
-    args = parser.parse_args(argv)
-    command = "make reliability" if not args.quick else "python -m benchmarks.reliability --quick"
-    started = time.monotonic()
-    # Blocks of 30 steps (~0.4 s): a stopped wrk's kept-alive connections stay under the endpoint's 1 s idle limit.
-    passes, blocks, block_steps = (1, 2, 20) if args.quick else (2, 20, 30)
-    if args.hostile_only:
-        from benchmarks.adversary import adversary, render_adversary
-        from benchmarks.hostile import hostile, render_hostile, replace_section
-        from benchmarks.tampered import render_tampered, tampered
+    return parser
 
-        rows_attacked = hostile(passes, blocks, block_steps)
-        tampered_section = render_tampered(tampered()) + "\n" + render_adversary(adversary())
-        note = (
-            f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
-            f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
-            f"on: {machine()}.\n"
-        )
-        path = Path(args.output)
-        section = render_hostile(rows_attacked, blocks, block_steps, passes, note) + "\n" + tampered_section
-        path.write_text(replace_section(path.read_text(), section))
-        print(section)
-        return 0
-    print("endpoint under load ...", flush=True)
-    rows = load([300, 600], passes, blocks, block_steps)
+
+def _attacked(passes: int, blocks: int, block_steps: int) -> str:
+    """The hostile clients, a tampered save_dir and the adversary cases, rendered one after the other."""
     print("hostile clients ...", flush=True)
     from benchmarks.hostile import hostile, render_hostile  # the same block method (benchmarks/blocks.py)
 
@@ -394,14 +446,26 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.adversary import adversary, render_adversary
 
     attacked += "\n" + render_adversary(adversary())
-    print("soak ...", flush=True)
-    soaked = soak(500 if args.quick else 20_000, 100 if args.quick else 1000)
-    block = render(command, rows, soaked, blocks, block_steps, time.monotonic() - started, passes, attacked)
-    path = Path(args.output)
-    if not path.exists():
-        path.write_text("# Reliability\n")
-    write_section(block, path, BEGIN, END)
-    print(block)
+    return attacked
+
+
+def _hostile_only(path: Path, started: float, passes: int, blocks: int, block_steps: int) -> int:
+    """`--hostile-only`: measures the hostile clients, a tampered save_dir and the adversary cases again, and
+    replaces only their section of the page."""
+    from benchmarks.adversary import adversary, render_adversary
+    from benchmarks.hostile import hostile, render_hostile, replace_section
+    from benchmarks.tampered import render_tampered, tampered
+
+    rows_attacked = hostile(passes, blocks, block_steps)
+    tampered_section = render_tampered(tampered()) + "\n" + render_adversary(adversary())
+    note = (
+        f"Measured on {datetime.date.today().isoformat()} with `python -m benchmarks.reliability "
+        f"--hostile-only` ({(time.monotonic() - started) / 60:.0f} min), apart from the rest of this block, "
+        f"on: {machine()}.\n"
+    )
+    section = render_hostile(rows_attacked, blocks, block_steps, passes, note) + "\n" + tampered_section
+    path.write_text(replace_section(path.read_text(), section))
+    print(section)
     return 0
 
 

@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,25 +46,30 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MS_EXPORTER_SAVE_DIR", scratch)
     log = print if not quick else (lambda *a, **k: None)
 
+    measured = _measure(quick, scratch, log)
+    doc = render(
+        command,
+        quick=quick,
+        seconds=time.monotonic() - started,
+        loads=(load_before, os.getloadavg()),
+        **measured,
+    )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(doc)
+    log(f"wrote {args.output} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def _measure(quick: bool, scratch: str, log: Callable[..., None]) -> dict[str, Any]:
+    """Every suite in turn, by the names `render` takes them under."""
     log("hot path ...", flush=True)
     hot = hotpath.measure(500 if quick else 20_000) + hotpath.measure_loop(500 if quick else 20_000)
     log("scrape latency ...", flush=True)
     latency = scrape.latency(50 if quick else 2_000)
     log("memory ...", flush=True)
     rss = memory.measure(1_000 if quick else 10_000, scratch)  # 1,000: the first reading
-    demo, larger = (2, 64), (6, 256)
-    # (title, mode, model, rounds, steps per round, which configurations)
-    plans = [
-        ("demo model (2 layers, d_model 64), GRAPH: the targets", "graph", demo, 50, 30, "headline"),
-        ("demo model (2 layers, d_model 64), GRAPH: every configuration", "graph", demo, 8, 40, "all"),
-        ("demo model (2 layers, d_model 64), PYNATIVE", "pynative", demo, 4, 12, "all"),
-        ("larger model (6 layers, d_model 256), GRAPH", "graph", larger, 4, 20, "all"),
-        ("larger model (6 layers, d_model 256), PYNATIVE", "pynative", larger, 3, 6, "all"),
-    ]
-    if quick:
-        plans = [("demo model (2 layers, d_model 64), GRAPH", "graph", demo, 1, 20, "quick")]  # one round: a smoke run
     steps_tables = []
-    for title, mode, (layers, d_model), rounds, steps, selection in plans:
+    for title, mode, (layers, d_model), rounds, steps, selection in _training_plans(quick):
         log(f"training: {title} ...", flush=True)
         steps_tables.append((title, rounds, steps, training.measure(mode, layers, d_model, rounds, steps, selection)))
     log("replica fingerprint ...", flush=True)
@@ -80,28 +86,33 @@ def main(argv: list[str] | None = None) -> int:
     readers = hardware.measure(20 if quick else 500)
     log("opt-in features per sample ...", flush=True)
     opt_ins = opt_in.measure(5 if quick else 100, 20 if quick else 60, ((2, 64),) if quick else ((2, 64), (6, 256)))
+    return {
+        "hot": hot,
+        "latency": latency,
+        "rss": rss,
+        "steps_tables": steps_tables,
+        "scraped": scraped,
+        "pairs": pairs,
+        "prints": prints,
+        "goods": goods,
+        "readers": readers,
+        "opt_ins": opt_ins,
+        "slowness": slowness,
+    }
 
-    doc = render(
-        command,
-        hot,
-        latency,
-        rss,
-        steps_tables,
-        scraped,
-        pairs,
-        prints,
-        goods,
-        readers,
-        quick,
-        time.monotonic() - started,
-        (load_before, os.getloadavg()),
-        opt_ins,
-        slowness,
-    )
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(doc)
-    log(f"wrote {args.output} in {time.monotonic() - started:.0f} s")
-    return 0
+
+def _training_plans(quick: bool) -> list[tuple[str, str, tuple[int, int], int, int, str]]:
+    """(title, mode, model, rounds, steps per round, which configurations) for each step-time table."""
+    demo, larger = (2, 64), (6, 256)
+    if quick:
+        return [("demo model (2 layers, d_model 64), GRAPH", "graph", demo, 1, 20, "quick")]  # one round: a smoke run
+    return [
+        ("demo model (2 layers, d_model 64), GRAPH: the targets", "graph", demo, 50, 30, "headline"),
+        ("demo model (2 layers, d_model 64), GRAPH: every configuration", "graph", demo, 8, 40, "all"),
+        ("demo model (2 layers, d_model 64), PYNATIVE", "pynative", demo, 4, 12, "all"),
+        ("larger model (6 layers, d_model 256), GRAPH", "graph", larger, 4, 20, "all"),
+        ("larger model (6 layers, d_model 256), PYNATIVE", "pynative", larger, 3, 6, "all"),
+    ]
 
 
 def render(
@@ -122,23 +133,7 @@ def render(
     slowness: dict[str, Any] | None = None,
 ) -> str:
     """docs/benchmarks.md: the run's header, the targets table (a row from each suite), then each suite's section."""
-    out = [
-        "# Benchmarks",
-        "",
-        f"Produced by `{command}` on {datetime.date.today().isoformat()} in {seconds:.0f} s. "
-        "Every figure below was measured in that run; rerun the command to refresh them.",
-        "",
-        f"Machine: {machine()}.",
-        "",
-        "Load average (1, 5, 15 min) when the run began: "
-        + ", ".join(f"{value:.2f}" for value in loads[0])
-        + "; when it ended: "
-        + ", ".join(f"{value:.2f}" for value in loads[1])
-        + f" (on {os.cpu_count()} cores; other work on the machine shows here).",
-        "",
-    ]
-    if quick:
-        out += ["**This is a smoke run (`--quick`): too few steps for the figures to mean anything.**", ""]
+    out = _header(command, quick, seconds, loads)
     out += [
         "## Targets",
         "",
@@ -163,6 +158,28 @@ def render(
         *opt_in.opt_in_section(opt_ins or []),
     ]
     return "\n".join(out)
+
+
+def _header(command: str, quick: bool, seconds: float, loads: tuple[tuple[float, ...], tuple[float, ...]]) -> list[str]:
+    """The page's title, how and where it was produced, and the machine's load before and after."""
+    out = [
+        "# Benchmarks",
+        "",
+        f"Produced by `{command}` on {datetime.date.today().isoformat()} in {seconds:.0f} s. "
+        "Every figure below was measured in that run; rerun the command to refresh them.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "Load average (1, 5, 15 min) when the run began: "
+        + ", ".join(f"{value:.2f}" for value in loads[0])
+        + "; when it ended: "
+        + ", ".join(f"{value:.2f}" for value in loads[1])
+        + f" (on {os.cpu_count()} cores; other work on the machine shows here).",
+        "",
+    ]
+    if quick:
+        out += ["**This is a smoke run (`--quick`): too few steps for the figures to mean anything.**", ""]
+    return out
 
 
 if __name__ == "__main__":

@@ -386,9 +386,30 @@ def prometheus_load(
     `scrapes` times; its head series and memory then, and (with `baseline`) those of the same Prometheus with no
     targets."""
     replay = ReplayServer(exposition, ranks)
+    job = _replay_job(replay.port, ranks, relabel)
+    every = f"{interval:g}s"
+    empty_rss = 0.0
+    try:
+        if baseline:
+            empty_rss = _empty_rss(every)
+        with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+            server = PrometheusServer(
+                {"global": {"scrape_interval": every, "scrape_timeout": every}, "scrape_configs": [job]}, scratch
+            )
+            try:
+                result = _after_scrapes(server, ranks, interval, scrapes, empty_rss)
+            finally:
+                server.close()
+    finally:
+        replay.close()
+    return result
+
+
+def _replay_job(port: int, ranks: int, relabel: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The scrape job of the replayed ranks: a target per rank, each with its own path and instance."""
     targets = [
         {
-            "targets": [f"127.0.0.1:{replay.port}"],
+            "targets": [f"127.0.0.1:{port}"],
             "labels": {"__metrics_path__": f"/metrics/{r}", "instance": f"node{r // 8}:{19420 + r % 8}"},
         }
         for r in range(ranks)
@@ -396,54 +417,51 @@ def prometheus_load(
     job: dict[str, Any] = {"job_name": "mindspore", "static_configs": targets}
     if relabel:
         job["metric_relabel_configs"] = relabel
-    every = f"{interval:g}s"
-    empty_rss = 0.0
-    try:
-        if baseline:
-            with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
-                empty = PrometheusServer({"global": {"scrape_interval": every}, "scrape_configs": []}, scratch)
-                try:
-                    time.sleep(3)
-                    empty_rss = empty.rss()
-                finally:
-                    empty.close()
-        with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
-            server = PrometheusServer(
-                {"global": {"scrape_interval": every, "scrape_timeout": every}, "scrape_configs": [job]}, scratch
-            )
-            try:
-                began = time.monotonic()
-                wait_until(
-                    lambda: server.scalar('count(up{job="mindspore"} == 1)') == ranks,
-                    interval * 4 + 60,
-                    "every replayed rank scraped once",
-                    every=1.0,
-                    tolerate=NOT_YET,
-                )
-                deadline = began + interval * (scrapes + 0.5)
-                time.sleep(max(0.0, deadline - time.monotonic()))
-                window = f"[{int(interval * (scrapes + 2))}s]"
-                result = {
-                    "ranks": ranks,
-                    "interval": interval,
-                    "scrapes_per_target": server.scalar(f'min(count_over_time(up{{job="mindspore"}}{window}))'),
-                    "failed_scrapes": server.scalar(
-                        f'sum(count_over_time(up{{job="mindspore"}}{window}))'
-                        f' - sum(sum_over_time(up{{job="mindspore"}}{window}))'
-                    ),
-                    "samples_scraped": server.scalar('sum(scrape_samples_scraped{job="mindspore"})'),
-                    "samples_kept": server.scalar('sum(scrape_samples_post_metric_relabeling{job="mindspore"})'),
-                    "head_series": server.own("prometheus_tsdb_head_series"),
-                    "rss": server.rss(),
-                    "empty_rss": empty_rss,
-                    "heap_inuse": server.own("go_memstats_heap_inuse_bytes"),
-                    "seconds": time.monotonic() - began,
-                }
-            finally:
-                server.close()
-    finally:
-        replay.close()
-    return result
+    return job
+
+
+def _empty_rss(every: str) -> float:
+    """The RSS of the same Prometheus with no targets."""
+    with tempfile.TemporaryDirectory(prefix="ms_exporter_scaling_") as scratch:
+        empty = PrometheusServer({"global": {"scrape_interval": every}, "scrape_configs": []}, scratch)
+        try:
+            time.sleep(3)
+            return empty.rss()
+        finally:
+            empty.close()
+
+
+def _after_scrapes(
+    server: PrometheusServer, ranks: int, interval: float, scrapes: int, empty_rss: float
+) -> dict[str, Any]:
+    """Waits until every replayed rank was scraped `scrapes` times, then reads what Prometheus holds and costs
+    (beside `empty_rss`, the same Prometheus's with no targets)."""
+    began = time.monotonic()
+    wait_until(
+        lambda: server.scalar('count(up{job="mindspore"} == 1)') == ranks,
+        interval * 4 + 60,
+        "every replayed rank scraped once",
+        every=1.0,
+        tolerate=NOT_YET,
+    )
+    deadline = began + interval * (scrapes + 0.5)
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    window = f"[{int(interval * (scrapes + 2))}s]"
+    return {
+        "ranks": ranks,
+        "interval": interval,
+        "scrapes_per_target": server.scalar(f'min(count_over_time(up{{job="mindspore"}}{window}))'),
+        "failed_scrapes": server.scalar(
+            f'sum(count_over_time(up{{job="mindspore"}}{window})) - sum(sum_over_time(up{{job="mindspore"}}{window}))'
+        ),
+        "samples_scraped": server.scalar('sum(scrape_samples_scraped{job="mindspore"})'),
+        "samples_kept": server.scalar('sum(scrape_samples_post_metric_relabeling{job="mindspore"})'),
+        "head_series": server.own("prometheus_tsdb_head_series"),
+        "rss": server.rss(),
+        "empty_rss": empty_rss,
+        "heap_inuse": server.own("go_memstats_heap_inuse_bytes"),
+        "seconds": time.monotonic() - began,
+    }
 
 
 # -- a large job, replayed: series_profile: large_job -----------------------------------------------------------------
@@ -729,21 +747,7 @@ def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str,
             began = time.monotonic()
             _all_scraped(server.scalar, replay, interval, "every replayed rank scraped once")
             measured = _over_scrapes(replay, interval, scrapes, f"{vm.store_url}/metrics", "vm_rows_inserted_total")
-            # The rank: rules need two scrapes of a rank (rate()); each evaluation forwards its results.
-            counts: list[float] = []
-
-            def settled() -> bool:
-                counts.append(_series_count(vm.store_url))
-                return len(counts) > 1 and counts[-1] == counts[-2] > 0
-
-            # Compared one scrape and one rule evaluation apart: the rules file's groups evaluate every 10 s.
-            groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
-            evaluation = max(float(group["interval"].removesuffix("s")) for group in groups)
-            every = max(interval, evaluation) + 1.0
-            wait_until(
-                settled, every * 6 + 120, "the shared store's series to stop growing", every=every, tolerate=NOT_YET
-            )
-
+            series = _settled_series(vm.store_url, interval)
             rss = {p.name(): float(p.memory_info().rss) for p in psutil.Process().children()}
 
             def count(expr: str) -> float:
@@ -754,7 +758,7 @@ def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str,
                 "store": f"the job's Prometheus {prometheus_version()} -> VictoriaMetrics {victoria_metrics_version()}",
                 "ranks": replay.ranks,
                 "interval": interval,
-                "series": counts[-1],
+                "series": series,
                 "kinds": {kind: count(expr) for kind, expr in FORWARDED_KINDS.items()},
                 "job_series": _own_metric(f"{server.base}/metrics", "prometheus_tsdb_head_series"),
                 **measured,
@@ -768,6 +772,23 @@ def job_forwarded(replay: JobReplay, interval: float, scrapes: int) -> dict[str,
             if server is not None:
                 server.close()
             vm.stop()
+
+
+def _settled_series(store_url: str, interval: float) -> float:
+    """The shared store's series once they stopped growing."""
+    # The rank: rules need two scrapes of a rank (rate()); each evaluation forwards its results.
+    counts: list[float] = []
+
+    def settled() -> bool:
+        counts.append(_series_count(store_url))
+        return len(counts) > 1 and counts[-1] == counts[-2] > 0
+
+    # Compared one scrape and one rule evaluation apart: the rules file's groups evaluate every 10 s.
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    evaluation = max(float(group["interval"].removesuffix("s")) for group in groups)
+    every = max(interval, evaluation) + 1.0
+    wait_until(settled, every * 6 + 120, "the shared store's series to stop growing", every=every, tolerate=NOT_YET)
+    return counts[-1]
 
 
 def _series_count(store_url: str) -> float:
@@ -1001,41 +1022,13 @@ def one_rank_section(figures: list[RankFigures]) -> list[str]:
         per_rank_table(figures),
         "",
     ]
-    if upper.layer_grad_norm_series == UPPER_BOUND["grad_norm"]["max_series"]:
-        out.append(
-            f"The second configuration reached the cap: {upper.layer_grad_norm_series} "
-            "`mindspore_train_layer_grad_norm` series (`grad_norm.max_series`)."
-        )
-    else:
-        out.append(
-            f"**The second configuration did not reach the cap**: {upper.layer_grad_norm_series} "
-            f"`mindspore_train_layer_grad_norm` series, not {UPPER_BOUND['grad_norm']['max_series']}."
-        )
-    for f in figures[2:]:
-        out.append(
-            f"On the {f.encoder_layers}-layer model the same configuration gives "
-            f"{f.layer_grad_norm_series} layer series: the regexes watch fewer layers there and "
-            f"top_k adds {UPPER_BOUND['grad_norm']['top_k']} of what is left."
-        )
+    out += _layer_series_lines(figures)
     out.append(
         f"Per series (the name included) a rank's series carry {upper.mean_label_pairs:.1f} label pairs on "
         f"average and names of {upper.mean_name_length:.0f} characters; Prometheus adds "
         f"{', '.join(TARGET_LABELS)} (and whatever the scrape config's relabeling adds)."
     )
-    if upper.layernorms_in_model:
-        per_norm = upper.layernorm_series / upper.layernorms_in_model
-        cap = LayerNormConfig().max_layers
-        deep = [(blocks, blocks * 2 + 1) for blocks in (8, 32, 80)]
-        out.append(
-            f"LayerNorm statistics are {per_norm:g} series per watched LayerNorm, outside "
-            f"`grad_norm.max_series`: they grow with depth up to `layernorm.max_layers` ({cap} by default). "
-            "A model with two norms per block and a final one has, per rank, "
-            + ", ".join(
-                f"{min(norms, cap) * per_norm:,.0f} such series at {blocks} blocks ({norms} norms)"
-                for blocks, norms in deep
-            )
-            + "."
-        )
+    out += _layernorm_lines(upper)
     out += [
         "",
         "Series per family:",
@@ -1051,6 +1044,48 @@ def one_rank_section(figures: list[RankFigures]) -> list[str]:
     return out
 
 
+def _layer_series_lines(figures: list[RankFigures]) -> list[str]:
+    """Whether the upper-bound configuration reached the cap on layer series, and what it gives on the other
+    models."""
+    upper = figures[1]
+    if upper.layer_grad_norm_series == UPPER_BOUND["grad_norm"]["max_series"]:
+        out = [
+            f"The second configuration reached the cap: {upper.layer_grad_norm_series} "
+            "`mindspore_train_layer_grad_norm` series (`grad_norm.max_series`)."
+        ]
+    else:
+        out = [
+            f"**The second configuration did not reach the cap**: {upper.layer_grad_norm_series} "
+            f"`mindspore_train_layer_grad_norm` series, not {UPPER_BOUND['grad_norm']['max_series']}."
+        ]
+    for f in figures[2:]:
+        out.append(
+            f"On the {f.encoder_layers}-layer model the same configuration gives "
+            f"{f.layer_grad_norm_series} layer series: the regexes watch fewer layers there and "
+            f"top_k adds {UPPER_BOUND['grad_norm']['top_k']} of what is left."
+        )
+    return out
+
+
+def _layernorm_lines(upper: RankFigures) -> list[str]:
+    """How LayerNorm statistics grow with depth, where the model has LayerNorms."""
+    if not upper.layernorms_in_model:
+        return []
+    per_norm = upper.layernorm_series / upper.layernorms_in_model
+    cap = LayerNormConfig().max_layers
+    deep = [(blocks, blocks * 2 + 1) for blocks in (8, 32, 80)]
+    return [
+        f"LayerNorm statistics are {per_norm:g} series per watched LayerNorm, outside "
+        f"`grad_norm.max_series`: they grow with depth up to `layernorm.max_layers` ({cap} by default). "
+        "A model with two norms per block and a final one has, per rank, "
+        + ", ".join(
+            f"{min(norms, cap) * per_norm:,.0f} such series at {blocks} blocks ({norms} norms)"
+            for blocks, norms in deep
+        )
+        + "."
+    ]
+
+
 def prometheus_seen_section(figures: list[RankFigures]) -> list[str]:
     """What a real Prometheus counted of the first two configurations, where it scraped them."""
     seen = [f for f in figures[:2] if f.prometheus]
@@ -1062,33 +1097,7 @@ def prometheus_seen_section(figures: list[RankFigures]) -> list[str]:
         "Prometheus scraped the rank every second (`scrape_interval: 1s`); the values are read through its HTTP API.",
         "",
     ]
-    rows = []
-    for f in seen:
-        p = f.prometheus
-        rows.append(
-            {
-                "case": f.case,
-                "scrapes": f"{p['scrapes']:.0f}",
-                "scraped": f"{p['samples_scraped']:.0f}",
-                "added": f"{p['series_added_first_scrape']:.0f}",
-                "head": f"{p['series_in_head']:.0f}",
-                "synthetic": f"{p['synthetic_in_head']:.0f}",
-            }
-        )
-    out += [
-        table(
-            rows,
-            [
-                ("case", "configuration"),
-                ("scrapes", "scrapes"),
-                ("scraped", "`scrape_samples_scraped`"),
-                ("added", "`scrape_series_added` (first scrape)"),
-                ("head", "series of the target in the head"),
-                ("synthetic", "of which `up`/`scrape_*`"),
-            ],
-        ),
-        "",
-    ]
+    out += [_prometheus_seen_table(seen), ""]
     agree = all(
         f.prometheus["samples_scraped"] == f.series
         and f.prometheus["series_in_head"] == f.series + f.prometheus["synthetic_in_head"]
@@ -1104,6 +1113,34 @@ def prometheus_seen_section(figures: list[RankFigures]) -> list[str]:
     ]
 
     return out
+
+
+def _prometheus_seen_table(seen: list[RankFigures]) -> str:
+    """A row per configuration Prometheus scraped: its scrapes, samples and series."""
+    rows = []
+    for f in seen:
+        p = f.prometheus
+        rows.append(
+            {
+                "case": f.case,
+                "scrapes": f"{p['scrapes']:.0f}",
+                "scraped": f"{p['samples_scraped']:.0f}",
+                "added": f"{p['series_added_first_scrape']:.0f}",
+                "head": f"{p['series_in_head']:.0f}",
+                "synthetic": f"{p['synthetic_in_head']:.0f}",
+            }
+        )
+    return table(
+        rows,
+        [
+            ("case", "configuration"),
+            ("scrapes", "scrapes"),
+            ("scraped", "`scrape_samples_scraped`"),
+            ("added", "`scrape_series_added` (first scrape)"),
+            ("head", "series of the target in the head"),
+            ("synthetic", "of which `up`/`scrape_*`"),
+        ],
+    )
 
 
 def computed_section(figures: list[RankFigures], load: dict[str, Any] | None) -> list[str]:
@@ -1157,30 +1194,11 @@ def replayed_ranks_section(
         "head block holds, so this is the series cost, not the steady state.",
         "",
     ]
-    rows = []
-    for label, run in (("none", load), ("the relabeling below", relabeled_load)):
-        if not run:
-            continue
-        added = run["rss"] - run["empty_rss"]
-        rows.append(
-            {
-                "relabel": label,
-                "targets": f"{run['ranks']:,}",
-                "failed": f"{run['failed_scrapes']:.0f}",
-                "scraped": f"{run['samples_scraped']:,.0f}",
-                "kept": f"{run['samples_kept']:,.0f}",
-                "head": f"{run['head_series']:,.0f}",
-                "rss": _bytes(run["rss"]),
-                "added": _bytes(added),
-                "per": f"{added / run['head_series']:,.0f} B",
-                "heap": _bytes(run["heap_inuse"]),
-                "rule": _bytes(
-                    rule_bytes(default, run["ranks"])
-                    * run["head_series"]
-                    / (series_in_prometheus(default) * run["ranks"])
-                ),
-            }
-        )
+    rows = [
+        _replayed_row(default, label, run)
+        for label, run in (("none", load), ("the relabeling below", relabeled_load))
+        if run
+    ]
     out += [
         table(
             rows,
@@ -1201,6 +1219,26 @@ def replayed_ranks_section(
         "",
     ]
     return out
+
+
+def _replayed_row(default: RankFigures, label: str, run: dict[str, Any]) -> dict[str, str]:
+    """One replayed run's figures, beside what the rule of thumb gives for its head series."""
+    added = run["rss"] - run["empty_rss"]
+    return {
+        "relabel": label,
+        "targets": f"{run['ranks']:,}",
+        "failed": f"{run['failed_scrapes']:.0f}",
+        "scraped": f"{run['samples_scraped']:,.0f}",
+        "kept": f"{run['samples_kept']:,.0f}",
+        "head": f"{run['head_series']:,.0f}",
+        "rss": _bytes(run["rss"]),
+        "added": _bytes(added),
+        "per": f"{added / run['head_series']:,.0f} B",
+        "heap": _bytes(run["heap_inuse"]),
+        "rule": _bytes(
+            rule_bytes(default, run["ranks"]) * run["head_series"] / (series_in_prometheus(default) * run["ranks"])
+        ),
+    }
 
 
 RULES_FILE = Path(__file__).resolve().parents[1] / "deploy/prometheus/rules/mindspore-training.rules.yml"
@@ -1305,14 +1343,7 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
         "",
         "Series per family on a non-detail rank (histograms among them are `_sum` and `_count` only):",
         "",
-        table(
-            [
-                {"name": f"`{name}`", "type": kind, "series": count}
-                for name, (kind, count) in sorted(lean.per_family.items(), key=lambda item: (-item[1][1], item[0]))
-                if count
-            ],
-            [("name", "family"), ("type", "type"), ("series", "series")],
-        ),
+        _non_detail_family_table(lean),
         "",
         f"Where each alert of `{RULES_FILE.relative_to(RULES_FILE.parents[3])}` can fire under `large_job`, "
         "from the families it reads (through the recording rules it reads) and the two pages above:",
@@ -1321,42 +1352,59 @@ def render_large_job(detail: RankFigures, lean: RankFigures, jobs: list[dict[str
         "",
     ]
     if jobs:
-        out += [
-            "A replayed job: one HTTP server serves each rank's page (rank 0 the detail page, every other rank the "
-            "non-detail page, each with its own `rank` and `instance`), gzip-compressed, to a real Prometheus and "
-            "to vmagent writing to VictoriaMetrics (the shipped `deploy/victoriametrics` flags and scrape config). "
-            "Series per job are the store's (Prometheus's head series; VictoriaMetrics' series of the job), read "
-            f"once every target had been scraped; samples/s and bytes/s are measured over the next {JOB_SCRAPES} "
-            "scrape intervals (samples appended by Prometheus, rows inserted by VictoriaMetrics; bytes the replay "
-            'server sent); RSS is the server process\'s. "Computed" is one detail rank plus the non-detail ranks '
-            f"plus the scraper's synthetic series per target: Prometheus's {len(SYNTHETIC)} (`up`, `scrape_*`), "
-            "vmagent's one more (`scrape_timeout_seconds`). The third run of each size is the job's own "
-            "Prometheus (`deploy/prometheus/prometheus-job.yml`: the shipped rules over all ranks) forwarding to "
-            "VictoriaMetrics only the rules' `project:` and `rank:` results, `ALERTS` and rank 0's page: its series "
-            "per job are the shared store's. The goal is "
-            f"under {SERIES_GOAL:,} series per 10,000 ranks (Grafana Mimir's default per-tenant limit).",
-            "",
-            table(
-                job_rows(jobs, detail, lean),
-                [
-                    ("store", "scraper and store"),
-                    ("ranks", "ranks"),
-                    ("interval", "scrape interval"),
-                    ("series", "series per job"),
-                    ("per_rank", "per rank"),
-                    ("computed", "computed"),
-                    ("goal", f"vs {SERIES_GOAL:,} per 10,000"),
-                    ("samples", "samples/s"),
-                    ("bytes", "bytes/s (gzip)"),
-                    ("failed", "failed scrapes"),
-                    ("rss", "store RSS"),
-                    ("agent", "scraper RSS (vmagent, the job's Prometheus)"),
-                ],
-            ),
-            "",
-        ]
-        out += forwarded_lines(jobs)
+        out += _replayed_jobs_section(jobs, detail, lean)
     return out
+
+
+def _non_detail_family_table(lean: RankFigures) -> str:
+    """The families a non-detail rank serves, most series first."""
+    return table(
+        [
+            {"name": f"`{name}`", "type": kind, "series": count}
+            for name, (kind, count) in sorted(lean.per_family.items(), key=lambda item: (-item[1][1], item[0]))
+            if count
+        ],
+        [("name", "family"), ("type", "type"), ("series", "series")],
+    )
+
+
+def _replayed_jobs_section(jobs: list[dict[str, Any]], detail: RankFigures, lean: RankFigures) -> list[str]:
+    """The replayed large_job jobs: how they were run, a row per scraper and store, and what was forwarded."""
+    out = [
+        "A replayed job: one HTTP server serves each rank's page (rank 0 the detail page, every other rank the "
+        "non-detail page, each with its own `rank` and `instance`), gzip-compressed, to a real Prometheus and "
+        "to vmagent writing to VictoriaMetrics (the shipped `deploy/victoriametrics` flags and scrape config). "
+        "Series per job are the store's (Prometheus's head series; VictoriaMetrics' series of the job), read "
+        f"once every target had been scraped; samples/s and bytes/s are measured over the next {JOB_SCRAPES} "
+        "scrape intervals (samples appended by Prometheus, rows inserted by VictoriaMetrics; bytes the replay "
+        'server sent); RSS is the server process\'s. "Computed" is one detail rank plus the non-detail ranks '
+        f"plus the scraper's synthetic series per target: Prometheus's {len(SYNTHETIC)} (`up`, `scrape_*`), "
+        "vmagent's one more (`scrape_timeout_seconds`). The third run of each size is the job's own "
+        "Prometheus (`deploy/prometheus/prometheus-job.yml`: the shipped rules over all ranks) forwarding to "
+        "VictoriaMetrics only the rules' `project:` and `rank:` results, `ALERTS` and rank 0's page: its series "
+        "per job are the shared store's. The goal is "
+        f"under {SERIES_GOAL:,} series per 10,000 ranks (Grafana Mimir's default per-tenant limit).",
+        "",
+        table(
+            job_rows(jobs, detail, lean),
+            [
+                ("store", "scraper and store"),
+                ("ranks", "ranks"),
+                ("interval", "scrape interval"),
+                ("series", "series per job"),
+                ("per_rank", "per rank"),
+                ("computed", "computed"),
+                ("goal", f"vs {SERIES_GOAL:,} per 10,000"),
+                ("samples", "samples/s"),
+                ("bytes", "bytes/s (gzip)"),
+                ("failed", "failed scrapes"),
+                ("rss", "store RSS"),
+                ("agent", "scraper RSS (vmagent, the job's Prometheus)"),
+            ],
+        ),
+        "",
+    ]
+    return out + forwarded_lines(jobs)
 
 
 def forwarded_lines(jobs: list[dict[str, Any]]) -> list[str]:
@@ -1387,22 +1435,7 @@ def replace_block(document: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="per-rank series and bytes, and what many ranks cost Prometheus")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per configuration")
-    parser.add_argument("--output", default="docs/scaling.md", help="the page whose measured block is rewritten")
-    parser.add_argument(
-        "--prometheus-seconds", type=float, default=15.0, help="how long a real Prometheus scrapes each rank (0: skip)"
-    )
-    parser.add_argument("--load-ranks", type=int, default=1000, help="replayed ranks for the memory check (0: skip)")
-    parser.add_argument("--load-interval", type=float, default=15.0)
-    parser.add_argument("--no-prometheus", action="store_true", help="no Prometheus at all")
-    parser.add_argument(
-        "--job-ranks",
-        default=",".join(str(ranks) for ranks, _ in JOB_RANKS),
-        help="replayed large_job jobs, comma-separated rank counts (empty: none)",
-    )
-    parser.add_argument("--no-victoriametrics", action="store_true", help="replay the large jobs to Prometheus only")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     started = time.monotonic()
     output = Path(args.output)
     document = output.read_text()
@@ -1422,6 +1455,39 @@ def main(argv: list[str] | None = None) -> int:
             relabeled = prometheus_load(figures[0].exposition, args.load_ranks, args.load_interval, 3, relabel)
     print(f"training: {LARGE_JOB_LEAN} ({args.steps} steps) ...", flush=True)
     large = measure_large_job(args.steps)
+    jobs = _large_jobs(args, large)
+    command = "python -m benchmarks.scaling" + ("" if argv is None or not argv else " " + " ".join(argv))
+    if argv is None and len(sys.argv) > 1:
+        command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:])
+    block = render(figures, load, relabeled, checked, command, time.monotonic() - started, large, jobs)
+    output.write_text(replace_block(output.read_text(), block))  # read again: the prose may have changed meanwhile
+    print(per_rank_table(figures))
+    print(f"wrote the measured block of {output} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="per-rank series and bytes, and what many ranks cost Prometheus")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per configuration")
+    parser.add_argument("--output", default="docs/scaling.md", help="the page whose measured block is rewritten")
+    parser.add_argument(
+        "--prometheus-seconds", type=float, default=15.0, help="how long a real Prometheus scrapes each rank (0: skip)"
+    )
+    parser.add_argument("--load-ranks", type=int, default=1000, help="replayed ranks for the memory check (0: skip)")
+    parser.add_argument("--load-interval", type=float, default=15.0)
+    parser.add_argument("--no-prometheus", action="store_true", help="no Prometheus at all")
+    parser.add_argument(
+        "--job-ranks",
+        default=",".join(str(ranks) for ranks, _ in JOB_RANKS),
+        help="replayed large_job jobs, comma-separated rank counts (empty: none)",
+    )
+    parser.add_argument("--no-victoriametrics", action="store_true", help="replay the large jobs to Prometheus only")
+    return parser
+
+
+def _large_jobs(args: argparse.Namespace, large: tuple[RankFigures, RankFigures]) -> list[dict[str, Any]]:
+    """Each `--job-ranks` job replayed from the large_job pages: to Prometheus, and (unless told not to) to vmagent
+    -> VictoriaMetrics and through the job's own Prometheus forwarding to VictoriaMetrics."""
     jobs: list[dict[str, Any]] = []
     intervals = dict(JOB_RANKS)
     for ranks in (int(word) for word in args.job_ranks.split(",") if word.strip()):
@@ -1441,14 +1507,7 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.append(_attempt(job_forwarded, replay, interval, store))
         finally:
             replay.close()
-    command = "python -m benchmarks.scaling" + ("" if argv is None or not argv else " " + " ".join(argv))
-    if argv is None and len(sys.argv) > 1:
-        command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:])
-    block = render(figures, load, relabeled, checked, command, time.monotonic() - started, large, jobs)
-    output.write_text(replace_block(output.read_text(), block))  # read again: the prose may have changed meanwhile
-    print(per_rank_table(figures))
-    print(f"wrote the measured block of {output} in {time.monotonic() - started:.0f} s")
-    return 0
+    return jobs
 
 
 if __name__ == "__main__":

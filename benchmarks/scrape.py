@@ -90,31 +90,44 @@ def during_training(rates: list[float], rounds: int, steps: int) -> list[dict[st
         model.train(1, synthetic_dataset(size=16 * 5), callbacks=[monitor], dataset_sink_mode=False)
         for round_index in range(rounds):
             for rate in rates:
-                timer = timers[rate]
-                timer.last = None
-                before = len(timer.times)
-                scraper = None
-                if rate > 0:
-                    # Long enough to cover the round; stopped when the round ends.
-                    scraper = subprocess.Popen(
-                        [sys.executable, "-c", _SCRAPER, monitor.url or "", str(rate), "120"],
-                        stdout=subprocess.PIPE,
-                        text=True,
-                    )
-                    time.sleep(0.3)
-                model.train(
-                    1,
-                    synthetic_dataset(size=16 * steps, seed=round_index),
-                    callbacks=[monitor, timer.callback],
-                    dataset_sink_mode=False,
-                )
-                del timer.times[before : before + 2]
-                if scraper is not None:
-                    scraper.terminate()
-                    scraper.wait(10)
+                if _scraped_round(model, monitor, timers[rate], rate, steps, round_index):
                     scrapes[rate] += 1
     finally:
         monitor.close()
+    return _while_scraped_rows(rates, timers)
+
+
+def _scraped_round(model: Any, monitor: Any, timer: Any, rate: float, steps: int, round_index: int) -> bool:
+    """`steps` steps timed while another process scrapes at `rate` a second (none at 0): whether it scraped."""
+    from ms_exporter.demo import synthetic_dataset
+
+    timer.last = None
+    before = len(timer.times)
+    scraper = None
+    if rate > 0:
+        # Long enough to cover the round; stopped when the round ends.
+        scraper = subprocess.Popen(
+            [sys.executable, "-c", _SCRAPER, monitor.url or "", str(rate), "120"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(0.3)
+    model.train(
+        1,
+        synthetic_dataset(size=16 * steps, seed=round_index),
+        callbacks=[monitor, timer.callback],
+        dataset_sink_mode=False,
+    )
+    del timer.times[before : before + 2]
+    if scraper is None:
+        return False
+    scraper.terminate()
+    scraper.wait(10)
+    return True
+
+
+def _while_scraped_rows(rates: list[float], timers: dict[float, Any]) -> list[dict[str, Any]]:
+    """A row per scrape rate: its step time, and its ratio to the first rate's (not scraped)."""
     base = None
     rows = []
     for rate in rates:

@@ -140,27 +140,10 @@ def campaign(steps: int, every: int, seed: int, factor: float) -> dict[str, Any]
     for step in range(1, steps + 1):
         batch = batches[(step - 1) % len(batches)]
         injection = _draw_injection(rng, step, every, sizes) if step % every == 0 and step > 32 else None
-        if injection is not None and injection["location"] == "gradients":
-            victim = replicas[injection["replica"]]
-            injection["scale"] = flip_scale(victim, batch, injection["tensor"], injection["element"], injection["bit"])
-            victim.cell.flip_local_gradient(step, injection["tensor"], injection["element"], injection["bit"])
-        flagged_before = [r.local.outliers for r in replicas]
-        for r in replicas:
-            r.cell(*batch)
-        if injection is not None and injection["location"] != "gradients":
-            _flip(replicas[injection["replica"]], injection)
-        for r in replicas:
-            r.checks.read(step, r.local.read(step))
-        flagged = [r.local.outliers > before for r, before in zip(replicas, flagged_before)]
-        rows = [r.checks._window[-1][1] for r in replicas]  # the campaign reads the rows it judges
+        flagged, rows = _step_replicas(replicas, batch, step, injection)
         if injection is None:
             clean_steps += 1
-            false_positives["checksums"] += any(
-                int(np.flatnonzero(rows[i][kind] != rows[0 if i else 1][kind]).size)
-                for kind in ("weights", "optimizer")
-                for i in range(REPLICAS)
-            )
-            false_positives["local_gradients"] += any(flagged)
+            _count_false_positives(false_positives, flagged, rows)
             continue
         if injection["location"] == "gradients":
             _judge_gradient_flip(injection, replicas, flagged)
@@ -177,6 +160,37 @@ def campaign(steps: int, every: int, seed: int, factor: float) -> dict[str, Any]
         "seconds": time.perf_counter() - began,
         "factor": factor,
     }
+
+
+def _step_replicas(
+    replicas: list[Replica], batch: Any, step: int, injection: dict[str, Any] | None
+) -> tuple[list[bool], list[dict[str, Any]]]:
+    """One step of every replica with this step's flip, if any, and the monitor's readers after it: which replicas
+    the local check flagged, and each replica's newest row of checksums."""
+    if injection is not None and injection["location"] == "gradients":
+        victim = replicas[injection["replica"]]
+        injection["scale"] = flip_scale(victim, batch, injection["tensor"], injection["element"], injection["bit"])
+        victim.cell.flip_local_gradient(step, injection["tensor"], injection["element"], injection["bit"])
+    flagged_before = [r.local.outliers for r in replicas]
+    for r in replicas:
+        r.cell(*batch)
+    if injection is not None and injection["location"] != "gradients":
+        _flip(replicas[injection["replica"]], injection)
+    for r in replicas:
+        r.checks.read(step, r.local.read(step))
+    flagged = [r.local.outliers > before for r, before in zip(replicas, flagged_before)]
+    rows = [r.checks._window[-1][1] for r in replicas]  # the campaign reads the rows it judges
+    return flagged, rows
+
+
+def _count_false_positives(false_positives: dict[str, int], flagged: list[bool], rows: list[dict[str, Any]]) -> None:
+    """A step without a flip: any replica whose checksums differ from another's, or any local flag, is false."""
+    false_positives["checksums"] += any(
+        int(np.flatnonzero(rows[i][kind] != rows[0 if i else 1][kind]).size)
+        for kind in ("weights", "optimizer")
+        for i in range(REPLICAS)
+    )
+    false_positives["local_gradients"] += any(flagged)
 
 
 def _float_sizes(replica: Replica) -> dict[str, list[int]]:
