@@ -37,6 +37,8 @@ class Row:
     type: str = ""  # the type column, where it says more than the type ("gauge (=1)")
     labels: str = ""  # the labels column, where it says more than the label names
     unit: str = ""  # the unit column, where it says more than the unit
+    # A histogram's `_bucket`, `_sum` and `_count` in words: its rows of the histogram-series table.
+    series: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -675,6 +677,11 @@ STEP_DURATION = MetricFamily(
         ),
         group="step_time",
         sink_mode="sink time / sink size, counted sink-size times",
+        series=(
+            "steps that took at most `le` seconds",
+            "seconds spent in steps",
+            "steps timed (equals the steps counted in `mindspore_train_steps_total` while `step_time` is on)",
+        ),
     ),
 )
 DATA_WAIT = MetricFamily(
@@ -691,6 +698,11 @@ DATA_WAIT = MetricFamily(
         ),
         group="step_time",
         sink_mode="gap between sinks",
+        series=(
+            "gaps between steps of at most `le` seconds",
+            "seconds between steps (data loading, host work)",
+            "gaps measured (every step but the first of each training call, which has no previous step)",
+        ),
     ),
 )
 
@@ -1005,7 +1017,12 @@ GRAD_NORM_DISTRIBUTION = MetricFamily(
     "Global gradient norm at sampled steps.",
     "1",
     buckets=NORM_BUCKETS,
-    row=Row("gradients", updated="the same sampled values", unit="L2 norm; buckets 1e-4 to 1e4 in half-decades"),
+    row=Row(
+        "gradients",
+        updated="the same sampled values",
+        unit="L2 norm; buckets 1e-4 to 1e4 in half-decades",
+        series=("sampled norms of at most `le`", "the sampled norms added up", "steps sampled"),
+    ),
 )
 GRAD_NORM_CLIPPED = MetricFamily(
     "mindspore_train_grad_norm_clipped_total",
@@ -1301,6 +1318,11 @@ DATA_SEQUENCE_LENGTH_DISTRIBUTION = MetricFamily(
         "data",
         updated="one observation per sample of the measured batches",
         unit="tokens; buckets 1 to 131,072 in powers of 2",
+        series=(
+            "samples of at most `le` non-padding tokens",
+            "non-padding tokens of the measured samples",
+            "samples measured",
+        ),
     ),
 )
 DATA_PADDING_RATIO = MetricFamily(
@@ -1398,6 +1420,7 @@ HOOK_DURATION = MetricFamily(
             "belongs to the step"
         ),
         labels="`hook` (`train_begin`, `step_begin`, `step_end`, `train_end`, `eval_end`)",
+        series=("hook calls that took at most `le` seconds", "seconds the monitor spent in the hook", "hook calls"),
     ),
 )
 ERRORS = MetricFamily(

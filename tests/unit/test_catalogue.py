@@ -10,7 +10,7 @@ import pytest
 
 from ms_exporter.core import catalogue, registry
 from ms_exporter.core.catalogue import FAMILIES, MetricFamily, Row
-from ms_exporter.generate.metrics_tables import render_page, render_rows
+from ms_exporter.generate.metrics_tables import histogram_series_rows, render_page, render_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ms_exporter"
@@ -139,3 +139,24 @@ def test_a_row_shows_what_the_declaration_says_unless_its_words_say_more() -> No
     ]
     worded = MetricFamily("mindspore_train_x", "gauge", "X.", "1", row=Row("t", "always", type="gauge (=1)", unit="-"))
     assert render_rows([worded])[2] == "| `mindspore_train_x` | gauge (=1) | | - | always |"
+
+
+def test_a_histogram_s_series_rows_say_what_they_count_and_which_rules_and_panels_read_them() -> None:
+    rows = histogram_series_rows((catalogue.STEP_DURATION, catalogue.HOOK_DURATION))
+    assert rows[2:] == [
+        "| `mindspore_train_step_duration_seconds_bucket` | counter (`le`) | steps that took at most `le` seconds | "
+        'the dashboard\'s "Step time p50 / p95" |',
+        "| `mindspore_train_step_duration_seconds_sum` | counter | seconds spent in steps | "
+        "`rank:mindspore_train_step_duration_seconds:mean` |",
+        "| `mindspore_train_step_duration_seconds_count` | counter | steps timed (equals the steps counted in "
+        "`mindspore_train_steps_total` while `step_time` is on) | `rank:mindspore_train_step_duration_seconds:mean`; "
+        "`rank:mindspore_train_data_wait_seconds:mean` |",
+        "| `mindspore_exporter_callback_duration_seconds_bucket` | counter (`hook`, `le`) | hook calls that took at "
+        'most `le` seconds | the dashboard\'s "Monitor cost p99 per hook" |',
+        "| `mindspore_exporter_callback_duration_seconds_sum` | counter (`hook`) | seconds the monitor spent in the "
+        "hook | - |",
+        "| `mindspore_exporter_callback_duration_seconds_count` | counter (`hook`) | hook calls | - |",
+    ]
+    unsaid = MetricFamily("mindspore_train_unsaid", "histogram", "U.", "1", buckets=(1.0,), row=Row("t", "always"))
+    with pytest.raises(ValueError, match="mindspore_train_unsaid: its row's `series` must say"):
+        histogram_series_rows((unsaid,))
