@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.request
@@ -41,8 +42,11 @@ class Scraper:
                 with urllib.request.urlopen(self._request, timeout=5) as response:
                     self.seen.append(ended_value(response.read().decode()))
                     self.times.append(time.monotonic())
-            except OSError:
-                return
+            except OSError as exc:
+                # A page that came too late on a loaded machine: Prometheus gives that scrape up and scrapes again
+                # at its next interval, and so does this. Anything else (refused, reset) is the endpoint gone.
+                if not isinstance(getattr(exc, "reason", exc), (TimeoutError, socket.timeout)):
+                    return
             time.sleep(self._interval)
 
     def join(self) -> None:
