@@ -1,5 +1,5 @@
 """Silent data corruption of a local gradient in a real 3-worker msrun data-parallel job (docs/sdc.md#local-gradients),
-and the suite's short version of `make sdc`'s injection campaign.
+and the suite's short versions of `make sdc`'s injection campaigns: in one process, and on three msrun processes.
 
 One bit of rank 2's local gradient of the classifier's weight flips before step 40's all-reduce (an exponent bit:
 the element becomes enormous or infinite). With `divergence.skip_local_grad_outliers` every replica skips that step:
@@ -107,3 +107,23 @@ def test_the_injection_campaign_detects_and_names_every_flip_of_weights_and_mome
     for injection in by_location["gradients"]:  # flagged exactly where the norm rule says
         assert injection["detected"] == (not math.isfinite(injection["ratio"]) or injection["ratio"] > 1000.0)
     assert result["false_positives"] == {"checksums": 0, "local_gradients": 0}
+
+
+def test_the_campaign_on_three_msrun_processes_detects_and_names_every_stored_flip_at_its_step(tmp_path: Path) -> None:
+    """The short version of `make sdc`'s msrun campaign: one job of flips of weights and moments (a local gradient's
+    flip in an msrun job is the first test's)."""
+    raw = tmp_path / "campaign.json"
+    arguments = ("--jobs", "1", "--flips", "8", "--every", "4", "--seed", "3", "--json", str(raw), "--no-page")
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.sdc_msrun_campaign", *arguments],
+        check=True,
+        cwd=ROOT,
+        timeout=1200,
+        capture_output=True,
+    )
+    result = json.loads(raw.read_text())
+    injections = result["injections"]
+    assert len(injections) == 8 and {i["location"] for i in injections} == {"weights", "optimizer"}
+    assert {i["class"] for i in injections} == {"sign", "exponent", "top 8 mantissa", "low mantissa"}
+    assert all(i["detected"] and i["named"] and i["latency"] == 0 for i in injections), injections
+    assert result["false_positives"] == {"checksums": 0} and result["clean_steps"]["checksums"] > 20
