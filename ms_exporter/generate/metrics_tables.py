@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ms_exporter.core.catalogue import FAMILIES, MetricFamily, Row
-from ms_exporter.generate.dashboard import queries, render_dashboard
 from ms_exporter.generate.markdown_table import check_each_once, rewrite_page, table_row
 from ms_exporter.generate.rules import render_rules
 
@@ -55,6 +54,9 @@ def render_rows(families: Sequence[MetricFamily], columns: Sequence[str] = ()) -
 def histogram_series_rows(families: Sequence[MetricFamily] = FAMILIES) -> list[str]:
     """The histogram-series table: each histogram's `_bucket`, `_sum` and `_count`, what it counts (its row's
     `series`) and what of the shipped rules and dashboard reads it, found in the rendered rules and dashboard."""
+    # Here, not at the top: the dashboard's SDK needs Python 3.11 (pyproject's floor for it), the catalogue does not.
+    from ms_exporter.generate.dashboard import queries, render_dashboard
+
     rules = [rule for group in render_rules()["groups"] for rule in group["rules"]]
     panels = queries(render_dashboard())
     lines = ["| series | type | meaning | read by |", "|---|---|---|---|"]
