@@ -135,6 +135,7 @@ def run_job(injections: list[dict[str, Any]], steps: int, scratch: Path) -> dict
     job = subprocess.Popen(
         msrun_command(env, WORKERS, master, log_dir, *arguments),
         env=env,
+        cwd=scratch,  # the ranks' save_dir (monitor_output) is relative to it
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
