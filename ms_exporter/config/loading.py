@@ -60,6 +60,8 @@ def read_config(
     for key, value in overrides.items():
         _merge(raw, key, value)
         problems.set_origin(key, f"keyword argument {key}=", value)
+    for name in part_sections.clashing():
+        problems.add(name, f"a registered part named {name!r} declares a section under this built-in key; rename it")
     own, raw = part_sections.split(raw)
     config = _build(MonitorConfig, raw, "", problems)
     sections = {key: _part_section(key, value, problems) for key, value in own.items()}

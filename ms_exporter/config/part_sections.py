@@ -14,8 +14,22 @@ from ms_exporter.core import registry
 
 
 def names() -> tuple[str, ...]:
-    """The top-level keys the parts' own sections are read under, in registration order."""
-    return tuple(registry.part_sections())
+    """The top-level keys the parts' own sections are read under, in registration order; not a built-in key, which
+    a registered part cannot take over (`clashing`)."""
+    built_in = _built_in_keys()
+    return tuple(name for name in registry.part_sections() if name not in built_in)
+
+
+def clashing() -> list[str]:
+    """Registered parts whose section would be read under a built-in key: a ConfigError names each."""
+    built_in = _built_in_keys()
+    return [name for name in registry.part_sections() if name in built_in]
+
+
+def _built_in_keys() -> tuple[str, ...]:
+    from ms_exporter.config.schema import KEYS  # here: the schema imports this module
+
+    return KEYS
 
 
 def section_class(key: str) -> type:

@@ -244,3 +244,13 @@ def test_a_registered_sink_reads_its_own_section_from_the_config_and_the_section
         assert load_config({}).section("every_n_list") == EveryNSettings()  # not given: its defaults
     finally:
         registry.unregister("every_n_list")
+
+
+def test_a_registered_part_cannot_take_a_built_in_key_for_its_section() -> None:
+    registry.register_backend(registry.BackendEntry("web", lambda context: [], section=EveryNSettings))
+    try:
+        with pytest.raises(ConfigError, match=r"monitor_config\.web: a registered part named 'web' declares a section"):
+            load_config({"web": {"cache_seconds": 0}})
+    finally:
+        registry.unregister("web")
+    assert load_config({"web": {"cache_seconds": 0}}).web.cache_seconds == 0
