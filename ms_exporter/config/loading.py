@@ -14,7 +14,7 @@ from ms_exporter.config import article_keys, mindformers_keys, part_sections
 from ms_exporter.config.checks import ConfigError
 from ms_exporter.config.environment import ENV_PREFIX, _env_values, _parse_env, _unknown_env_names
 from ms_exporter.config.safe_yaml import _yaml_on_key, load_yaml, read_small_file
-from ms_exporter.config.schema import MonitorConfig
+from ms_exporter.config.schema import KEYS, MonitorConfig
 from ms_exporter.config.walker import _build, _is_section, _Problems
 
 if TYPE_CHECKING:
@@ -60,9 +60,9 @@ def read_config(
     for key, value in overrides.items():
         _merge(raw, key, value)
         problems.set_origin(key, f"keyword argument {key}=", value)
-    for name in part_sections.clashing():
+    for name in [name for name in part_sections.names() if name in KEYS]:
         problems.add(name, f"a registered part named {name!r} declares a section under this built-in key; rename it")
-    own, raw = part_sections.split(raw)
+    own, raw = part_sections.split(raw, KEYS)
     config = _build(MonitorConfig, raw, "", problems)
     sections = {key: _part_section(key, value, problems) for key, value in own.items()}
     if problems.found or config is None:

@@ -14,22 +14,8 @@ from ms_exporter.core import registry
 
 
 def names() -> tuple[str, ...]:
-    """The top-level keys the parts' own sections are read under, in registration order; not a built-in key, which
-    a registered part cannot take over (`clashing`)."""
-    built_in = _built_in_keys()
-    return tuple(name for name in registry.part_sections() if name not in built_in)
-
-
-def clashing() -> list[str]:
-    """Registered parts whose section would be read under a built-in key: a ConfigError names each."""
-    built_in = _built_in_keys()
-    return [name for name in registry.part_sections() if name in built_in]
-
-
-def _built_in_keys() -> tuple[str, ...]:
-    from ms_exporter.config.schema import KEYS  # here: the schema imports this module
-
-    return KEYS
+    """The top-level keys the parts' own sections are read under, in registration order."""
+    return tuple(registry.part_sections())
 
 
 def section_class(key: str) -> type:
@@ -38,9 +24,10 @@ def section_class(key: str) -> type:
     return loaded
 
 
-def split(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A config's raw mapping as (the parts' sections in it, the rest)."""
-    own = set(names())
+def split(raw: Mapping[str, Any], built_in: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A config's raw mapping as (the parts' sections in it, the rest): a built-in key stays the built-in's, which
+    a registered part cannot take over (the loader names such a part)."""
+    own = set(names()) - set(built_in)
     return {k: v for k, v in raw.items() if k in own}, {k: v for k, v in raw.items() if k not in own}
 
 
