@@ -49,6 +49,24 @@ def block_timer(loader: subprocess.Popen[str], block_steps: int) -> Any:
     return BlockTimer()
 
 
+def train_in_blocks(
+    model: Any, monitor: Any, loader: subprocess.Popen[str], blocks: int, block_steps: int, seed: int
+) -> Any:
+    """One training of `blocks` pairs of `block_steps`-step blocks, the load generator stopped for the first (it was
+    started and left to reach its pace) and switched by the block timer after that; the timer, holding the steps."""
+    from ms_exporter.demo import synthetic_dataset
+
+    loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
+    timer = block_timer(loader, block_steps)
+    model.train(
+        1,
+        synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=seed),
+        callbacks=[monitor, timer],
+        dataset_sink_mode=False,
+    )
+    return timer
+
+
 def block_ratios(steps: list[tuple[int, int, float]], settle: int) -> list[float]:
     """Each loaded (odd) block's median step over each unloaded neighbour's, leaving out the first `settle`
     steps of every block (the load starting or draining)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
+from benchmarks.blocks import SETTLE_STEPS, block_ratios, train_in_blocks
 from benchmarks.report import table
 from benchmarks.stats import median_interval
 
@@ -136,20 +136,11 @@ def _attacked_training(
 ) -> tuple[dict[str, Any], list[float], Any]:
     """One training whose blocks alternate unattacked and attacked, with the well-behaved scraper all along: what
     the attacker saw, the scraper's latencies, and the block timer."""
-    from ms_exporter.demo import synthetic_dataset
-
     url = monitor.url or ""
     scraper = _scraper(url, authenticated=authenticated)
     attacker = _attacker(case, url)
     time.sleep(2.0)  # connected and at its pace
-    attacker.send_signal(signal.SIGSTOP)  # the first block is unloaded
-    timer = block_timer(attacker, block_steps)
-    model.train(
-        1,
-        synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
-        callbacks=[monitor, timer],
-        dataset_sink_mode=False,
-    )
+    timer = train_in_blocks(model, monitor, attacker, blocks, block_steps, pass_index)
     attack = _stop_attacker(case, attacker)
     scraper.send_signal(signal.SIGTERM)
     out, _ = scraper.communicate(timeout=30)

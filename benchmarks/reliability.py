@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.blocks import SETTLE_STEPS, block_ratios, block_timer
+from benchmarks.blocks import SETTLE_STEPS, block_ratios, train_in_blocks
 from benchmarks.report import machine, table, write_section
 from benchmarks.stats import median_interval
 from ms_exporter.config import WebConfig
@@ -168,18 +168,9 @@ def _loaded_training(
     pass_index: int,
 ) -> tuple[dict[str, Any], Any]:
     """One training whose blocks alternate unloaded and loaded: what wrk saw, and the block timer."""
-    from ms_exporter.demo import synthetic_dataset
-
     loader = start_load(url, rate, keep_alive)
     time.sleep(1.0)  # connected and running at its pace
-    loader.send_signal(signal.SIGSTOP)  # the first block is unloaded
-    timer = block_timer(loader, block_steps)
-    model.train(
-        1,
-        synthetic_dataset(size=16 * (2 * blocks * block_steps + 1), seed=pass_index),
-        callbacks=[monitor, timer],
-        dataset_sink_mode=False,
-    )
+    timer = train_in_blocks(model, monitor, loader, blocks, block_steps, pass_index)
     loader.send_signal(signal.SIGCONT)
     time.sleep(0.5)  # wrk ignores a SIGINT that arrives right after SIGCONT (seen with Debian's 4.1)
     return stop_load(loader), timer
