@@ -9,18 +9,18 @@ writes the monitor's own counters to a status file, and ends the training when a
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from benchmarks.adversary import Case
+from tests.support.disks import fill, mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 DISK_BYTES = 16 << 20  # the tmpfs a full disk is played on
@@ -188,54 +188,11 @@ def _log_tail(scratch: Path) -> str:
 # -- a disk full for a while ----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _tmpfs(where: Path) -> Iterator[str | None]:
-    """A small tmpfs at `where`; yields None when mounted, else why not (mounting needs root, which CI has)."""
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        yield f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
-        return
-    try:
-        yield None
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _fill(disk: Path) -> Path:
-    """Take every free byte of the disk into one file."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        while True:
-            try:
-                os.write(fd, b"\0" * 65536)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                break
-        while True:  # the last partial block
-            try:
-                os.write(fd, b"\0" * 512)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                break
-    finally:
-        os.close(fd)
-    return filler
-
-
 def full_disk(scratch: Path) -> dict[str, Any]:
     """`backend: local` (interval 1 s) on a tmpfs filled until the writer failed 4 times (the old writer switched
     itself off after 3), then freed; the training goes on and is stopped after the file picked up again."""
     disk = scratch / "disk"
-    with _tmpfs(disk) as why_not:
+    with mounted_tmpfs(disk, DISK_BYTES) as why_not:
         if why_not is not None:
             return {"skipped": why_not}
         save_dir = disk / "out"
@@ -253,7 +210,7 @@ def full_disk(scratch: Path) -> dict[str, Any]:
             steps_in = lambda: [r["step"] for r in _records(path) if r.get("type") == "step"]  # noqa: E731
             if not _wait("steps written", lambda: len(steps_in()) >= 20, child, _STARTUP_SECONDS):
                 return {"error": "no step records before the disk filled", "log": _log_tail(scratch)}
-            filler = _fill(disk)
+            filler = fill(disk)
             errors = lambda: _status(scratch).get("errors", {}).get("local", 0)  # noqa: E731
             facts["failures_while_full"] = (
                 errors() if not _wait("4 failed writes", lambda: errors() >= 4, child, 60) else errors()
