@@ -6,7 +6,7 @@
 | step | a step's begin | its end (compute and the collectives inside it) |
 | data_wait | a step's end | the next step's begin (the data pipeline, host work) |
 | eval | an evaluation's begin | its end |
-| checkpoint | a ModelCheckpoint's step or epoch hook begins | it returns (features/callback_timer.py) |
+| checkpoint | a ModelCheckpoint's step or epoch hook, a loop's `with monitor.checkpointing():`, begins | it returns |
 | callbacks | another callback's step or epoch hook begins | it returns |
 | ended | training ended normally, or the process ends as asked (SIGTERM, Ctrl-C, sys.exit) | the next train begin |
 
@@ -56,6 +56,11 @@ class PhaseClock:
         if not self._bound:
             self._bind()
 
+    def apart(self, phase: str) -> _Apart:
+        """`with clock.apart(phase):` the block is `phase` (a save, another callback's hook), its time kept aside;
+        after it the phase it interrupted goes on, counted from the block's end. The training thread's only."""
+        return _Apart(self, phase)
+
     def take_aside(self) -> float:
         aside, self.aside = self.aside, 0.0
         return aside
@@ -75,3 +80,28 @@ class PhaseClock:
         for name in catalogue.PHASES:
             family.bind(self._is_in(name), phase=name)
         self._store.register(catalogue.PHASE_SECONDS).bind(self.seconds)
+
+
+class _Apart:
+    """PhaseClock.apart's block: a class, not a generator, for the hooks of other callbacks it wraps every step."""
+
+    __slots__ = ("_clock", "_phase", "_before", "_began")
+
+    def __init__(self, clock: PhaseClock, phase: str) -> None:
+        self._clock = clock
+        self._phase = phase
+        self._before: str | None = None
+        self._began = 0.0
+
+    def __enter__(self) -> None:
+        clock = self._clock
+        self._before = clock.state[0]
+        self._began = began = time.perf_counter()
+        clock.move(self._phase, began)
+
+    def __exit__(self, *exc_info: object) -> None:
+        clock = self._clock
+        now = time.perf_counter()
+        clock.aside += now - self._began
+        # The phase it interrupted goes on from now: its seconds measure how long it has been waiting since.
+        clock.move(self._before, now)

@@ -13,8 +13,7 @@ as they are.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from mindspore.train import Callback, ModelCheckpoint
@@ -24,7 +23,7 @@ from ms_exporter.core.phases import PhaseClock
 
 # Hooks MindSpore calls between train begin and train end on every step or epoch; each with the older name the
 # base class's hook calls (a callback may override either).
-_HOOKS = (
+MINDSPORE_HOOKS = (
     ("on_train_step_begin", "step_begin"),
     ("on_train_step_end", "step_end"),
     ("on_train_epoch_begin", "epoch_begin"),
@@ -41,15 +40,17 @@ def phase_of(callback: Any, checkpoint_names: Collection[str] = ()) -> str:
     return CALLBACKS
 
 
-def overridden_hooks(callback: Any) -> list[str]:
-    """The step and epoch hooks a callback's class really implements (wrapping the base class's no-ops costs time
-    for nothing)."""
+def overridden_hooks(
+    callback: Any, hooks: Sequence[tuple[str, str | None]] = MINDSPORE_HOOKS, base: type = Callback
+) -> list[str]:
+    """The `hooks` (name, older name or None) a callback's class really implements over `base`'s (wrapping the base
+    class's no-ops costs time for nothing)."""
     kind = type(callback)
     return [
         hook
-        for hook, older in _HOOKS
-        if getattr(kind, hook, None) is not getattr(Callback, hook)
-        or getattr(kind, older, None) is not getattr(Callback, older)
+        for hook, older in hooks
+        if getattr(kind, hook, None) is not getattr(base, hook, None)
+        or (older is not None and getattr(kind, older, None) is not getattr(base, older, None))
     ]
 
 
@@ -70,13 +71,21 @@ class CallbackTimer:
     def wrapped(self) -> list[tuple[Any, str]]:
         return [(callback, hook) for callback, hook, _ in self._wrapped]
 
-    def wrap(self, callbacks: Iterable[Any], monitor: Any) -> None:
+    def wrap(
+        self,
+        callbacks: Iterable[Any],
+        monitor: Any,
+        hooks: Sequence[tuple[str, str | None]] = MINDSPORE_HOOKS,
+        base: type = Callback,
+    ) -> None:
+        """Times the `hooks` of every callback but `monitor` that overrides them over `base` (MindSpore's by default;
+        a trainer with callbacks of its own kind names its hooks and base class)."""
         self.unwrap()
         for callback in callbacks or ():
             if callback is monitor or _internal(callback):
                 continue
             phase = phase_of(callback, self._checkpoint_names)
-            for hook in overridden_hooks(callback):
+            for hook in overridden_hooks(callback, hooks, base):
                 if hook in vars(callback):  # already an instance attribute (another monitor's wrapper, a user's)
                     continue
                 wrapper = self._timed(getattr(callback, hook), phase)
@@ -89,21 +98,12 @@ class CallbackTimer:
                 delattr(callback, hook)
         self._wrapped.clear()
 
-    def _timed(self, hook: Callable[[Any], Any], phase: str) -> Callable[[Any], Any]:
-        clock = self._clock
-        perf_counter = time.perf_counter
+    def _timed(self, hook: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        apart = self._clock.apart
 
-        def timed(run_context: Any) -> Any:
-            before = clock.state[0]
-            began = perf_counter()
-            clock.move(phase, began)
-            try:
-                return hook(run_context)
-            finally:
-                now = perf_counter()
-                clock.aside += now - began
-                # The phase it interrupted goes on from now: its seconds measure how long it has been waiting since.
-                clock.move(before, now)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with apart(phase):
+                return hook(*args, **kwargs)
 
         timed.__wrapped__ = hook  # type: ignore[attr-defined]
         return timed

@@ -77,7 +77,7 @@ class MonitorCore:
             self.signals.install()
         self._context: Any = None
         self._kept: Any = None
-        self._eval_began: float | None = None
+        self._eval_began: tuple[float, float] | None = None
         self.running = False  # between train_begin and end
         self._run_ended = False  # end() ran for the current run (a script may end one it never began: it says so)
         self.closed = False
@@ -216,13 +216,17 @@ class MonitorCore:
 
     def eval_begin(self) -> None:
         self.phases.enter(EVAL_PHASE)
-        self._eval_began = self.phases.state[1]
+        # (its start, the aside total then): a save or another callback inside the evaluation sets its own time
+        # aside, which the evaluation's must not count again
+        self._eval_began = (self.phases.state[1], self.phases.aside)
 
     def eval_end(self, results: Mapping[str, Any] | None) -> None:
         """An evaluation ended; its time is kept aside (not the data pipeline's). `results`: metric name -> value."""
         self.phases.enter(DATA_WAIT_PHASE)
         if self._eval_began is not None:
-            self.clock.set_aside(self.phases.state[1] - self._eval_began)
+            began, aside_then = self._eval_began
+            inside = max(0.0, self.phases.aside - aside_then)
+            self.clock.set_aside(max(0.0, self.phases.state[1] - began - inside))
             self._eval_began = None
         if not self.config.wants("eval"):
             return

@@ -8,9 +8,12 @@ steps, `_CallbackManager.step_end`) they return at once; the monitor's `on_*` ho
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
+from ms_exporter.core.catalogue import CHECKPOINT
 from ms_exporter.monitor.core import MonitorCore
 from ms_exporter.monitor.loop import LoopDriver
 
@@ -68,6 +71,16 @@ class LoopAPI:
         onsets read (docs/failslow.md). Once per step; a call outside a step is ignored."""
         if self._loop is not None and self._enabled and self._core is not None:
             self._core.clock.mark_collective()
+
+    def checkpointing(self) -> AbstractContextManager[None]:
+        """`with monitor.checkpointing(): ms.save_checkpoint(...)`: the block is the `checkpoint` phase (its hang
+        deadline is hang.checkpoint_seconds, not the one learned from the steps), its time is kept out of the step
+        or data wait it falls in and booked as checkpoint time, and a block of 1 ms or more is a save the checkpoint
+        interval advisor counts (docs/goodput.md). On the training thread; outside a run it does nothing."""
+        core = self._core
+        if not self._enabled or core is None or self._loop is None or not core.running:
+            return contextlib.nullcontext()
+        return core.phases.apart(CHECKPOINT)
 
     def step_begin(self, batch: Any = None) -> None:
         """A step begins with `batch` (for a driver without steps(): a trainer's callback)."""

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
+import sys
+from types import FrameType
 from typing import Any
 
 from ms_exporter.config import ConfigError
+from ms_exporter.features.callback_timer import CallbackTimer
 from ms_exporter.monitor.callback import TrainingMonitor
+
+logger = logging.getLogger("ms_exporter")
+
+# 2.0.0's per-step and per-epoch hooks (it has no older names for them), and its saving callback's class name.
+_TRAINER_HOOKS: tuple[tuple[str, str | None], ...] = (
+    ("on_step_begin", None),
+    ("on_step_end", None),
+    ("on_epoch_begin", None),
+    ("on_epoch_end", None),
+)
+_SAVING_CALLBACK = "CheckpointCallback"
 
 
 def _trainer_callback() -> type:
@@ -47,9 +62,12 @@ class PyNativeTrainingMonitor(_TrainerCallback):
     would see a part of it as the whole). A pipeline stage without the loss (kwargs has_last false) steps without
     one: what the Trainer passes there is not a loss. samples: training.local_batch_size per accumulation step. A
     run that raises never reaches on_train_end: close() at exit records the crash. The learning rate is the LR
-    probe's, read from the optimizer. The Trainer has no evaluation or checkpoint hooks (2.0.0 saves from
-    CheckpointCallback.on_step_end, before this callback's on_step_end), and its epoch hooks carry nothing the
-    monitor keeps.
+    probe's, read from the optimizer. The Trainer has no evaluation or checkpoint hooks: 2.0.0 saves from
+    CheckpointCallback.on_step_end, before this callback's on_step_end. So at train begin the other callbacks of
+    the Trainer's CallbackHandler (the one calling this hook) have their step and epoch hooks timed as Model.train's
+    are (features/callback_timer.py): a CheckpointCallback's (or a class named in hang.checkpoint_callbacks) is the
+    `checkpoint` phase, any other's `callbacks`, kept out of the step time; unwrapped at train end. The epoch hooks
+    carry nothing the monitor keeps.
     """
 
     def __init__(self, config: Any = None, *, monitor: TrainingMonitor | None = None, **overrides: Any) -> None:
@@ -64,6 +82,7 @@ class PyNativeTrainingMonitor(_TrainerCallback):
             )
         self._monitor = monitor if monitor is not None else TrainingMonitor(config, **overrides)
         self._samples: int | None = None
+        self._others: CallbackTimer | None = None
 
     @property
     def monitor(self) -> TrainingMonitor:
@@ -71,6 +90,7 @@ class PyNativeTrainingMonitor(_TrainerCallback):
         return self._monitor
 
     def close(self) -> None:
+        self._unwrap_others()
         self._monitor.close()
 
     def on_train_begin(self, args: Any, state: Any, **kwargs: Any) -> None:
@@ -81,6 +101,7 @@ class PyNativeTrainingMonitor(_TrainerCallback):
             dataset=kwargs.get("train_dataset"),
             step=int(getattr(state, "global_step", 0) or 0),
         )
+        self._wrap_others(_calling_handler_callbacks(self))
 
     def on_step_begin(self, args: Any, state: Any, **kwargs: Any) -> None:
         self._monitor.step_begin()
@@ -91,7 +112,28 @@ class PyNativeTrainingMonitor(_TrainerCallback):
         self._monitor.step_end(loss, grad_norm=kwargs.get("grad_norm"), samples=self._samples)
 
     def on_train_end(self, args: Any, state: Any, **kwargs: Any) -> None:
+        self._unwrap_others()
         self._monitor.train_end(completed=True)
+
+    def _wrap_others(self, callbacks: list[Any] | None) -> None:
+        core = self._monitor.core
+        if core is None:
+            return
+        if callbacks is None:
+            logger.info(
+                "ms_exporter: the Trainer's other callbacks were not found from on_train_begin, so a checkpoint "
+                "save inside a step (CheckpointCallback.on_step_end) counts in that step's time"
+            )
+            return
+        names = (*self._monitor.config.hang.checkpoint_callbacks, _SAVING_CALLBACK)
+        self._others = CallbackTimer(core.phases, names)
+        core.guard("callback", self._others.wrap, callbacks, self, _TRAINER_HOOKS, _TrainerCallback)
+
+    def _unwrap_others(self) -> None:
+        others, self._others = self._others, None
+        core = self._monitor.core
+        if others is not None and core is not None:
+            core.guard("callback", others.unwrap)
 
     # The rest of 2.0.0's hooks, defined here as well: the class answers every one also where its base is object.
     def on_epoch_begin(self, args: Any, state: Any, **kwargs: Any) -> None:
@@ -105,6 +147,22 @@ class PyNativeTrainingMonitor(_TrainerCallback):
 
     def on_end(self, args: Any, state: Any, **kwargs: Any) -> None:
         pass  # nor this
+
+
+def _calling_handler_callbacks(callback: Any, depth: int = 4) -> list[Any] | None:
+    """The callback list of the CallbackHandler whose event call runs `callback`'s hook: 2.0.0 hands callbacks
+    neither the handler nor the other callbacks, so it is read from the calling frames (a `self` holding
+    `callbacks`, a list with `callback` in it); None where no caller within `depth` frames holds one."""
+    frame: FrameType | None = sys._getframe(2)  # past this function and the hook that called it
+    for _ in range(depth):
+        if frame is None:
+            return None
+        holder = frame.f_locals.get("self")
+        callbacks = getattr(holder, "callbacks", None)
+        if isinstance(callbacks, list) and any(other is callback for other in callbacks):
+            return callbacks
+        frame = frame.f_back
+    return None
 
 
 def _network(model: Any) -> Any:

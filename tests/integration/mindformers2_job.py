@@ -8,7 +8,8 @@ What is 2.0.0's own here: TrainConfig (the YAML), MindFormerRegister (building t
 path), CallbackHandler (every hook call and its arguments), TrainerState, MonitorGroup and MonitorCallback (the
 built-in callback before ours). What stands in for the Trainer, whose module imports hyper-parallel: Trainer.train and
 _inner_train_loop below, call for call; the step's arithmetic (value_and_grad instead of loss.backward(), which
-hyper-parallel provides) and MindSpore's AdamWeightDecay on a cosine schedule instead of 2.0.0's AdamW.
+hyper-parallel provides) and MindSpore's AdamWeightDecay on a cosine schedule instead of 2.0.0's AdamW; a
+CheckpointCallback of the same name that sleeps where 2.0.0's saves.
 WORK_DIR/steps.jsonl holds, after every step, what the handler passed and the /metrics page read then.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from tests.support import mindformers2
 from tests.support.scrape import scrape
 
 SEQUENCE, VOCABULARY, CLASSES, ROWS = 8, 32, 4, 40
+SAVE_EVERY, SAVE_SECONDS = 5, 2.0  # the stand-in CheckpointCallback's saves (test_mindformers2.py reads them)
 
 
 class TinyClassifier(nn.Cell):
@@ -114,11 +117,20 @@ def train(run_yaml: Path, work: Path) -> None:
             records.write(json.dumps(record) + "\n")
             records.flush()
 
-    # Trainer.__init__ -> _create_callback_handler: the built-ins first (MonitorCallback, LossCallback; no
-    # CheckpointCallback with checkpoint.enable_save false), then the YAML's. LossCallback is left out: it imports
+    class CheckpointCallback(mf.TrainerCallback):  # type: ignore[name-defined]
+        """Stands in for 2.0.0's CheckpointCallback (its module imports hyper-parallel), by its class name: it saves
+        from on_step_end on every SAVE_EVERY-th step, as 2.0.0's does, before the YAML's callbacks; a save here
+        is SAVE_SECONDS of sleep."""
+
+        def on_step_end(self, args: Any, state: Any, **kwargs: Any) -> None:
+            if state.global_step % SAVE_EVERY == 0:
+                time.sleep(SAVE_SECONDS)
+
+    # Trainer.__init__ -> _create_callback_handler: the built-ins first (MonitorCallback, LossCallback,
+    # CheckpointCallback where checkpoint.enable_save), then the YAML's. LossCallback is left out: it imports
     # mindformers.models, whose models import hyper-parallel, and it reads a GPT config off the model.
     handler = mf.CallbackHandler(
-        callbacks=[mf.MonitorCallback(), *callbacks, Scraper()],
+        callbacks=[mf.MonitorCallback(), CheckpointCallback(), *callbacks, Scraper()],
         model=model,
         train_dataset=data,
         eval_dataset=None,

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 RUN_YAML = HERE / "data" / "mindformers2_run.yaml"
 STEPS = 10  # training.steps
+SAVE_EVERY, SAVE_SECONDS = 5, 2.0  # mindformers2_job.py's stand-in CheckpointCallback
 SAMPLES_PER_STEP = 8  # local_batch_size 4 x 2 accumulation steps
 
 
@@ -70,6 +71,11 @@ def test_the_trainers_callback_handler_drives_it_and_metrics_show_what_the_handl
     assert len({round(r["loss"], 6) for r in records}) > 1
     ended = Scrape((tmp_path / "ended.txt").read_text())
     assert ended.value("mindspore_train_phase", phase="ended") == 1  # on_train_end ended the run as completed
+    # The CheckpointCallback before ours saved inside steps 5 and 10: checkpoint time, not those steps' time.
+    assert ended.value("mindspore_train_time_seconds_total", bucket="checkpoint") >= 2 * SAVE_SECONDS
+    durations = [Scrape(r["metrics"]).value("mindspore_train_step_duration_seconds_sum") for r in records]
+    for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY):
+        assert durations[step - 1] - durations[step - 2] < SAVE_SECONDS, (step, durations)
 
 
 def test_a_launcher_that_imports_ms_exporter_mindformers_lists_it_by_type(tmp_path: Path) -> None:

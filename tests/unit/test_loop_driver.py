@@ -324,3 +324,80 @@ def test_collective_begin_marks_the_ranks_own_computation_of_the_step() -> None:
             assert compute == 0.0
         else:
             assert 0.03 <= compute < duration and duration >= 0.05, (compute, duration)
+
+
+class Waits(Probe):
+    """Records each published step's data wait."""
+
+    name = "waits"
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_step(self, sample: Any) -> None:
+        self.seen.append(sample.data_wait)
+
+
+def test_a_save_in_the_loop_is_checkpoint_time_out_of_the_data_wait_and_a_save_the_advisor_counts(
+    tmp_path: Any,
+) -> None:
+    import time
+
+    waits = Waits()
+    monitor = TrainingMonitor(
+        {**QUIET, "goodput": {"enable": True}, "save_dir": str(tmp_path)}, probes=[lambda context: waits]
+    )
+    step = Step()
+    phases: list[str | None] = []
+    try:
+        with monitor.checkpointing():  # before the run: nothing to book
+            phases.append(monitor.phases.phase)
+        for index, (data, label) in enumerate(monitor.steps(rows(4), network=step.network, optimizer=step.optimizer)):
+            loss, _ = step(data, label)
+            monitor.step_end(loss)
+            if index == 1:
+                with monitor.checkpointing():
+                    phases.append(monitor.phases.phase)
+                    time.sleep(0.2)
+                phases.append(monitor.phases.phase)
+        with monitor.checkpointing():  # between loops, in the evaluation that follows them
+            time.sleep(0.05)
+        phases.append(monitor.phases.phase)
+        monitor.publish()
+        ledger = monitor.phases.ledger
+        assert ledger is not None and ledger.saves.count == 2
+        assert ledger.seconds()[catalogue.TIME_BUCKETS.index(catalogue.CHECKPOINT)] >= 0.25
+    finally:
+        monitor.close()
+    assert phases == [None, catalogue.CHECKPOINT, catalogue.DATA_WAIT_PHASE, catalogue.EVAL_PHASE]
+    assert len(waits.seen) == 4 and waits.seen[2] < 0.2, waits.seen  # the step after the save did not wait for it
+
+
+def test_checkpointing_does_nothing_on_a_monitor_that_is_off() -> None:
+    monitor = TrainingMonitor({**QUIET, "enable": False})
+    with monitor.checkpointing():
+        pass
+    monitor.close()
+
+
+def test_a_save_between_two_loops_is_set_aside_once() -> None:
+    """The evaluation between two loops sets its time aside, less what a save inside it already set aside."""
+    import time
+
+    monitor = TrainingMonitor(QUIET)
+    step = Step()
+    aside: list[float] = []
+    try:
+        for epoch in range(2):
+            for data, label in monitor.steps(rows(2), network=step.network, optimizer=step.optimizer):
+                if epoch == 1 and not aside:
+                    assert monitor.core is not None
+                    aside.append(monitor.core.clock.hooks)  # what the first step's cycle set aside
+                loss, _ = step(data, label)
+                monitor.step_end(loss)
+            if epoch == 0:
+                with monitor.checkpointing():
+                    time.sleep(0.5)
+    finally:
+        monitor.close()
+    assert 0.5 <= aside[0] < 1.0, aside  # counted twice, it would be 1.0 or more

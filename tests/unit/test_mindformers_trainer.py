@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue
+from ms_exporter.core.probe import Probe
 from ms_exporter.monitor import mindformers_trainer
 from ms_exporter.monitor.callback import TrainingMonitor
 from ms_exporter.monitor.mindformers_trainer import PyNativeTrainingMonitor
@@ -26,6 +28,8 @@ from ms_exporter.monitor.mindformers_trainer import PyNativeTrainingMonitor
 
 class Recorder:
     """Records the loop API calls it receives, with their arguments."""
+
+    core = None  # a monitor that is off: no phases to time the Trainer's other callbacks with
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -202,3 +206,86 @@ def test_a_training_monitor_listed_under_the_pynative_trainer_says_what_to_list_
         assert "type: PyNativeTrainingMonitor" in said
     finally:
         monitor.close()
+
+
+class CheckpointCallback:
+    """Named like 2.0.0's saving callback: saves (here, sleeps) on every second step's on_step_end, and records the
+    monitor's phase while it does."""
+
+    def __init__(self, monitor: TrainingMonitor) -> None:
+        self.monitor = monitor
+        self.phases: list[str | None] = []
+
+    def on_step_end(self, args: Any, state: Any, **kwargs: Any) -> None:
+        if state.global_step % 2 == 0:
+            self.phases.append(self.monitor.phases.phase)
+            time.sleep(SAVE_SECONDS)
+
+
+class Handler:
+    """2.0.0's CallbackHandler as far as the callbacks see it: call_event calls each callback's hook in list order,
+    the saving callback before ours (no network or optimizer: the parts that read them have nothing to read)."""
+
+    def __init__(self, callbacks: list[Any]) -> None:
+        self.callbacks = callbacks
+
+    def call_event(self, event: str, args: Any, state: Any, **kwargs: Any) -> None:
+        for callback in self.callbacks:
+            hook = getattr(callback, event, None)
+            if hook is not None:
+                hook(args, state, **{**handler_kwargs(), "model": None, "optimizer": None}, **kwargs)
+
+
+class Durations(Probe):
+    name = "durations"
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_step(self, sample: Any) -> None:
+        self.seen.append(sample.duration)
+
+
+SAVE_SECONDS = 0.2
+
+
+def test_the_trainers_checkpoint_saves_inside_a_step_are_checkpoint_time_not_step_time(tmp_path: Path) -> None:
+    durations = Durations()
+    monitor = TrainingMonitor(
+        backend="prometheus", port=0, hang={"enable": False}, save_dir=str(tmp_path), probes=[lambda c: durations]
+    )
+    ours = PyNativeTrainingMonitor(monitor=monitor)
+    saver = CheckpointCallback(monitor)
+    handler = Handler([saver, ours])
+    state = State()
+    try:
+        handler.call_event("on_train_begin", ARGS, state)
+        assert "on_step_end" in vars(saver)  # timed while the run lasts
+        for _ in range(4):
+            handler.call_event("on_step_begin", ARGS, state)
+            state.global_step += 1
+            handler.call_event("on_step_end", ARGS, state, **step_end_kwargs(1.0, 0.1))
+        handler.call_event("on_train_end", ARGS, state)
+        assert "on_step_end" not in vars(saver)  # and left as it was after it
+        monitor.publish()
+        assert saver.phases == [catalogue.CHECKPOINT, catalogue.CHECKPOINT]
+        assert len(durations.seen) == 4 and max(durations.seen) < SAVE_SECONDS, durations.seen
+        ledger = monitor.phases.ledger
+        assert ledger is not None and ledger.saves.count == 2
+        checkpoint = catalogue.TIME_BUCKETS.index(catalogue.CHECKPOINT)
+        assert ledger.seconds()[checkpoint] >= 2 * SAVE_SECONDS
+    finally:
+        ours.close()
+
+
+def test_without_the_handler_among_its_callers_the_saves_stay_in_the_step_and_it_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monitor = TrainingMonitor(backend="prometheus", port=0, hang={"enable": False}, goodput={"enable": False})
+    ours = PyNativeTrainingMonitor(monitor=monitor)
+    try:
+        with caplog.at_level("INFO", logger="ms_exporter"):
+            drive(ours, State(), [1.0])
+        assert any("counts in that step's time" in r.getMessage() for r in caplog.records)
+    finally:
+        ours.close()
