@@ -18,6 +18,8 @@ MindSporeTrainingFailSlow names rank 2 with onset step 150 (docs/failslow.md).
 `--loop` trains with a functional loop of the script's own instead of `Model.train` (MindSpore 2.x's way:
 `value_and_grad`, `nn.DistributedGradReducer`, an optimizer call, a compiled step) and hands the monitor each step
 through the loop API (`monitor.steps()`, `monitor.step_end(loss, grads=grads)`); the loader options work the same.
+`--print-losses` prints every rank's loss at every step (with `actions` that read the loss, in
+`MS_EXPORTER_ACTIONS`, the same on every rank: the train cell averages it over the replicas).
 `--checkpoint-every 100 --pause-every 200 --pause-seconds 40 --eval-every 5` is a healthy job with the slow
 parts a real one has: each rank saves a checkpoint (ModelCheckpoint, in its save_dir) every 100 steps, a
 checkpoint-like callback (an upload, say) holds every rank for 40 s every 200 steps, and an evaluation pass over a
@@ -143,6 +145,17 @@ def dataset_for_this_rank(size: int, slow_seconds: float, block_at: int | None =
     return dataset.batch(BATCH, drop_remainder=True)
 
 
+class PrintLosses(Callback):
+    """Prints `rank R step S loss L` after every step: the loss the train cell returned (with an action that reads
+    the loss on, ms_exporter's cell returns the replicas' mean: docs/rollback.md#in-a-job-of-several-ranks)."""
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        cb_params = run_context.original_args()
+        outputs = cb_params.net_outputs
+        loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+        print(f"rank {get_rank()} step {cb_params.cur_step_num} loss {float(loss.asnumpy())!r}", flush=True)
+
+
 class Perturb(Callback):
     """Silent corruption on one rank: at the end of step `at`, one element of the last weight moves by `delta`,
     written into the compiled graph's own Parameter with ops.assign (after compilation a GRAPH-mode graph on CPU
@@ -219,6 +232,7 @@ def main() -> None:
     parser.add_argument("--slow-hook-seconds", type=float, default=0.1, help="... by this much per step")
     parser.add_argument("--samples", type=int, default=None, help="samples in the dataset (1024; 6144 with a block)")
     parser.add_argument("--loop", action="store_true", help="a functional loop with the loop API, not Model.train")
+    parser.add_argument("--print-losses", action="store_true", help="print each step's loss on every rank")
     args = parser.parse_args()
     if args.checkpoint_every and not args.save_dir:
         parser.error("--checkpoint-every needs --save-dir (each rank saves into its own save_dir)")
@@ -228,6 +242,7 @@ def main() -> None:
         or args.eval_every
         or args.diverge_rank is not None
         or args.slow_hook_rank is not None
+        or args.print_losses
     ):
         parser.error("--loop takes the loader options only (--slow-rank, --block-rank)")
 
@@ -275,6 +290,8 @@ def main() -> None:
         callbacks.append(Perturb(args.diverge_at))
     if args.slow_hook_rank == get_rank():
         callbacks.append(SlowHook(args.slow_hook_from, args.slow_hook_seconds))
+    if args.print_losses:
+        callbacks.append(PrintLosses())
     if args.eval_every:
         validation = synthetic_dataset(size=256, seed=1, num_shards=get_group_size(), shard_id=get_rank())
         model.fit(

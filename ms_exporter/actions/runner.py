@@ -116,11 +116,16 @@ class ActionRunner(Part):
         self._lr_probe = next((f for f in followers if isinstance(f, LearningRateProbe)), None)
         self._network: Any = None
         self._previous_smoothed: float | None = None
+        self._world_size = rank.world_size if rank is not None else 1
+        self._loss_shared = actions.shared_loss
+        self._said_unshared = False
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def on_train_begin(self, cb_params: Any) -> None:
-        """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule."""
+        """Before the first step compiles: find the optimizer and, for lr_backoff, wrap a schedule; in a job of
+        several ranks, have the train cell share its loss."""
         self._network = network_of(cb_params)
+        self._share_the_loss()
         if self._backoff is not None and self._scaler is None:
             try:
                 from ms_exporter.actions.lr_scale import LrScaler
@@ -136,6 +141,39 @@ class ActionRunner(Part):
                 self._rollback.on_train_begin(cb_params)
             except Exception as exc:
                 self._set_up_failed("rollback", exc)
+
+    def _share_the_loss(self) -> None:
+        """Every rank must take the same decisions (a rank that stops alone leaves the others waiting in their next
+        collective; one that backs off or rolls back alone leaves its replicas), so in a job of more than one rank
+        the actions that read the loss must read the same loss on every rank. GradNormTrainOneStepCell averages
+        its loss over the replicas once asked; any other train cell returns this rank's own loss, and a loop hands
+        what it has: said once, with what keeps the ranks together."""
+        readers = [
+            name
+            for name, section in (
+                ("early_stop", self._config.early_stop),
+                ("lr_backoff", self._config.lr_backoff),
+                ("rollback", self._config.rollback),
+            )
+            if section.enable
+        ]
+        if self._world_size <= 1 or not readers or self._loss_shared or self._said_unshared:
+            return
+        share = getattr(self._network, "share_loss", None)
+        if callable(share) and share():
+            self._loss_shared = True
+            return
+        self._said_unshared = True
+        logger.warning(
+            "ms_exporter: %s decide from the loss, and in this job of %d ranks the train cell hands each rank its "
+            "own loss (of its own batch): a rank may then stop, back off its learning rate or roll back alone, "
+            "leaving the others waiting in their next collective or apart from its weights. Train with "
+            "ms_exporter.GradNormTrainOneStepCell (it averages the loss over the replicas), or hand the monitor the "
+            "loss averaged over the replicas and set actions.shared_loss: true (docs/rollback.md#in-a-job-of-"
+            "several-ranks)",
+            ", ".join(f"actions.{name}" for name in readers),
+            self._world_size,
+        )
 
     # -- every step ---------------------------------------------------------------------------------------------
     def act(self, sample: StepSample, run_context: Any) -> None:

@@ -48,9 +48,11 @@ class _NormedStep(nn.TrainOneStepCell):
         self._clip = clip_norm is not None
         self._clip_value = Tensor(clip_norm if clip_norm is not None else 1.0, ms.float32)
         self.hyper_map = ops.HyperMap()
-        # Read when the graph compiles: GradNormTrainOneStepCell.measure_local_norms() and skip_local_outliers().
+        # Read when the graph compiles: GradNormTrainOneStepCell.measure_local_norms(), skip_local_outliers() and
+        # share_loss().
         self.local_norms = False
         self.skip_outliers = False
+        self.shares_loss = False
 
     def _loss_and_grads(self, *inputs: Any) -> tuple[Any, Any, Any]:
         loss, grads = self._local_gradients(*inputs)
@@ -74,6 +76,14 @@ class _NormedStep(nn.TrainOneStepCell):
         return loss, local, self.grad_reducer(grads)
 
     def _applied(self, loss: Any, local: Any, grads: Any) -> Any:
+        """The optimizer's update of `grads`, and the loss (with the loss shared, its mean over the replicas: one
+        all-reduce of a number after the update, in every graph alike)."""
+        loss = self._updated(loss, local, grads)
+        if self.shares_loss:
+            loss = self._loss_sum(loss) / self._replica_count.astype(loss.dtype)
+        return loss
+
+    def _updated(self, loss: Any, local: Any, grads: Any) -> Any:
         """The optimizer's update of `grads`; with outlier skipping on, not where any replica's local norm is over
         its own limit or not finite: every replica of the reducer's group learns of it through one all-reduce of a
         number and skips the same step (`local_grad_skipped` says whether this step was)."""
@@ -145,7 +155,9 @@ class GradNormTrainOneStepCell(_NormedStep):
 
     `measure_local_norms()` (the monitor calls it at train begin where replica checks run) makes every step also
     write this rank's global norm of its own gradients, before the all-reduce, to the Parameter `local_grad_norm`
-    (docs/sdc.md#local-gradients); `flip_local_gradient()` arms a drill's bit flip in a local gradient.
+    (docs/sdc.md#local-gradients); `flip_local_gradient()` arms a drill's bit flip in a local gradient;
+    `share_loss()` (the monitor calls it at train begin in a job of several ranks with an action that reads the
+    loss) makes the loss it returns the mean over the replicas (docs/rollback.md#in-a-job-of-several-ranks).
     """
 
     outputs_norms_when_measured = True  # core.output_layout.NORMS_WHEN_MEASURED: how the monitor reads the outputs
@@ -200,9 +212,27 @@ class GradNormTrainOneStepCell(_NormedStep):
             self._share(self._plain)
         return self.local_grad_limit, self.local_grad_skipped
 
+    def share_loss(self) -> bool:
+        """From now on the loss every graph returns is its mean over the replicas of the gradients' reducer (one
+        all-reduce of a number a step), the same on every replica: what the monitor's actions decide from in a job
+        of more than one rank (docs/rollback.md#in-a-job-of-several-ranks). False, changing nothing, without a
+        reducer (one process, or a parallel mode that reduces otherwise). Before the first step: a graph compiled
+        already keeps what it does."""
+        if not self.reducer_flag:
+            return False
+        if not self.shares_loss:
+            self._loss_sum = ops.AllReduce()
+            self._replica_count = Tensor(float(getattr(self, "degree", 1) or 1), ms.float32)
+            self.shares_loss = True
+            self._share(self._plain)
+        return True
+
     def _share(self, other: _NormedStep) -> None:
-        """Another graph of this cell measures and skips as it does, into the same Parameters."""
+        """Another graph of this cell measures, skips and shares its loss as it does, into the same Parameters."""
         other.local_norms, other.skip_outliers = self.local_norms, self.skip_outliers
+        other.shares_loss = self.shares_loss
+        if self.shares_loss:
+            other._loss_sum, other._replica_count = self._loss_sum, self._replica_count
         if self.local_norms:
             other.local_grad_norm = self.local_grad_norm
         if self.skip_outliers:

@@ -549,6 +549,17 @@ class ActionsConfig:
     lr_backoff: LrBackoffConfig = section(LrBackoffConfig)
     snapshot: SnapshotConfig = section(SnapshotConfig)
     rollback: RollbackConfig = section(RollbackConfig)
+    shared_loss: bool = setting(
+        False,
+        check=boolean(),
+        doc=(
+            "the loss the training hands the monitor is already the mean over the data-parallel replicas, the same "
+            "on every rank (a loop that all-reduces it): in a job of more than one rank early_stop, lr_backoff "
+            "and rollback then decide from it alike on every rank, and no warning says otherwise "
+            "(GradNormTrainOneStepCell shares its loss by itself)"
+        ),
+        allowed="bool",
+    )
 
     @property
     def any(self) -> bool:
