@@ -8,7 +8,8 @@ ModelCheckpoint or a subclass of it, such as MindSpore Transformers' CheckpointM
 `hang.checkpoint_callbacks`) or `callbacks` (any other), and its time is kept aside, to be taken out of the step
 duration or the data wait it fell in. The wrappers are instance attributes, removed when training ends;
 MindSpore's own internal callbacks (its profiler, PYNATIVE's step sync, which is the step's device time) are left
-as they are.
+as they are. MindSpore Transformers 2.x's Trainer callbacks (other hook names, another base class) are timed the same
+way (monitor/mindformers_trainer.py).
 """
 
 from __future__ import annotations
