@@ -1,8 +1,21 @@
-"""Step samples made by hand, for feeding probes directly."""
+"""Step samples made by hand, for feeding probes directly, and a probe that keeps the ones a monitor publishes."""
 
 from __future__ import annotations
 
+from ms_exporter.core.probe import Probe
 from ms_exporter.core.sample import StepSample
+
+
+class RecordedSteps(Probe):
+    """Keeps every published step's sample, for a test to read what the monitor measured of each step."""
+
+    name = "recorded_steps"
+
+    def __init__(self) -> None:
+        self.samples: list[StepSample] = []
+
+    def on_step(self, sample: StepSample) -> None:
+        self.samples.append(sample)
 
 
 def sample(

@@ -17,6 +17,7 @@ from mindspore.train import Model
 from ms_exporter import TrainingMonitor
 from ms_exporter.core import catalogue
 from ms_exporter.core.probe import Probe
+from tests.support.samples import RecordedSteps
 
 QUIET = {"backend": "prometheus", "port": 0, "hang": {"enable": False}, "goodput": {"enable": False}}
 
@@ -287,22 +288,10 @@ def test_a_loop_hands_its_local_gradient_norms_and_an_outlier_is_flagged() -> No
         monitor.close()
 
 
-class OwnWork(Probe):
-    """Records each published step's own computation before its collective and the rest of its step."""
-
-    name = "own_work"
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[float, float]] = []
-
-    def on_step(self, sample: Any) -> None:
-        self.seen.append((sample.own_compute, sample.duration))
-
-
 def test_collective_begin_marks_the_ranks_own_computation_of_the_step() -> None:
     import time
 
-    own = OwnWork()
+    own = RecordedSteps()
     monitor = TrainingMonitor(QUIET, probes=[lambda context: own])
     step = Step()
     try:
@@ -318,24 +307,12 @@ def test_collective_begin_marks_the_ranks_own_computation_of_the_step() -> None:
         monitor.publish()
     finally:
         monitor.close()
-    assert len(own.seen) == 6
-    for index, (compute, duration) in enumerate(own.seen):
+    assert len(own.samples) == 6
+    for index, (compute, duration) in enumerate((s.own_compute, s.duration) for s in own.samples):
         if index % 2:
             assert compute == 0.0
         else:
             assert 0.03 <= compute < duration and duration >= 0.05, (compute, duration)
-
-
-class Waits(Probe):
-    """Records each published step's data wait."""
-
-    name = "waits"
-
-    def __init__(self) -> None:
-        self.seen: list[float] = []
-
-    def on_step(self, sample: Any) -> None:
-        self.seen.append(sample.data_wait)
 
 
 def test_a_save_in_the_loop_is_checkpoint_time_out_of_the_data_wait_and_a_save_the_advisor_counts(
@@ -343,7 +320,7 @@ def test_a_save_in_the_loop_is_checkpoint_time_out_of_the_data_wait_and_a_save_t
 ) -> None:
     import time
 
-    waits = Waits()
+    waits = RecordedSteps()
     monitor = TrainingMonitor(
         {**QUIET, "goodput": {"enable": True}, "save_dir": str(tmp_path)}, probes=[lambda context: waits]
     )
@@ -370,7 +347,8 @@ def test_a_save_in_the_loop_is_checkpoint_time_out_of_the_data_wait_and_a_save_t
     finally:
         monitor.close()
     assert phases == [None, catalogue.CHECKPOINT, catalogue.DATA_WAIT_PHASE, catalogue.EVAL_PHASE]
-    assert len(waits.seen) == 4 and waits.seen[2] < 0.2, waits.seen  # the step after the save did not wait for it
+    seen = [s.data_wait for s in waits.samples]
+    assert len(seen) == 4 and seen[2] is not None and seen[2] < 0.2, seen  # the step after the save did not wait
 
 
 def test_checkpointing_does_nothing_on_a_monitor_that_is_off() -> None:

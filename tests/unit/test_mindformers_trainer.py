@@ -20,10 +20,10 @@ import pytest
 
 from ms_exporter.config import ConfigError
 from ms_exporter.core import catalogue
-from ms_exporter.core.probe import Probe
 from ms_exporter.monitor import mindformers_trainer
 from ms_exporter.monitor.callback import TrainingMonitor
 from ms_exporter.monitor.mindformers_trainer import PyNativeTrainingMonitor
+from tests.support.samples import RecordedSteps
 
 
 class Recorder:
@@ -236,21 +236,11 @@ class Handler:
                 hook(args, state, **{**handler_kwargs(), "model": None, "optimizer": None}, **kwargs)
 
 
-class Durations(Probe):
-    name = "durations"
-
-    def __init__(self) -> None:
-        self.seen: list[float] = []
-
-    def on_step(self, sample: Any) -> None:
-        self.seen.append(sample.duration)
-
-
 SAVE_SECONDS = 0.2
 
 
 def test_the_trainers_checkpoint_saves_inside_a_step_are_checkpoint_time_not_step_time(tmp_path: Path) -> None:
-    durations = Durations()
+    durations = RecordedSteps()
     monitor = TrainingMonitor(
         backend="prometheus", port=0, hang={"enable": False}, save_dir=str(tmp_path), probes=[lambda c: durations]
     )
@@ -269,7 +259,8 @@ def test_the_trainers_checkpoint_saves_inside_a_step_are_checkpoint_time_not_ste
         assert "on_step_end" not in vars(saver)  # and left as it was after it
         monitor.publish()
         assert saver.phases == [catalogue.CHECKPOINT, catalogue.CHECKPOINT]
-        assert len(durations.seen) == 4 and max(durations.seen) < SAVE_SECONDS, durations.seen
+        seen = [s.duration for s in durations.samples]
+        assert len(seen) == 4 and max(seen) < SAVE_SECONDS, seen
         ledger = monitor.phases.ledger
         assert ledger is not None and ledger.saves.count == 2
         checkpoint = catalogue.TIME_BUCKETS.index(catalogue.CHECKPOINT)

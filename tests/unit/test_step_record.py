@@ -8,27 +8,17 @@ import pytest
 
 from ms_exporter.core import catalogue
 from ms_exporter.core.errors import Breaker, ErrorSink
-from ms_exporter.core.probe import Probe
-from ms_exporter.core.sample import BatchCounter, StepSample
+from ms_exporter.core.sample import BatchCounter
 from ms_exporter.core.store import MetricStore
 from ms_exporter.features.breach_watch import ThresholdWatcher
 from ms_exporter.monitor.publisher import StepPublisher, StepRecord
-
-
-class _Recording(Probe):
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.samples: list[StepSample] = []
-
-    def on_step(self, sample: StepSample) -> None:
-        self.samples.append(sample)
+from tests.support.samples import RecordedSteps
 
 
 def test_a_record_reaches_the_probes_field_by_field() -> None:
     store = MetricStore()
     errors = ErrorSink(store)
-    probe = _Recording()
+    probe = RecordedSteps()
     publisher = StepPublisher(
         [probe], ThresholdWatcher(store, {}, 0), None, [], BatchCounter("mask", "ids"), errors, Breaker(errors, store)
     )
